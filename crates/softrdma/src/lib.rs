@@ -1,1 +1,90 @@
-//! softrdma
+//! softrdma: RDMA verbs (the programming model of libibverbs) and, in time, the connection
+//! manager (librdmacm), over a software RDMA device that speaks RoCEv2 on ordinary UDP
+//! sockets in userspace — no RDMA NIC, no kernel module, no root.
+//!
+//! # The objects
+//! Names follow the man pages, so a reader who knows rdma-core is at home:
+//!
+//! | verbs | softrdma |
+//! |---|---|
+//! | `ibv_get_device_list`, `ibv_open_device` | [`get_device_list`], [`Device::open`] → [`Context`] |
+//! | `ibv_query_device/port/gid/pkey` | [`Context::query_device`], [`Context::query_port`], [`Context::query_gid`], [`Context::query_pkey`] |
+//! | `ibv_alloc_pd` / `ibv_dealloc_pd` | [`Context::alloc_pd`] / [`Pd::dealloc`] |
+//! | `ibv_reg_mr` / `ibv_dereg_mr` | [`Pd::reg_mr`] (unsafe, raw memory), [`Pd::reg_buffer`] (safe) / [`Mr::dereg`] |
+//! | `ibv_create_comp_channel`, `ibv_get_cq_event` | [`Context::create_comp_channel`], [`CompChannel::get_cq_event`] |
+//! | `ibv_create_cq`, `ibv_poll_cq`, `ibv_req_notify_cq` | [`Context::create_cq`], [`Cq::poll`], [`Cq::req_notify_cq`] |
+//! | `ibv_create_qp`, `ibv_modify_qp`, `ibv_post_send` | [`Pd::create_qp`], [`Qp::modify_qp`], [`Qp::post_send`] |
+//! | `ibv_create_srq`, `ibv_post_srq_recv` | [`Pd::create_srq`], [`Srq::post_srq_recv`] |
+//! | `ibv_create_ah` | [`Pd::create_ah`] |
+//! | `ibv_get_async_event` | [`Context::get_async_event`] |
+//!
+//! # Errors
+//! Every failure is an [`Error`] whose [`Error::errno`] is the errno rdma-core would set
+//! (`EINVAL`, `EBUSY`, `ENOMEM`, `EOPNOTSUPP`, …), with a sentence saying what was wrong.
+//! Destroy calls that fail hand the object back in a [`DestroyError`].
+//!
+//! # Two faces, one memory model
+//! The faithful face names memory as verbs does — `u64` addresses, lkeys and rkeys, `wr_id`s
+//! — and is still memory-safe, because the device checks every address of every access
+//! against the registered memory regions (key, PD, bounds, access flags) in one place before
+//! it touches a byte. Registering raw memory is the one `unsafe` step ([`Pd::reg_mr`]), with
+//! the contract of `ibv_reg_mr`. The safe face registers a [`Buffer`], which the region keeps
+//! alive, so no safe program can make the device touch freed memory. Memory the device may
+//! write while the program runs is never borrowed as a Rust slice; see [`mem`] for how that
+//! avoids undefined behaviour.
+//!
+//! ```
+//! use softrdma::{Device, Buffer, AccessFlags, QpType, QpInitAttr, QpCap};
+//! use std::sync::Arc;
+//! let dev = Device::from_addr("127.0.0.1".parse().unwrap()).unwrap();
+//! let ctx = dev.open().unwrap();
+//! let pd = ctx.alloc_pd().unwrap();
+//! let buf = Arc::new(Buffer::new(4096));
+//! let mr = pd.reg_buffer(&buf, (AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE).bits()).unwrap();
+//! let cq = ctx.create_cq(16, 0, None, 0).unwrap();
+//! let mut init = QpInitAttr::new(QpType::Rc, &cq, QpCap { max_send_wr: 10, max_recv_wr: 10, ..Default::default() });
+//! let qp = pd.create_qp(&mut init).unwrap();
+//! assert!(init.cap.max_send_wr >= 10);
+//! assert_ne!(mr.lkey(), mr.rkey());
+//! # drop((qp, mr));
+//! ```
+
+#![warn(missing_docs)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod ah;
+mod context;
+mod cq;
+mod device;
+mod error;
+mod event;
+mod fd;
+mod gid;
+mod hold;
+pub mod mem;
+mod mr;
+mod pd;
+mod qp;
+mod resources;
+mod srq;
+
+pub use ah::{Ah, AhAttr, GlobalRoute};
+pub use context::{Context, NUM_COMP_VECTORS};
+pub use cq::{CompChannel, Cq, CqEvent, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use device::{
+    get_device_list, AtomicCap, Device, DeviceAttr, DeviceCapFlags, GidEntry, LinkLayer, NodeType,
+    PortAttr, PortCapFlags, PortState, TransportType, DEFAULT_PKEY, GID_TABLE_LEN, PORT_NUM,
+    QPF_GRH_REQUIRED,
+};
+pub use error::{DestroyError, Error, ErrorKind, Result};
+pub use event::{AsyncElement, AsyncEvent, EventType};
+pub use gid::{Gid, GidType};
+pub use mem::Buffer;
+pub use mr::{AccessFlags, Mr};
+pub use pd::Pd;
+pub use qp::{
+    MigState, PostError, Qp, QpAttr, QpCap, QpInitAttr, QpInitInfo, RecvWr, SendFlags, SendWr, Sge,
+    WrOpcode,
+};
+pub use softrdma_proto::{Mtu, QpAttrMask, QpState, QpType};
+pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqInitAttr};

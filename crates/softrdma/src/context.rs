@@ -1,0 +1,174 @@
+//! Device contexts (`struct ibv_context`) and their asynchronous event queue.
+
+use crate::device::{self, Device, DeviceAttr, DeviceShared, GidEntry, PortAttr, PORT_NUM};
+use crate::error::{Error, Result};
+use crate::event::AsyncQueue;
+use crate::gid::{Gid, GidType};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+
+/// An open device (`struct ibv_context`), from [`Device::open`].
+///
+/// Objects created from it (PDs, CQs, channels, …) keep the device state alive: closing or
+/// dropping the context does not destroy them, as `ibv_close_device` does not.
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+pub(crate) struct ContextInner {
+    pub(crate) shared: Arc<DeviceShared>,
+    pub(crate) async_events: AsyncQueue,
+    pub(crate) users: AtomicUsize,
+}
+
+impl crate::hold::Counted for ContextInner {
+    fn users(&self) -> &AtomicUsize {
+        &self.users
+    }
+}
+
+/// How many completion vectors each context offers (`num_comp_vectors`).
+pub const NUM_COMP_VECTORS: u32 = 1;
+
+impl Device {
+    /// Opens the device (`ibv_open_device`).
+    ///
+    /// Fails with the errno of `eventfd` if the asynchronous event descriptor cannot be made
+    /// (`EMFILE`, `ENFILE`, `ENOMEM`).
+    pub fn open(&self) -> Result<Context> {
+        Ok(Context {
+            inner: Arc::new(ContextInner {
+                shared: DeviceShared::get(self),
+                async_events: AsyncQueue::new()?,
+                users: AtomicUsize::new(0),
+            }),
+        })
+    }
+}
+
+fn check_port(port: u8) -> Result<()> {
+    if port != PORT_NUM {
+        return Err(Error::invalid(format!(
+            "port {port} does not exist: softrdma devices have one port, numbered 1"
+        )));
+    }
+    Ok(())
+}
+
+impl Context {
+    /// The device this context was opened on.
+    pub fn device(&self) -> &Device {
+        &self.inner.shared.device
+    }
+
+    /// The device's attributes and limits (`ibv_query_device`). Never fails on a softrdma
+    /// device; the `Result` keeps the verbs contract.
+    pub fn query_device(&self) -> Result<DeviceAttr> {
+        Ok(self.inner.shared.attr.clone())
+    }
+
+    /// The attributes of `port` (`ibv_query_port`).
+    ///
+    /// Fails with `EINVAL` for any port but 1.
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        check_port(port)?;
+        Ok(device::port_attr(self.device()))
+    }
+
+    /// The GID at `index` of `port`'s table (`ibv_query_gid`): the IPv4-mapped or IPv6
+    /// address of the device at index 0.
+    ///
+    /// Fails with `EINVAL` for a port other than 1 or an index outside the table.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        Ok(self.query_gid_ex(port, index)?.gid)
+    }
+
+    /// The GID table entry at `index` with its type and interface (`ibv_query_gid_ex`).
+    ///
+    /// Fails with `EINVAL` for a port other than 1 or an index outside the table.
+    pub fn query_gid_ex(&self, port: u8, index: u32) -> Result<GidEntry> {
+        check_port(port)?;
+        if index >= device::GID_TABLE_LEN {
+            return Err(Error::invalid(format!(
+                "GID index {index} is outside the table of {} entries",
+                device::GID_TABLE_LEN
+            )));
+        }
+        Ok(GidEntry {
+            gid: self.device().gid(),
+            gid_index: index,
+            port_num: u32::from(port),
+            gid_type: GidType::RoceV2,
+            ndev_ifindex: self.device().ifindex(),
+        })
+    }
+
+    /// Every valid GID table entry of every port (`ibv_query_gid_table`).
+    pub fn query_gid_table(&self) -> Vec<GidEntry> {
+        (0..device::GID_TABLE_LEN)
+            .filter_map(|i| self.query_gid_ex(PORT_NUM, i).ok())
+            .collect()
+    }
+
+    /// The P_Key at `index` of `port`'s table (`ibv_query_pkey`): 0xFFFF at index 0.
+    ///
+    /// Fails with `EINVAL` for a port other than 1 or an index other than 0.
+    pub fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
+        check_port(port)?;
+        if index != 0 {
+            return Err(Error::invalid(format!(
+                "P_Key index {index} is outside the table of 1 entry"
+            )));
+        }
+        Ok(device::DEFAULT_PKEY)
+    }
+
+    /// The index of `pkey` in `port`'s table (`ibv_get_pkey_index`).
+    ///
+    /// Fails with `EINVAL` for a port other than 1 and `ENOENT`-like `EINVAL` when the P_Key
+    /// is not in the table.
+    pub fn get_pkey_index(&self, port: u8, pkey: u16) -> Result<u16> {
+        check_port(port)?;
+        if pkey == device::DEFAULT_PKEY {
+            Ok(0)
+        } else {
+            Err(Error::invalid(format!(
+                "P_Key {pkey:#06x} is not in the table"
+            )))
+        }
+    }
+
+    /// How many completion vectors CQs may be spread over (`num_comp_vectors`).
+    pub fn num_comp_vectors(&self) -> u32 {
+        NUM_COMP_VECTORS
+    }
+
+    /// The descriptor that becomes readable when an asynchronous event is waiting
+    /// (`ctx->async_fd`). Set `O_NONBLOCK` on it to make [`Context::get_async_event`] fail with
+    /// `EAGAIN` instead of blocking.
+    pub fn async_fd(&self) -> RawFd {
+        self.inner.async_events.fd().as_raw_fd()
+    }
+
+    /// Closes the context (`ibv_close_device`). Objects created from it stay valid until they
+    /// are destroyed. Never fails on a softrdma device.
+    pub fn close(self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl AsFd for Context {
+    /// The asynchronous event descriptor.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.async_events.fd().as_fd()
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("device", self.device())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,587 @@
+//! Completion queues, completion channels and work completions (`ibv_create_cq`,
+//! `ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_create_comp_channel`, `ibv_get_cq_event`,
+//! `ibv_ack_cq_events`).
+
+use crate::context::{Context, ContextInner};
+use crate::error::{DestroyError, Error, ErrorKind, Result};
+use crate::event::{AsyncElement, EventTarget, EventType};
+use crate::fd::EventFd;
+use crate::hold::{users_of, Counted, Hold};
+use crate::resources::{CountGuard, Kind, Resources};
+use std::collections::VecDeque;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// `enum ibv_wc_status`, with the verbs numbering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum WcStatus {
+    /// `IBV_WC_SUCCESS`.
+    #[default]
+    Success = 0,
+    /// `IBV_WC_LOC_LEN_ERR`: a message was longer than the receive buffer (or than the
+    /// device allows).
+    LocLenErr = 1,
+    /// `IBV_WC_LOC_QP_OP_ERR`: an internal QP consistency error (e.g. a UD send larger than
+    /// the path MTU).
+    LocQpOpErr = 2,
+    /// `IBV_WC_LOC_EEC_OP_ERR`.
+    LocEecOpErr = 3,
+    /// `IBV_WC_LOC_PROT_ERR`: a local key, PD, bounds or access check failed.
+    LocProtErr = 4,
+    /// `IBV_WC_WR_FLUSH_ERR`: the QP entered ERR before the request was done.
+    WrFlushErr = 5,
+    /// `IBV_WC_MW_BIND_ERR`.
+    MwBindErr = 6,
+    /// `IBV_WC_BAD_RESP_ERR`: the responder answered with the wrong kind of packet.
+    BadRespErr = 7,
+    /// `IBV_WC_LOC_ACCESS_ERR`: a protection error on data the peer sent.
+    LocAccessErr = 8,
+    /// `IBV_WC_REM_INV_REQ_ERR`: the responder found the request invalid (too long for its
+    /// receive buffer, unsupported opcode, …).
+    RemInvReqErr = 9,
+    /// `IBV_WC_REM_ACCESS_ERR`: the responder refused the rkey, bounds or access.
+    RemAccessErr = 10,
+    /// `IBV_WC_REM_OP_ERR`: the responder could not complete the operation.
+    RemOpErr = 11,
+    /// `IBV_WC_RETRY_EXC_ERR`: no acknowledgement after `retry_cnt` retransmissions.
+    RetryExcErr = 12,
+    /// `IBV_WC_RNR_RETRY_EXC_ERR`: the responder had no receive posted after `rnr_retry`
+    /// tries.
+    RnrRetryExcErr = 13,
+    /// `IBV_WC_LOC_RDD_VIOL_ERR`.
+    LocRddViolErr = 14,
+    /// `IBV_WC_REM_INV_RD_REQ_ERR`.
+    RemInvRdReqErr = 15,
+    /// `IBV_WC_REM_ABORT_ERR`.
+    RemAbortErr = 16,
+    /// `IBV_WC_INV_EECN_ERR`.
+    InvEecnErr = 17,
+    /// `IBV_WC_INV_EEC_STATE_ERR`.
+    InvEecStateErr = 18,
+    /// `IBV_WC_FATAL_ERR`.
+    FatalErr = 19,
+    /// `IBV_WC_RESP_TIMEOUT_ERR`.
+    RespTimeoutErr = 20,
+    /// `IBV_WC_GENERAL_ERR`.
+    GeneralErr = 21,
+}
+
+impl WcStatus {
+    /// A short description (`ibv_wc_status_str`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WcStatus::Success => "success",
+            WcStatus::LocLenErr => "local length error",
+            WcStatus::LocQpOpErr => "local QP operation error",
+            WcStatus::LocEecOpErr => "local EE context operation error",
+            WcStatus::LocProtErr => "local protection error",
+            WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::MwBindErr => "memory management operation error",
+            WcStatus::BadRespErr => "bad response error",
+            WcStatus::LocAccessErr => "local access error",
+            WcStatus::RemInvReqErr => "remote invalid request error",
+            WcStatus::RemAccessErr => "remote access error",
+            WcStatus::RemOpErr => "remote operation error",
+            WcStatus::RetryExcErr => "transport retry counter exceeded",
+            WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+            WcStatus::LocRddViolErr => "local RDD violation error",
+            WcStatus::RemInvRdReqErr => "remote invalid RD request",
+            WcStatus::RemAbortErr => "aborted error",
+            WcStatus::InvEecnErr => "invalid EE context number",
+            WcStatus::InvEecStateErr => "invalid EE context state",
+            WcStatus::FatalErr => "fatal error",
+            WcStatus::RespTimeoutErr => "response timeout error",
+            WcStatus::GeneralErr => "general error",
+        }
+    }
+}
+
+impl std::fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `enum ibv_wc_opcode`, with the verbs numbering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+pub enum WcOpcode {
+    /// `IBV_WC_SEND`.
+    #[default]
+    Send = 0,
+    /// `IBV_WC_RDMA_WRITE`.
+    RdmaWrite = 1,
+    /// `IBV_WC_RDMA_READ`.
+    RdmaRead = 2,
+    /// `IBV_WC_COMP_SWAP`.
+    CompSwap = 3,
+    /// `IBV_WC_FETCH_ADD`.
+    FetchAdd = 4,
+    /// `IBV_WC_BIND_MW`.
+    BindMw = 5,
+    /// `IBV_WC_LOCAL_INV`.
+    LocalInv = 6,
+    /// `IBV_WC_RECV`: a receive request consumed by a SEND.
+    Recv = 128,
+    /// `IBV_WC_RECV_RDMA_WITH_IMM`: a receive request consumed by an RDMA WRITE with
+    /// immediate.
+    RecvRdmaWithImm = 129,
+}
+
+bitflags::bitflags! {
+    /// `enum ibv_wc_flags`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct WcFlags: u32 {
+        /// `IBV_WC_GRH`: the first 40 bytes of a UD receive buffer hold the GRH.
+        const GRH = 1 << 0;
+        /// `IBV_WC_WITH_IMM`: `imm_data` is valid.
+        const WITH_IMM = 1 << 1;
+        /// `IBV_WC_IP_CSUM_OK`.
+        const IP_CSUM_OK = 1 << 2;
+        /// `IBV_WC_WITH_INV`: `invalidated_rkey` is valid.
+        const WITH_INV = 1 << 3;
+    }
+}
+
+/// A work completion (`struct ibv_wc`).
+///
+/// When `status` is not [`WcStatus::Success`], only `wr_id`, `status`, `qp_num` and
+/// `vendor_err` are meaningful, as in verbs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WorkCompletion {
+    /// The `wr_id` of the work request that completed.
+    pub wr_id: u64,
+    /// How it ended.
+    pub status: WcStatus,
+    /// What it was.
+    pub opcode: WcOpcode,
+    /// A device-specific detail of an error (0 on success).
+    pub vendor_err: u32,
+    /// Bytes transferred: received (UD: including the 40-byte GRH area), read, or written.
+    pub byte_len: u32,
+    /// The immediate data, when `wc_flags` has WITH_IMM, as the value the sender put in its
+    /// work request (not byte-swapped: softrdma's work requests carry host-order values).
+    pub imm_data: u32,
+    /// The rkey invalidated, when `wc_flags` has WITH_INV.
+    pub invalidated_rkey: u32,
+    /// The local QP the request belonged to.
+    pub qp_num: u32,
+    /// UD receives: the sender's QP number.
+    pub src_qp: u32,
+    /// Which optional fields are valid.
+    pub wc_flags: WcFlags,
+    /// Index of the P_Key the packet carried (always 0).
+    pub pkey_index: u16,
+    /// Source LID (0 on RoCE).
+    pub slid: u16,
+    /// Service level.
+    pub sl: u8,
+    /// Destination LID path bits (0 on RoCE).
+    pub dlid_path_bits: u8,
+}
+
+/// A completion channel (`struct ibv_comp_channel`): a real file descriptor that becomes
+/// readable when a CQ attached to it has a completion event. Poll it with poll/epoll/tokio;
+/// set `O_NONBLOCK` on it to make [`CompChannel::get_cq_event`] fail with `EAGAIN`
+/// instead of blocking.
+pub struct CompChannel {
+    pub(crate) inner: Arc<ChannelInner>,
+}
+
+pub(crate) struct ChannelInner {
+    ctx: Arc<ContextInner>,
+    fd: EventFd,
+    queue: Mutex<VecDeque<Arc<CqInner>>>,
+    users: AtomicUsize,
+}
+
+impl Counted for ChannelInner {
+    fn users(&self) -> &AtomicUsize {
+        &self.users
+    }
+}
+
+impl ChannelInner {
+    fn post(&self, cq: Arc<CqInner>) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(cq);
+        self.fd.signal();
+    }
+}
+
+impl Context {
+    /// Creates a completion channel (`ibv_create_comp_channel`).
+    ///
+    /// Fails with the errno of `eventfd` (`EMFILE`, `ENFILE`, `ENOMEM`).
+    pub fn create_comp_channel(&self) -> Result<CompChannel> {
+        Ok(CompChannel {
+            inner: Arc::new(ChannelInner {
+                ctx: self.inner.clone(),
+                fd: EventFd::new()?,
+                queue: Mutex::new(VecDeque::new()),
+                users: AtomicUsize::new(0),
+            }),
+        })
+    }
+}
+
+/// A completion event (from `ibv_get_cq_event`): which CQ has completions.
+///
+/// Acknowledge it with [`Cq::ack_cq_events`] on that CQ (events may be acknowledged in
+/// batches); a CQ with unacknowledged events cannot be destroyed.
+#[derive(Clone)]
+pub struct CqEvent {
+    cq: Arc<CqInner>,
+}
+
+impl CqEvent {
+    /// The `cq_context` the CQ was created with.
+    pub fn cq_context(&self) -> u64 {
+        self.cq.cq_context
+    }
+
+    /// Whether the event is about `cq`.
+    pub fn is_for(&self, cq: &Cq) -> bool {
+        Arc::ptr_eq(&self.cq, &cq.inner)
+    }
+}
+
+impl std::fmt::Debug for CqEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CqEvent")
+            .field("cq_context", &self.cq.cq_context)
+            .finish()
+    }
+}
+
+impl CompChannel {
+    /// The channel's file descriptor (`channel->fd`).
+    pub fn fd(&self) -> RawFd {
+        self.inner.fd.as_raw_fd()
+    }
+
+    /// Sets or clears `O_NONBLOCK` on [`CompChannel::fd`] (the same as `fcntl`).
+    ///
+    /// Fails with the errno of `fcntl`.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        self.inner.fd.set_nonblocking(nonblocking)
+    }
+
+    /// Takes the next completion event (`ibv_get_cq_event`): blocks until a CQ attached to
+    /// this channel, armed with [`Cq::req_notify_cq`], gets a completion; fails with `EAGAIN`
+    /// when the descriptor is non-blocking and no event is waiting.
+    pub fn get_cq_event(&self) -> Result<CqEvent> {
+        loop {
+            self.inner.fd.wait()?;
+            let cq = self
+                .inner
+                .queue
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pop_front();
+            if let Some(cq) = cq {
+                cq.events_reported.fetch_add(1, Ordering::AcqRel);
+                return Ok(CqEvent { cq });
+            }
+        }
+    }
+
+    /// Destroys the channel (`ibv_destroy_comp_channel`).
+    ///
+    /// Fails with `EBUSY`, giving the channel back, while a CQ uses it.
+    pub fn destroy(self) -> std::result::Result<(), DestroyError<CompChannel>> {
+        let n = users_of(&*self.inner);
+        if n != 0 {
+            return Err(DestroyError {
+                object: self,
+                error: Error::busy(format!("the completion channel is used by {n} CQ(s)")),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl AsFd for CompChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+}
+
+impl AsRawFd for CompChannel {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd()
+    }
+}
+
+impl std::fmt::Debug for CompChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompChannel")
+            .field("fd", &self.fd())
+            .finish()
+    }
+}
+
+/// A completion queue (`struct ibv_cq`).
+pub struct Cq {
+    pub(crate) inner: Arc<CqInner>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Armed {
+    No,
+    Any,
+    Solicited,
+}
+
+struct CqState {
+    entries: VecDeque<WorkCompletion>,
+    armed: Armed,
+    overrun: bool,
+}
+
+pub(crate) struct CqInner {
+    pub(crate) ctx: Arc<ContextInner>,
+    channel: Option<Hold<ChannelInner>>,
+    cqe: u32,
+    cq_context: u64,
+    comp_vector: u32,
+    state: Mutex<CqState>,
+    /// QPs that use the CQ.
+    users: AtomicUsize,
+    events_reported: AtomicU64,
+    events_acked: AtomicU64,
+    async_unacked: AtomicUsize,
+    _count: CountGuard,
+}
+
+impl Counted for CqInner {
+    fn users(&self) -> &AtomicUsize {
+        &self.users
+    }
+}
+
+impl EventTarget for CqInner {
+    fn unacked_events(&self) -> &AtomicUsize {
+        &self.async_unacked
+    }
+}
+
+impl Context {
+    /// Creates a completion queue with room for at least `cqe` completions
+    /// (`ibv_create_cq`); the actual size is [`Cq::cqe`]. With a `channel`, completion events
+    /// of the CQ go to that channel once armed with [`Cq::req_notify_cq`].
+    ///
+    /// Fails with `EINVAL` when `cqe` is 0 or above the device's `max_cqe`, when
+    /// `comp_vector` is not below [`Context::num_comp_vectors`], or when the channel belongs
+    /// to another context; `ENOMEM` past `max_cq`.
+    pub fn create_cq(
+        &self,
+        cqe: u32,
+        cq_context: u64,
+        channel: Option<&CompChannel>,
+        comp_vector: u32,
+    ) -> Result<Cq> {
+        let max = self.inner.shared.attr.max_cqe;
+        if cqe == 0 || cqe > max {
+            return Err(Error::invalid(format!(
+                "cqe {cqe} is outside 1..={max} (the device's max_cqe)"
+            )));
+        }
+        if comp_vector >= self.num_comp_vectors() {
+            return Err(Error::invalid(format!(
+                "comp_vector {comp_vector} is not below num_comp_vectors {}",
+                self.num_comp_vectors()
+            )));
+        }
+        if let Some(ch) = channel {
+            if !Arc::ptr_eq(&ch.inner.ctx, &self.inner) {
+                return Err(Error::invalid(
+                    "the completion channel belongs to another context",
+                ));
+            }
+        }
+        // Round up to 2^k - 1 entries (at least what was asked, at most max_cqe).
+        let actual = ((u64::from(cqe) + 1).next_power_of_two() - 1).min(u64::from(max)) as u32;
+        let count = Resources::acquire(&self.inner.shared, Kind::Cq)?;
+        Ok(Cq {
+            inner: Arc::new(CqInner {
+                ctx: self.inner.clone(),
+                channel: channel.map(|c| Hold::new(&c.inner)),
+                cqe: actual,
+                cq_context,
+                comp_vector,
+                state: Mutex::new(CqState {
+                    entries: VecDeque::with_capacity(actual as usize),
+                    armed: Armed::No,
+                    overrun: false,
+                }),
+                users: AtomicUsize::new(0),
+                events_reported: AtomicU64::new(0),
+                events_acked: AtomicU64::new(0),
+                async_unacked: AtomicUsize::new(0),
+                _count: count,
+            }),
+        })
+    }
+}
+
+impl CqInner {
+    /// Adds a completion, signalling the channel if the CQ is armed for it. Returns `false`
+    /// (and raises `IBV_EVENT_CQ_ERR`, leaving the CQ in error) when the CQ is full.
+    pub(crate) fn push(self: &Arc<Self>, wc: WorkCompletion, solicited: bool) -> bool {
+        let notify = {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if st.overrun {
+                return false;
+            }
+            if st.entries.len() >= self.cqe as usize {
+                st.overrun = true;
+                drop(st);
+                self.ctx.async_events.raise(
+                    EventType::CqErr,
+                    AsyncElement::Cq {
+                        cq_context: self.cq_context,
+                    },
+                    Some(self.clone() as Arc<dyn EventTarget>),
+                );
+                return false;
+            }
+            st.entries.push_back(wc);
+            let fire = match st.armed {
+                Armed::No => false,
+                Armed::Any => true,
+                Armed::Solicited => solicited || wc.status != WcStatus::Success,
+            };
+            if fire {
+                st.armed = Armed::No;
+            }
+            fire
+        };
+        if notify {
+            if let Some(ch) = &self.channel {
+                ch.post(self.clone());
+            }
+        }
+        true
+    }
+}
+
+impl Cq {
+    /// The number of completions the CQ holds (`cq->cqe`), at least what was asked for.
+    pub fn cqe(&self) -> u32 {
+        self.inner.cqe
+    }
+
+    /// The `cq_context` given at creation (`cq->cq_context`).
+    pub fn cq_context(&self) -> u64 {
+        self.inner.cq_context
+    }
+
+    /// The completion vector given at creation.
+    pub fn comp_vector(&self) -> u32 {
+        self.inner.comp_vector
+    }
+
+    /// Moves up to `wc.len()` completions, oldest first, into `wc` (`ibv_poll_cq`) and
+    /// returns how many.
+    ///
+    /// Fails with `EIO` once the CQ has overrun (completions were lost; an
+    /// `IBV_EVENT_CQ_ERR` was raised) — the CQ is then unusable, as in verbs.
+    pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.overrun {
+            return Err(Error::new(
+                ErrorKind::Os(libc::EIO),
+                "the CQ overran and lost completions",
+            ));
+        }
+        let n = wc.len().min(st.entries.len());
+        for (slot, e) in wc.iter_mut().zip(st.entries.drain(..n)) {
+            *slot = e;
+        }
+        Ok(n)
+    }
+
+    /// Arms the CQ for one completion event on its channel (`ibv_req_notify_cq`): the next
+    /// completion (with `solicited_only`, the next solicited or unsuccessful one) puts one
+    /// event on the channel, after which the CQ must be armed again.
+    ///
+    /// Fails with `EINVAL` when the CQ has no completion channel.
+    pub fn req_notify_cq(&self, solicited_only: bool) -> Result<()> {
+        if self.inner.channel.is_none() {
+            return Err(Error::invalid("the CQ has no completion channel to notify"));
+        }
+        let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.armed = match (solicited_only, st.armed) {
+            (false, _) => Armed::Any,
+            (true, Armed::Any) => Armed::Any,
+            (true, _) => Armed::Solicited,
+        };
+        Ok(())
+    }
+
+    /// Acknowledges `nevents` completion events of this CQ (`ibv_ack_cq_events`).
+    pub fn ack_cq_events(&self, nevents: u32) {
+        self.inner
+            .events_acked
+            .fetch_add(u64::from(nevents), Ordering::AcqRel);
+    }
+
+    /// Destroys the CQ (`ibv_destroy_cq`).
+    ///
+    /// Fails with `EBUSY`, giving the CQ back, while a QP uses it, while completion events
+    /// returned by [`CompChannel::get_cq_event`] are not all acknowledged (rdma-core blocks
+    /// here until they are; softrdma reports it so that a single-threaded program cannot
+    /// deadlock), or while an asynchronous event about it is not acknowledged.
+    pub fn destroy(self) -> std::result::Result<(), DestroyError<Cq>> {
+        let i = &self.inner;
+        let users = users_of(&**i);
+        let unacked = i.events_reported.load(Ordering::Acquire) as i64
+            - i.events_acked.load(Ordering::Acquire) as i64;
+        let async_unacked = i.async_unacked.load(Ordering::Acquire);
+        let why = if users != 0 {
+            format!("the CQ is used by {users} QP(s)")
+        } else if unacked > 0 {
+            format!("{unacked} completion event(s) of the CQ are not acknowledged")
+        } else if async_unacked != 0 {
+            format!("{async_unacked} asynchronous event(s) about the CQ are not acknowledged")
+        } else {
+            self.purge_channel();
+            return Ok(());
+        };
+        Err(DestroyError {
+            object: self,
+            error: Error::busy(why),
+        })
+    }
+
+    fn purge_channel(&self) {
+        if let Some(ch) = &self.inner.channel {
+            let mut q = ch.queue.lock().unwrap_or_else(|p| p.into_inner());
+            let before = q.len();
+            q.retain(|c| !Arc::ptr_eq(c, &self.inner));
+            for _ in q.len()..before {
+                ch.fd.try_wait();
+            }
+        }
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        self.purge_channel();
+    }
+}
+
+impl std::fmt::Debug for Cq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cq")
+            .field("cqe", &self.inner.cqe)
+            .field("cq_context", &self.inner.cq_context)
+            .finish()
+    }
+}

@@ -1,0 +1,116 @@
+//! GIDs: 128-bit port addresses. On RoCEv2 a GID is an IP address: an IPv6 address as is, an
+//! IPv4 address in its IPv4-mapped form `::ffff:a.b.c.d`.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
+
+/// `union ibv_gid`: 16 bytes in network order.
+///
+/// ```
+/// use softrdma::Gid;
+/// use std::net::IpAddr;
+/// let g = Gid::from_ip("192.0.2.1".parse().unwrap());
+/// assert_eq!(g.to_string(), "::ffff:192.0.2.1");
+/// assert_eq!(g.to_ip(), "192.0.2.1".parse::<IpAddr>().unwrap());
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Gid {
+    /// The raw bytes (`gid.raw`).
+    pub raw: [u8; 16],
+}
+
+impl Gid {
+    /// The all-zero GID (an empty table entry).
+    pub const ZERO: Gid = Gid { raw: [0; 16] };
+
+    /// The GID that stands for `ip` (IPv4-mapped for IPv4).
+    pub fn from_ip(ip: IpAddr) -> Gid {
+        let v6 = match ip {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        Gid { raw: v6.octets() }
+    }
+
+    /// The IP address the GID stands for: IPv4 for an IPv4-mapped GID, IPv6 otherwise.
+    pub fn to_ip(&self) -> IpAddr {
+        let v6 = Ipv6Addr::from(self.raw);
+        match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        }
+    }
+
+    /// The subnet prefix (`gid.global.subnet_prefix`), the first 8 bytes as a number.
+    pub fn subnet_prefix(&self) -> u64 {
+        u64::from_be_bytes(self.raw[..8].try_into().expect("8 bytes"))
+    }
+
+    /// The interface ID (`gid.global.interface_id`), the last 8 bytes as a number.
+    pub fn interface_id(&self) -> u64 {
+        u64::from_be_bytes(self.raw[8..].try_into().expect("8 bytes"))
+    }
+
+    /// Whether this is a multicast GID: an IPv6 multicast address (`ff00::/8`) or the
+    /// IPv4-mapped form of an IPv4 multicast address (224.0.0.0/4), as rdma_cm uses on RoCE.
+    pub fn is_multicast(&self) -> bool {
+        self.to_ip().is_multicast()
+    }
+
+    /// Whether every byte is zero.
+    pub fn is_zero(&self) -> bool {
+        self.raw == [0; 16]
+    }
+}
+
+impl From<IpAddr> for Gid {
+    fn from(ip: IpAddr) -> Gid {
+        Gid::from_ip(ip)
+    }
+}
+
+impl From<[u8; 16]> for Gid {
+    fn from(raw: [u8; 16]) -> Gid {
+        Gid { raw }
+    }
+}
+
+impl fmt::Display for Gid {
+    /// The IPv6 text form, as `ibv_devinfo -v` prints GIDs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Ipv6Addr::from(self.raw).fmt(f)
+    }
+}
+
+impl fmt::Debug for Gid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Gid({self})")
+    }
+}
+
+/// `enum ibv_gid_type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum GidType {
+    /// `IBV_GID_TYPE_IB`.
+    Ib = 0,
+    /// `IBV_GID_TYPE_ROCE_V1`.
+    RoceV1 = 1,
+    /// `IBV_GID_TYPE_ROCE_V2`: every softrdma GID.
+    RoceV2 = 2,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn multicast_forms() {
+        assert!(Gid::from_ip("239.1.2.3".parse().unwrap()).is_multicast());
+        assert!(Gid::from_ip("ff0e::1".parse().unwrap()).is_multicast());
+        assert!(!Gid::from_ip("10.0.0.1".parse().unwrap()).is_multicast());
+        let g = Gid::from_ip("fe80::1".parse().unwrap());
+        assert_eq!(g.subnet_prefix(), 0xfe80_0000_0000_0000);
+        assert_eq!(g.interface_id(), 1);
+    }
+}

@@ -1,0 +1,416 @@
+//! Memory regions (`ibv_reg_mr`, `ibv_dereg_mr`) and the one place where the data path checks
+//! every access to registered memory.
+
+use crate::error::{DestroyError, Error, Result};
+use crate::hold::Hold;
+use crate::mem::{copy_from_memory, copy_to_memory, Buffer};
+use crate::pd::{Pd, PdInner};
+use crate::resources::{CountGuard, Kind, Resources};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+bitflags::bitflags! {
+    /// `enum ibv_access_flags`: what may be done to a memory region (and, on a QP, what a
+    /// remote peer may do).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct AccessFlags: u32 {
+        /// `IBV_ACCESS_LOCAL_WRITE`: the device may write the memory (receives, READ
+        /// responses, atomic results).
+        const LOCAL_WRITE = 1 << 0;
+        /// `IBV_ACCESS_REMOTE_WRITE`: peers may RDMA WRITE into it.
+        const REMOTE_WRITE = 1 << 1;
+        /// `IBV_ACCESS_REMOTE_READ`: peers may RDMA READ from it.
+        const REMOTE_READ = 1 << 2;
+        /// `IBV_ACCESS_REMOTE_ATOMIC`: peers may perform atomics on it.
+        const REMOTE_ATOMIC = 1 << 3;
+        /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to it (not supported).
+        const MW_BIND = 1 << 4;
+        /// `IBV_ACCESS_ZERO_BASED`: keys address the region from 0, not from its address.
+        const ZERO_BASED = 1 << 5;
+        /// `IBV_ACCESS_ON_DEMAND`: on-demand paging (not supported).
+        const ON_DEMAND = 1 << 6;
+        /// `IBV_ACCESS_HUGETLB`: the memory is backed by huge pages (a hint; accepted).
+        const HUGETLB = 1 << 7;
+        /// `IBV_ACCESS_FLUSH_GLOBAL` (accepted, no effect: FLUSH is not supported).
+        const FLUSH_GLOBAL = 1 << 8;
+        /// `IBV_ACCESS_FLUSH_PERSISTENT` (accepted, no effect).
+        const FLUSH_PERSISTENT = 1 << 9;
+        /// `IBV_ACCESS_RELAXED_ORDERING`: an optional hint, accepted and ignored.
+        const RELAXED_ORDERING = 1 << 20;
+    }
+}
+
+impl AccessFlags {
+    /// Checks the rules of `ibv_reg_mr`: no unknown bits (`EINVAL`), REMOTE_WRITE and
+    /// REMOTE_ATOMIC only with LOCAL_WRITE (`EINVAL`), and no memory windows or on-demand
+    /// paging (`EOPNOTSUPP`).
+    pub(crate) fn check_for_mr(self, raw: u32) -> Result<()> {
+        if AccessFlags::from_bits(raw).is_none() {
+            return Err(Error::invalid(format!(
+                "unknown access flag bits {:#x}",
+                raw & !AccessFlags::all().bits()
+            )));
+        }
+        if self.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
+            && !self.contains(AccessFlags::LOCAL_WRITE)
+        {
+            return Err(Error::invalid(
+                "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE",
+            ));
+        }
+        if self.contains(AccessFlags::MW_BIND) {
+            return Err(Error::not_supported("memory windows are not supported"));
+        }
+        if self.contains(AccessFlags::ON_DEMAND) {
+            return Err(Error::not_supported("on-demand paging is not supported"));
+        }
+        Ok(())
+    }
+}
+
+/// A registered memory region (`struct ibv_mr`).
+///
+/// Dropping it deregisters it, like [`Mr::dereg`]; either way, once deregistration returns the
+/// device no longer touches the memory and no key finds it.
+pub struct Mr {
+    pub(crate) inner: Arc<MrInner>,
+}
+
+const REVOKED: u64 = 1 << 63;
+
+pub(crate) struct MrInner {
+    pub(crate) pd: Hold<PdInner>,
+    pub(crate) lkey: u32,
+    pub(crate) rkey: u32,
+    /// Where the region starts as the keys address it (`iova`; 0 for ZERO_BASED).
+    pub(crate) iova: u64,
+    /// The host address of the first byte.
+    host: *mut u8,
+    pub(crate) length: u64,
+    pub(crate) access: AccessFlags,
+    /// The memory of the safe face, kept alive by the region.
+    _backing: Option<Arc<Buffer>>,
+    /// Accesses in progress, and whether the region is deregistered.
+    leases: AtomicU64,
+    _count: CountGuard,
+}
+
+// SAFETY: `host` is only dereferenced through the atomic copy routines of `mem`, under a lease
+// that deregistration waits for; the memory is either owned (`_backing`) or promised alive by
+// the caller of the unsafe registration until deregistration returns.
+unsafe impl Send for MrInner {}
+// SAFETY: as above.
+unsafe impl Sync for MrInner {}
+
+impl Pd {
+    /// Registers `length` bytes at `addr` (`ibv_reg_mr`); the keys address them from `addr`.
+    ///
+    /// Fails with `EINVAL` for a zero length, an address range that overflows, a length above
+    /// the device's `max_mr_size`, unknown access bits or REMOTE_WRITE/REMOTE_ATOMIC without
+    /// LOCAL_WRITE; `EOPNOTSUPP` for MW_BIND and ON_DEMAND; `ENOMEM` past `max_mr`.
+    ///
+    /// # Safety
+    /// `addr..addr + length` must stay allocated until the region is deregistered (dropped
+    /// or [`Mr::dereg`]), and the program's own accesses to it must not race with the
+    /// device's (wait for the completions, as with any RDMA stack). The memory is read and
+    /// written only with atomic word copies, so it may be shared with other threads that use
+    /// atomics too.
+    pub unsafe fn reg_mr(&self, addr: *mut u8, length: usize, access: u32) -> Result<Mr> {
+        // SAFETY: forwarded contract.
+        unsafe { self.reg_mr_iova(addr, length, addr as u64, access) }
+    }
+
+    /// Registers `length` bytes at `addr`, which the keys address from `iova`
+    /// (`ibv_reg_mr_iova`); with ZERO_BASED in `access`, from 0 whatever `iova` is.
+    ///
+    /// Fails as [`Pd::reg_mr`] does.
+    ///
+    /// # Safety
+    /// As for [`Pd::reg_mr`].
+    pub unsafe fn reg_mr_iova(
+        &self,
+        addr: *mut u8,
+        length: usize,
+        iova: u64,
+        access: u32,
+    ) -> Result<Mr> {
+        self.register(addr, length, iova, access, None)
+    }
+
+    /// Registers a whole [`Buffer`] (the safe face of `ibv_reg_mr`); the region keeps the
+    /// buffer alive, so the device can never touch freed memory.
+    ///
+    /// Fails as [`Pd::reg_mr`] does (an empty buffer is `EINVAL`).
+    pub fn reg_buffer(&self, buf: &Arc<Buffer>, access: u32) -> Result<Mr> {
+        self.register(
+            buf.as_ptr(),
+            buf.len(),
+            buf.addr(),
+            access,
+            Some(buf.clone()),
+        )
+    }
+
+    fn register(
+        &self,
+        addr: *mut u8,
+        length: usize,
+        iova: u64,
+        raw_access: u32,
+        backing: Option<Arc<Buffer>>,
+    ) -> Result<Mr> {
+        let access = AccessFlags::from_bits_truncate(raw_access);
+        access.check_for_mr(raw_access)?;
+        let shared = self.inner.shared().clone();
+        let len = length as u64;
+        if len == 0 {
+            return Err(Error::invalid("a memory region cannot be empty"));
+        }
+        if len > shared.attr.max_mr_size {
+            return Err(Error::invalid(format!(
+                "length {len} exceeds the device's max_mr_size {}",
+                shared.attr.max_mr_size
+            )));
+        }
+        if (addr as u64).checked_add(len).is_none() {
+            return Err(Error::invalid("the address range overflows"));
+        }
+        let iova = if access.contains(AccessFlags::ZERO_BASED) {
+            0
+        } else {
+            iova
+        };
+        if iova.checked_add(len).is_none() {
+            return Err(Error::invalid("the iova range overflows"));
+        }
+        let count = Resources::acquire(&shared, Kind::Mr)?;
+        let pd = Hold::new(&self.inner);
+        let inner = shared.resources.insert_mr(|lkey, rkey| {
+            Arc::new(MrInner {
+                pd,
+                lkey,
+                rkey,
+                iova,
+                host: addr,
+                length: len,
+                access,
+                _backing: backing,
+                leases: AtomicU64::new(0),
+                _count: count,
+            })
+        });
+        Ok(Mr { inner })
+    }
+}
+
+impl Mr {
+    /// The local key, named in scatter/gather entries (`mr->lkey`).
+    pub fn lkey(&self) -> u32 {
+        self.inner.lkey
+    }
+
+    /// The remote key, given to peers for RDMA READ, WRITE and atomics (`mr->rkey`).
+    pub fn rkey(&self) -> u32 {
+        self.inner.rkey
+    }
+
+    /// The host address of the first byte (`mr->addr`).
+    pub fn addr(&self) -> u64 {
+        self.inner.host as u64
+    }
+
+    /// Where the keys address the first byte: `addr` unless registered with an iova or
+    /// ZERO_BASED.
+    pub fn iova(&self) -> u64 {
+        self.inner.iova
+    }
+
+    /// The length in bytes (`mr->length`).
+    pub fn length(&self) -> u64 {
+        self.inner.length
+    }
+
+    /// The access flags it was registered with.
+    pub fn access(&self) -> AccessFlags {
+        self.inner.access
+    }
+
+    /// Whether the region belongs to `pd`.
+    pub fn in_pd(&self, pd: &Pd) -> bool {
+        Arc::ptr_eq(self.inner.pd.arc(), &pd.inner)
+    }
+
+    /// Deregisters the region (`ibv_dereg_mr`): removes its keys, then waits for any access
+    /// the device has in progress, so that the memory is the caller's again on return.
+    ///
+    /// Never fails on softrdma (memory windows, which would make it fail with `EBUSY`, are not
+    /// supported); the `Result` keeps the verbs contract.
+    pub fn dereg(self) -> std::result::Result<(), DestroyError<Mr>> {
+        Ok(())
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        let m = &self.inner;
+        m.pd.shared().resources.remove_mr(m.lkey, m.rkey);
+        m.leases.fetch_or(REVOKED, Ordering::AcqRel);
+        while m.leases.load(Ordering::Acquire) & !REVOKED != 0 {
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("length", &self.length())
+            .field("lkey", &format_args!("{:#010x}", self.lkey()))
+            .field("rkey", &format_args!("{:#010x}", self.rkey()))
+            .field("access", &self.access())
+            .finish()
+    }
+}
+
+/// Which key names the memory: a local key in one of our own work requests, or a remote key
+/// in a peer's request.
+#[allow(dead_code)] // Remote is used by the responder of the data path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyKind {
+    Local,
+    Remote,
+}
+
+/// Why an access to registered memory was refused. The data path turns it into
+/// `IBV_WC_LOC_PROT_ERR` for a local key and into a remote-access NAK (the requester's
+/// `IBV_WC_REM_ACCESS_ERR`) for a remote one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AccessError {
+    /// No region has that key (or it was deregistered).
+    InvalidKey,
+    /// The region belongs to another protection domain than the QP's.
+    WrongPd,
+    /// The range is not inside the region (or its end overflows).
+    OutOfBounds,
+    /// The region was not registered with the access the operation needs.
+    AccessDenied,
+    /// An atomic operation on an address that is not 8-byte aligned.
+    Misaligned,
+}
+
+/// An access to registered memory in progress: the region cannot finish deregistering until
+/// the lease is dropped, so the memory is valid for its whole life.
+pub(crate) struct MrLease {
+    mr: Arc<MrInner>,
+    /// Host address of the first byte of the leased range.
+    start: *mut u8,
+    len: usize,
+}
+
+impl Resources {
+    /// The one check of every access to registered memory: `key` must name a live region of
+    /// the right kind, in `pd`, covering `va..va + len`, registered with every flag of
+    /// `needed` (for a local key, only LOCAL_WRITE is ever needed; local reads are always
+    /// allowed). Atomic operations additionally pass `atomic = true` for the 8-byte alignment
+    /// rule.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn check_access(
+        &self,
+        key: u32,
+        kind: KeyKind,
+        pd: &Arc<PdInner>,
+        va: u64,
+        len: u64,
+        needed: AccessFlags,
+        atomic: bool,
+    ) -> std::result::Result<MrLease, AccessError> {
+        let mr = match kind {
+            KeyKind::Local => self.mr_by_lkey(key),
+            KeyKind::Remote => self.mr_by_rkey(key),
+        }
+        .ok_or(AccessError::InvalidKey)?;
+        if !Arc::ptr_eq(mr.pd.arc(), pd) {
+            return Err(AccessError::WrongPd);
+        }
+        if !mr.access.contains(needed) {
+            return Err(AccessError::AccessDenied);
+        }
+        if atomic && (va % 8 != 0 || len != 8) {
+            return Err(AccessError::Misaligned);
+        }
+        let end = va.checked_add(len).ok_or(AccessError::OutOfBounds)?;
+        if va < mr.iova || end > mr.iova + mr.length {
+            return Err(AccessError::OutOfBounds);
+        }
+        let off = (va - mr.iova) as usize;
+        // The offset is inside the region (checked above), hence inside the allocation.
+        let start = mr.host.wrapping_add(off);
+        if atomic && (start as usize) % 8 != 0 {
+            return Err(AccessError::Misaligned);
+        }
+        let prev = mr.leases.fetch_add(1, Ordering::AcqRel);
+        if prev & REVOKED != 0 {
+            mr.leases.fetch_sub(1, Ordering::AcqRel);
+            return Err(AccessError::InvalidKey);
+        }
+        Ok(MrLease {
+            mr,
+            start,
+            len: len as usize,
+        })
+    }
+}
+
+impl MrLease {
+    /// Length of the leased range.
+    #[allow(dead_code)]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Copies `src` into the leased range at `offset`.
+    ///
+    /// # Panics
+    /// If the copy does not fit the lease: callers size their copies from the lease.
+    #[allow(dead_code)]
+    pub(crate) fn write(&self, offset: usize, src: &[u8]) {
+        assert!(
+            offset <= self.len && src.len() <= self.len - offset,
+            "write outside the lease"
+        );
+        // SAFETY: in bounds of a live, leased region (deregistration waits for us).
+        unsafe { copy_to_memory(self.start.add(offset), src) }
+    }
+
+    /// Copies from the leased range at `offset` into `dst`.
+    ///
+    /// # Panics
+    /// If the copy does not fit the lease.
+    #[allow(dead_code)]
+    pub(crate) fn read(&self, offset: usize, dst: &mut [u8]) {
+        assert!(
+            offset <= self.len && dst.len() <= self.len - offset,
+            "read outside the lease"
+        );
+        // SAFETY: as in `write`.
+        unsafe { copy_from_memory(self.start.add(offset), dst) }
+    }
+
+    /// The 8-byte word of an atomic lease, for compare-and-swap and fetch-and-add.
+    #[allow(dead_code)]
+    pub(crate) fn atomic_word(&self) -> &AtomicU64 {
+        assert!(
+            self.len == 8 && (self.start as usize) % 8 == 0,
+            "not an atomic lease"
+        );
+        // SAFETY: aligned, in bounds and alive for the lease's life, which bounds the borrow.
+        unsafe { AtomicU64::from_ptr(self.start.cast()) }
+    }
+}
+
+impl Drop for MrLease {
+    fn drop(&mut self) {
+        self.mr.leases.fetch_sub(1, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,243 @@
+//! Per-device resource tables: memory keys, QP numbers and object counts, shared by every
+//! context opened on the same device.
+//!
+//! Keys and QP numbers come from the operating system's CSPRNG (`getrandom`), so that a peer
+//! cannot guess another connection's rkey or QP number from its own.
+
+use crate::device::DeviceAttr;
+use crate::error::{Error, Result};
+use crate::gid::Gid;
+use crate::mr::MrInner;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// A kind of object whose number per device is limited by [`DeviceAttr`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Pd,
+    Mr,
+    Cq,
+    Qp,
+    Srq,
+    Ah,
+}
+
+pub(crate) struct Resources {
+    limits: [u32; 6],
+    counts: [AtomicU32; 6],
+    /// Memory regions by lkey and by rkey.
+    lkeys: RwLock<HashMap<u32, Arc<MrInner>>>,
+    rkeys: RwLock<HashMap<u32, Arc<MrInner>>>,
+    /// QP numbers in use.
+    qpns: Mutex<std::collections::HashSet<u32>>,
+    /// Multicast groups and the QP numbers attached to each.
+    mcast: Mutex<HashMap<Gid, Vec<u32>>>,
+}
+
+/// A random u32 from the operating system's CSPRNG.
+pub(crate) fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // The OS generator only fails if the kernel has no entropy source at all, which Linux
+    // 3.17+ never reports after boot; fall back on the hasher's per-process random keys.
+    if getrandom::fill(&mut b).is_err() {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(
+            std::time::UNIX_EPOCH
+                .elapsed()
+                .map_or(0, |d| d.as_nanos() as u64),
+        );
+        return h.finish() as u32;
+    }
+    u32::from_ne_bytes(b)
+}
+
+/// The first QP number handed to ordinary QPs (0 and 1 are the special QPs; IBTA reserves
+/// the first few, and rxe starts at 16).
+pub(crate) const MIN_QPN: u32 = 16;
+/// The multicast QP number.
+pub(crate) const MULTICAST_QPN: u32 = 0xff_ffff;
+
+/// Holds one unit of a counted resource until dropped.
+#[derive(Debug)]
+pub(crate) struct CountGuard {
+    shared: Arc<crate::device::DeviceShared>,
+    kind: Kind,
+}
+
+impl Drop for CountGuard {
+    fn drop(&mut self) {
+        self.shared.resources.counts[self.kind as usize].fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl std::fmt::Debug for crate::device::DeviceShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceShared")
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Resources {
+    pub(crate) fn new(attr: &DeviceAttr) -> Self {
+        Resources {
+            limits: [
+                attr.max_pd,
+                attr.max_mr,
+                attr.max_cq,
+                attr.max_qp,
+                attr.max_srq,
+                attr.max_ah,
+            ],
+            counts: Default::default(),
+            lkeys: RwLock::new(HashMap::new()),
+            rkeys: RwLock::new(HashMap::new()),
+            qpns: Mutex::new(Default::default()),
+            mcast: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes one unit of `kind`, failing with `ENOMEM` when the device limit is reached.
+    pub(crate) fn acquire(
+        shared: &Arc<crate::device::DeviceShared>,
+        kind: Kind,
+    ) -> Result<CountGuard> {
+        let r = &shared.resources;
+        let limit = r.limits[kind as usize];
+        let c = &r.counts[kind as usize];
+        let mut cur = c.load(Ordering::Acquire);
+        loop {
+            if cur >= limit {
+                return Err(Error::no_memory(format!(
+                    "the device already has the most {kind:?} objects it allows ({limit})"
+                )));
+            }
+            match c.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    return Ok(CountGuard {
+                        shared: shared.clone(),
+                        kind,
+                    })
+                }
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// Picks an unused, unpredictable QP number in `MIN_QPN..MULTICAST_QPN`.
+    pub(crate) fn alloc_qpn(&self) -> u32 {
+        let mut used = self.qpns.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let qpn = random_u32() & 0xff_ffff;
+            if (MIN_QPN..MULTICAST_QPN).contains(&qpn) && used.insert(qpn) {
+                return qpn;
+            }
+        }
+    }
+
+    /// Returns a QP number to the pool.
+    pub(crate) fn free_qpn(&self, qpn: u32) {
+        self.qpns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&qpn);
+    }
+
+    /// Enters a memory region under fresh, unpredictable, distinct, non-zero keys, which the
+    /// closure receives to build the region with.
+    pub(crate) fn insert_mr(&self, build: impl FnOnce(u32, u32) -> Arc<MrInner>) -> Arc<MrInner> {
+        let mut lkeys = self.lkeys.write().unwrap_or_else(|p| p.into_inner());
+        let mut rkeys = self.rkeys.write().unwrap_or_else(|p| p.into_inner());
+        let (lkey, rkey) = loop {
+            let l = random_u32();
+            let r = random_u32();
+            if l != 0 && r != 0 && l != r && !lkeys.contains_key(&l) && !rkeys.contains_key(&r) {
+                break (l, r);
+            }
+        };
+        let mr = build(lkey, rkey);
+        lkeys.insert(lkey, mr.clone());
+        rkeys.insert(rkey, mr.clone());
+        mr
+    }
+
+    /// Removes a memory region's keys: from now on no lookup finds it.
+    pub(crate) fn remove_mr(&self, lkey: u32, rkey: u32) {
+        self.lkeys
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&lkey);
+        self.rkeys
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&rkey);
+    }
+
+    /// The region registered under `lkey`.
+    pub(crate) fn mr_by_lkey(&self, lkey: u32) -> Option<Arc<MrInner>> {
+        self.lkeys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&lkey)
+            .cloned()
+    }
+
+    /// The region registered under `rkey`.
+    pub(crate) fn mr_by_rkey(&self, rkey: u32) -> Option<Arc<MrInner>> {
+        self.rkeys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&rkey)
+            .cloned()
+    }
+
+    /// Adds `qpn` to the group `gid`, within the device's multicast limits (`ENOMEM`).
+    pub(crate) fn mcast_attach(&self, gid: Gid, qpn: u32, attr: &DeviceAttr) -> Result<()> {
+        let mut groups = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
+        if !groups.contains_key(&gid) && groups.len() >= attr.max_mcast_grp as usize {
+            return Err(Error::no_memory(format!(
+                "the device already has {} multicast groups (max_mcast_grp)",
+                attr.max_mcast_grp
+            )));
+        }
+        let total: usize = groups.values().map(Vec::len).sum();
+        if total >= attr.max_total_mcast_qp_attach as usize {
+            return Err(Error::no_memory(
+                "the device has max_total_mcast_qp_attach attachments",
+            ));
+        }
+        let members = groups.entry(gid).or_default();
+        if members.len() >= attr.max_mcast_qp_attach as usize {
+            return Err(Error::no_memory(format!(
+                "the group {gid} already has {} QPs (max_mcast_qp_attach)",
+                attr.max_mcast_qp_attach
+            )));
+        }
+        members.push(qpn);
+        Ok(())
+    }
+
+    /// Removes `qpn` from the group `gid` (no-op if absent).
+    pub(crate) fn mcast_detach(&self, gid: Gid, qpn: u32) {
+        let mut groups = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = groups.get_mut(&gid) {
+            m.retain(|&q| q != qpn);
+            if m.is_empty() {
+                groups.remove(&gid);
+            }
+        }
+    }
+
+    /// The QP numbers attached to the group `gid`.
+    #[allow(dead_code)]
+    pub(crate) fn mcast_members(&self, gid: &Gid) -> Vec<u32> {
+        self.mcast
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(gid)
+            .cloned()
+            .unwrap_or_default()
+    }
+}
