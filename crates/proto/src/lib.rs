@@ -1,3 +1,26 @@
 //! Sans-IO state machines of softrdma: the InfiniBand transport (RC, UC, UD) and the
 //! connection manager, driven by packets, posted work and the current time, with no sockets,
 //! threads or clock reads of their own.
+//!
+//! Modules:
+//! * [`qp`]: QP types and states, the `ibv_modify_qp` attribute mask and the state-transition
+//!   table ([`check_modify`]);
+//! * [`psn`]: 24-bit packet sequence numbers with circular comparison;
+//! * [`mtu`]: IB path MTU and its derivation from the link MTU;
+//! * [`timer`]: IBA time encodings (ACK timeout, RNR timer, CM timeouts).
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod mtu;
+pub mod psn;
+pub mod qp;
+pub mod timer;
+
+pub use mtu::Mtu;
+pub use psn::{cmp_psn, Psn, MAX_PSN};
+pub use qp::{
+    check_modify, check_modify_qp, next_state, AttrRule, ModifyQpError, QpAttrMask, QpState,
+    QpType, Transition, TRANSITIONS,
+};
+pub use timer::{cm_timeout, cm_timeout_ms_linux, local_ack_timeout, rnr_timer, RNR_TIMER_USEC};

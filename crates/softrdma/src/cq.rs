@@ -585,3 +585,67 @@ impl std::fmt::Debug for Cq {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Device;
+
+    fn ok_wc(wr_id: u64) -> WorkCompletion {
+        WorkCompletion {
+            wr_id,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn solicited_only_fires_on_solicited_or_error_completions() {
+        let ctx = Device::from_addr("127.0.0.1".parse().unwrap())
+            .unwrap()
+            .open()
+            .unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        ch.set_nonblocking(true).unwrap();
+        let cq = ctx.create_cq(16, 1, Some(&ch), 0).unwrap();
+        cq.req_notify_cq(true).unwrap();
+        cq.inner.push(ok_wc(1), false);
+        assert_eq!(ch.get_cq_event().unwrap_err().errno(), libc::EAGAIN);
+        cq.inner.push(ok_wc(2), true);
+        ch.get_cq_event().unwrap();
+        cq.req_notify_cq(true).unwrap();
+        let err = WorkCompletion {
+            status: WcStatus::RemAccessErr,
+            ..ok_wc(3)
+        };
+        cq.inner.push(err, false);
+        ch.get_cq_event().unwrap();
+        // Any overrides solicited-only; solicited-only does not downgrade Any.
+        cq.req_notify_cq(false).unwrap();
+        cq.req_notify_cq(true).unwrap();
+        cq.inner.push(ok_wc(4), false);
+        ch.get_cq_event().unwrap();
+        // Not armed: nothing.
+        cq.inner.push(ok_wc(5), true);
+        assert_eq!(ch.get_cq_event().unwrap_err().errno(), libc::EAGAIN);
+        cq.ack_cq_events(3);
+        let mut wc = [WorkCompletion::default(); 8];
+        assert_eq!(cq.poll(&mut wc).unwrap(), 5);
+        assert_eq!(wc.map(|w| w.wr_id)[..5], [1, 2, 3, 4, 5]);
+    }
+
+    #[test]
+    fn destroying_a_cq_removes_its_pending_events_from_the_channel() {
+        let ctx = Device::from_addr("127.0.0.1".parse().unwrap())
+            .unwrap()
+            .open()
+            .unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        ch.set_nonblocking(true).unwrap();
+        let cq = ctx.create_cq(4, 0, Some(&ch), 0).unwrap();
+        cq.req_notify_cq(false).unwrap();
+        cq.inner.push(ok_wc(1), false);
+        cq.destroy().unwrap();
+        assert_eq!(ch.get_cq_event().unwrap_err().errno(), libc::EAGAIN);
+        ch.destroy().unwrap();
+    }
+}

@@ -187,10 +187,11 @@ impl Device {
         self.info.netdev_mtu
     }
 
-    /// The RoCE path MTU the port offers: the largest IB MTU that fits the interface MTU once
-    /// IP, UDP and the transport headers are taken off (1500 → 1024, loopback's 65536 → 4096).
+    /// The MTU the port offers (`active_mtu`): the largest IB MTU that fits the interface MTU
+    /// once IP, UDP and the transport headers are taken off, as rxe computes it (1500 → 1024,
+    /// loopback's 65536 → 4096).
     pub fn active_mtu(&self) -> Mtu {
-        Mtu::for_link_mtu(self.info.netdev_mtu).unwrap_or(Mtu::Mtu256)
+        Mtu::port_active_mtu(self.info.netdev_mtu).unwrap_or(Mtu::Mtu256)
     }
 
     /// The GID of the port's only table entry: the IPv4-mapped or IPv6 address.

@@ -16,7 +16,7 @@ use crate::mr::{AccessFlags, KeyKind};
 use crate::pd::{Pd, PdInner};
 use crate::resources::{CountGuard, Kind, Resources};
 use crate::srq::{Srq, SrqInner};
-use softrdma_proto::{check_modify, Mtu, QpAttrMask, QpState, QpType};
+use softrdma_proto::{check_modify_qp, Mtu, QpAttrMask, QpState, QpType};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -654,7 +654,7 @@ impl Qp {
     ///
     /// Fails with `EINVAL` for an invalid transition, a missing required or a forbidden
     /// attribute (the message names the transition and the bits), a `cur_qp_state` that is
-    /// not the current state, or a value outside its range (port, P_Key index, address
+    /// not the current state (RTS or SQD are accepted for a QP that moved to SQE unseen), or a value outside its range (port, P_Key index, address
     /// vector, RD atomic depths above the device's limits, 3- and 5-bit fields, access
     /// flags, a 24-bit QP number); `EOPNOTSUPP` for changing `cap`.
     pub fn modify_qp(&self, attr: &QpAttr, attr_mask: u32) -> Result<()> {
@@ -669,18 +669,8 @@ impl Qp {
         let dev = &shared.attr;
         let mut st = inner.lock();
         let cur = st.attr.qp_state;
-        if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != cur {
-            return Err(Error::invalid(format!(
-                "cur_qp_state is {:?} but the QP is in {cur:?}",
-                attr.cur_qp_state
-            )));
-        }
-        let next = if mask.contains(QpAttrMask::STATE) {
-            attr.qp_state
-        } else {
-            cur
-        };
-        check_modify(inner.qp_type, cur, next, mask).map_err(|e| Error::invalid(e.to_string()))?;
+        let next = check_modify_qp(inner.qp_type, cur, mask, attr.qp_state, attr.cur_qp_state)
+            .map_err(|e| Error::invalid(e.to_string()))?;
 
         // Values.
         let bad = |msg: String| Err(Error::invalid(msg));
