@@ -240,7 +240,9 @@ mod tests {
     fn reads_big_endian_nanosecond_files() {
         let mut f = vec![];
         f.extend_from_slice(&MAGIC_NS.to_be_bytes());
-        f.extend_from_slice(&[0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 1]);
+        f.extend_from_slice(&[
+            0, 2, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 1,
+        ]);
         f.extend_from_slice(&7u32.to_be_bytes());
         f.extend_from_slice(&123u32.to_be_bytes());
         f.extend_from_slice(&2u32.to_be_bytes());
@@ -250,7 +252,10 @@ mod tests {
         assert_eq!(r.link_type(), LINKTYPE_ETHERNET);
         assert_eq!(r.snaplen(), 0xffff);
         let rec = r.records().next().unwrap().unwrap();
-        assert_eq!((rec.ts_sec, rec.ts_nanos, rec.data), (7, 123, &[0xaa, 0xbb][..]));
+        assert_eq!(
+            (rec.ts_sec, rec.ts_nanos, rec.data),
+            (7, 123, &[0xaa, 0xbb][..])
+        );
     }
 
     #[test]
