@@ -1368,7 +1368,7 @@ fn ibv_modify_srq_limit_and_resize_are_all_or_nothing() {
         libc::EINVAL,
         "unknown bit"
     );
-    srq.post_srq_recv(&vec![RecvWr::default(); 6]).unwrap();
+    srq.post_srq_recv(&[RecvWr::default(); 6]).unwrap();
     let shrink = SrqAttr {
         max_wr: 4,
         ..Default::default()
