@@ -7,15 +7,19 @@
 //!   table ([`check_modify`]);
 //! * [`psn`]: 24-bit packet sequence numbers with circular comparison;
 //! * [`mtu`]: IB path MTU and its derivation from the link MTU;
-//! * [`timer`]: IBA time encodings (ACK timeout, RNR timer, CM timeouts).
+//! * [`timer`]: IBA time encodings (ACK timeout, RNR timer, CM timeouts);
+//! * [`transport`]: the RC/UC/UD transport of one QP (requester, completer, responder);
+//! * [`cm`]: the IB connection manager (REQ/REP/RTU, DREQ/DREP, REJ, MRA, SIDR) of a device.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod cm;
 pub mod mtu;
 pub mod psn;
 pub mod qp;
 pub mod timer;
+pub mod transport;
 
 pub use mtu::Mtu;
 pub use psn::{cmp_psn, Psn, MAX_PSN};

@@ -1,0 +1,431 @@
+//! Unit tests: byte-exact comparison with the golden Linux captures, timer arithmetic, and
+//! the state machine driven by hand.
+
+use super::*;
+use softrdma_wire::cm::{Message, MessageRejected, RejectReason, SidrStatus, TransportServiceType};
+use softrdma_wire::cma::{self, CmaHeader, CmaHeaderRepr};
+use softrdma_wire::mad;
+use softrdma_wire::pcap::PcapReader;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const RXE: &str = "rxe_two_vm.pcap";
+const NOLISTEN: &str = "rxe_cm_req_no_listener.pcap";
+
+fn golden_dir() -> PathBuf {
+    let dir = match std::env::var_os("SOFTRDMA_GOLDEN_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/golden"),
+    };
+    assert!(
+        dir.join(RXE).is_file(),
+        "golden captures not found in {} (set SOFTRDMA_GOLDEN_DIR)",
+        dir.display()
+    );
+    dir
+}
+
+/// The MAD of pcap frame `frame` (1-based) of `file`: Ethernet + IPv4 + UDP + BTH + DETH.
+fn golden_mad(file: &str, frame: usize) -> [u8; 256] {
+    let bytes = std::fs::read(golden_dir().join(file)).unwrap();
+    let reader = PcapReader::new(&bytes).unwrap();
+    let rec = reader.records().nth(frame - 1).unwrap().unwrap();
+    let d = rec.data;
+    assert_eq!(&d[12..14], &[0x08, 0x00], "IPv4 frame");
+    let ihl = usize::from(d[14] & 0x0f) * 4;
+    let at = 14 + ihl + 8 + 12 + 8;
+    let mut m = [0u8; 256];
+    m.copy_from_slice(&d[at..at + 256]);
+    m
+}
+
+fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+}
+
+fn cm(addr: IpAddr, guid: u64, seed: u64) -> Cm {
+    Cm::new(CmConfig::new(addr, guid, seed))
+}
+
+fn drain(cm: &mut Cm) -> Vec<(IpAddr, [u8; 256])> {
+    std::iter::from_fn(|| cm.poll_transmit()).collect()
+}
+
+fn events(cm: &mut Cm) -> Vec<CmEvent> {
+    std::iter::from_fn(|| cm.poll_event()).collect()
+}
+
+fn tid_of(m: &[u8; 256]) -> u64 {
+    u64::from_be_bytes(m[8..16].try_into().unwrap())
+}
+
+/// The REQ of rxe_two_vm.pcap frame 361, field values as `golden_cm.rs` decodes them.
+fn frame361_request() -> ConnectRequest {
+    let mut pd = vec![0u8; cma::CMA_HDR_LEN];
+    CmaHeaderRepr::new(v4(198, 18, 0, 3), 0xa8d7, v4(198, 18, 0, 2))
+        .emit(&mut CmaHeader::new_unchecked(&mut pd[..]));
+    ConnectRequest {
+        dst: v4(198, 18, 0, 2),
+        service_id: 0x0000_0000_0106_1c06,
+        local_qpn: 0x24,
+        starting_psn: 0x72_e4d5,
+        transport: TransportServiceType::Rc,
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        srq: false,
+        flow_control: false,
+        path_mtu: 3,
+        traffic_class: 0,
+        hop_limit: 0x40,
+        flow_label: 0x48e0f,
+        sl: 0,
+        packet_rate: 0,
+        private_data: pd,
+    }
+}
+
+#[test]
+fn ack_timeout_and_gid() {
+    assert_eq!(cm_ack_timeout(15, 18), 19);
+    assert_eq!(cm_ack_timeout(15, 16), 17);
+    assert_eq!(cm_ack_timeout(20, 10), 20);
+    assert_eq!(cm_ack_timeout(12, 10), 13);
+    assert_eq!(cm_ack_timeout(0, 31), 31);
+    assert_eq!(
+        ip_to_gid(v4(198, 18, 0, 3)).segments(),
+        [0, 0, 0, 0, 0, 0xffff, 0xc612, 0x0003]
+    );
+}
+
+/// An emitted REQ equals rxe's frame 361 except for the random comm ID and the TID.
+#[test]
+fn golden_req_matches_rxe_frame_361() {
+    let golden = golden_mad(RXE, 361);
+    let mut a = cm(v4(198, 18, 0, 3), 0x5054_00ff_fe00_0003, 7);
+    let now = Instant::now();
+    let id = a.connect(now, frame361_request()).unwrap();
+    let out = drain(&mut a);
+    assert_eq!(out.len(), 1);
+    let (dst, ours) = out[0];
+    assert_eq!(dst, v4(198, 18, 0, 2));
+    // TID = hi << 32 | bswap(comm ID), like 0x00000002_fc9f3356 for comm ID 0x56339ffc.
+    assert_eq!(tid_of(&ours) as u32, id.0.swap_bytes());
+    assert_eq!(tid_of(&golden) as u32, 0x5633_9ffcu32.swap_bytes());
+    let mut expect = golden;
+    expect[8..16].copy_from_slice(&ours[8..16]);
+    expect[24..28].copy_from_slice(&id.0.to_be_bytes());
+    for (i, (x, y)) in ours.iter().zip(expect.iter()).enumerate() {
+        assert_eq!(x, y, "byte {i} of the MAD differs");
+    }
+}
+
+/// The no-listener capture: the REQ (frame 1) and the REJ reason 4 that the kernel sends when
+/// the requester is destroyed with the REQ still outstanding (frame 4).
+#[test]
+fn golden_req_and_destroy_rej_match_no_listener_capture() {
+    let req = golden_mad(NOLISTEN, 1);
+    let rej = golden_mad(NOLISTEN, 4);
+    let Ok(Message::Req(r)) = Message::parse(&mad::Packet::new_checked(&req[..]).unwrap()) else {
+        panic!("frame 1 is a REQ")
+    };
+    let mut a = cm(v4(198, 18, 0, 2), r.local_ca_guid, 99);
+    let now = Instant::now();
+    let mut params = frame361_request();
+    params.dst = v4(198, 18, 0, 1);
+    params.service_id = r.service_id;
+    params.local_qpn = r.local_qpn;
+    params.starting_psn = r.starting_psn;
+    params.responder_resources = r.responder_resources;
+    params.initiator_depth = r.initiator_depth;
+    params.retry_count = r.retry_count;
+    params.rnr_retry_count = r.rnr_retry_count;
+    params.path_mtu = r.path_mtu;
+    params.hop_limit = r.primary_path.hop_limit;
+    params.flow_label = r.primary_path.flow_label;
+    params.traffic_class = r.primary_path.traffic_class;
+    params.private_data = r.private_data.to_vec();
+    let id = a.connect(now, params).unwrap();
+    let (_, ours) = drain(&mut a)[0];
+    let mut expect = req;
+    expect[8..16].copy_from_slice(&ours[8..16]);
+    expect[24..28].copy_from_slice(&id.0.to_be_bytes());
+    assert_eq!(ours.to_vec(), expect.to_vec(), "REQ of frame 1");
+
+    a.destroy(now, id);
+    let out = drain(&mut a);
+    assert_eq!(out.len(), 1);
+    let (dst, ours) = out[0];
+    assert_eq!(dst, v4(198, 18, 0, 1));
+    let mut expect = rej;
+    expect[8..16].copy_from_slice(&ours[8..16]);
+    expect[24..28].copy_from_slice(&id.0.to_be_bytes());
+    assert_eq!(ours.to_vec(), expect.to_vec(), "REJ of frame 4");
+    assert!(events(&mut a).is_empty());
+    assert_eq!(a.connection_count(), 0);
+}
+
+/// Feed rxe's REQ (frame 361) to a passive CM, accept with the values of rxe's REP (frame
+/// 362): the REP is identical but for our comm ID — TID included.
+#[test]
+fn golden_rep_answers_rxe_req() {
+    let req = golden_mad(RXE, 361);
+    let rep = golden_mad(RXE, 362);
+    let mut b = cm(v4(198, 18, 0, 2), 0x5054_00ff_fe00_0002, 3);
+    b.listen(0x0106_1c06).unwrap();
+    let now = Instant::now();
+    b.handle_mad(now, v4(198, 18, 0, 3), &req);
+    let ev = events(&mut b);
+    let [CmEvent::ReqReceived { id, src, req: info }] = &ev[..] else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(*src, v4(198, 18, 0, 3));
+    assert_eq!(info.remote_comm_id, 0x5633_9ffc);
+    assert_eq!(info.remote_qpn, 0x24);
+    assert_eq!(info.starting_psn, 0x72_e4d5);
+    assert_eq!(info.path_mtu, 3);
+    assert_eq!((info.retry_count, info.rnr_retry_count), (7, 7));
+    assert_eq!(info.packet_lifetime, 18);
+    assert_eq!(info.qp_timeout, 19);
+    assert_eq!(info.max_cm_retries, 15);
+    assert_eq!(info.remote_gid, ip_to_gid(v4(198, 18, 0, 3)));
+    let (hdr, _) = CmaHeaderRepr::parse_private_data(&info.private_data).unwrap();
+    assert_eq!(hdr.src_port, 0xa8d7);
+    let id = *id;
+    b.accept(
+        now,
+        id,
+        AcceptParams {
+            local_qpn: 0x24,
+            starting_psn: 0x7e_2e65,
+            responder_resources: 1,
+            initiator_depth: 1,
+            rnr_retry_count: 7,
+            srq: false,
+            flow_control: false,
+            private_data: vec![],
+        },
+    )
+    .unwrap();
+    let (dst, ours) = drain(&mut b)[0];
+    assert_eq!(dst, v4(198, 18, 0, 3));
+    let mut expect = rep;
+    expect[24..28].copy_from_slice(&id.0.to_be_bytes());
+    assert_eq!(ours.to_vec(), expect.to_vec(), "REP of frame 362");
+    // The RTU of frame 363, with its remote comm ID pointed at our ID, establishes.
+    let mut rtu = golden_mad(RXE, 363);
+    rtu[28..32].copy_from_slice(&id.0.to_be_bytes());
+    b.handle_mad(now, v4(198, 18, 0, 3), &rtu);
+    assert!(matches!(&events(&mut b)[..], [CmEvent::Established { id: e, .. }] if *e == id));
+    // rxe's DREQ (frame 484) likewise: DREP with the DREQ's TID, then timewait.
+    let mut dreq = golden_mad(RXE, 484);
+    dreq[28..32].copy_from_slice(&id.0.to_be_bytes());
+    b.handle_mad(now, v4(198, 18, 0, 3), &dreq);
+    let (_, drep) = drain(&mut b)[0];
+    let mut expect = golden_mad(RXE, 485);
+    expect[24..28].copy_from_slice(&id.0.to_be_bytes());
+    assert_eq!(drep.to_vec(), expect.to_vec(), "DREP of frame 485");
+    assert!(matches!(
+        &events(&mut b)[..],
+        [CmEvent::DisconnectRequested { .. }]
+    ));
+    // Timewait: ms(19) = 2048 ms.
+    assert_eq!(b.poll_timeout(), Some(now + Duration::from_millis(2048)));
+    b.handle_timeout(now + Duration::from_millis(2048));
+    assert!(matches!(&events(&mut b)[..], [CmEvent::TimewaitExit { id: e }] if *e == id));
+    assert_eq!(b.connection_count(), 0);
+}
+
+/// SIDR_REQ as in frame 531 (but for the request ID) and SIDR_REP as in frame 532.
+#[test]
+fn golden_sidr() {
+    let golden_req = golden_mad(RXE, 531);
+    let golden_rep = golden_mad(RXE, 532);
+    let Ok(Message::SidrReq(r)) =
+        Message::parse(&mad::Packet::new_checked(&golden_req[..]).unwrap())
+    else {
+        panic!()
+    };
+    let mut a = cm(v4(198, 18, 0, 3), 0x5054_00ff_fe00_0003, 5);
+    let now = Instant::now();
+    let id = a
+        .sidr_request(now, v4(198, 18, 0, 2), r.service_id, &r.private_data)
+        .unwrap();
+    let (_, ours) = drain(&mut a)[0];
+    let mut expect = golden_req;
+    expect[8..16].copy_from_slice(&ours[8..16]);
+    expect[24..28].copy_from_slice(&id.0.to_be_bytes());
+    assert_eq!(ours.to_vec(), expect.to_vec());
+
+    let mut b = cm(v4(198, 18, 0, 2), 0x5054_00ff_fe00_0002, 6);
+    b.listen(r.service_id).unwrap();
+    b.handle_mad(now, v4(198, 18, 0, 3), &golden_req);
+    let ev = events(&mut b);
+    let [CmEvent::SidrReqReceived {
+        id: bid,
+        service_id,
+        ..
+    }] = &ev[..]
+    else {
+        panic!("{ev:?}")
+    };
+    assert_eq!(*service_id, r.service_id);
+    b.sidr_reply(
+        now,
+        *bid,
+        SidrStatus::Success,
+        0x26,
+        cma::RDMA_UDP_QKEY,
+        &[],
+    )
+    .unwrap();
+    let (_, rep) = drain(&mut b)[0];
+    assert_eq!(rep.to_vec(), golden_rep.to_vec(), "SIDR_REP of frame 532");
+    // A retransmitted SIDR_REQ gets the same reply and no new event.
+    b.handle_mad(now, v4(198, 18, 0, 3), &golden_req);
+    assert_eq!(drain(&mut b)[0].1.to_vec(), golden_rep.to_vec());
+    assert!(events(&mut b).is_empty());
+}
+
+#[test]
+fn req_retransmits_16_times_then_unreachable() {
+    let mut a = cm(v4(10, 0, 0, 1), 1, 1);
+    let t0 = Instant::now();
+    let mut p = frame361_request();
+    p.dst = v4(10, 0, 0, 2);
+    let id = a.connect(t0, p).unwrap();
+    let first = drain(&mut a);
+    let mut sent = first.len();
+    let mut now = t0;
+    while let Some(t) = a.poll_timeout() {
+        now = t;
+        a.handle_timeout(now);
+        for (_, m) in drain(&mut a) {
+            assert_eq!(m.to_vec(), first[0].1.to_vec(), "identical retransmission");
+            sent += 1;
+        }
+    }
+    assert_eq!(sent, 16);
+    assert_eq!(now - t0, Duration::from_millis(16 * 6144));
+    assert_eq!(events(&mut a), vec![CmEvent::Unreachable { id }]);
+    assert_eq!(a.stats().sent.req, 16);
+    assert_eq!(a.stats().retransmitted.req, 15);
+    assert_eq!(a.connection_count(), 0);
+}
+
+#[test]
+fn no_listener_rej_8_and_mra_on_duplicate() {
+    let (ia, ib) = (v4(10, 0, 0, 1), v4(10, 0, 0, 2));
+    let mut a = cm(ia, 1, 1);
+    let mut b = cm(ib, 2, 2);
+    let now = Instant::now();
+    let mut p = frame361_request();
+    p.dst = ib;
+    let id = a.connect(now, p.clone()).unwrap();
+    let (_, req) = drain(&mut a)[0];
+    b.handle_mad(now, ia, &req);
+    let (_, rej) = drain(&mut b)[0];
+    assert_eq!(tid_of(&rej), tid_of(&req));
+    let Ok(Message::Rej(r)) = Message::parse(&mad::Packet::new_checked(&rej[..]).unwrap()) else {
+        panic!()
+    };
+    assert_eq!(r.reason, RejectReason::InvalidServiceId);
+    assert_eq!(r.message_rejected, MessageRejected::Req);
+    assert_eq!((r.local_comm_id, r.remote_comm_id), (0, id.0));
+    a.handle_mad(now, ib, &rej);
+    assert!(matches!(
+        &events(&mut a)[..],
+        [CmEvent::Rejected {
+            reason: RejectReason::InvalidServiceId,
+            ..
+        }]
+    ));
+
+    // With a listener that delays: the duplicate REQ gets an MRA, which stretches the timer.
+    b.listen(p.service_id).unwrap();
+    let id = a.connect(now, p).unwrap();
+    let (_, req) = drain(&mut a)[0];
+    b.handle_mad(now, ia, &req);
+    let ev = events(&mut b);
+    let [CmEvent::ReqReceived { id: bid, .. }] = &ev[..] else {
+        panic!()
+    };
+    b.delay_reply(now, *bid, cma::CMA_CM_MRA_SERVICE_TIMEOUT)
+        .unwrap();
+    assert!(drain(&mut b).is_empty());
+    b.handle_mad(now, ia, &req);
+    let (_, mra) = drain(&mut b)[0];
+    assert_eq!(u16::from_be_bytes([mra[16], mra[17]]), mad::ATTR_CM_MRA);
+    assert_eq!(b.stats().duplicates.req, 1);
+    a.handle_mad(now, ib, &mra);
+    assert_eq!(
+        events(&mut a),
+        vec![CmEvent::MraReceived {
+            id,
+            service_timeout: 24
+        }]
+    );
+    // ms(24) + ms(19) = 65536 + 2048.
+    assert_eq!(
+        a.poll_timeout(),
+        Some(now + Duration::from_millis(65536 + 2048))
+    );
+}
+
+#[test]
+fn hostile_inputs_are_counted() {
+    let mut b = cm(v4(10, 0, 0, 2), 2, 2);
+    let now = Instant::now();
+    let src = v4(10, 0, 0, 9);
+    b.handle_mad(now, src, &[1, 7, 2, 3]);
+    let mut m = [0u8; 256];
+    b.handle_mad(now, src, &m);
+    m[..4].copy_from_slice(&[1, 7, 2, 3]);
+    m[16..18].copy_from_slice(&mad::ATTR_CM_LAP.to_be_bytes());
+    b.handle_mad(now, src, &m);
+    m[16..18].copy_from_slice(&mad::ATTR_CM_RTU.to_be_bytes());
+    b.handle_mad(now, src, &m);
+    m[16..18].copy_from_slice(&mad::ATTR_CM_REJ.to_be_bytes());
+    m[24 + 8] = 0xC0; // message rejected = 3 (reserved)
+    b.handle_mad(now, src, &m);
+    let s = b.stats();
+    assert_eq!(s.dropped_malformed, 2);
+    assert_eq!(s.dropped_unsupported, 2);
+    assert_eq!(s.dropped_unknown_id, 1);
+    assert!(drain(&mut b).is_empty());
+    assert!(events(&mut b).is_empty());
+}
+
+#[test]
+fn api_errors() {
+    let mut a = cm(v4(10, 0, 0, 1), 1, 1);
+    let now = Instant::now();
+    let mut p = frame361_request();
+    p.private_data = vec![0; 93];
+    assert_eq!(a.connect(now, p.clone()), Err(CmError::PrivateDataTooLong));
+    p.private_data.clear();
+    p.transport = TransportServiceType::Rd;
+    assert_eq!(
+        a.connect(now, p.clone()),
+        Err(CmError::InvalidParam("transport"))
+    );
+    p.transport = TransportServiceType::Rc;
+    p.path_mtu = 6;
+    assert!(matches!(
+        a.connect(now, p.clone()),
+        Err(CmError::InvalidParam(_))
+    ));
+    p.path_mtu = 5;
+    let id = a.connect(now, p).unwrap();
+    assert_eq!(a.send_rtu(now, id, &[]), Err(CmError::InvalidState));
+    assert_eq!(a.disconnect(now, id, &[]), Err(CmError::InvalidState));
+    assert_eq!(a.notify_established(now, id), Err(CmError::InvalidState));
+    assert_eq!(a.send_rtu(now, ConnId(12345), &[]), Err(CmError::UnknownId));
+    a.listen(5).unwrap();
+    assert_eq!(a.listen(5), Err(CmError::AlreadyListening));
+    a.unlisten(5);
+    a.listen(5).unwrap();
+    a.destroy(now, ConnId(12345));
+}

@@ -1,0 +1,347 @@
+//! The InfiniBand transport of one queue pair, sans IO: RC (requester, completer and
+//! responder, as rxe splits them), UC and UD.
+//!
+//! A [`Qp`] is driven by its owner (softrdma's device engine, or a simulated network in the
+//! tests) with four kinds of input — posted send requests ([`Qp::post_send`]), arriving packets
+//! ([`Qp::handle_packet`]), the passing of time ([`Qp::handle_timeout`]) and state changes
+//! ([`Qp::set_error`]) — and yields packets to send ([`Qp::poll_transmit`]), work completions
+//! ([`Qp::poll_completion`]), asynchronous events ([`Qp::poll_event`]) and the next deadline
+//! ([`Qp::poll_timeout`]). It never reads a clock, opens a socket or spawns a thread: the
+//! same inputs give the same outputs.
+//!
+//! Memory is reached through the [`Env`] the owner passes in, which names registered memory
+//! by lkey/rkey and performs the access checks (key, PD, bounds, access flags) in one place;
+//! receive requests are taken from the owner too ([`Env::take_recv`]), so the receive queue
+//! can be the QP's own or a shared one.
+
+mod qp;
+mod requester;
+mod responder;
+
+pub use qp::{Qp, QpStats};
+
+use crate::mtu::Mtu;
+use crate::qp::QpType;
+
+/// A piece of local registered memory (`struct ibv_sge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    /// Address of the first byte, in the region's iova space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the region.
+    pub lkey: u32,
+}
+
+/// What a send request does, with the operands of its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// SEND.
+    Send,
+    /// SEND with immediate data (host-order value; goes on the wire big-endian).
+    SendWithImm(u32),
+    /// SEND that invalidates `rkey` at the responder.
+    SendWithInv(u32),
+    /// RDMA WRITE to `remote_addr` under `rkey`.
+    RdmaWrite {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// RDMA WRITE with immediate data (consumes a receive request at the responder).
+    RdmaWriteWithImm {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// RDMA READ of the gather list's total length from `remote_addr`.
+    RdmaRead {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// 64-bit compare-and-swap at `remote_addr` (8-byte aligned); the original value lands
+    /// in the single 8-byte local entry.
+    CmpAndSwp {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value to compare with.
+        compare: u64,
+        /// Value to store if equal.
+        swap: u64,
+    },
+    /// 64-bit fetch-and-add at `remote_addr` (8-byte aligned).
+    FetchAndAdd {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Value to add.
+        add: u64,
+    },
+}
+
+/// Where a UD send goes. `dest` is an opaque handle of the owner's (an address handle); it
+/// comes back in [`Transmit::ud_dest`] so the owner knows where to send the packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    /// The owner's handle of the destination address.
+    pub dest: u64,
+    /// The destination QP number.
+    pub remote_qpn: u32,
+    /// The Q_Key to put in the DETH (a value with the top bit set means "use the QP's own
+    /// Q_Key", the privileged-Q_Key rule).
+    pub remote_qkey: u32,
+}
+
+/// A posted send work request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendRequest {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// The local memory: gathered for SEND/WRITE, scattered into for READ and atomics.
+    pub sges: Vec<Sge>,
+    /// Data copied at post time (`IBV_SEND_INLINE`); when present, `sges` is not read.
+    pub inline: Option<Vec<u8>>,
+    /// Whether a successful completion is reported (errors always are).
+    pub signaled: bool,
+    /// Ask for a solicited event at the receiver.
+    pub solicited: bool,
+    /// Wait for earlier READs and atomics before starting (`IBV_SEND_FENCE`).
+    pub fence: bool,
+    /// UD destination (UD QPs only).
+    pub ud: Option<UdDest>,
+}
+
+impl SendRequest {
+    /// Total message length: the inline data's or the gather list's.
+    pub fn length(&self) -> u64 {
+        match &self.inline {
+            Some(d) => d.len() as u64,
+            None => self.sges.iter().map(|s| u64::from(s.length)).sum(),
+        }
+    }
+}
+
+/// A receive work request, as the owner hands it over from a receive queue or SRQ.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecvRequest {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where received data goes.
+    pub sges: Vec<Sge>,
+}
+
+/// `enum ibv_wc_status`, with the verbs numbering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+#[allow(missing_docs)]
+pub enum WcStatus {
+    #[default]
+    Success = 0,
+    LocLenErr = 1,
+    LocQpOpErr = 2,
+    LocEecOpErr = 3,
+    LocProtErr = 4,
+    WrFlushErr = 5,
+    MwBindErr = 6,
+    BadRespErr = 7,
+    LocAccessErr = 8,
+    RemInvReqErr = 9,
+    RemAccessErr = 10,
+    RemOpErr = 11,
+    RetryExcErr = 12,
+    RnrRetryExcErr = 13,
+    LocRddViolErr = 14,
+    RemInvRdReqErr = 15,
+    RemAbortErr = 16,
+    InvEecnErr = 17,
+    InvEecStateErr = 18,
+    FatalErr = 19,
+    RespTimeoutErr = 20,
+    GeneralErr = 21,
+}
+
+/// `enum ibv_wc_opcode`, with the verbs numbering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(u32)]
+#[allow(missing_docs)]
+pub enum WcOpcode {
+    #[default]
+    Send = 0,
+    RdmaWrite = 1,
+    RdmaRead = 2,
+    CompSwap = 3,
+    FetchAdd = 4,
+    BindMw = 5,
+    LocalInv = 6,
+    Recv = 128,
+    RecvRdmaWithImm = 129,
+}
+
+/// A work completion produced by the transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Completion {
+    /// The request's `wr_id`.
+    pub wr_id: u64,
+    /// How it ended.
+    pub status: WcStatus,
+    /// What it was.
+    pub opcode: WcOpcode,
+    /// Bytes received (UD: including the 40-byte GRH area), read or written.
+    pub byte_len: u32,
+    /// Immediate data of a SEND/WRITE with immediate (host order).
+    pub imm_data: Option<u32>,
+    /// The rkey a SEND with invalidate named.
+    pub invalidated_rkey: Option<u32>,
+    /// UD receives: the sender's QP number.
+    pub src_qp: u32,
+    /// Whether the completion belongs to the receive queue (else the send queue).
+    pub is_recv: bool,
+    /// Whether the message that produced a receive completion asked for a solicited event.
+    pub solicited: bool,
+}
+
+/// An asynchronous event about the QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpEvent {
+    /// `IBV_EVENT_COMM_EST`: the first request arrived while the QP was in RTR.
+    CommEst,
+    /// `IBV_EVENT_QP_FATAL`: the QP went to ERR on its own.
+    Fatal,
+    /// `IBV_EVENT_QP_REQ_ERR`: an invalid request arrived; the QP went to ERR.
+    ReqErr,
+    /// `IBV_EVENT_QP_ACCESS_ERR`: a remote access violation; the QP went to ERR.
+    AccessErr,
+    /// `IBV_EVENT_SQ_DRAINED`.
+    SqDrained,
+}
+
+/// Why an access to registered memory was refused; see [`Env`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessError {
+    /// No region has that key, or it belongs to another PD.
+    InvalidKey,
+    /// The range is not inside the region.
+    OutOfBounds,
+    /// The region lacks the access flag the operation needs.
+    AccessDenied,
+    /// An atomic on an address that is not 8-byte aligned.
+    Misaligned,
+}
+
+/// The atomic operation of [`Env::atomic_remote`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Compare-and-swap.
+    CmpAndSwp {
+        /// Compared with the current value.
+        compare: u64,
+        /// Stored if equal.
+        swap: u64,
+    },
+    /// Fetch-and-add.
+    FetchAndAdd {
+        /// Added.
+        add: u64,
+    },
+}
+
+/// The owner's side of a [`Qp`]: registered memory and receive requests.
+///
+/// Every method checks the key, the QP's PD, the bounds and the access flags; the transport
+/// turns refusals into the statuses and NAKs of the specification (local key →
+/// `LOC_PROT_ERR`; remote key → remote-access NAK → `REM_ACCESS_ERR` at the requester).
+pub trait Env {
+    /// Copies `dst.len()` bytes from local memory at `sge.addr + offset` (no access flag
+    /// needed to read local memory).
+    fn read_local(&mut self, sge: &Sge, offset: u32, dst: &mut [u8]) -> Result<(), AccessError>;
+    /// Copies `src` into local memory at `sge.addr + offset` (needs LOCAL_WRITE).
+    fn write_local(&mut self, sge: &Sge, offset: u32, src: &[u8]) -> Result<(), AccessError>;
+    /// Checks that `rkey` allows `len` bytes at `va` with `remote_write` / READ access, before
+    /// a WRITE or READ starts (len 0 always passes).
+    fn check_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<(), AccessError>;
+    /// Copies `src` into remote-accessible memory at `va` under `rkey` (REMOTE_WRITE).
+    fn write_remote(&mut self, rkey: u32, va: u64, src: &[u8]) -> Result<(), AccessError>;
+    /// Copies remote-accessible memory at `va` under `rkey` into `dst` (REMOTE_READ).
+    fn read_remote(&mut self, rkey: u32, va: u64, dst: &mut [u8]) -> Result<(), AccessError>;
+    /// Performs an atomic on the 8-byte word at `va` under `rkey` (REMOTE_ATOMIC), atomically
+    /// with respect to every other atomic of the device, and returns the original value.
+    fn atomic_remote(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError>;
+    /// Takes the next receive request of the QP's receive queue or SRQ, if any.
+    fn take_recv(&mut self) -> Option<RecvRequest>;
+}
+
+/// The connection-level attributes of a QP, as `ibv_modify_qp` sets them by the time it
+/// reaches RTS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpConfig {
+    /// The transport service (RC, UC or UD).
+    pub qp_type: QpType,
+    /// This QP's number.
+    pub qp_num: u32,
+    /// The peer's QP number (RC, UC).
+    pub dest_qp_num: u32,
+    /// Path MTU (RC, UC; UD uses it as the message limit).
+    pub path_mtu: Mtu,
+    /// First PSN the requester sends.
+    pub sq_psn: u32,
+    /// First PSN the responder expects.
+    pub rq_psn: u32,
+    /// Local ACK timeout exponent (0 = no timer).
+    pub timeout: u8,
+    /// Transport retries (rxe: 7 = infinite).
+    pub retry_cnt: u8,
+    /// RNR retries (7 = infinite).
+    pub rnr_retry: u8,
+    /// RNR timer code sent in RNR NAKs.
+    pub min_rnr_timer: u8,
+    /// Outstanding READ/atomic requests this QP may have.
+    pub max_rd_atomic: u8,
+    /// READ/atomic responder resources.
+    pub max_dest_rd_atomic: u8,
+    /// Q_Key (UD).
+    pub qkey: u32,
+    /// What peers may do: REMOTE_WRITE (2), REMOTE_READ (4), REMOTE_ATOMIC (8) bits.
+    pub access_flags: u32,
+    /// Most outstanding send requests.
+    pub max_send_wr: u32,
+}
+
+/// A packet the transport wants sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Bytes written at the start of the buffer: BTH through pad, with 4 more bytes reserved
+    /// for the ICRC (which the owner computes over the IP and UDP headers it adds).
+    pub len: usize,
+    /// For UD, the destination handle of the send request; `None` for RC/UC (the connected
+    /// peer).
+    pub ud_dest: Option<u64>,
+}
+
+/// What the owner knows of an arriving packet besides its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxMeta {
+    /// The 40-byte GRH area for UD receives: 20 zero bytes and the IPv4 header, or the IPv6
+    /// header.
+    pub grh: [u8; 40],
+}
+
+#[cfg(test)]
+mod tests;

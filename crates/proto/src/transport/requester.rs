@@ -1,0 +1,797 @@
+//! The send side of a QP: the requester (segmentation, PSN assignment, AckReq, window,
+//! READ/atomic depth, fence, go-back-N) and the completer (ACK coalescing, READ responses,
+//! atomic ACKs, NAKs, retransmit and RNR timers, in-order completions).
+//!
+//! State is kept rxe-style: `comp_psn` is the first PSN not yet acknowledged (or, inside a
+//! READ, the next response PSN expected), `next_psn` the PSN of the next packet to send,
+//! `high_psn` one past the highest PSN ever sent. A retry rewinds `next_psn` to `comp_psn`
+//! and the cursor to the work request holding it (mid-message for SEND/WRITE; a READ is
+//! resumed with a shorter request).
+
+use super::qp::{emit_headers, gather, make_bth, scatter, sge_total, Qp};
+use super::*;
+use crate::psn::Psn;
+use crate::qp::QpType;
+use crate::timer::{local_ack_timeout, rnr_timer};
+use softrdma_wire::aeth::{NakCode, Syndrome};
+use softrdma_wire::opcode::Opcode;
+use softrdma_wire::{atomic_eth, deth, ieth, immdt, reth, roce};
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// Most unacknowledged PSNs the requester lets out (`RXE_MAX_UNACKED_PSNS`).
+pub(super) const WINDOW: u32 = 128;
+/// Most packets between two AckReq bits inside a long message.
+pub(super) const MAX_PKT_PER_ACK: u32 = 64;
+/// The largest message (2^31 bytes).
+pub(super) const MAX_MSG: u64 = 1 << 31;
+
+/// What a work request does on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Send,
+    Write,
+    Read,
+    Atomic,
+}
+
+impl Kind {
+    fn of(op: &SendOp) -> Kind {
+        match op {
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => Kind::Send,
+            SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => Kind::Write,
+            SendOp::RdmaRead { .. } => Kind::Read,
+            SendOp::CmpAndSwp { .. } | SendOp::FetchAndAdd { .. } => Kind::Atomic,
+        }
+    }
+
+    pub(super) fn is_rd_atomic(self) -> bool {
+        matches!(self, Kind::Read | Kind::Atomic)
+    }
+}
+
+/// The completion opcode of a send operation.
+pub(super) fn wc_opcode(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
+        SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+        SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+        SendOp::CmpAndSwp { .. } => WcOpcode::CompSwap,
+        SendOp::FetchAndAdd { .. } => WcOpcode::FetchAdd,
+    }
+}
+
+/// A posted send request and its transmission state.
+#[derive(Debug)]
+pub(super) struct Wqe {
+    pub(super) req: SendRequest,
+    pub(super) kind: Kind,
+    pub(super) len: u64,
+    /// PSNs the request takes (READ: one per response packet).
+    pub(super) npkts: u32,
+    pub(super) first_psn: Psn,
+    pub(super) last_psn: Psn,
+    /// PSNs assigned (first packet sent at least once).
+    pub(super) started: bool,
+    /// Counted in `rd_outstanding`.
+    pub(super) rd_counted: bool,
+    /// UC/UD: sent, waiting for in-order retirement.
+    pub(super) done: bool,
+    /// The error it will complete with when the QP flushes.
+    pub(super) status: Option<WcStatus>,
+}
+
+/// Send queue, requester and completer state.
+#[derive(Debug)]
+pub(super) struct SendQueue {
+    pub(super) wqes: VecDeque<Wqe>,
+    /// Index in `wqes` of the request being sent.
+    pub(super) cur: usize,
+    /// Bytes of `wqes[cur]` already covered by sent packets.
+    pub(super) offset: u64,
+    pub(super) next_psn: Psn,
+    pub(super) comp_psn: Psn,
+    pub(super) high_psn: Psn,
+    pub(super) sent_any: bool,
+    noack: u32,
+    rd_outstanding: u32,
+    retry_left: u8,
+    rnr_left: u8,
+    /// The `comp_psn` of the last go-back-N restart, to start only one per point.
+    retry_mark: Option<Psn>,
+    pub(super) retrans_deadline: Option<Instant>,
+    pub(super) rnr_deadline: Option<Instant>,
+}
+
+fn npkts(len: u64, mtu: u64) -> u32 {
+    if len == 0 {
+        1
+    } else {
+        len.div_ceil(mtu).min(u64::from(u32::MAX)) as u32
+    }
+}
+
+impl SendQueue {
+    pub(super) fn new(cfg: &QpConfig) -> SendQueue {
+        let psn = Psn::new(cfg.sq_psn);
+        SendQueue {
+            wqes: VecDeque::with_capacity(cfg.max_send_wr.clamp(1, 4096) as usize),
+            cur: 0,
+            offset: 0,
+            next_psn: psn,
+            comp_psn: psn,
+            high_psn: psn,
+            sent_any: false,
+            noack: 0,
+            rd_outstanding: 0,
+            retry_left: cfg.retry_cnt,
+            rnr_left: cfg.rnr_retry,
+            retry_mark: None,
+            retrans_deadline: None,
+            rnr_deadline: None,
+        }
+    }
+
+    pub(super) fn reconfigure(&mut self, cfg: &QpConfig) {
+        if !self.sent_any {
+            let psn = Psn::new(cfg.sq_psn);
+            self.next_psn = psn;
+            self.comp_psn = psn;
+            self.high_psn = psn;
+        }
+        self.retry_left = cfg.retry_cnt;
+        self.rnr_left = cfg.rnr_retry;
+    }
+
+    pub(super) fn push(&mut self, req: SendRequest, mtu: u32) {
+        let kind = Kind::of(&req.op);
+        let len = match kind {
+            Kind::Atomic => 8,
+            // Scattered into the gather list; inline data has no meaning here.
+            Kind::Read => sge_total(&req.sges),
+            _ => req.length(),
+        };
+        let n = match kind {
+            Kind::Atomic => 1,
+            _ => npkts(len, u64::from(mtu)),
+        };
+        self.wqes.push_back(Wqe {
+            req,
+            kind,
+            len,
+            npkts: n,
+            first_psn: Psn::ZERO,
+            last_psn: Psn::ZERO,
+            started: false,
+            rd_counted: false,
+            done: false,
+            status: None,
+        });
+    }
+
+    fn outstanding(&self) -> bool {
+        self.sent_any && self.comp_psn.is_before(self.high_psn)
+    }
+}
+
+impl Qp {
+    /// Completes the oldest request with `status` (no completion for a successful
+    /// unsignaled one).
+    fn complete_front(&mut self, status: WcStatus) {
+        let Some(w) = self.sq.wqes.pop_front() else {
+            return;
+        };
+        if w.rd_counted {
+            self.sq.rd_outstanding = self.sq.rd_outstanding.saturating_sub(1);
+        }
+        self.sq.cur = self.sq.cur.saturating_sub(1);
+        if status != WcStatus::Success || w.req.signaled {
+            self.completions.push_back(Completion {
+                wr_id: w.req.wr_id,
+                status,
+                opcode: wc_opcode(&w.req.op),
+                byte_len: if status == WcStatus::Success {
+                    w.len as u32
+                } else {
+                    0
+                },
+                ..Completion::default()
+            });
+        }
+    }
+
+    /// Retires the UC/UD requests that were sent, oldest first.
+    fn pop_done(&mut self) {
+        while self.sq.wqes.front().is_some_and(|w| w.done) {
+            self.complete_front(WcStatus::Success);
+        }
+    }
+
+    /// Marks request `idx` failed with `status` and moves the QP to ERR.
+    fn fail_wqe(&mut self, idx: usize, status: WcStatus) {
+        if let Some(w) = self.sq.wqes.get_mut(idx) {
+            w.status = Some(status);
+        }
+        self.enter_error(None);
+    }
+
+    /// Completes every queued request: failed ones with their status, the rest with
+    /// `WR_FLUSH_ERR`.
+    pub(super) fn flush_send_queue(&mut self) {
+        while let Some(w) = self.sq.wqes.pop_front() {
+            self.completions.push_back(Completion {
+                wr_id: w.req.wr_id,
+                status: w.status.unwrap_or(WcStatus::WrFlushErr),
+                opcode: wc_opcode(&w.req.op),
+                ..Completion::default()
+            });
+        }
+        self.sq.cur = 0;
+        self.sq.offset = 0;
+        self.sq.rd_outstanding = 0;
+        self.sq.retrans_deadline = None;
+        self.sq.rnr_deadline = None;
+    }
+
+    /// Why a request cannot be sent on this QP at all, if it cannot.
+    fn check_wqe(&self, w: &Wqe) -> Option<WcStatus> {
+        if w.len > MAX_MSG {
+            return Some(WcStatus::LocLenErr);
+        }
+        match self.cfg.qp_type {
+            QpType::Ud => {
+                if w.req.ud.is_none() || !matches!(w.req.op, SendOp::Send | SendOp::SendWithImm(_))
+                {
+                    return Some(WcStatus::LocQpOpErr);
+                }
+            }
+            QpType::Uc => {
+                if w.kind.is_rd_atomic() || matches!(w.req.op, SendOp::SendWithInv(_)) {
+                    return Some(WcStatus::LocQpOpErr);
+                }
+            }
+            QpType::Rc => {}
+            _ => return Some(WcStatus::LocQpOpErr),
+        }
+        if w.kind == Kind::Atomic && !w.req.sges.is_empty() && sge_total(&w.req.sges) < 8 {
+            return Some(WcStatus::LocLenErr);
+        }
+        None
+    }
+
+    /// The requester half of [`Qp::poll_transmit`].
+    pub(super) fn requester_transmit(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        env: &mut dyn Env,
+    ) -> Option<Transmit> {
+        loop {
+            if self.error || self.sq.rnr_deadline.is_some() {
+                return None;
+            }
+            let rc = self.cfg.qp_type == QpType::Rc;
+            let ud = self.cfg.qp_type == QpType::Ud;
+            let mtu = u64::from(self.mtu);
+            let idx = self.sq.cur;
+            let w = self.sq.wqes.get(idx)?;
+            if rc && self.sq.comp_psn.distance_to(self.sq.next_psn) >= WINDOW {
+                return None;
+            }
+            let offset = self.sq.offset;
+            if offset == 0 && !w.started {
+                if let Some(status) = self.check_wqe(w) {
+                    self.fail_wqe(idx, status);
+                    return None;
+                }
+                if ud && w.len > mtu {
+                    // C10-93.1.1 as rxe reads it: emit nothing, report no error.
+                    self.stats.ud_oversize += 1;
+                    let w = &mut self.sq.wqes[idx];
+                    w.started = true;
+                    w.done = true;
+                    self.sq.cur += 1;
+                    self.pop_done();
+                    continue;
+                }
+                if w.req.fence && self.sq.wqes.iter().take(idx).any(|x| x.kind.is_rd_atomic()) {
+                    return None;
+                }
+            }
+            if w.kind.is_rd_atomic()
+                && !w.rd_counted
+                && self.sq.rd_outstanding >= u32::from(self.cfg.max_rd_atomic.max(1))
+            {
+                return None;
+            }
+
+            // Build the packet.
+            let psn = self.sq.next_psn;
+            let remaining = w.len.saturating_sub(offset);
+            let first = offset == 0;
+            let (n, last) = match w.kind {
+                Kind::Send | Kind::Write => {
+                    let n = remaining.min(mtu);
+                    (n, offset + n >= w.len)
+                }
+                Kind::Read | Kind::Atomic => (0, true),
+            };
+            let consumed = match w.kind {
+                Kind::Read => npkts(remaining, mtu),
+                _ => 1,
+            };
+            let noack = self.sq.noack + 1;
+            let ack_req = rc && (last || noack >= MAX_PKT_PER_ACK);
+            let se = w.req.solicited && last;
+            let base: u8 = match self.cfg.qp_type {
+                QpType::Rc => 0x00,
+                QpType::Uc => 0x20,
+                _ => 0x60,
+            };
+            let mut repr = roce::Repr {
+                payload_len: n as usize,
+                ..roce::Repr::default()
+            };
+            let mut dest_qp = self.cfg.dest_qp_num;
+            let mut ud_dest = None;
+            let op: u8 = match (w.kind, w.req.op) {
+                (Kind::Send, op) if ud => {
+                    let d = w.req.ud.unwrap_or(UdDest {
+                        dest: 0,
+                        remote_qpn: 0,
+                        remote_qkey: 0,
+                    });
+                    dest_qp = d.remote_qpn;
+                    ud_dest = Some(d.dest);
+                    let qkey = if d.remote_qkey & 0x8000_0000 != 0 {
+                        self.cfg.qkey
+                    } else {
+                        d.remote_qkey
+                    };
+                    repr.deth = Some(deth::Repr {
+                        qkey,
+                        src_qp: self.cfg.qp_num & 0xff_ffff,
+                    });
+                    if let SendOp::SendWithImm(imm) = op {
+                        repr.immdt = Some(immdt::Repr { imm_data: imm });
+                        0x05
+                    } else {
+                        0x04
+                    }
+                }
+                (Kind::Send, op) => match (first, last) {
+                    (true, false) => 0x00,
+                    (false, false) => 0x01,
+                    (f, true) => {
+                        let (plain, imm_op, inv_op) = if f {
+                            (0x04, 0x05, 0x17)
+                        } else {
+                            (0x02, 0x03, 0x16)
+                        };
+                        match op {
+                            SendOp::SendWithImm(imm) => {
+                                repr.immdt = Some(immdt::Repr { imm_data: imm });
+                                imm_op
+                            }
+                            SendOp::SendWithInv(rkey) => {
+                                repr.ieth = Some(ieth::Repr { rkey });
+                                inv_op
+                            }
+                            _ => plain,
+                        }
+                    }
+                },
+                (Kind::Write, op) => {
+                    let (remote_addr, rkey, imm) = match op {
+                        SendOp::RdmaWrite { remote_addr, rkey } => (remote_addr, rkey, None),
+                        SendOp::RdmaWriteWithImm {
+                            remote_addr,
+                            rkey,
+                            imm,
+                        } => (remote_addr, rkey, Some(imm)),
+                        _ => (0, 0, None),
+                    };
+                    if first {
+                        repr.reth = Some(reth::Repr {
+                            va: remote_addr,
+                            rkey,
+                            dma_len: w.len as u32,
+                        });
+                    }
+                    if last {
+                        repr.immdt = imm.map(|imm_data| immdt::Repr { imm_data });
+                    }
+                    match (first, last, imm.is_some()) {
+                        (true, false, _) => 0x06,
+                        (false, false, _) => 0x07,
+                        (false, true, false) => 0x08,
+                        (false, true, true) => 0x09,
+                        (true, true, false) => 0x0a,
+                        (true, true, true) => 0x0b,
+                    }
+                }
+                (Kind::Read, op) => {
+                    let (remote_addr, rkey) = match op {
+                        SendOp::RdmaRead { remote_addr, rkey } => (remote_addr, rkey),
+                        _ => (0, 0),
+                    };
+                    repr.reth = Some(reth::Repr {
+                        va: remote_addr.wrapping_add(offset),
+                        rkey,
+                        dma_len: remaining as u32,
+                    });
+                    0x0c
+                }
+                (Kind::Atomic, op) => match op {
+                    SendOp::CmpAndSwp {
+                        remote_addr,
+                        rkey,
+                        compare,
+                        swap,
+                    } => {
+                        repr.atomic_eth = Some(atomic_eth::Repr {
+                            va: remote_addr,
+                            rkey,
+                            swap_add: swap,
+                            compare,
+                        });
+                        0x13
+                    }
+                    SendOp::FetchAndAdd {
+                        remote_addr,
+                        rkey,
+                        add,
+                    } => {
+                        repr.atomic_eth = Some(atomic_eth::Repr {
+                            va: remote_addr,
+                            rkey,
+                            swap_add: add,
+                            compare: 0,
+                        });
+                        0x14
+                    }
+                    _ => 0x14,
+                },
+            };
+            let opcode = Opcode(if ud { op | 0x60 } else { base | op });
+            repr.bth = make_bth(opcode, dest_qp, psn, ack_req, se);
+            let (hlen, total) = emit_headers(buf, &repr)?;
+            let n = n as usize;
+            let filled = if n == 0 {
+                Ok(())
+            } else {
+                let dst = &mut buf[hlen..hlen + n];
+                match &w.req.inline {
+                    Some(d) => match d.get(offset as usize..offset as usize + n) {
+                        Some(src) => {
+                            dst.copy_from_slice(src);
+                            Ok(())
+                        }
+                        None => Err(AccessError::OutOfBounds),
+                    },
+                    None => gather(env, &w.req.sges, offset, dst),
+                }
+            };
+            if filled.is_err() {
+                self.fail_wqe(idx, WcStatus::LocProtErr);
+                return None;
+            }
+
+            // Commit.
+            let w = &mut self.sq.wqes[idx];
+            if !w.started {
+                w.started = true;
+                w.first_psn = psn;
+                w.last_psn = psn.add(w.npkts - 1);
+            }
+            if w.kind.is_rd_atomic() && !w.rd_counted {
+                w.rd_counted = true;
+                self.sq.rd_outstanding += 1;
+            }
+            if last && !rc {
+                w.done = true;
+            }
+            self.sq.noack = if ack_req { 0 } else { noack };
+            if self.sq.sent_any && psn.is_before(self.sq.high_psn) {
+                self.stats.retransmitted_packets += 1;
+            }
+            self.sq.next_psn = psn.add(consumed);
+            if !self.sq.sent_any || self.sq.next_psn.is_after(self.sq.high_psn) {
+                self.sq.high_psn = self.sq.next_psn;
+            }
+            self.sq.sent_any = true;
+            if last {
+                self.sq.cur += 1;
+                self.sq.offset = 0;
+            } else {
+                self.sq.offset = offset + n as u64;
+            }
+            if rc {
+                if self.sq.retrans_deadline.is_none() {
+                    self.sq.retrans_deadline = local_ack_timeout(self.cfg.timeout).map(|d| now + d);
+                }
+            } else {
+                self.pop_done();
+            }
+            return Some(Transmit {
+                len: total,
+                ud_dest,
+            });
+        }
+    }
+
+    /// Puts the cursor on PSN `psn` (which must be `comp_psn` or later).
+    fn reposition(&mut self, psn: Psn) {
+        let mtu = u64::from(self.mtu);
+        let mut idx = self.sq.wqes.len();
+        let mut offset = 0;
+        for (i, w) in self.sq.wqes.iter().enumerate() {
+            if !w.started {
+                idx = i;
+                break;
+            }
+            if psn.is_after_or_eq(w.first_psn) && psn.is_before_or_eq(w.last_psn) {
+                idx = i;
+                offset = match w.kind {
+                    Kind::Atomic => 0,
+                    _ => (u64::from(w.first_psn.distance_to(psn)) * mtu).min(w.len),
+                };
+                break;
+            }
+        }
+        self.sq.cur = idx;
+        self.sq.offset = offset;
+        self.sq.next_psn = psn;
+    }
+
+    /// Go-back-N: resend from `comp_psn`.
+    fn rewind(&mut self) {
+        let psn = self.sq.comp_psn;
+        self.reposition(psn);
+        self.sq.retry_mark = Some(psn);
+        self.sq.retrans_deadline = None;
+        self.stats.retries += 1;
+    }
+
+    /// Starts a retry (timeout, sequence NAK, missing response), consuming `retry_cnt`
+    /// (7 = infinite, as rxe); when none is left the oldest request fails with
+    /// `RETRY_EXC_ERR`.
+    fn start_retry(&mut self, timeout: bool) {
+        if !timeout && self.sq.retry_mark == Some(self.sq.comp_psn) {
+            return;
+        }
+        if !self.sq.outstanding() {
+            return;
+        }
+        if self.sq.retry_left == 0 {
+            self.fail_wqe(0, WcStatus::RetryExcErr);
+            return;
+        }
+        if self.sq.retry_left != 7 {
+            self.sq.retry_left -= 1;
+        }
+        self.rewind();
+    }
+
+    fn on_progress(&mut self, now: Instant) {
+        self.sq.retry_left = self.cfg.retry_cnt;
+        self.sq.rnr_left = self.cfg.rnr_retry;
+        self.sq.retry_mark = None;
+        self.sq.retrans_deadline = if self.sq.outstanding() {
+            local_ack_timeout(self.cfg.timeout).map(|d| now + d)
+        } else {
+            None
+        };
+        if self.sq.next_psn.is_before(self.sq.comp_psn) {
+            let psn = self.sq.comp_psn;
+            self.reposition(psn);
+        }
+    }
+
+    /// Everything before `upto` has been acknowledged: completes SEND/WRITE requests that
+    /// end before it. Returns `true` when a READ/atomic before `upto` still misses its
+    /// response (the caller retries).
+    fn advance(&mut self, now: Instant, upto: Psn) -> bool {
+        let before = self.sq.comp_psn;
+        let mut blocked = false;
+        while let Some(f) = self.sq.wqes.front() {
+            if !f.started {
+                break;
+            }
+            if f.last_psn.is_before(upto) {
+                if f.kind.is_rd_atomic() {
+                    blocked = true;
+                    break;
+                }
+                let next = f.last_psn.next();
+                if next.is_after(self.sq.comp_psn) {
+                    self.sq.comp_psn = next;
+                }
+                self.complete_front(WcStatus::Success);
+            } else {
+                if !f.kind.is_rd_atomic() && upto.is_after(self.sq.comp_psn) {
+                    self.sq.comp_psn = upto;
+                }
+                break;
+            }
+        }
+        if !blocked
+            && self.sq.wqes.front().is_none_or(|f| !f.started)
+            && upto.is_after(self.sq.comp_psn)
+            && upto.is_before_or_eq(self.sq.high_psn)
+        {
+            self.sq.comp_psn = upto;
+        }
+        if self.sq.comp_psn.is_after(before) {
+            self.on_progress(now);
+        }
+        blocked
+    }
+
+    /// An ACK-class packet (RC): ACK/NAK, READ response or ATOMIC ACK.
+    pub(super) fn completer_packet(
+        &mut self,
+        now: Instant,
+        repr: &roce::Repr,
+        payload: &[u8],
+        env: &mut dyn Env,
+    ) {
+        let psn = Psn::new(repr.bth.psn);
+        if !self.sq.sent_any || !psn.is_before(self.sq.high_psn) {
+            self.stats.malformed += 1;
+            return;
+        }
+        let Some(aeth) = repr.aeth else {
+            // READ_RESPONSE_MIDDLE
+            self.on_read_response(now, psn, payload, env);
+            return;
+        };
+        match repr.bth.opcode {
+            Opcode::RC_ACKNOWLEDGE => match aeth.syndrome {
+                Syndrome::Ack { .. } => {
+                    self.stats.acks_received += 1;
+                    let upto = psn.next();
+                    if upto.is_after(self.sq.comp_psn) && self.advance(now, upto) {
+                        self.start_retry(false);
+                    }
+                }
+                Syndrome::RnrNak { timer } => {
+                    self.stats.rnr_naks_received += 1;
+                    self.on_rnr_nak(now, psn, timer);
+                }
+                Syndrome::Nak(NakCode::PsnSequenceError) => {
+                    self.stats.seq_naks_received += 1;
+                    if psn.is_before(self.sq.comp_psn) {
+                        return;
+                    }
+                    self.advance(now, psn);
+                    if self.sq.rnr_deadline.is_none() {
+                        self.start_retry(false);
+                    }
+                }
+                Syndrome::Nak(code) => {
+                    self.stats.err_naks_received += 1;
+                    if psn.is_before(self.sq.comp_psn) {
+                        return;
+                    }
+                    self.advance(now, psn);
+                    let status = match code {
+                        NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                        NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                        _ => WcStatus::RemInvRdReqErr,
+                    };
+                    self.fail_wqe(0, status);
+                }
+            },
+            Opcode::RC_ATOMIC_ACKNOWLEDGE => {
+                let orig = repr.atomic_ack_eth.map_or(0, |a| a.orig_data);
+                self.on_atomic_ack(now, psn, orig, env);
+            }
+            _ => self.on_read_response(now, psn, payload, env),
+        }
+    }
+
+    fn on_rnr_nak(&mut self, now: Instant, psn: Psn, timer: u8) {
+        if psn.is_before(self.sq.comp_psn) || self.sq.rnr_deadline.is_some() {
+            return;
+        }
+        self.advance(now, psn);
+        if self.sq.rnr_left == 0 {
+            self.fail_wqe(0, WcStatus::RnrRetryExcErr);
+            return;
+        }
+        if self.sq.rnr_left != 7 {
+            self.sq.rnr_left -= 1;
+        }
+        self.sq.rnr_deadline = Some(now + rnr_timer(timer));
+        self.sq.retrans_deadline = None;
+    }
+
+    /// Common checks of a READ response / ATOMIC ACK at `psn`: implicit ACK of what
+    /// precedes it, then it must be the next response expected. Returns `false` (after
+    /// starting a retry or counting a duplicate) when it is not.
+    fn response_in_order(&mut self, now: Instant, psn: Psn) -> bool {
+        if psn.is_before(self.sq.comp_psn) {
+            return false;
+        }
+        let blocked = self.advance(now, psn);
+        if blocked || psn != self.sq.comp_psn {
+            self.start_retry(false);
+            return false;
+        }
+        true
+    }
+
+    fn on_read_response(&mut self, now: Instant, psn: Psn, payload: &[u8], env: &mut dyn Env) {
+        if !self.response_in_order(now, psn) {
+            return;
+        }
+        let mtu = u64::from(self.mtu);
+        let Some(f) = self.sq.wqes.front() else {
+            self.stats.malformed += 1;
+            return;
+        };
+        if f.kind != Kind::Read || !f.started || psn.is_after(f.last_psn) {
+            self.stats.malformed += 1;
+            return;
+        }
+        let off = u64::from(f.first_psn.distance_to(psn)) * mtu;
+        let expect = f.len.saturating_sub(off).min(mtu);
+        if payload.len() as u64 != expect {
+            self.stats.malformed += 1;
+            return;
+        }
+        if !payload.is_empty() && scatter(env, &f.req.sges, off, payload).is_err() {
+            self.fail_wqe(0, WcStatus::LocProtErr);
+            return;
+        }
+        let last = psn == f.last_psn;
+        self.sq.comp_psn = psn.next();
+        if last {
+            self.complete_front(WcStatus::Success);
+        }
+        self.on_progress(now);
+    }
+
+    fn on_atomic_ack(&mut self, now: Instant, psn: Psn, orig: u64, env: &mut dyn Env) {
+        if !self.response_in_order(now, psn) {
+            return;
+        }
+        let Some(f) = self.sq.wqes.front() else {
+            self.stats.malformed += 1;
+            return;
+        };
+        if f.kind != Kind::Atomic || !f.started || f.first_psn != psn {
+            self.stats.malformed += 1;
+            return;
+        }
+        if !f.req.sges.is_empty() {
+            let bytes = orig.to_ne_bytes();
+            if scatter(env, &f.req.sges, 0, &bytes).is_err() {
+                self.fail_wqe(0, WcStatus::LocProtErr);
+                return;
+            }
+        }
+        self.sq.comp_psn = psn.next();
+        self.complete_front(WcStatus::Success);
+        self.on_progress(now);
+    }
+
+    /// The timer half of [`Qp::handle_timeout`].
+    pub(super) fn requester_timeout(&mut self, now: Instant) {
+        if self.sq.rnr_deadline.is_some_and(|d| d <= now) {
+            self.sq.rnr_deadline = None;
+            if self.sq.outstanding() {
+                self.rewind();
+            }
+        }
+        if self.sq.retrans_deadline.is_some_and(|d| d <= now) {
+            self.sq.retrans_deadline = None;
+            if self.sq.outstanding() {
+                self.stats.timeouts += 1;
+                self.start_retry(true);
+            }
+        }
+    }
+}

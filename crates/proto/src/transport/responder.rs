@@ -1,0 +1,869 @@
+//! The receive side of a QP: the RC responder (PSN check, duplicates and responder
+//! resources, opcode sequence, access, RNR, length, execution, ACK/NAK/READ response/atomic
+//! ACK generation), the UC responder (drop the rest of a message on a gap) and UD receive.
+//!
+//! Responses are queued in `out` in PSN order and turned into packets by
+//! [`Qp::poll_transmit`]; READ response data is read from memory only then, straight into
+//! the packet buffer.
+
+use super::qp::{emit_headers, make_bth, scatter, sge_total, Qp};
+use super::*;
+use crate::psn::Psn;
+use softrdma_wire::aeth::{self, NakCode, Syndrome};
+use softrdma_wire::opcode::{Opcode, OpcodeInfo, Operation, Position};
+use softrdma_wire::{atomic_ack_eth, roce};
+use std::collections::VecDeque;
+
+/// `QpConfig::access_flags` bits.
+const REMOTE_WRITE: u32 = 2;
+const REMOTE_READ: u32 = 4;
+const REMOTE_ATOMIC: u32 = 8;
+
+/// The GRH area at the start of every UD receive buffer.
+pub(super) const GRH_LEN: u64 = 40;
+
+/// A receive request the responder is filling.
+#[derive(Debug)]
+pub(super) struct HeldRecv {
+    pub(super) req: RecvRequest,
+    cap: u64,
+}
+
+/// A multi-packet SEND or WRITE in progress.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct InMsg {
+    write: bool,
+    offset: u64,
+    va: u64,
+    rkey: u32,
+    dma_len: u64,
+}
+
+/// A responder resource: what a duplicate READ or atomic is answered from.
+#[derive(Debug, Clone, Copy)]
+enum Resource {
+    Read {
+        first: Psn,
+        last: Psn,
+        va: u64,
+        rkey: u32,
+        len: u64,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+    },
+}
+
+/// A response waiting for [`Qp::poll_transmit`].
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Out {
+    Ack {
+        psn: Psn,
+        syndrome: Syndrome,
+        msn: u32,
+    },
+    AtomicAck {
+        psn: Psn,
+        orig: u64,
+        msn: u32,
+    },
+    Read {
+        psn: Psn,
+        va: u64,
+        rkey: u32,
+        remaining: u64,
+        first: bool,
+        msn: u32,
+    },
+}
+
+/// Responder state.
+#[derive(Debug)]
+pub(super) struct Responder {
+    epsn: Psn,
+    msn: u32,
+    nak_sent: bool,
+    pub(super) cur: Option<InMsg>,
+    pub(super) recv: Option<HeldRecv>,
+    uc_drop: bool,
+    res: VecDeque<Resource>,
+    res_cap: usize,
+    pub(super) out: VecDeque<Out>,
+    comm_est: bool,
+    received_any: bool,
+}
+
+impl Responder {
+    pub(super) fn new(cfg: &QpConfig) -> Responder {
+        let res_cap = usize::from(cfg.max_dest_rd_atomic.max(1));
+        Responder {
+            epsn: Psn::new(cfg.rq_psn),
+            msn: 0,
+            nak_sent: false,
+            cur: None,
+            recv: None,
+            uc_drop: false,
+            res: VecDeque::with_capacity(res_cap),
+            res_cap,
+            out: VecDeque::with_capacity(64),
+            comm_est: false,
+            received_any: false,
+        }
+    }
+
+    pub(super) fn reconfigure(&mut self, cfg: &QpConfig) {
+        if !self.received_any {
+            self.epsn = Psn::new(cfg.rq_psn);
+        }
+        self.res_cap = usize::from(cfg.max_dest_rd_atomic.max(1));
+        while self.res.len() > self.res_cap {
+            self.res.pop_front();
+        }
+    }
+
+    fn add_resource(&mut self, r: Resource) {
+        if self.res.len() >= self.res_cap {
+            self.res.pop_front();
+        }
+        self.res.push_back(r);
+    }
+
+    /// Queues an ACK, merging it into a positive ACK still waiting at the back of the queue
+    /// (ACKs are cumulative).
+    fn push_ack(&mut self, psn: Psn) {
+        let msn = self.msn;
+        if let Some(Out::Ack {
+            psn: p,
+            syndrome: Syndrome::Ack { .. },
+            msn: m,
+        }) = self.out.back_mut()
+        {
+            if psn.is_after_or_eq(*p) {
+                *p = psn;
+                *m = msn;
+                return;
+            }
+        }
+        self.out.push_back(Out::Ack {
+            psn,
+            syndrome: Syndrome::Ack {
+                credit: aeth::CREDIT_INVALID,
+            },
+            msn,
+        });
+    }
+
+    fn push_nak(&mut self, psn: Psn, syndrome: Syndrome) {
+        self.out.push_back(Out::Ack {
+            psn,
+            syndrome,
+            msn: self.msn,
+        });
+    }
+}
+
+/// Whether a SEND/WRITE packet of `n` payload bytes fits its position.
+fn len_ok(position: Position, n: u64, mtu: u64) -> bool {
+    match position {
+        Position::First | Position::Middle => n == mtu,
+        Position::Last => n >= 1 && n <= mtu,
+        Position::Only => n <= mtu,
+    }
+}
+
+impl Qp {
+    fn note_request(&mut self) {
+        self.rsp.received_any = true;
+        if !self.rsp.comm_est {
+            self.rsp.comm_est = true;
+            self.events.push_back(QpEvent::CommEst);
+        }
+    }
+
+    /// RC class C error: NAK `code` for `psn`, ERR with `event`.
+    fn rc_fail(&mut self, psn: Psn, code: NakCode, event: QpEvent) {
+        self.rsp.push_nak(psn, Syndrome::Nak(code));
+        self.stats.err_naks_sent += 1;
+        self.enter_error(Some(event));
+    }
+
+    /// Completes the held receive request with an error status.
+    fn fail_recv(&mut self, status: WcStatus, opcode: WcOpcode) {
+        if let Some(r) = self.rsp.recv.take() {
+            self.push_recv_completion(r.req.wr_id, status, opcode, 0);
+        }
+    }
+
+    /// Takes a receive request unless one is held; `false` when none is available.
+    fn ensure_recv(&mut self, env: &mut dyn Env) -> bool {
+        if self.rsp.recv.is_some() {
+            return true;
+        }
+        match env.take_recv() {
+            Some(req) => {
+                let cap = sge_total(&req.sges);
+                self.rsp.recv = Some(HeldRecv { req, cap });
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// An RC request packet.
+    pub(super) fn rc_request(
+        &mut self,
+        repr: &roce::Repr,
+        info: &OpcodeInfo,
+        payload: &[u8],
+        env: &mut dyn Env,
+    ) {
+        let psn = Psn::new(repr.bth.psn);
+        let diff = psn.diff(self.rsp.epsn);
+        if diff > 0 {
+            self.stats.out_of_sequence += 1;
+            if !self.rsp.nak_sent {
+                self.rsp.nak_sent = true;
+                let e = self.rsp.epsn;
+                self.rsp
+                    .push_nak(e, Syndrome::Nak(NakCode::PsnSequenceError));
+                self.stats.seq_naks_sent += 1;
+            }
+            return;
+        }
+        if diff < 0 {
+            self.stats.duplicates += 1;
+            self.rc_duplicate(repr, info, psn);
+            return;
+        }
+        self.rsp.nak_sent = false;
+        self.note_request();
+        // Opcode sequence.
+        let op = info.operation;
+        let seq_ok = match (self.rsp.cur, info.position) {
+            (Some(m), Position::Middle | Position::Last) => {
+                (op == Operation::RdmaWrite && m.write) || (op == Operation::Send && !m.write)
+            }
+            (None, Position::First | Position::Only) => true,
+            _ => false,
+        };
+        if !seq_ok {
+            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            return;
+        }
+        match op {
+            Operation::Send => self.rc_send(repr, info, psn, payload, env),
+            Operation::RdmaWrite => self.rc_write(repr, info, psn, payload, env),
+            Operation::RdmaReadRequest => self.rc_read(repr, psn, env),
+            Operation::CompareSwap | Operation::FetchAdd => self.rc_atomic(repr, op, psn, env),
+            _ => self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr),
+        }
+    }
+
+    fn rc_send(
+        &mut self,
+        repr: &roce::Repr,
+        info: &OpcodeInfo,
+        psn: Psn,
+        payload: &[u8],
+        env: &mut dyn Env,
+    ) {
+        let n = payload.len() as u64;
+        if !len_ok(info.position, n, u64::from(self.mtu)) {
+            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            return;
+        }
+        if info.position.is_start() {
+            if !self.ensure_recv(env) {
+                self.rnr_nak(psn);
+                return;
+            }
+            self.rsp.cur = Some(InMsg {
+                write: false,
+                offset: 0,
+                va: 0,
+                rkey: 0,
+                dma_len: 0,
+            });
+        }
+        let (Some(mut m), Some(held)) = (self.rsp.cur, self.rsp.recv.as_ref()) else {
+            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            return;
+        };
+        if m.offset + n > held.cap {
+            self.fail_recv(WcStatus::LocLenErr, WcOpcode::Recv);
+            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            return;
+        }
+        if n > 0 && scatter(env, &held.req.sges, m.offset, payload).is_err() {
+            self.fail_recv(WcStatus::LocProtErr, WcOpcode::Recv);
+            self.rc_fail(psn, NakCode::RemoteOperationalError, QpEvent::Fatal);
+            return;
+        }
+        m.offset += n;
+        self.rsp.epsn = psn.next();
+        if info.position.is_end() {
+            self.rsp.cur = None;
+            self.finish_send(repr, m.offset);
+        } else {
+            self.rsp.cur = Some(m);
+        }
+        if repr.bth.ack_req {
+            self.rsp.push_ack(psn);
+        }
+    }
+
+    /// The receive completion of a SEND (RC/UC), MSN bump.
+    fn finish_send(&mut self, repr: &roce::Repr, len: u64) {
+        self.rsp.msn = (self.rsp.msn + 1) & 0xff_ffff;
+        if let Some(r) = self.rsp.recv.take() {
+            self.completions.push_back(Completion {
+                wr_id: r.req.wr_id,
+                status: WcStatus::Success,
+                opcode: WcOpcode::Recv,
+                byte_len: len as u32,
+                imm_data: repr.immdt.map(|i| i.imm_data),
+                invalidated_rkey: repr.ieth.map(|i| i.rkey),
+                src_qp: 0,
+                is_recv: true,
+                solicited: repr.bth.solicited_event,
+            });
+        }
+    }
+
+    /// The receive completion of a WRITE with immediate (RC/UC), MSN bump.
+    fn finish_write(&mut self, repr: &roce::Repr, len: u64) {
+        self.rsp.msn = (self.rsp.msn + 1) & 0xff_ffff;
+        if repr.immdt.is_none() {
+            return;
+        }
+        if let Some(r) = self.rsp.recv.take() {
+            self.completions.push_back(Completion {
+                wr_id: r.req.wr_id,
+                status: WcStatus::Success,
+                opcode: WcOpcode::RecvRdmaWithImm,
+                byte_len: len as u32,
+                imm_data: repr.immdt.map(|i| i.imm_data),
+                invalidated_rkey: None,
+                src_qp: 0,
+                is_recv: true,
+                solicited: repr.bth.solicited_event,
+            });
+        }
+    }
+
+    fn rnr_nak(&mut self, psn: Psn) {
+        let timer = self.cfg.min_rnr_timer & 0x1f;
+        self.rsp.push_nak(psn, Syndrome::RnrNak { timer });
+        self.stats.rnr_naks_sent += 1;
+    }
+
+    fn rc_write(
+        &mut self,
+        repr: &roce::Repr,
+        info: &OpcodeInfo,
+        psn: Psn,
+        payload: &[u8],
+        env: &mut dyn Env,
+    ) {
+        if self.cfg.access_flags & REMOTE_WRITE == 0 {
+            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            return;
+        }
+        let n = payload.len() as u64;
+        if !len_ok(info.position, n, u64::from(self.mtu)) {
+            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            return;
+        }
+        let mut m = match (info.position.is_start(), repr.reth, self.rsp.cur) {
+            (true, Some(r), _) => InMsg {
+                write: true,
+                offset: 0,
+                va: r.va,
+                rkey: r.rkey,
+                dma_len: u64::from(r.dma_len),
+            },
+            (false, _, Some(m)) => m,
+            _ => {
+                self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+                return;
+            }
+        };
+        let end = info.position.is_end();
+        if m.offset + n > m.dma_len || (end && m.offset + n != m.dma_len) {
+            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            return;
+        }
+        if info.consumes_recv_wqe && !self.ensure_recv(env) {
+            self.rnr_nak(psn);
+            return;
+        }
+        if info.position.is_start() && env.check_remote(m.rkey, m.va, m.dma_len, true).is_err() {
+            self.rc_fail(psn, NakCode::RemoteAccessError, QpEvent::AccessErr);
+            return;
+        }
+        if n > 0
+            && env
+                .write_remote(m.rkey, m.va.wrapping_add(m.offset), payload)
+                .is_err()
+        {
+            self.rc_fail(psn, NakCode::RemoteAccessError, QpEvent::AccessErr);
+            return;
+        }
+        m.offset += n;
+        self.rsp.epsn = psn.next();
+        if end {
+            self.rsp.cur = None;
+            self.finish_write(repr, m.dma_len);
+        } else {
+            self.rsp.cur = Some(m);
+        }
+        if repr.bth.ack_req {
+            self.rsp.push_ack(psn);
+        }
+    }
+
+    fn rc_read(&mut self, repr: &roce::Repr, psn: Psn, env: &mut dyn Env) {
+        let Some(r) = repr.reth else {
+            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            return;
+        };
+        let len = u64::from(r.dma_len);
+        if self.cfg.access_flags & REMOTE_READ == 0 || len > super::requester::MAX_MSG {
+            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            return;
+        }
+        if env.check_remote(r.rkey, r.va, len, false).is_err() {
+            self.rc_fail(psn, NakCode::RemoteAccessError, QpEvent::AccessErr);
+            return;
+        }
+        let mtu = u64::from(self.mtu);
+        let npkts = if len == 0 {
+            1
+        } else {
+            len.div_ceil(mtu) as u32
+        };
+        let last = psn.add(npkts - 1);
+        self.rsp.add_resource(Resource::Read {
+            first: psn,
+            last,
+            va: r.va,
+            rkey: r.rkey,
+            len,
+        });
+        self.rsp.msn = (self.rsp.msn + 1) & 0xff_ffff;
+        self.rsp.out.push_back(Out::Read {
+            psn,
+            va: r.va,
+            rkey: r.rkey,
+            remaining: len,
+            first: true,
+            msn: self.rsp.msn,
+        });
+        self.rsp.epsn = last.next();
+    }
+
+    fn rc_atomic(&mut self, repr: &roce::Repr, op: Operation, psn: Psn, env: &mut dyn Env) {
+        let Some(a) = repr.atomic_eth else {
+            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            return;
+        };
+        if self.cfg.access_flags & REMOTE_ATOMIC == 0 || a.va % 8 != 0 {
+            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            return;
+        }
+        let aop = if op == Operation::CompareSwap {
+            AtomicOp::CmpAndSwp {
+                compare: a.compare,
+                swap: a.swap_add,
+            }
+        } else {
+            AtomicOp::FetchAndAdd { add: a.swap_add }
+        };
+        let orig = match env.atomic_remote(a.rkey, a.va, aop) {
+            Ok(v) => v,
+            Err(AccessError::Misaligned) => {
+                self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+                return;
+            }
+            Err(_) => {
+                self.rc_fail(psn, NakCode::RemoteAccessError, QpEvent::AccessErr);
+                return;
+            }
+        };
+        self.rsp.msn = (self.rsp.msn + 1) & 0xff_ffff;
+        self.rsp.add_resource(Resource::Atomic { psn, orig });
+        self.rsp.out.push_back(Out::AtomicAck {
+            psn,
+            orig,
+            msn: self.rsp.msn,
+        });
+        self.rsp.epsn = psn.next();
+    }
+
+    /// A request whose PSN is below the expected one: re-ACK SEND/WRITE, replay READ and
+    /// atomic from the resources, drop the rest.
+    fn rc_duplicate(&mut self, repr: &roce::Repr, info: &OpcodeInfo, psn: Psn) {
+        match info.operation {
+            Operation::Send | Operation::RdmaWrite => {
+                let last_good = self.rsp.epsn.prev();
+                self.rsp.push_ack(last_good);
+            }
+            Operation::RdmaReadRequest => {
+                let Some(r) = repr.reth else { return };
+                let (va, len) = (r.va, u64::from(r.dma_len));
+                let found = self.rsp.res.iter().rev().find_map(|res| match *res {
+                    Resource::Read {
+                        first,
+                        last,
+                        va: rva,
+                        rkey,
+                        len: rlen,
+                    } if psn.is_after_or_eq(first)
+                        && psn.is_before_or_eq(last)
+                        && rkey == r.rkey
+                        && va >= rva
+                        && va.saturating_add(len) <= rva.saturating_add(rlen) =>
+                    {
+                        Some(())
+                    }
+                    _ => None,
+                });
+                if found.is_some() {
+                    self.stats.read_replays += 1;
+                    self.rsp.out.push_back(Out::Read {
+                        psn,
+                        va,
+                        rkey: r.rkey,
+                        remaining: len,
+                        first: true,
+                        msn: self.rsp.msn,
+                    });
+                }
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                let found = self.rsp.res.iter().rev().find_map(|res| match *res {
+                    Resource::Atomic { psn: p, orig } if p == psn => Some(orig),
+                    _ => None,
+                });
+                if let Some(orig) = found {
+                    self.stats.atomic_replays += 1;
+                    self.rsp.out.push_back(Out::AtomicAck {
+                        psn,
+                        orig,
+                        msn: self.rsp.msn,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Drops the rest of the current UC message (its receive request is kept).
+    fn uc_drop_msg(&mut self) {
+        self.rsp.cur = None;
+        self.rsp.uc_drop = true;
+    }
+
+    /// A UC request packet.
+    pub(super) fn uc_request(
+        &mut self,
+        repr: &roce::Repr,
+        info: &OpcodeInfo,
+        payload: &[u8],
+        env: &mut dyn Env,
+    ) {
+        let psn = Psn::new(repr.bth.psn);
+        let diff = psn.diff(self.rsp.epsn);
+        if diff < 0 && self.rsp.received_any {
+            // Stale (UC has no retransmission; only a duplicating network makes these).
+            self.stats.out_of_sequence += 1;
+            return;
+        }
+        let start = info.position.is_start();
+        if diff != 0 || self.rsp.uc_drop {
+            if start {
+                self.rsp.cur = None;
+                self.rsp.uc_drop = false;
+            } else {
+                self.uc_drop_msg();
+                self.rsp.epsn = psn.next();
+                self.rsp.received_any = true;
+                self.stats.out_of_sequence += 1;
+                return;
+            }
+        }
+        self.rsp.epsn = psn.next();
+        self.note_request();
+        let op = info.operation;
+        if start {
+            self.rsp.cur = None;
+        } else {
+            match self.rsp.cur {
+                Some(m) if m.write == (op == Operation::RdmaWrite) => {}
+                _ => {
+                    self.uc_drop_msg();
+                    self.stats.out_of_sequence += 1;
+                    return;
+                }
+            }
+        }
+        let n = payload.len() as u64;
+        if !len_ok(info.position, n, u64::from(self.mtu)) {
+            self.uc_drop_msg();
+            self.stats.malformed += 1;
+            return;
+        }
+        match op {
+            Operation::Send => {
+                if start {
+                    if !self.ensure_recv(env) {
+                        self.stats.no_recv_drops += 1;
+                        self.uc_drop_msg();
+                        return;
+                    }
+                    self.rsp.cur = Some(InMsg {
+                        write: false,
+                        offset: 0,
+                        va: 0,
+                        rkey: 0,
+                        dma_len: 0,
+                    });
+                }
+                let (Some(mut m), Some(held)) = (self.rsp.cur, self.rsp.recv.as_ref()) else {
+                    self.uc_drop_msg();
+                    return;
+                };
+                if m.offset + n > held.cap {
+                    self.fail_recv(WcStatus::LocLenErr, WcOpcode::Recv);
+                    self.uc_drop_msg();
+                    return;
+                }
+                if n > 0 && scatter(env, &held.req.sges, m.offset, payload).is_err() {
+                    self.fail_recv(WcStatus::LocProtErr, WcOpcode::Recv);
+                    self.uc_drop_msg();
+                    return;
+                }
+                m.offset += n;
+                if info.position.is_end() {
+                    self.rsp.cur = None;
+                    self.finish_send(repr, m.offset);
+                } else {
+                    self.rsp.cur = Some(m);
+                }
+            }
+            Operation::RdmaWrite => {
+                if self.cfg.access_flags & REMOTE_WRITE == 0 {
+                    self.uc_drop_msg();
+                    return;
+                }
+                let mut m = match (start, repr.reth, self.rsp.cur) {
+                    (true, Some(r), _) => InMsg {
+                        write: true,
+                        offset: 0,
+                        va: r.va,
+                        rkey: r.rkey,
+                        dma_len: u64::from(r.dma_len),
+                    },
+                    (false, _, Some(m)) => m,
+                    _ => {
+                        self.uc_drop_msg();
+                        return;
+                    }
+                };
+                let end = info.position.is_end();
+                if m.offset + n > m.dma_len
+                    || (end && m.offset + n != m.dma_len)
+                    || (start && env.check_remote(m.rkey, m.va, m.dma_len, true).is_err())
+                {
+                    self.uc_drop_msg();
+                    return;
+                }
+                if info.consumes_recv_wqe && !self.ensure_recv(env) {
+                    self.stats.no_recv_drops += 1;
+                    self.uc_drop_msg();
+                    return;
+                }
+                if n > 0
+                    && env
+                        .write_remote(m.rkey, m.va.wrapping_add(m.offset), payload)
+                        .is_err()
+                {
+                    self.uc_drop_msg();
+                    return;
+                }
+                m.offset += n;
+                if end {
+                    self.rsp.cur = None;
+                    self.finish_write(repr, m.dma_len);
+                } else {
+                    self.rsp.cur = Some(m);
+                }
+            }
+            _ => {
+                self.stats.malformed += 1;
+                self.uc_drop_msg();
+            }
+        }
+    }
+
+    /// A UD SEND.
+    pub(super) fn ud_request(
+        &mut self,
+        repr: &roce::Repr,
+        payload: &[u8],
+        meta: &RxMeta,
+        env: &mut dyn Env,
+    ) {
+        let Some(d) = repr.deth else {
+            self.stats.malformed += 1;
+            return;
+        };
+        if d.qkey != self.cfg.qkey {
+            self.stats.qkey_violations += 1;
+            return;
+        }
+        let Some(req) = env.take_recv() else {
+            self.stats.no_recv_drops += 1;
+            return;
+        };
+        let need = GRH_LEN + payload.len() as u64;
+        let status = if need > sge_total(&req.sges) {
+            WcStatus::LocLenErr
+        } else if scatter(env, &req.sges, 0, &meta.grh).is_err()
+            || (!payload.is_empty() && scatter(env, &req.sges, GRH_LEN, payload).is_err())
+        {
+            WcStatus::LocProtErr
+        } else {
+            WcStatus::Success
+        };
+        let ok = status == WcStatus::Success;
+        self.completions.push_back(Completion {
+            wr_id: req.wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len: if ok { need as u32 } else { 0 },
+            imm_data: if ok {
+                repr.immdt.map(|i| i.imm_data)
+            } else {
+                None
+            },
+            invalidated_rkey: None,
+            src_qp: d.src_qp,
+            is_recv: true,
+            solicited: repr.bth.solicited_event,
+        });
+    }
+
+    /// The responder half of [`Qp::poll_transmit`].
+    pub(super) fn responder_transmit(
+        &mut self,
+        buf: &mut [u8],
+        env: &mut dyn Env,
+    ) -> Option<Transmit> {
+        let mtu = u64::from(self.mtu);
+        let dest_qp = self.cfg.dest_qp_num;
+        loop {
+            let front = *self.rsp.out.front()?;
+            match front {
+                Out::Ack { psn, syndrome, msn } => {
+                    let repr = roce::Repr {
+                        bth: make_bth(Opcode::RC_ACKNOWLEDGE, dest_qp, psn, false, false),
+                        aeth: Some(aeth::Repr { syndrome, msn }),
+                        ..roce::Repr::default()
+                    };
+                    let (_, total) = emit_headers(buf, &repr)?;
+                    self.rsp.out.pop_front();
+                    if syndrome.is_ack() {
+                        self.stats.acks_sent += 1;
+                    }
+                    return Some(Transmit {
+                        len: total,
+                        ud_dest: None,
+                    });
+                }
+                Out::AtomicAck { psn, orig, msn } => {
+                    let repr = roce::Repr {
+                        bth: make_bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest_qp, psn, false, false),
+                        aeth: Some(aeth::Repr {
+                            syndrome: Syndrome::Ack {
+                                credit: aeth::CREDIT_INVALID,
+                            },
+                            msn,
+                        }),
+                        atomic_ack_eth: Some(atomic_ack_eth::Repr { orig_data: orig }),
+                        ..roce::Repr::default()
+                    };
+                    let (_, total) = emit_headers(buf, &repr)?;
+                    self.rsp.out.pop_front();
+                    return Some(Transmit {
+                        len: total,
+                        ud_dest: None,
+                    });
+                }
+                Out::Read {
+                    psn,
+                    va,
+                    rkey,
+                    remaining,
+                    first,
+                    msn,
+                } => {
+                    let n = remaining.min(mtu);
+                    let last = remaining <= mtu;
+                    let opcode = match (first, last) {
+                        (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                        (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                        (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                        (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                    };
+                    let aeth = (first || last).then_some(aeth::Repr {
+                        syndrome: Syndrome::Ack {
+                            credit: aeth::CREDIT_INVALID,
+                        },
+                        msn,
+                    });
+                    let repr = roce::Repr {
+                        bth: make_bth(opcode, dest_qp, psn, false, false),
+                        aeth,
+                        payload_len: n as usize,
+                        ..roce::Repr::default()
+                    };
+                    let (hlen, total) = emit_headers(buf, &repr)?;
+                    let n = n as usize;
+                    if n > 0 && env.read_remote(rkey, va, &mut buf[hlen..hlen + n]).is_err() {
+                        // The memory went away under a READ being answered.
+                        self.rsp.out.pop_front();
+                        self.rsp.out.push_front(Out::Ack {
+                            psn,
+                            syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
+                            msn,
+                        });
+                        self.stats.err_naks_sent += 1;
+                        self.enter_error(Some(QpEvent::AccessErr));
+                        continue;
+                    }
+                    if last {
+                        self.rsp.out.pop_front();
+                    } else if let Some(Out::Read {
+                        psn: p,
+                        va: v,
+                        remaining: r,
+                        first: f,
+                        ..
+                    }) = self.rsp.out.front_mut()
+                    {
+                        *p = psn.next();
+                        *v = va.wrapping_add(n as u64);
+                        *r = remaining - n as u64;
+                        *f = false;
+                    }
+                    return Some(Transmit {
+                        len: total,
+                        ud_dest: None,
+                    });
+                }
+            }
+        }
+    }
+}

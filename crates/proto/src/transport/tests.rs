@@ -1,0 +1,619 @@
+//! Packet-level unit tests of the requester, completer and responder, driving one [`Qp`]
+//! by hand.
+
+use super::*;
+use crate::psn::Psn;
+use softrdma_wire::aeth::{self, NakCode, Syndrome};
+use softrdma_wire::opcode::Opcode;
+use softrdma_wire::{bth, reth, roce};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// One flat memory (key 1, any access) and a receive queue.
+struct FlatEnv {
+    mem: Vec<u8>,
+    rq: VecDeque<RecvRequest>,
+}
+
+impl FlatEnv {
+    fn new() -> FlatEnv {
+        FlatEnv {
+            mem: (0..1 << 20).map(|i: u32| i as u8).collect(),
+            rq: VecDeque::new(),
+        }
+    }
+    fn at(&mut self, key: u32, addr: u64, len: usize) -> Result<&mut [u8], AccessError> {
+        if key != 1 {
+            return Err(AccessError::InvalidKey);
+        }
+        self.mem
+            .get_mut(addr as usize..addr as usize + len)
+            .ok_or(AccessError::OutOfBounds)
+    }
+}
+
+impl Env for FlatEnv {
+    fn read_local(&mut self, sge: &Sge, offset: u32, dst: &mut [u8]) -> Result<(), AccessError> {
+        let n = dst.len();
+        dst.copy_from_slice(self.at(sge.lkey, sge.addr + u64::from(offset), n)?);
+        Ok(())
+    }
+    fn write_local(&mut self, sge: &Sge, offset: u32, src: &[u8]) -> Result<(), AccessError> {
+        self.at(sge.lkey, sge.addr + u64::from(offset), src.len())?
+            .copy_from_slice(src);
+        Ok(())
+    }
+    fn check_remote(&mut self, rkey: u32, va: u64, len: u64, _: bool) -> Result<(), AccessError> {
+        self.at(rkey, va, len as usize).map(|_| ())
+    }
+    fn write_remote(&mut self, rkey: u32, va: u64, src: &[u8]) -> Result<(), AccessError> {
+        self.at(rkey, va, src.len())?.copy_from_slice(src);
+        Ok(())
+    }
+    fn read_remote(&mut self, rkey: u32, va: u64, dst: &mut [u8]) -> Result<(), AccessError> {
+        let n = dst.len();
+        dst.copy_from_slice(self.at(rkey, va, n)?);
+        Ok(())
+    }
+    fn atomic_remote(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
+        let w = self.at(rkey, va, 8)?;
+        let orig = u64::from_ne_bytes(w.try_into().unwrap());
+        let new = match op {
+            AtomicOp::FetchAndAdd { add } => orig.wrapping_add(add),
+            AtomicOp::CmpAndSwp { compare, swap } => {
+                if orig == compare {
+                    swap
+                } else {
+                    orig
+                }
+            }
+        };
+        w.copy_from_slice(&new.to_ne_bytes());
+        Ok(orig)
+    }
+    fn take_recv(&mut self) -> Option<RecvRequest> {
+        self.rq.pop_front()
+    }
+}
+
+fn cfg() -> QpConfig {
+    QpConfig {
+        qp_type: QpType::Rc,
+        qp_num: 0x22,
+        dest_qp_num: 0x11,
+        path_mtu: Mtu::Mtu256,
+        sq_psn: 0xff_fffe,
+        rq_psn: 100,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        min_rnr_timer: 12,
+        max_rd_atomic: 2,
+        max_dest_rd_atomic: 2,
+        qkey: 0,
+        access_flags: 2 | 4 | 8,
+        max_send_wr: 100,
+    }
+}
+
+fn send(wr_id: u64, op: SendOp, len: u32) -> SendRequest {
+    SendRequest {
+        wr_id,
+        op,
+        sges: vec![Sge {
+            addr: 0,
+            length: len,
+            lkey: 1,
+        }],
+        inline: None,
+        signaled: true,
+        solicited: false,
+        fence: false,
+        ud: None,
+    }
+}
+
+/// Drains the QP's transmissions as parsed packets with their payloads.
+fn drain(qp: &mut Qp, env: &mut FlatEnv, now: Instant) -> Vec<(roce::Repr, Vec<u8>)> {
+    let mut buf = vec![0u8; 4200];
+    let mut out = Vec::new();
+    while let Some(t) = qp.poll_transmit(now, &mut buf, env) {
+        let p = roce::Packet::new_checked(&buf[..t.len]).unwrap();
+        out.push((roce::Repr::parse(&p).unwrap(), p.payload().to_vec()));
+    }
+    out
+}
+
+fn pkt(repr: roce::Repr, payload: &[u8]) -> Vec<u8> {
+    let mut b = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut roce::Packet::new_unchecked(&mut b[..]), payload)
+        .unwrap();
+    b
+}
+
+fn bthr(opcode: Opcode, psn: u32, ack_req: bool) -> bth::Repr {
+    bth::Repr {
+        opcode,
+        solicited_event: false,
+        mig_req: false,
+        pad_count: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        dest_qp: 0x22,
+        ack_req,
+        psn,
+    }
+}
+
+fn ack(psn: u32, syndrome: Syndrome) -> Vec<u8> {
+    pkt(
+        roce::Repr {
+            bth: bthr(Opcode::RC_ACKNOWLEDGE, psn & 0xff_ffff, false),
+            aeth: Some(aeth::Repr { syndrome, msn: 0 }),
+            ..roce::Repr::default()
+        },
+        &[],
+    )
+}
+
+const META: RxMeta = RxMeta { grh: [0; 40] };
+const ACK: Syndrome = Syndrome::Ack { credit: 0x1f };
+
+#[test]
+fn segmentation_opcodes_psns_and_ackreq() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut qp = Qp::new(cfg());
+    // 200 packets: FIRST, MIDDLE x198, LAST; AckReq at most 64 apart and on the last.
+    qp.post_send(send(1, SendOp::Send, 256 * 199 + 5)).unwrap();
+    qp.post_send(send(2, SendOp::SendWithImm(0xabcd), 0))
+        .unwrap();
+    let pkts = drain(&mut qp, &mut env, now);
+    // The window stops the requester at 128 unacknowledged PSNs.
+    assert_eq!(pkts.len(), 128);
+    assert_eq!(pkts[0].0.bth.opcode, Opcode::RC_SEND_FIRST);
+    assert_eq!(pkts[0].0.bth.psn, 0xff_fffe);
+    assert_eq!(pkts[2].0.bth.psn, 0);
+    assert!(pkts[1..]
+        .iter()
+        .all(|(r, p)| r.bth.opcode == Opcode::RC_SEND_MIDDLE && p.len() == 256));
+    let acks: Vec<usize> = (0..128).filter(|&i| pkts[i].0.bth.ack_req).collect();
+    assert_eq!(acks, vec![63, 127]);
+    assert_eq!(&pkts[3].1[..], &env.mem[3 * 256..4 * 256]);
+    // An ACK for the 100th packet opens the window again.
+    qp.handle_packet(
+        now,
+        &ack(Psn::new(0xff_fffe).add(99).value(), ACK),
+        &META,
+        &mut env,
+    );
+    let more = drain(&mut qp, &mut env, now);
+    assert_eq!(more.len(), 73);
+    let (last, data) = &more[71];
+    assert_eq!(last.bth.opcode, Opcode::RC_SEND_LAST);
+    assert!(last.bth.ack_req);
+    assert_eq!(data.len(), 5);
+    assert_eq!(last.bth.pad_count, 3);
+    let (imm, _) = &more[72];
+    assert_eq!(imm.bth.opcode, Opcode::RC_SEND_ONLY_WITH_IMMEDIATE);
+    assert_eq!(imm.immdt.unwrap().imm_data, 0xabcd);
+    assert!(qp.poll_completion().is_none());
+    // One coalesced ACK for the last PSN completes both requests, in order.
+    qp.handle_packet(now, &ack(imm.bth.psn, ACK), &META, &mut env);
+    let c1 = qp.poll_completion().unwrap();
+    let c2 = qp.poll_completion().unwrap();
+    assert_eq!(
+        (c1.wr_id, c1.byte_len, c2.wr_id, c2.byte_len),
+        (1, 256 * 199 + 5, 2, 0)
+    );
+    assert!(qp.poll_timeout().is_none());
+}
+
+#[test]
+fn read_consumes_psns_and_rd_atomic_depth_and_fence() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut c = cfg();
+    c.sq_psn = 10;
+    let mut qp = Qp::new(c);
+    qp.post_send(send(
+        1,
+        SendOp::RdmaRead {
+            remote_addr: 4096,
+            rkey: 7,
+        },
+        600,
+    ))
+    .unwrap();
+    qp.post_send(send(
+        2,
+        SendOp::FetchAndAdd {
+            remote_addr: 8,
+            rkey: 7,
+            add: 3,
+        },
+        8,
+    ))
+    .unwrap();
+    qp.post_send(send(
+        3,
+        SendOp::RdmaRead {
+            remote_addr: 0,
+            rkey: 7,
+        },
+        0,
+    ))
+    .unwrap();
+    let mut w = send(4, SendOp::Send, 1);
+    w.fence = true;
+    qp.post_send(w).unwrap();
+    let pkts = drain(&mut qp, &mut env, now);
+    // max_rd_atomic = 2: the second READ waits.
+    assert_eq!(pkts.len(), 2);
+    assert_eq!(pkts[0].0.bth.opcode, Opcode::RC_RDMA_READ_REQUEST);
+    assert_eq!(
+        pkts[0].0.reth,
+        Some(reth::Repr {
+            va: 4096,
+            rkey: 7,
+            dma_len: 600
+        })
+    );
+    assert_eq!(
+        pkts[1].0.bth.psn, 13,
+        "a 600-byte READ takes 3 PSNs at MTU 256"
+    );
+    let a = pkts[1].0.atomic_eth.unwrap();
+    assert_eq!(
+        (a.swap_add, a.compare, pkts[1].0.bth.opcode),
+        (3, 0, Opcode::RC_FETCH_ADD)
+    );
+    // READ responses: FIRST, (lost MIDDLE), LAST → retry resumes at the missing PSN.
+    let resp = |op, psn, payload: &[u8], aeth: bool| {
+        pkt(
+            roce::Repr {
+                bth: bthr(op, psn, false),
+                aeth: aeth.then_some(aeth::Repr {
+                    syndrome: ACK,
+                    msn: 1,
+                }),
+                payload_len: payload.len(),
+                ..roce::Repr::default()
+            },
+            payload,
+        )
+    };
+    let chunk = [9u8; 256];
+    qp.handle_packet(
+        now,
+        &resp(Opcode::RC_RDMA_READ_RESPONSE_FIRST, 10, &chunk, true),
+        &META,
+        &mut env,
+    );
+    qp.handle_packet(
+        now,
+        &resp(Opcode::RC_RDMA_READ_RESPONSE_LAST, 12, &chunk[..88], true),
+        &META,
+        &mut env,
+    );
+    let retry = drain(&mut qp, &mut env, now);
+    assert_eq!(retry[0].0.bth.psn, 11);
+    assert_eq!(
+        retry[0].0.reth,
+        Some(reth::Repr {
+            va: 4096 + 256,
+            rkey: 7,
+            dma_len: 344
+        })
+    );
+    assert_eq!(retry[1].0.bth.psn, 13);
+    assert_eq!(qp.stats().retries, 1);
+    qp.handle_packet(
+        now,
+        &resp(Opcode::RC_RDMA_READ_RESPONSE_FIRST, 11, &[8u8; 256], true),
+        &META,
+        &mut env,
+    );
+    qp.handle_packet(
+        now,
+        &resp(Opcode::RC_RDMA_READ_RESPONSE_LAST, 12, &[7u8; 88], true),
+        &META,
+        &mut env,
+    );
+    let c1 = qp.poll_completion().unwrap();
+    assert_eq!(
+        (c1.wr_id, c1.opcode, c1.byte_len),
+        (1, WcOpcode::RdmaRead, 600)
+    );
+    assert!(env.mem[..256].iter().all(|&b| b == 9));
+    assert!(env.mem[256..512].iter().all(|&b| b == 8));
+    assert!(env.mem[512..600].iter().all(|&b| b == 7));
+    // Now the zero-length READ may go; the fenced SEND waits for it.
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(p.len(), 1);
+    assert_eq!((p[0].0.bth.psn, p[0].0.reth.unwrap().dma_len), (14, 0));
+    let aack = pkt(
+        roce::Repr {
+            bth: bthr(Opcode::RC_ATOMIC_ACKNOWLEDGE, 13, false),
+            aeth: Some(aeth::Repr {
+                syndrome: ACK,
+                msn: 2,
+            }),
+            atomic_ack_eth: Some(softrdma_wire::atomic_ack_eth::Repr { orig_data: 0x1234 }),
+            ..roce::Repr::default()
+        },
+        &[],
+    );
+    qp.handle_packet(now, &aack, &META, &mut env);
+    assert_eq!(qp.poll_completion().unwrap().wr_id, 2);
+    assert_eq!(u64::from_ne_bytes(env.mem[..8].try_into().unwrap()), 0x1234);
+    assert!(
+        drain(&mut qp, &mut env, now).is_empty(),
+        "fence holds the SEND"
+    );
+    qp.handle_packet(
+        now,
+        &resp(Opcode::RC_RDMA_READ_RESPONSE_ONLY, 14, &[], true),
+        &META,
+        &mut env,
+    );
+    assert_eq!(qp.poll_completion().unwrap().wr_id, 3);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(
+        (p[0].0.bth.psn, p[0].0.bth.opcode),
+        (15, Opcode::RC_SEND_ONLY)
+    );
+}
+
+#[test]
+fn timeout_and_rnr_timers() {
+    let t0 = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut c = cfg();
+    c.retry_cnt = 1;
+    c.rnr_retry = 1;
+    c.sq_psn = 0;
+    let mut qp = Qp::new(c);
+    qp.post_send(send(1, SendOp::Send, 10)).unwrap();
+    assert_eq!(drain(&mut qp, &mut env, t0).len(), 1);
+    let rto = crate::timer::local_ack_timeout(14).unwrap();
+    assert_eq!(qp.poll_timeout(), Some(t0 + rto));
+    // RNR NAK: the retransmit timer stops, the RNR timer (code 5 = 60 µs) runs.
+    qp.handle_packet(t0, &ack(0, Syndrome::RnrNak { timer: 5 }), &META, &mut env);
+    assert_eq!(qp.poll_timeout(), Some(t0 + Duration::from_micros(60)));
+    assert!(drain(&mut qp, &mut env, t0).is_empty());
+    let t1 = t0 + Duration::from_micros(60);
+    qp.handle_timeout(t1, &mut env);
+    assert_eq!(drain(&mut qp, &mut env, t1).len(), 1);
+    // Second RNR NAK: rnr_retry (1) used up.
+    qp.handle_packet(t1, &ack(0, Syndrome::RnrNak { timer: 5 }), &META, &mut env);
+    let c1 = qp.poll_completion().unwrap();
+    assert_eq!(c1.status, WcStatus::RnrRetryExcErr);
+    assert!(qp.is_error());
+
+    // Retransmit timeout: one retry, then RETRY_EXC_ERR.
+    let mut qp = Qp::new(c);
+    qp.post_send(send(1, SendOp::Send, 10)).unwrap();
+    drain(&mut qp, &mut env, t0);
+    qp.handle_timeout(t0 + rto, &mut env);
+    let again = drain(&mut qp, &mut env, t0 + rto);
+    assert_eq!(again.len(), 1);
+    assert_eq!(qp.stats().retransmitted_packets, 1);
+    qp.handle_timeout(t0 + rto * 2, &mut env);
+    assert_eq!(qp.poll_completion().unwrap().status, WcStatus::RetryExcErr);
+}
+
+#[test]
+fn responder_seq_nak_once_duplicate_reack_and_rnr() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut qp = Qp::new(cfg());
+    let send_only = |psn: u32, ack_req: bool| {
+        pkt(
+            roce::Repr {
+                bth: bthr(Opcode::RC_SEND_ONLY, psn, ack_req),
+                payload_len: 4,
+                ..roce::Repr::default()
+            },
+            b"abcd",
+        )
+    };
+    // No receive posted: RNR NAK with the packet's PSN and min_rnr_timer.
+    qp.handle_packet(now, &send_only(100, true), &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].0.bth.psn, 100);
+    assert_eq!(
+        p[0].0.aeth.unwrap().syndrome,
+        Syndrome::RnrNak { timer: 12 }
+    );
+    assert_eq!(qp.poll_event(), Some(QpEvent::CommEst));
+    for i in 0..3 {
+        env.rq.push_back(RecvRequest {
+            wr_id: 50 + i,
+            sges: vec![Sge {
+                addr: 1000 + 100 * i,
+                length: 100,
+                lkey: 1,
+            }],
+        });
+    }
+    // 100 without AckReq: no ACK; 101 with: one ACK, MSN 2.
+    qp.handle_packet(now, &send_only(100, false), &META, &mut env);
+    assert!(drain(&mut qp, &mut env, now).is_empty());
+    qp.handle_packet(now, &send_only(101, true), &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!((p[0].0.bth.psn, p[0].0.aeth.unwrap().msn), (101, 2));
+    assert_eq!(&env.mem[1100..1104], b"abcd");
+    // Gap: 103, 104 → one PSN-sequence NAK carrying 102.
+    qp.handle_packet(now, &send_only(103, true), &META, &mut env);
+    qp.handle_packet(now, &send_only(104, true), &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].0.bth.psn, 102);
+    assert_eq!(
+        p[0].0.aeth.unwrap().syndrome,
+        Syndrome::Nak(NakCode::PsnSequenceError)
+    );
+    // Duplicate 100: re-ACK with the last good PSN (101).
+    qp.handle_packet(now, &send_only(100, false), &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!((p[0].0.bth.psn, p[0].0.aeth.unwrap().syndrome), (101, ACK));
+    assert_eq!(qp.stats().duplicates, 1);
+    let rc: Vec<u64> = std::iter::from_fn(|| qp.poll_completion())
+        .map(|c| c.wr_id)
+        .collect();
+    assert_eq!(rc, vec![50, 51]);
+}
+
+#[test]
+fn responder_read_replay_and_atomic_replay() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut qp = Qp::new(cfg());
+    let read = |psn: u32, va: u64, len: u32| {
+        pkt(
+            roce::Repr {
+                bth: bthr(Opcode::RC_RDMA_READ_REQUEST, psn, true),
+                reth: Some(reth::Repr {
+                    va,
+                    rkey: 1,
+                    dma_len: len,
+                }),
+                ..roce::Repr::default()
+            },
+            &[],
+        )
+    };
+    qp.handle_packet(now, &read(100, 5000, 600), &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    let ops: Vec<_> = p
+        .iter()
+        .map(|(r, d)| (r.bth.opcode, r.bth.psn, d.len(), r.aeth.is_some()))
+        .collect();
+    assert_eq!(
+        ops,
+        vec![
+            (Opcode::RC_RDMA_READ_RESPONSE_FIRST, 100, 256, true),
+            (Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, 101, 256, false),
+            (Opcode::RC_RDMA_READ_RESPONSE_LAST, 102, 88, true),
+        ]
+    );
+    assert_eq!(&p[1].1[..], &env.mem[5256..5512]);
+    // Replay from the middle (a resumed READ), re-reading memory.
+    env.mem[5256] = 0xee;
+    qp.handle_packet(now, &read(101, 5256, 344), &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(p.len(), 2);
+    assert_eq!(
+        (p[0].0.bth.opcode, p[0].0.bth.psn, p[0].1[0]),
+        (Opcode::RC_RDMA_READ_RESPONSE_FIRST, 101, 0xee)
+    );
+    // Not a subset of the original: dropped.
+    qp.handle_packet(now, &read(101, 4000, 344), &META, &mut env);
+    assert!(drain(&mut qp, &mut env, now).is_empty());
+    // Atomic executed once, replayed from the stored result.
+    let faa = pkt(
+        roce::Repr {
+            bth: bthr(Opcode::RC_FETCH_ADD, 103, true),
+            atomic_eth: Some(softrdma_wire::atomic_eth::Repr {
+                va: 8000,
+                rkey: 1,
+                swap_add: 5,
+                compare: 0,
+            }),
+            ..roce::Repr::default()
+        },
+        &[],
+    );
+    let before = u64::from_ne_bytes(env.mem[8000..8008].try_into().unwrap());
+    qp.handle_packet(now, &faa, &META, &mut env);
+    qp.handle_packet(now, &faa, &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(p.len(), 2);
+    for (r, _) in &p {
+        assert_eq!(r.bth.opcode, Opcode::RC_ATOMIC_ACKNOWLEDGE);
+        assert_eq!(r.atomic_ack_eth.unwrap().orig_data, before);
+        assert_eq!(r.aeth.unwrap().msn, 2);
+    }
+    assert_eq!(
+        u64::from_ne_bytes(env.mem[8000..8008].try_into().unwrap()),
+        before + 5
+    );
+    assert_eq!((qp.stats().read_replays, qp.stats().atomic_replays), (1, 1));
+}
+
+#[test]
+fn responder_opcode_sequence_and_length_errors() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    // MIDDLE without FIRST → NAK invalid request, ERR, ReqErr.
+    let mut qp = Qp::new(cfg());
+    let mid = pkt(
+        roce::Repr {
+            bth: bthr(Opcode::RC_SEND_MIDDLE, 100, false),
+            payload_len: 256,
+            ..roce::Repr::default()
+        },
+        &[0u8; 256],
+    );
+    qp.handle_packet(now, &mid, &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(
+        p[0].0.aeth.unwrap().syndrome,
+        Syndrome::Nak(NakCode::InvalidRequest)
+    );
+    assert!(qp.is_error());
+    assert!(std::iter::from_fn(|| qp.poll_event()).any(|e| e == QpEvent::ReqErr));
+    // FIRST shorter than the MTU → invalid request.
+    let mut qp = Qp::new(cfg());
+    let first = pkt(
+        roce::Repr {
+            bth: bthr(Opcode::RC_RDMA_WRITE_FIRST, 100, false),
+            reth: Some(reth::Repr {
+                va: 0,
+                rkey: 1,
+                dma_len: 1000,
+            }),
+            payload_len: 100,
+            ..roce::Repr::default()
+        },
+        &[0u8; 100],
+    );
+    qp.handle_packet(now, &first, &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(
+        p[0].0.aeth.unwrap().syndrome,
+        Syndrome::Nak(NakCode::InvalidRequest)
+    );
+    // Wrong destination QP / transport: dropped silently.
+    let mut qp = Qp::new(cfg());
+    let mut other = mid.clone();
+    other[7] = 0x23;
+    qp.handle_packet(now, &other, &META, &mut env);
+    let mut uc = mid;
+    uc[0] = 0x21;
+    qp.handle_packet(now, &uc, &META, &mut env);
+    assert!(drain(&mut qp, &mut env, now).is_empty());
+    assert_eq!(qp.stats().malformed, 2);
+    assert!(!qp.is_error());
+}
+
+#[test]
+fn post_send_limits_and_error_flush() {
+    let mut c = cfg();
+    c.max_send_wr = 2;
+    let mut qp = Qp::new(c);
+    qp.post_send(send(1, SendOp::Send, 1)).unwrap();
+    qp.post_send(send(2, SendOp::Send, 1)).unwrap();
+    assert!(qp.post_send(send(3, SendOp::Send, 1)).is_err());
+    qp.set_error();
+    let st: Vec<_> = std::iter::from_fn(|| qp.poll_completion())
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        st,
+        vec![(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]
+    );
+}
