@@ -2,6 +2,8 @@
 //!
 //! `softrdma devices` lists the software RDMA devices as `ibv_devinfo` does.
 
+mod perf;
+
 use clap::{Parser, Subcommand};
 use softrdma::{Context, Device};
 use std::process::ExitCode;
@@ -28,6 +30,46 @@ enum Command {
         #[arg(short = 'd', long = "ib-dev")]
         device: Option<String>,
     },
+    /// Measure bandwidth and message rate, or latency, like perftest (ib_write_bw,
+    /// ib_send_lat, ...), between two loopback devices in this process.
+    Perf {
+        /// The operation: write, read, send or atomic.
+        #[arg(value_enum)]
+        op: perf::Op,
+        /// Message size in bytes (default 65536 for bandwidth, 8 for latency).
+        #[arg(short, long)]
+        size: Option<usize>,
+        /// Every size from 8 bytes to 1 MiB (latency: to 64 KiB), in powers of two.
+        #[arg(short, long, conflicts_with = "size")]
+        all: bool,
+        /// Messages per size (default: enough for about 256 MiB, 2k..200k).
+        #[arg(short = 'n', long)]
+        iters: Option<u64>,
+        /// Run each size for this many seconds instead of a number of messages.
+        #[arg(short = 'D', long, conflicts_with = "iters")]
+        duration: Option<f64>,
+        /// Measure latency (ping-pong for send; round trips otherwise) instead of bandwidth.
+        #[arg(long)]
+        lat: bool,
+        /// Send messages up to this size inline.
+        #[arg(short = 'I', long, default_value_t = 0)]
+        inline: u32,
+        /// Path MTU: 256, 512, 1024, 2048 or 4096.
+        #[arg(short, long, default_value_t = 4096)]
+        mtu: u32,
+        /// Outstanding work requests.
+        #[arg(short = 't', long, default_value_t = 128)]
+        tx_depth: usize,
+        /// Address of the client device.
+        #[arg(long, default_value = "127.0.0.1")]
+        client_addr: std::net::IpAddr,
+        /// Address of the server device.
+        #[arg(long, default_value = "127.0.0.2")]
+        server_addr: std::net::IpAddr,
+        /// Print one JSON object with the results as the last line.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -41,6 +83,54 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Devices { verbose, device } => devices(verbose, device.as_deref()),
+        Command::Perf {
+            op,
+            size,
+            all,
+            iters,
+            duration,
+            lat,
+            inline,
+            mtu,
+            tx_depth,
+            client_addr,
+            server_addr,
+            json,
+        } => (|| {
+            let mtu = softrdma::Mtu::from_bytes(mtu).ok_or_else(|| {
+                softrdma::Error::invalid(format!(
+                    "MTU {mtu} is not one of 256, 512, 1024, 2048, 4096"
+                ))
+            })?;
+            if tx_depth == 0 {
+                return Err(softrdma::Error::invalid("tx depth must be at least 1"));
+            }
+            let sizes = if all {
+                let top = if lat { 16 } else { 20 };
+                (3..=top).map(|p| 1usize << p).collect()
+            } else {
+                vec![size.unwrap_or(if lat { 8 } else { 65536 })]
+            };
+            if sizes.iter().any(|&s| s > 1 << 30) {
+                return Err(softrdma::Error::invalid(
+                    "sizes above 1 GiB are not supported",
+                ));
+            }
+            let args = perf::PerfArgs {
+                op,
+                sizes,
+                iters: iters.unwrap_or(0),
+                duration: duration.map(std::time::Duration::from_secs_f64),
+                lat,
+                inline,
+                mtu,
+                tx_depth,
+                client: client_addr,
+                server: server_addr,
+                json,
+            };
+            run_perf(&args)
+        })(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -158,5 +248,116 @@ fn print_device(ctx: &Context, verbose: bool) -> softrdma::Result<()> {
         );
     }
     println!();
+    Ok(())
+}
+
+fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
+    let name = match (args.op, args.lat) {
+        (perf::Op::Write, false) => "RDMA_Write BW Test",
+        (perf::Op::Read, false) => "RDMA_Read BW Test",
+        (perf::Op::Send, false) => "Send BW Test",
+        (perf::Op::Atomic, false) => "Atomic FETCH_AND_ADD BW Test",
+        (perf::Op::Write, true) => "RDMA_Write Latency Test (round trip / 2)",
+        (perf::Op::Read, true) => "RDMA_Read Latency Test (round trip / 2)",
+        (perf::Op::Send, true) => "Send Latency Test (ping-pong, one way)",
+        (perf::Op::Atomic, true) => "Atomic FETCH_AND_ADD Latency Test (round trip / 2)",
+    };
+    println!("{}", "-".repeat(88));
+    println!("                    {name}");
+    println!(
+        " Devices        : {} -> {}   Transport: RC over RoCEv2/UDP   MTU: {}",
+        args.client,
+        args.server,
+        args.mtu.bytes()
+    );
+    println!(
+        " TX depth       : {}   Inline: {}",
+        args.tx_depth, args.inline
+    );
+    println!("{}", "-".repeat(88));
+    if args.lat {
+        println!(" #bytes  #iterations  t_min[usec]  t_max[usec]  t_typical[usec]  t_avg[usec]  99% percentile[usec]");
+    } else {
+        println!(
+            " #bytes     #iterations    BW average[Gb/sec]    BW average[GB/s]    MsgRate[Mpps]"
+        );
+    }
+    let (points, cc, sc) = perf::run(args, |p| {
+        if args.lat {
+            let avg = p.lat_us.iter().sum::<f64>() / p.lat_us.len().max(1) as f64;
+            println!(
+                " {:<7} {:<12} {:<12.2} {:<12.2} {:<16.2} {:<12.2} {:.2}",
+                p.size,
+                p.iters,
+                p.lat_us.first().copied().unwrap_or(f64::NAN),
+                p.lat_us.last().copied().unwrap_or(f64::NAN),
+                perf::quantile(&p.lat_us, 0.5),
+                avg,
+                perf::quantile(&p.lat_us, 0.99)
+            );
+        } else {
+            println!(
+                " {:<10} {:<14} {:<21.2} {:<19.3} {:.3}",
+                p.size,
+                p.iters,
+                p.bw_gbps * 8.0,
+                p.bw_gbps,
+                p.msg_rate_mps
+            );
+        }
+    })?;
+    println!("{}", "-".repeat(88));
+    for (who, c) in [("client", cc), ("server", sc)] {
+        println!(
+            " {who} device: tx {} pkts / {} B, rx {} pkts / {} B, ICRC errors {}, malformed {}, unknown QP {}, tx errors {}",
+            c.tx_packets, c.tx_bytes, c.rx_packets, c.rx_bytes, c.icrc_errors, c.malformed, c.unknown_qp, c.tx_errors
+        );
+    }
+    if args.json {
+        let last = points.last().cloned().unwrap_or_default();
+        let mut items = vec![
+            format!("\"op\":\"{:?}\"", args.op).to_lowercase(),
+            format!("\"size\":{}", last.size),
+            format!("\"iters\":{}", last.iters),
+            format!("\"secs\":{:.4}", last.secs),
+        ];
+        if args.lat {
+            items.push(format!(
+                "\"lat_us_p50\":{:.3}",
+                perf::quantile(&last.lat_us, 0.5)
+            ));
+            items.push(format!(
+                "\"lat_us_p99\":{:.3}",
+                perf::quantile(&last.lat_us, 0.99)
+            ));
+            items.push(format!(
+                "\"lat_us_min\":{:.3}",
+                last.lat_us.first().copied().unwrap_or(f64::NAN)
+            ));
+        } else {
+            items.push(format!("\"bw_gbps\":{:.4}", last.bw_gbps));
+            items.push(format!("\"msg_rate_mps\":{:.4}", last.msg_rate_mps));
+        }
+        let all: Vec<String> = points
+            .iter()
+            .map(|p| {
+                if args.lat {
+                    format!(
+                        "{{\"size\":{},\"lat_us_p50\":{:.3},\"lat_us_p99\":{:.3}}}",
+                        p.size,
+                        perf::quantile(&p.lat_us, 0.5),
+                        perf::quantile(&p.lat_us, 0.99)
+                    )
+                } else {
+                    format!(
+                        "{{\"size\":{},\"bw_gbps\":{:.4},\"msg_rate_mps\":{:.4}}}",
+                        p.size, p.bw_gbps, p.msg_rate_mps
+                    )
+                }
+            })
+            .collect();
+        items.push(format!("\"points\":[{}]", all.join(",")));
+        println!("{{{}}}", items.join(","));
+    }
     Ok(())
 }

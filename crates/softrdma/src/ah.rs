@@ -158,3 +158,63 @@ impl std::fmt::Debug for Ah {
             .finish()
     }
 }
+
+impl crate::Context {
+    /// The address vector that answers a received UD message (`ibv_init_ah_from_wc`): the
+    /// destination is the source address found in the 40-byte GRH area at the start of the
+    /// receive buffer (the IPv4 header in its last 20 bytes, or the IPv6 header), with the
+    /// hop limit and traffic class of a fresh route.
+    ///
+    /// Fails with `EINVAL` when `port_num` is not 1, the completion has no GRH
+    /// (`IBV_WC_GRH` unset) or the GRH area holds neither an IPv4 nor an IPv6 header.
+    pub fn init_ah_from_wc(
+        &self,
+        port_num: u8,
+        wc: &crate::WorkCompletion,
+        grh: &[u8; 40],
+    ) -> Result<AhAttr> {
+        if port_num != PORT_NUM {
+            return Err(Error::invalid(format!("port {port_num} does not exist")));
+        }
+        if !wc.wc_flags.contains(crate::WcFlags::GRH) {
+            return Err(Error::invalid("the work completion has no GRH"));
+        }
+        let src: IpAddr = if grh[20] >> 4 == 4 {
+            let b: [u8; 4] = grh[32..36].try_into().expect("4 bytes");
+            IpAddr::from(b)
+        } else if grh[0] >> 4 == 6 {
+            let b: [u8; 16] = grh[8..24].try_into().expect("16 bytes");
+            let v6 = std::net::Ipv6Addr::from(b);
+            v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+        } else {
+            return Err(Error::invalid(
+                "the GRH area holds neither an IPv4 nor an IPv6 header",
+            ));
+        };
+        let attr = AhAttr {
+            sl: wc.sl,
+            ..AhAttr::for_ip(src)
+        };
+        attr.validate(self.device())?;
+        Ok(attr)
+    }
+}
+
+impl Pd {
+    /// Creates the address handle that answers a received UD message
+    /// (`ibv_create_ah_from_wc`); see [`crate::Context::init_ah_from_wc`].
+    ///
+    /// Fails like `init_ah_from_wc` and [`Pd::create_ah`].
+    pub fn create_ah_from_wc(
+        &self,
+        port_num: u8,
+        wc: &crate::WorkCompletion,
+        grh: &[u8; 40],
+    ) -> Result<Ah> {
+        let ctx = crate::Context {
+            inner: self.inner.ctx.arc().clone(),
+        };
+        let attr = ctx.init_ah_from_wc(port_num, wc, grh)?;
+        self.create_ah(&attr)
+    }
+}

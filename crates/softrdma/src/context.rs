@@ -151,6 +151,32 @@ impl Context {
         self.inner.async_events.fd().as_raw_fd()
     }
 
+    /// The device's packet counters (zero until the device has carried traffic).
+    pub fn counters(&self) -> crate::DeviceCounters {
+        self.inner
+            .shared
+            .engine_if_started()
+            .map(|e| e.counters())
+            .unwrap_or_default()
+    }
+
+    /// Makes the device inject faults into every packet it sends from now on (`None`
+    /// stops it), for tests of loss and corruption; see [`crate::FaultConfig`].
+    ///
+    /// Fails like the start of the device engine (`EADDRINUSE` when another process owns
+    /// UDP port 4791 on the device's address).
+    pub fn set_fault_injection(&self, cfg: Option<crate::FaultConfig>) -> Result<()> {
+        self.inner.shared.engine()?.set_faults(cfg);
+        Ok(())
+    }
+
+    /// The UDP address the device's engine is bound to, starting the engine if needed.
+    ///
+    /// Fails like [`Context::set_fault_injection`].
+    pub fn local_udp_addr(&self) -> Result<std::net::SocketAddr> {
+        Ok(self.inner.shared.engine()?.local)
+    }
+
     /// Closes the context (`ibv_close_device`). Objects created from it stay valid until they
     /// are destroyed. Never fails on a softrdma device.
     pub fn close(self) -> Result<()> {

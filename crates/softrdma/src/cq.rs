@@ -98,6 +98,55 @@ impl WcStatus {
     }
 }
 
+impl WcStatus {
+    /// The status of a transport completion.
+    pub(crate) fn from_proto(s: softrdma_proto::transport::WcStatus) -> WcStatus {
+        use softrdma_proto::transport::WcStatus as P;
+        match s {
+            P::Success => WcStatus::Success,
+            P::LocLenErr => WcStatus::LocLenErr,
+            P::LocQpOpErr => WcStatus::LocQpOpErr,
+            P::LocEecOpErr => WcStatus::LocEecOpErr,
+            P::LocProtErr => WcStatus::LocProtErr,
+            P::WrFlushErr => WcStatus::WrFlushErr,
+            P::MwBindErr => WcStatus::MwBindErr,
+            P::BadRespErr => WcStatus::BadRespErr,
+            P::LocAccessErr => WcStatus::LocAccessErr,
+            P::RemInvReqErr => WcStatus::RemInvReqErr,
+            P::RemAccessErr => WcStatus::RemAccessErr,
+            P::RemOpErr => WcStatus::RemOpErr,
+            P::RetryExcErr => WcStatus::RetryExcErr,
+            P::RnrRetryExcErr => WcStatus::RnrRetryExcErr,
+            P::LocRddViolErr => WcStatus::LocRddViolErr,
+            P::RemInvRdReqErr => WcStatus::RemInvRdReqErr,
+            P::RemAbortErr => WcStatus::RemAbortErr,
+            P::InvEecnErr => WcStatus::InvEecnErr,
+            P::InvEecStateErr => WcStatus::InvEecStateErr,
+            P::FatalErr => WcStatus::FatalErr,
+            P::RespTimeoutErr => WcStatus::RespTimeoutErr,
+            P::GeneralErr => WcStatus::GeneralErr,
+        }
+    }
+}
+
+impl WcOpcode {
+    /// The opcode of a transport completion.
+    pub(crate) fn from_proto(o: softrdma_proto::transport::WcOpcode) -> WcOpcode {
+        use softrdma_proto::transport::WcOpcode as P;
+        match o {
+            P::Send => WcOpcode::Send,
+            P::RdmaWrite => WcOpcode::RdmaWrite,
+            P::RdmaRead => WcOpcode::RdmaRead,
+            P::CompSwap => WcOpcode::CompSwap,
+            P::FetchAdd => WcOpcode::FetchAdd,
+            P::BindMw => WcOpcode::BindMw,
+            P::LocalInv => WcOpcode::LocalInv,
+            P::Recv => WcOpcode::Recv,
+            P::RecvRdmaWithImm => WcOpcode::RecvRdmaWithImm,
+        }
+    }
+}
+
 impl std::fmt::Display for WcStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

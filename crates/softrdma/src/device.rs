@@ -569,6 +569,39 @@ pub(crate) struct DeviceShared {
     pub(crate) resources: crate::resources::Resources,
 }
 
+/// The engines of this process, one per address, kept for the life of the process: a device's
+/// UDP socket and progress thread are started on first use and stay, as a NIC stays, so that
+/// closing and reopening a device never races with its own socket still being closed.
+static ENGINES: OnceLock<Mutex<HashMap<IpAddr, Arc<crate::engine::Engine>>>> = OnceLock::new();
+
+impl DeviceShared {
+    /// The device engine (its UDP socket and progress thread), started on first use.
+    ///
+    /// Fails with `EADDRINUSE` when another process or a kernel RoCE device owns UDP port
+    /// 4791 on the device's address.
+    pub(crate) fn engine(&self) -> Result<Arc<crate::engine::Engine>> {
+        let map = ENGINES.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+        let addr = self.device.addr();
+        if let Some(e) = map.get(&addr) {
+            return Ok(e.clone());
+        }
+        let started = crate::engine::Engine::start(addr)?;
+        map.insert(addr, started.clone());
+        Ok(started)
+    }
+
+    /// The engine if it has started.
+    pub(crate) fn engine_if_started(&self) -> Option<Arc<crate::engine::Engine>> {
+        ENGINES
+            .get()?
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&self.device.addr())
+            .cloned()
+    }
+}
+
 static SHARED: OnceLock<Mutex<HashMap<IpAddr, Weak<DeviceShared>>>> = OnceLock::new();
 
 impl DeviceShared {

@@ -56,6 +56,7 @@ mod ah;
 mod context;
 mod cq;
 mod device;
+mod engine;
 mod error;
 mod event;
 mod fd;
@@ -66,6 +67,7 @@ mod mr;
 mod pd;
 mod qp;
 mod resources;
+mod sock;
 mod srq;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
@@ -76,6 +78,7 @@ pub use device::{
     PortAttr, PortCapFlags, PortState, TransportType, DEFAULT_PKEY, GID_TABLE_LEN, PORT_NUM,
     QPF_GRH_REQUIRED,
 };
+pub use engine::{DeviceCounters, FaultConfig};
 pub use error::{DestroyError, Error, ErrorKind, Result};
 pub use event::{AsyncElement, AsyncEvent, EventType};
 pub use gid::{Gid, GidType};

@@ -8,6 +8,7 @@
 use crate::ah::{AhAttr, AhInner};
 use crate::cq::{Cq, CqInner, WcOpcode, WcStatus, WorkCompletion};
 use crate::device::PORT_NUM;
+use crate::engine::{drive, with_tx, Engine};
 use crate::error::{DestroyError, Error, ErrorKind, Result};
 use crate::event::{AsyncElement, EventTarget, EventType};
 use crate::gid::Gid;
@@ -16,10 +17,12 @@ use crate::mr::{AccessFlags, KeyKind};
 use crate::pd::{Pd, PdInner};
 use crate::resources::{CountGuard, Kind, Resources};
 use crate::srq::{Srq, SrqInner};
+use softrdma_proto::transport as tp;
 use softrdma_proto::{check_modify_qp, Mtu, QpAttrMask, QpState, QpType};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// `struct ibv_qp_cap`: the sizes of a QP's queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -364,29 +367,6 @@ impl From<PostError> for Error {
     }
 }
 
-/// A send work request as queued on the send queue (the data path consumes it).
-#[allow(dead_code)]
-#[derive(Debug, Clone)]
-pub(crate) struct SendWqe {
-    pub(crate) wr_id: u64,
-    pub(crate) opcode: WrOpcode,
-    pub(crate) send_flags: SendFlags,
-    pub(crate) signaled: bool,
-    pub(crate) imm_data: u32,
-    pub(crate) remote_addr: u64,
-    pub(crate) rkey: u32,
-    pub(crate) compare_add: u64,
-    pub(crate) swap: u64,
-    pub(crate) ah: Option<Arc<AhInner>>,
-    pub(crate) remote_qpn: u32,
-    pub(crate) remote_qkey: u32,
-    pub(crate) sges: Vec<Sge>,
-    /// The data of an INLINE send, copied at post time.
-    pub(crate) inline: Option<Vec<u8>>,
-    /// Total bytes named by the scatter/gather list.
-    pub(crate) length: u64,
-}
-
 /// A receive work request as queued on a receive queue or SRQ (the data path consumes it).
 #[allow(dead_code)]
 #[derive(Debug, Clone)]
@@ -427,8 +407,14 @@ pub struct Qp {
 
 pub(crate) struct QpState_ {
     pub(crate) attr: QpAttr,
-    pub(crate) sq: VecDeque<SendWqe>,
+    /// The transport, from RTR on (the send queue lives in it).
+    pub(crate) transport: Option<tp::Qp>,
+    /// The device engine, once the QP has reached RTR.
+    pub(crate) engine: Option<Arc<Engine>>,
     pub(crate) rq: VecDeque<RecvWqe>,
+    /// Address handles of UD sends not yet transmitted, by the handle given to the transport.
+    pub(crate) ud_dests: HashMap<u64, Arc<AhInner>>,
+    pub(crate) next_ud_dest: u64,
     pub(crate) mcast: Vec<Gid>,
 }
 
@@ -457,6 +443,9 @@ impl Drop for QpInner {
     fn drop(&mut self) {
         let res = &self.pd.shared().resources;
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = st.engine.take() {
+            e.unregister(self.qp_num);
+        }
         for gid in st.mcast.drain(..) {
             res.mcast_detach(gid, self.qp_num);
         }
@@ -559,8 +548,11 @@ impl Pd {
                 cap,
                 state: Mutex::new(QpState_ {
                     attr,
-                    sq: VecDeque::new(),
+                    transport: None,
+                    engine: None,
                     rq: VecDeque::new(),
+                    ud_dests: HashMap::new(),
+                    next_ud_dest: 1,
                     mcast: Vec::new(),
                 }),
                 async_unacked: AtomicUsize::new(0),
@@ -576,7 +568,7 @@ const QP_ACCESS_BITS: u32 = AccessFlags::LOCAL_WRITE.bits()
     | AccessFlags::REMOTE_ATOMIC.bits();
 
 impl QpInner {
-    fn lock(&self) -> std::sync::MutexGuard<'_, QpState_> {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, QpState_> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -593,11 +585,21 @@ impl QpInner {
     /// Completes every queued work request with `WR_FLUSH_ERR` (the SRQ, shared with other
     /// QPs, is left alone).
     fn flush(&self, st: &mut QpState_) {
-        for w in st.sq.drain(..) {
-            self.send_cq
-                .arc()
-                .push(self.flush_wc(w.wr_id, w.opcode.wc_opcode()), false);
+        if let Some(t) = st.transport.as_mut() {
+            t.set_error();
+            while let Some(c) = t.poll_completion() {
+                let cq = if c.is_recv {
+                    &self.recv_cq
+                } else {
+                    &self.send_cq
+                };
+                cq.arc().push(
+                    crate::engine::to_wc(&c, self.qp_num, self.qp_type == QpType::Ud),
+                    false,
+                );
+            }
         }
+        st.ud_dests.clear();
         for w in st.rq.drain(..) {
             self.recv_cq
                 .arc()
@@ -605,7 +607,33 @@ impl QpInner {
         }
     }
 
-    fn raise(self: &Arc<Self>, ev: EventType) {
+    /// The transport configuration the QP's attributes describe.
+    fn transport_config(&self, a: &QpAttr) -> tp::QpConfig {
+        let mtu = if self.qp_type == QpType::Ud {
+            self.pd.shared().device.active_mtu()
+        } else {
+            a.path_mtu
+        };
+        tp::QpConfig {
+            qp_type: self.qp_type,
+            qp_num: self.qp_num,
+            dest_qp_num: a.dest_qp_num,
+            path_mtu: mtu,
+            sq_psn: a.sq_psn,
+            rq_psn: a.rq_psn,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            min_rnr_timer: a.min_rnr_timer,
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            qkey: a.qkey,
+            access_flags: a.qp_access_flags,
+            max_send_wr: self.cap.max_send_wr,
+        }
+    }
+
+    pub(crate) fn raise(self: &Arc<Self>, ev: EventType) {
         self.pd.ctx.async_events.raise(
             ev,
             AsyncElement::Qp {
@@ -752,8 +780,18 @@ impl Qp {
         }
 
         // Apply, all at once.
+        // The device engine starts when the first QP of the device can receive.
+        let engine = if next == QpState::Rtr && st.engine.is_none() {
+            Some(shared.engine()?)
+        } else {
+            None
+        };
         if next == QpState::Reset && cur != QpState::Reset {
-            st.sq.clear();
+            if let Some(e) = st.engine.take() {
+                e.unregister(inner.qp_num);
+            }
+            st.transport = None;
+            st.ud_dests.clear();
             st.rq.clear();
             st.attr = QpAttr {
                 cap: inner.cap,
@@ -825,6 +863,14 @@ impl Qp {
         a.qp_state = next;
         a.cur_qp_state = next;
         let notify_drained = next == QpState::Sqd && cur == QpState::Rts && a.en_sqd_async_notify;
+        let cfg = inner.transport_config(a);
+        if let Some(e) = engine {
+            st.transport = Some(tp::Qp::new(cfg));
+            e.register(inner);
+            st.engine = Some(e);
+        } else if let Some(t) = st.transport.as_mut() {
+            t.set_config(cfg);
+        }
         if next == QpState::Err && cur != QpState::Err {
             inner.flush(&mut st);
             drop(st);
@@ -870,34 +916,70 @@ impl Qp {
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         let inner = &self.inner;
         let mut st = inner.lock();
+        let mut result = Ok(());
+        let mut posted = 0;
         for (i, wr) in wrs.iter().enumerate() {
             let fail = |error| PostError { bad_wr: i, error };
             let state = st.attr.qp_state;
             if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
-                return Err(fail(Error::invalid(format!(
+                result = Err(fail(Error::invalid(format!(
                     "cannot post sends to a QP in {state:?}"
                 ))));
+                break;
             }
-            let wqe = self.check_send(wr, &st).map_err(fail)?;
-            if state == QpState::Err {
+            let (mut req, ah) = match self.check_send(wr) {
+                Ok(x) => x,
+                Err(e) => {
+                    result = Err(fail(e));
+                    break;
+                }
+            };
+            if state == QpState::Err || st.transport.is_none() {
                 inner
                     .send_cq
                     .arc()
-                    .push(inner.flush_wc(wqe.wr_id, wqe.opcode.wc_opcode()), false);
+                    .push(inner.flush_wc(wr.wr_id, wr.opcode.wc_opcode()), false);
                 continue;
             }
-            if st.sq.len() >= inner.cap.max_send_wr as usize {
-                return Err(fail(Error::no_memory(format!(
+            let handle = ah.map(|ah| {
+                let h = st.next_ud_dest;
+                st.next_ud_dest += 1;
+                st.ud_dests.insert(h, ah);
+                h
+            });
+            if let (Some(h), Some(ud)) = (handle, req.ud.as_mut()) {
+                ud.dest = h;
+            }
+            let t = st.transport.as_mut().expect("checked above");
+            if t.post_send(req).is_err() {
+                if let Some(h) = handle {
+                    st.ud_dests.remove(&h);
+                }
+                result = Err(fail(Error::no_memory(format!(
                     "the send queue is full ({} requests)",
                     inner.cap.max_send_wr
                 ))));
+                break;
             }
-            st.sq.push_back(wqe);
+            posted += 1;
         }
-        Ok(())
+        if posted > 0 {
+            if let Some(engine) = st.engine.clone() {
+                let events = with_tx(|tx| {
+                    let ev = drive(&engine, inner, &mut st, Instant::now(), tx);
+                    engine.send(tx);
+                    ev
+                });
+                drop(st);
+                for e in events {
+                    inner.raise(e);
+                }
+            }
+        }
+        result
     }
 
-    fn check_send(&self, wr: &SendWr<'_>, st: &QpState_) -> Result<SendWqe> {
+    fn check_send(&self, wr: &SendWr<'_>) -> Result<(tp::SendRequest, Option<Arc<AhInner>>)> {
         let inner = &self.inner;
         let qp_type = inner.qp_type;
         if !wr.opcode.allowed_on(qp_type) {
@@ -957,24 +1039,59 @@ impl Qp {
             }
             ah = Some(a.inner.clone());
         }
-        let _ = st;
-        Ok(SendWqe {
+        let op = match wr.opcode {
+            WrOpcode::Send => tp::SendOp::Send,
+            WrOpcode::SendWithImm => tp::SendOp::SendWithImm(wr.imm_data),
+            WrOpcode::SendWithInv => tp::SendOp::SendWithInv(wr.imm_data),
+            WrOpcode::RdmaWrite => tp::SendOp::RdmaWrite {
+                remote_addr: wr.remote_addr,
+                rkey: wr.rkey,
+            },
+            WrOpcode::RdmaWriteWithImm => tp::SendOp::RdmaWriteWithImm {
+                remote_addr: wr.remote_addr,
+                rkey: wr.rkey,
+                imm: wr.imm_data,
+            },
+            WrOpcode::RdmaRead => tp::SendOp::RdmaRead {
+                remote_addr: wr.remote_addr,
+                rkey: wr.rkey,
+            },
+            WrOpcode::AtomicCmpAndSwp => tp::SendOp::CmpAndSwp {
+                remote_addr: wr.remote_addr,
+                rkey: wr.rkey,
+                compare: wr.compare_add,
+                swap: wr.swap,
+            },
+            WrOpcode::AtomicFetchAndAdd => tp::SendOp::FetchAndAdd {
+                remote_addr: wr.remote_addr,
+                rkey: wr.rkey,
+                add: wr.compare_add,
+            },
+            other => return Err(Error::invalid(format!("opcode {other:?} is not supported"))),
+        };
+        let req = tp::SendRequest {
             wr_id: wr.wr_id,
-            opcode: wr.opcode,
-            send_flags: wr.send_flags,
-            signaled: inner.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED),
-            imm_data: wr.imm_data,
-            remote_addr: wr.remote_addr,
-            rkey: wr.rkey,
-            compare_add: wr.compare_add,
-            swap: wr.swap,
-            ah,
-            remote_qpn: wr.remote_qpn,
-            remote_qkey: wr.remote_qkey,
-            sges: wr.sg_list.to_vec(),
+            op,
+            sges: wr
+                .sg_list
+                .iter()
+                .map(|s| tp::Sge {
+                    addr: s.addr,
+                    length: s.length,
+                    lkey: s.lkey,
+                })
+                .collect(),
             inline,
-            length,
-        })
+            signaled: inner.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED),
+            solicited: wr.send_flags.contains(SendFlags::SOLICITED),
+            fence: wr.send_flags.contains(SendFlags::FENCE),
+            ud: ah.as_ref().map(|_| tp::UdDest {
+                dest: 0,
+                remote_qpn: wr.remote_qpn,
+                remote_qkey: wr.remote_qkey,
+            }),
+        };
+        Ok((req, ah))
     }
 
     /// Copies the data of an INLINE send out of registered memory. Unlike rdma-core, which

@@ -1083,10 +1083,18 @@ fn ibv_post_send_checks_state_opcode_sges_and_queue_size() {
     assert_eq!(qp.post_send(&[too_many]).unwrap_err().errno(), libc::EINVAL);
     let no_ah = SendWr { ah: None, ..send };
     assert_eq!(qp.post_send(&[no_ah]).unwrap_err().errno(), libc::EINVAL);
-    // One was posted above (index 0 of the failed batch); fill up to cap.max_send_wr.
-    let room = qp.cap().max_send_wr as usize - 1;
-    let batch = vec![send; room + 1];
-    let e = qp.post_send(&batch).unwrap_err();
+    // A full send queue: an RC QP whose peer never answers keeps every send outstanding.
+    let rc = pd
+        .create_qp(&mut QpInitAttr::new(QpType::Rc, &cq, caps(4, 2)))
+        .unwrap();
+    connect_rc(&rc, 0x42); // nobody has QP 0x42: nothing is ever acknowledged
+    let room = rc.cap().max_send_wr as usize;
+    let plain = SendWr {
+        sg_list: &sge[..1],
+        ..Default::default()
+    };
+    let batch = vec![plain; room + 1];
+    let e = rc.post_send(&batch).unwrap_err();
     assert_eq!((e.bad_wr, e.errno()), (room, libc::ENOMEM));
 }
 

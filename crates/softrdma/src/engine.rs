@@ -1,0 +1,1061 @@
+//! The device engine: the UDP socket of a device, its progress thread, and the glue between
+//! the sans-IO transport of each QP ([`softrdma_proto::transport::Qp`]) and the verbs objects.
+//!
+//! # Progress
+//! Sends are transmitted by the thread that posts them: `post_send` runs the transport and
+//! hands the packets to `sendmmsg` before it returns, with no thread hop. Everything that
+//! arrives — ACKs, requests from peers, one-sided RDMA WRITE/READ/atomics that the target
+//! program never polls for — and every timer is handled by one progress thread per device,
+//! which waits in `poll(2)` on the socket and a wake-up eventfd, receives in batches with
+//! `recvmmsg`, and answers in batches with `sendmmsg`.
+//!
+//! # ICRC
+//! Every packet sent carries the ICRC computed over the IP and UDP headers the kernel will
+//! put in front of it (IPv4: identification 0 and DF, which `IP_PMTUDISC_DO` guarantees).
+//! Every packet received is verified against the headers it must have had: for IPv6 that is
+//! exact; for IPv4 the Identification field cannot be read from a UDP socket, so the check
+//! assumes 0 — which is what every softrdma peer, and any sender using the same socket
+//! recipe, sends. Packets that fail are counted (`icrc_errors`) and dropped.
+
+use crate::cq::WorkCompletion;
+use crate::error::Result;
+use crate::event::{AsyncElement, EventTarget, EventType};
+use crate::fd::EventFd;
+use crate::mr::{AccessError as MrAccessError, AccessFlags, KeyKind};
+use crate::pd::PdInner;
+use crate::qp::{QpInner, QpState_};
+use crate::resources::Resources;
+use crate::sock::{RxMsg, UdpSock, ROCE_PORT};
+use crate::srq::SrqInner;
+use softrdma_proto::transport::{
+    AccessError, AtomicOp, Completion, Env, QpEvent, RecvRequest, RxMeta, Sge,
+};
+use softrdma_wire::icrc::IcrcPrefix;
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+/// Room for one packet: the largest transport packet (4096-byte MTU + headers + ICRC) with
+/// headroom.
+pub(crate) const PKT_BUF: usize = 4096 + 128;
+const BATCH: usize = 64;
+
+/// Per-device packet counters, readable with [`crate::Context::counters`].
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) tx_packets: AtomicU64,
+    pub(crate) tx_bytes: AtomicU64,
+    pub(crate) tx_errors: AtomicU64,
+    pub(crate) rx_packets: AtomicU64,
+    pub(crate) rx_bytes: AtomicU64,
+    pub(crate) icrc_errors: AtomicU64,
+    pub(crate) malformed: AtomicU64,
+    pub(crate) unknown_qp: AtomicU64,
+    pub(crate) wrong_source: AtomicU64,
+    pub(crate) fault_drops: AtomicU64,
+    pub(crate) fault_dups: AtomicU64,
+    pub(crate) fault_corrupts: AtomicU64,
+}
+
+/// A snapshot of a device's packet counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeviceCounters {
+    /// Packets handed to the kernel.
+    pub tx_packets: u64,
+    /// Bytes of those packets (UDP payload).
+    pub tx_bytes: u64,
+    /// Packets the kernel refused to send.
+    pub tx_errors: u64,
+    /// Packets received with a good ICRC.
+    pub rx_packets: u64,
+    /// Bytes of those packets (UDP payload).
+    pub rx_bytes: u64,
+    /// Packets dropped for a bad ICRC.
+    pub icrc_errors: u64,
+    /// Packets dropped as malformed (too short, bad headers, unknown opcode).
+    pub malformed: u64,
+    /// Packets for a QP that does not exist or is not ready.
+    pub unknown_qp: u64,
+    /// RC/UC packets dropped because they did not come from the connected peer.
+    pub wrong_source: u64,
+    /// Packets dropped by fault injection.
+    pub fault_drops: u64,
+    /// Packets duplicated by fault injection.
+    pub fault_dups: u64,
+    /// Packets corrupted by fault injection.
+    pub fault_corrupts: u64,
+}
+
+impl Counters {
+    fn snapshot(&self) -> DeviceCounters {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        DeviceCounters {
+            tx_packets: g(&self.tx_packets),
+            tx_bytes: g(&self.tx_bytes),
+            tx_errors: g(&self.tx_errors),
+            rx_packets: g(&self.rx_packets),
+            rx_bytes: g(&self.rx_bytes),
+            icrc_errors: g(&self.icrc_errors),
+            malformed: g(&self.malformed),
+            unknown_qp: g(&self.unknown_qp),
+            wrong_source: g(&self.wrong_source),
+            fault_drops: g(&self.fault_drops),
+            fault_dups: g(&self.fault_dups),
+            fault_corrupts: g(&self.fault_corrupts),
+        }
+    }
+}
+
+/// Faults a device injects into the packets it sends, for tests: each packet is dropped,
+/// corrupted, duplicated, delayed or held back behind the next one with the given
+/// probabilities, decided by a generator seeded with `seed` (the same seed gives the same
+/// decisions for the same sequence of packets).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FaultConfig {
+    /// Seed of the decisions.
+    pub seed: u64,
+    /// Probability of dropping a packet.
+    pub drop: f64,
+    /// Probability of sending a packet twice.
+    pub duplicate: f64,
+    /// Probability of flipping one byte of a packet (after its ICRC was computed, so the
+    /// receiver must drop it).
+    pub corrupt: f64,
+    /// Probability of holding a packet back until after the next one.
+    pub reorder: f64,
+    /// Probability of delaying a packet by `delay`.
+    pub delay_prob: f64,
+    /// The delay.
+    pub delay: Duration,
+}
+
+struct Faults {
+    cfg: FaultConfig,
+    state: u64,
+    held: Option<(Vec<u8>, SocketAddr)>,
+}
+
+impl Faults {
+    fn next(&mut self) -> f64 {
+        // splitmix64
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The engine of one device.
+pub(crate) struct Engine {
+    sock: UdpSock,
+    pub(crate) local: SocketAddr,
+    qps: RwLock<HashMap<u32, Weak<QpInner>>>,
+    timers: Mutex<HashMap<u32, Instant>>,
+    wake: EventFd,
+    epoch: Instant,
+    /// When the progress thread will wake up on its own (nanoseconds since `epoch`).
+    sleep_until: AtomicU64,
+    pub(crate) counters: Counters,
+    faults_on: AtomicBool,
+    faults: Mutex<Option<Faults>>,
+    delayed: Mutex<Vec<(Instant, Vec<u8>, SocketAddr)>>,
+    /// How long the progress thread keeps polling the socket without sleeping after the
+    /// last packet (`SOFTRDMA_BUSY_POLL_US`; 0 = always sleep in poll(2)).
+    busy_poll: Duration,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("local", &self.local)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Binds the device socket and starts the progress thread.
+    pub(crate) fn start(addr: IpAddr) -> Result<Arc<Engine>> {
+        Self::start_on_port(addr, ROCE_PORT)
+    }
+
+    pub(crate) fn start_on_port(addr: IpAddr, port: u16) -> Result<Arc<Engine>> {
+        let sock = UdpSock::bind(addr, port)?;
+        let local = sock.local_addr()?;
+        let e = Arc::new(Engine {
+            sock,
+            local,
+            qps: RwLock::new(HashMap::new()),
+            timers: Mutex::new(HashMap::new()),
+            wake: EventFd::new()?,
+            epoch: Instant::now(),
+            sleep_until: AtomicU64::new(0),
+            counters: Counters::default(),
+            faults_on: AtomicBool::new(false),
+            faults: Mutex::new(None),
+            delayed: Mutex::new(Vec::new()),
+            busy_poll: Duration::from_micros(
+                std::env::var("SOFTRDMA_BUSY_POLL_US")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+            ),
+        });
+        e.wake.set_nonblocking(true)?;
+        let weak = Arc::downgrade(&e);
+        std::thread::Builder::new()
+            .name(format!("softrdma-{addr}"))
+            .spawn(move || progress(weak))
+            .map_err(|err| crate::Error::from_io(err, "spawning the progress thread"))?;
+        tracing::debug!(%local, "device engine started");
+        Ok(e)
+    }
+
+    pub(crate) fn counters(&self) -> DeviceCounters {
+        self.counters.snapshot()
+    }
+
+    pub(crate) fn set_faults(&self, cfg: Option<FaultConfig>) {
+        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        *f = cfg.map(|cfg| Faults {
+            cfg,
+            state: cfg.seed,
+            held: None,
+        });
+        self.faults_on.store(f.is_some(), Ordering::Release);
+    }
+
+    pub(crate) fn register(&self, qp: &Arc<QpInner>) {
+        self.qps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(qp.qp_num, Arc::downgrade(qp));
+    }
+
+    pub(crate) fn unregister(&self, qpn: u32) {
+        self.qps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&qpn);
+        self.timers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&qpn);
+    }
+
+    fn lookup(&self, qpn: u32) -> Option<Arc<QpInner>> {
+        self.qps
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&qpn)
+            .and_then(Weak::upgrade)
+    }
+
+    fn nanos(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// Records the QP's next deadline and wakes the progress thread if it would sleep past it.
+    pub(crate) fn set_timer(&self, qpn: u32, deadline: Option<Instant>) {
+        let mut t = self.timers.lock().unwrap_or_else(|p| p.into_inner());
+        match deadline {
+            Some(d) => {
+                t.insert(qpn, d);
+                drop(t);
+                if self.nanos(d) < self.sleep_until.load(Ordering::Acquire) {
+                    self.wake.signal();
+                }
+            }
+            None => {
+                t.remove(&qpn);
+            }
+        }
+    }
+
+    /// Sends a batch of finished packets, through fault injection when it is on.
+    pub(crate) fn send(&self, tx: &mut TxBatch) {
+        if tx.count == 0 {
+            return;
+        }
+        if self.faults_on.load(Ordering::Acquire) {
+            self.send_with_faults(tx);
+        } else {
+            let pkts: Vec<(&[u8], SocketAddr)> = (0..tx.count)
+                .map(|i| (&tx.bufs[i][..tx.lens[i]], tx.dests[i]))
+                .collect();
+            self.account(&pkts);
+        }
+        tx.count = 0;
+    }
+
+    fn account(&self, pkts: &[(&[u8], SocketAddr)]) {
+        let (sent, failed) = self.sock.send_batch(pkts);
+        let bytes: usize = pkts.iter().map(|p| p.0.len()).sum();
+        let c = &self.counters;
+        c.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
+        c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        c.tx_errors.fetch_add(failed as u64, Ordering::Relaxed);
+    }
+
+    fn send_with_faults(&self, tx: &TxBatch) {
+        let mut out: Vec<(Vec<u8>, SocketAddr)> = Vec::with_capacity(tx.count + 2);
+        let mut delayed = Vec::new();
+        {
+            let mut g = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(f) = g.as_mut() else {
+                return;
+            };
+            let c = &self.counters;
+            for i in 0..tx.count {
+                let mut pkt = tx.bufs[i][..tx.lens[i]].to_vec();
+                let dst = tx.dests[i];
+                let cfg = f.cfg;
+                if f.next() < cfg.drop {
+                    c.fault_drops.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                if f.next() < cfg.corrupt && !pkt.is_empty() {
+                    let at = (f.next() * pkt.len() as f64) as usize % pkt.len();
+                    pkt[at] ^= 0x5a;
+                    c.fault_corrupts.fetch_add(1, Ordering::Relaxed);
+                }
+                let dup = f.next() < cfg.duplicate;
+                if f.next() < cfg.delay_prob {
+                    delayed.push((Instant::now() + cfg.delay, pkt.clone(), dst));
+                } else if f.next() < cfg.reorder && f.held.is_none() {
+                    f.held = Some((pkt.clone(), dst));
+                } else {
+                    out.push((pkt.clone(), dst));
+                    if let Some(h) = f.held.take() {
+                        out.push(h);
+                    }
+                }
+                if dup {
+                    c.fault_dups.fetch_add(1, Ordering::Relaxed);
+                    out.push((pkt, dst));
+                }
+            }
+        }
+        if !delayed.is_empty() {
+            self.delayed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(delayed);
+            self.wake.signal();
+        }
+        let pkts: Vec<(&[u8], SocketAddr)> = out.iter().map(|(b, d)| (&b[..], *d)).collect();
+        self.account(&pkts);
+    }
+
+    fn release_delayed(&self, now: Instant) -> Option<Instant> {
+        let due: Vec<(Vec<u8>, SocketAddr)>;
+        let next;
+        {
+            let mut d = self.delayed.lock().unwrap_or_else(|p| p.into_inner());
+            let (ready, wait): (Vec<_>, Vec<_>) = d.drain(..).partition(|(t, _, _)| *t <= now);
+            *d = wait;
+            next = d.iter().map(|(t, _, _)| *t).min();
+            due = ready.into_iter().map(|(_, b, a)| (b, a)).collect();
+        }
+        // A packet held back for reordering is released once nothing follows it.
+        let held = self
+            .faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+            .and_then(|f| f.held.take());
+        let mut pkts: Vec<(&[u8], SocketAddr)> = due.iter().map(|(b, a)| (&b[..], *a)).collect();
+        if let Some((b, a)) = &held {
+            pkts.push((&b[..], *a));
+        }
+        if !pkts.is_empty() {
+            self.account(&pkts);
+        }
+        next
+    }
+}
+
+/// Packets being prepared for one `sendmmsg`, with their ICRC flows.
+pub(crate) struct TxBatch {
+    bufs: Vec<Vec<u8>>,
+    lens: Vec<usize>,
+    dests: Vec<SocketAddr>,
+    count: usize,
+    prefixes: HashMap<(IpAddr, IpAddr), IcrcPrefix>,
+}
+
+impl TxBatch {
+    pub(crate) fn new() -> TxBatch {
+        TxBatch {
+            bufs: (0..BATCH).map(|_| vec![0u8; PKT_BUF]).collect(),
+            lens: vec![0; BATCH],
+            dests: vec![SocketAddr::from(([0, 0, 0, 0], 0)); BATCH],
+            count: 0,
+            prefixes: HashMap::new(),
+        }
+    }
+
+    fn is_full(&self) -> bool {
+        self.count == BATCH
+    }
+
+    /// The buffer of the next packet.
+    fn slot(&mut self) -> &mut [u8] {
+        &mut self.bufs[self.count]
+    }
+
+    /// Seals the packet written in the current slot: computes its ICRC for the flow
+    /// `src → dst` (both on port 4791) and queues it.
+    fn commit(&mut self, len: usize, src: IpAddr, dst: IpAddr) {
+        let prefix = self
+            .prefixes
+            .entry((src, dst))
+            .or_insert_with(|| flow(src, dst));
+        let buf = &mut self.bufs[self.count];
+        if let Ok(crc) = prefix.compute(&buf[..len - 4]) {
+            buf[len - 4..len].copy_from_slice(&crc.to_le_bytes());
+        }
+        self.lens[self.count] = len;
+        self.dests[self.count] = SocketAddr::new(dst, ROCE_PORT);
+        self.count += 1;
+    }
+}
+
+fn flow(src: IpAddr, dst: IpAddr) -> IcrcPrefix {
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IcrcPrefix::ipv4(s, d, ROCE_PORT, ROCE_PORT),
+        (IpAddr::V6(s), IpAddr::V6(d)) => IcrcPrefix::ipv6(s, d, ROCE_PORT, ROCE_PORT),
+        (s, d) => {
+            // Mixed families cannot happen: address vectors are checked against the device.
+            let s6 = match s {
+                IpAddr::V4(a) => a.to_ipv6_mapped(),
+                IpAddr::V6(a) => a,
+            };
+            let d6 = match d {
+                IpAddr::V4(a) => a.to_ipv6_mapped(),
+                IpAddr::V6(a) => a,
+            };
+            IcrcPrefix::ipv6(s6, d6, ROCE_PORT, ROCE_PORT)
+        }
+    }
+}
+
+thread_local! {
+    static TX: std::cell::RefCell<Option<TxBatch>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's transmit batch.
+pub(crate) fn with_tx<R>(f: impl FnOnce(&mut TxBatch) -> R) -> R {
+    TX.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let tx = slot.get_or_insert_with(TxBatch::new);
+        f(tx)
+    })
+}
+
+/// The memory and receive queue of one QP, as its transport sees them.
+pub(crate) struct QpEnv<'a> {
+    pub(crate) res: &'a Resources,
+    pub(crate) pd: &'a Arc<PdInner>,
+    pub(crate) rq: &'a mut VecDeque<crate::qp::RecvWqe>,
+    pub(crate) srq: Option<&'a SrqInner>,
+    /// SRQ limit event to raise once the QP lock is released.
+    pub(crate) srq_limit_hit: bool,
+}
+
+fn map_err(e: MrAccessError) -> AccessError {
+    match e {
+        MrAccessError::InvalidKey | MrAccessError::WrongPd => AccessError::InvalidKey,
+        MrAccessError::OutOfBounds => AccessError::OutOfBounds,
+        MrAccessError::AccessDenied => AccessError::AccessDenied,
+        MrAccessError::Misaligned => AccessError::Misaligned,
+    }
+}
+
+impl QpEnv<'_> {
+    fn lease(
+        &self,
+        key: u32,
+        kind: KeyKind,
+        va: u64,
+        len: usize,
+        need: AccessFlags,
+        atomic: bool,
+    ) -> std::result::Result<crate::mr::MrLease, AccessError> {
+        self.res
+            .check_access(key, kind, self.pd, va, len as u64, need, atomic)
+            .map_err(map_err)
+    }
+}
+
+impl Env for QpEnv<'_> {
+    fn read_local(
+        &mut self,
+        sge: &Sge,
+        offset: u32,
+        dst: &mut [u8],
+    ) -> std::result::Result<(), AccessError> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let va = sge.addr.wrapping_add(u64::from(offset));
+        let l = self.lease(
+            sge.lkey,
+            KeyKind::Local,
+            va,
+            dst.len(),
+            AccessFlags::empty(),
+            false,
+        )?;
+        l.read(0, dst);
+        Ok(())
+    }
+
+    fn write_local(
+        &mut self,
+        sge: &Sge,
+        offset: u32,
+        src: &[u8],
+    ) -> std::result::Result<(), AccessError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let va = sge.addr.wrapping_add(u64::from(offset));
+        let l = self.lease(
+            sge.lkey,
+            KeyKind::Local,
+            va,
+            src.len(),
+            AccessFlags::LOCAL_WRITE,
+            false,
+        )?;
+        l.write(0, src);
+        Ok(())
+    }
+
+    fn check_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        write: bool,
+    ) -> std::result::Result<(), AccessError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let need = if write {
+            AccessFlags::REMOTE_WRITE
+        } else {
+            AccessFlags::REMOTE_READ
+        };
+        self.res
+            .check_access(rkey, KeyKind::Remote, self.pd, va, len, need, false)
+            .map(drop)
+            .map_err(map_err)
+    }
+
+    fn write_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        src: &[u8],
+    ) -> std::result::Result<(), AccessError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let l = self.lease(
+            rkey,
+            KeyKind::Remote,
+            va,
+            src.len(),
+            AccessFlags::REMOTE_WRITE,
+            false,
+        )?;
+        l.write(0, src);
+        Ok(())
+    }
+
+    fn read_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        dst: &mut [u8],
+    ) -> std::result::Result<(), AccessError> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let l = self.lease(
+            rkey,
+            KeyKind::Remote,
+            va,
+            dst.len(),
+            AccessFlags::REMOTE_READ,
+            false,
+        )?;
+        l.read(0, dst);
+        Ok(())
+    }
+
+    fn atomic_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        op: AtomicOp,
+    ) -> std::result::Result<u64, AccessError> {
+        let l = self.lease(
+            rkey,
+            KeyKind::Remote,
+            va,
+            8,
+            AccessFlags::REMOTE_ATOMIC,
+            true,
+        )?;
+        let w = l.atomic_word();
+        Ok(match op {
+            AtomicOp::CmpAndSwp { compare, swap } => {
+                match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                }
+            }
+            AtomicOp::FetchAndAdd { add } => w.fetch_add(add, Ordering::SeqCst),
+        })
+    }
+
+    fn take_recv(&mut self) -> Option<RecvRequest> {
+        let wqe = match self.srq {
+            Some(srq) => {
+                let mut st = srq.state.lock().unwrap_or_else(|p| p.into_inner());
+                let w = st.queue.pop_front();
+                if w.is_some()
+                    && st.attr.srq_limit != 0
+                    && (st.queue.len() as u32) < st.attr.srq_limit
+                {
+                    st.attr.srq_limit = 0;
+                    self.srq_limit_hit = true;
+                }
+                w
+            }
+            None => self.rq.pop_front(),
+        }?;
+        Some(RecvRequest {
+            wr_id: wqe.wr_id,
+            sges: wqe
+                .sges
+                .iter()
+                .map(|s| Sge {
+                    addr: s.addr,
+                    length: s.length,
+                    lkey: s.lkey,
+                })
+                .collect(),
+        })
+    }
+}
+
+pub(crate) fn to_wc(c: &Completion, qp_num: u32, ud: bool) -> WorkCompletion {
+    use crate::cq::{WcFlags, WcOpcode, WcStatus};
+    let mut flags = WcFlags::empty();
+    if c.imm_data.is_some() {
+        flags |= WcFlags::WITH_IMM;
+    }
+    if c.invalidated_rkey.is_some() {
+        flags |= WcFlags::WITH_INV;
+    }
+    if ud && c.is_recv && c.status == softrdma_proto::transport::WcStatus::Success {
+        flags |= WcFlags::GRH;
+    }
+    WorkCompletion {
+        wr_id: c.wr_id,
+        status: WcStatus::from_proto(c.status),
+        opcode: WcOpcode::from_proto(c.opcode),
+        vendor_err: 0,
+        byte_len: c.byte_len,
+        imm_data: c.imm_data.unwrap_or(0),
+        invalidated_rkey: c.invalidated_rkey.unwrap_or(0),
+        qp_num,
+        src_qp: c.src_qp,
+        wc_flags: flags,
+        ..Default::default()
+    }
+}
+
+/// Runs a QP's transport until it has nothing more to say right now: transmits into `tx`
+/// (flushing full batches), delivers completions to the CQs, raises events, and records the
+/// next deadline. Called with the QP's lock held, by the posting thread or the progress
+/// thread.
+pub(crate) fn drive(
+    engine: &Engine,
+    qp: &Arc<QpInner>,
+    st: &mut QpState_,
+    now: Instant,
+    tx: &mut TxBatch,
+) -> Vec<EventType> {
+    let mut events = Vec::new();
+    let QpState_ {
+        transport,
+        rq,
+        ud_dests,
+        attr,
+        ..
+    } = st;
+    let Some(t) = transport.as_mut() else {
+        return events;
+    };
+    let res = &qp.pd.shared().resources;
+    let mut env = QpEnv {
+        res,
+        pd: qp.pd.arc(),
+        rq,
+        srq: qp.srq.as_deref(),
+        srq_limit_hit: false,
+    };
+    let src = engine.local.ip();
+    let peer = attr.ah_attr.grh.dgid.to_ip();
+    loop {
+        if tx.is_full() {
+            engine.send(tx);
+        }
+        let Some(out) = t.poll_transmit(now, tx.slot(), &mut env) else {
+            break;
+        };
+        let dst = match out.ud_dest {
+            Some(h) => match ud_dests.remove(&h) {
+                Some(ah) => ah.attr.grh.dgid.to_ip(),
+                None => continue,
+            },
+            None => peer,
+        };
+        if out.len < 4 || out.len > PKT_BUF {
+            continue;
+        }
+        tx.commit(out.len, src, dst);
+    }
+    let srq_limit_hit = env.srq_limit_hit;
+    while let Some(c) = t.poll_completion() {
+        let wc = to_wc(&c, qp.qp_num, qp.qp_type == softrdma_proto::QpType::Ud);
+        let cq = if c.is_recv { &qp.recv_cq } else { &qp.send_cq };
+        cq.arc().push(wc, c.solicited);
+    }
+    while let Some(e) = t.poll_event() {
+        events.push(match e {
+            QpEvent::CommEst => EventType::CommEst,
+            QpEvent::Fatal => EventType::QpFatal,
+            QpEvent::ReqErr => EventType::QpReqErr,
+            QpEvent::AccessErr => EventType::QpAccessErr,
+            QpEvent::SqDrained => EventType::SqDrained,
+        });
+    }
+    if t.is_error() && attr.qp_state != softrdma_proto::QpState::Err {
+        attr.qp_state = softrdma_proto::QpState::Err;
+        attr.cur_qp_state = softrdma_proto::QpState::Err;
+        // The transport flushed the send queue; flush our receive queue too.
+        for w in rq.drain(..) {
+            qp.recv_cq.arc().push(
+                WorkCompletion {
+                    wr_id: w.wr_id,
+                    status: crate::cq::WcStatus::WrFlushErr,
+                    opcode: crate::cq::WcOpcode::Recv,
+                    qp_num: qp.qp_num,
+                    ..Default::default()
+                },
+                false,
+            );
+        }
+    }
+    engine.set_timer(qp.qp_num, t.poll_timeout());
+    if srq_limit_hit {
+        raise_srq_limit(qp);
+    }
+    events
+}
+
+fn grh_for(src: &SocketAddr, dst: &SocketAddr, payload_len: usize) -> [u8; 40] {
+    let mut g = [0u8; 40];
+    match (src.ip(), dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let h = &mut g[20..];
+            h[0] = 0x45;
+            let total = (20 + 8 + payload_len) as u16;
+            h[2..4].copy_from_slice(&total.to_be_bytes());
+            h[6] = 0x40;
+            h[8] = 64;
+            h[9] = 17;
+            h[12..16].copy_from_slice(&s.octets());
+            h[16..20].copy_from_slice(&d.octets());
+            let mut sum: u32 = 0;
+            for i in (0..20).step_by(2) {
+                sum += u32::from(u16::from_be_bytes([h[i], h[i + 1]]));
+            }
+            while sum > 0xffff {
+                sum = (sum & 0xffff) + (sum >> 16);
+            }
+            h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        }
+        (s, d) => {
+            let to6 = |a: IpAddr| match a {
+                IpAddr::V4(v) => v.to_ipv6_mapped(),
+                IpAddr::V6(v) => v,
+            };
+            g[0] = 0x60;
+            g[4..6].copy_from_slice(&((8 + payload_len) as u16).to_be_bytes());
+            g[6] = 17;
+            g[7] = 64;
+            g[8..24].copy_from_slice(&to6(s).octets());
+            g[24..40].copy_from_slice(&to6(d).octets());
+        }
+    }
+    g
+}
+
+/// Checks one received datagram (the UDP payload `pkt`, from `src`): its ICRC and headers.
+/// Returns the destination QP number of a good packet; counts and drops a bad one.
+fn check_packet(
+    engine: &Engine,
+    pkt: &[u8],
+    src: SocketAddr,
+    prefixes: &mut HashMap<SocketAddr, IcrcPrefix>,
+) -> Option<u32> {
+    let c = &engine.counters;
+    let Ok(view) = softrdma_wire::roce::Packet::new_checked(pkt) else {
+        c.malformed.fetch_add(1, Ordering::Relaxed);
+        return None;
+    };
+    let prefix = prefixes
+        .entry(src)
+        .or_insert_with(|| match (src.ip(), engine.local.ip()) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => IcrcPrefix::ipv4(s, d, src.port(), ROCE_PORT),
+            (s, d) => {
+                let to6 = |a: IpAddr| match a {
+                    IpAddr::V4(v) => v.to_ipv6_mapped(),
+                    IpAddr::V6(v) => v,
+                };
+                IcrcPrefix::ipv6(to6(s), to6(d), src.port(), ROCE_PORT)
+            }
+        });
+    match prefix.compute(view.icrc_covered()) {
+        Ok(crc) if crc == view.icrc() => {}
+        _ => {
+            c.icrc_errors.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+    }
+    c.rx_packets.fetch_add(1, Ordering::Relaxed);
+    c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
+    Some(view.bth().dest_qp())
+}
+
+/// Hands a run of good packets, all for QP `qpn` and from `src`, to that QP's transport
+/// under one lock, then drives the QP once.
+fn deliver(
+    engine: &Engine,
+    qpn: u32,
+    pkts: &[&[u8]],
+    src: SocketAddr,
+    now: Instant,
+    tx: &mut TxBatch,
+) {
+    let c = &engine.counters;
+    let Some(qp) = engine.lookup(qpn) else {
+        c.unknown_qp.fetch_add(pkts.len() as u64, Ordering::Relaxed);
+        return;
+    };
+    let srq_limit_hit;
+    let events = {
+        let mut st = qp.lock();
+        if st.transport.is_none() {
+            c.unknown_qp.fetch_add(pkts.len() as u64, Ordering::Relaxed);
+            return;
+        }
+        if matches!(
+            qp.qp_type,
+            softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
+        ) && st.attr.ah_attr.grh.dgid.to_ip() != src.ip()
+        {
+            c.wrong_source
+                .fetch_add(pkts.len() as u64, Ordering::Relaxed);
+            return;
+        }
+        {
+            let QpState_ { transport, rq, .. } = &mut *st;
+            let mut env = QpEnv {
+                res: &qp.pd.shared().resources,
+                pd: qp.pd.arc(),
+                rq,
+                srq: qp.srq.as_deref(),
+                srq_limit_hit: false,
+            };
+            if let Some(t) = transport.as_mut() {
+                for pkt in pkts {
+                    let meta = RxMeta {
+                        grh: grh_for(&src, &engine.local, pkt.len()),
+                    };
+                    t.handle_packet(now, pkt, &meta, &mut env);
+                }
+            }
+            srq_limit_hit = env.srq_limit_hit;
+        }
+        drive(engine, &qp, &mut st, now, tx)
+    };
+    if srq_limit_hit {
+        raise_srq_limit(&qp);
+    }
+    for e in events {
+        qp.raise(e);
+    }
+}
+
+/// Raises `IBV_EVENT_SRQ_LIMIT_REACHED` for the QP's SRQ (the limit disarmed itself).
+fn raise_srq_limit(qp: &Arc<QpInner>) {
+    if let Some(srq) = &qp.srq {
+        qp.pd.ctx.async_events.raise(
+            EventType::SrqLimitReached,
+            AsyncElement::Srq {
+                srq_context: srq.srq_context,
+            },
+            Some(srq.arc().clone() as Arc<dyn EventTarget>),
+        );
+    }
+}
+
+fn progress(weak: Weak<Engine>) {
+    let mut tx = TxBatch::new();
+    let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; 65536]).collect();
+    let mut meta = vec![RxMsg::default(); BATCH];
+    let mut prefixes: HashMap<SocketAddr, IcrcPrefix> = HashMap::new();
+    let mut last_rx = Instant::now();
+    loop {
+        let Some(engine) = weak.upgrade() else {
+            return;
+        };
+        // Sleep until a packet, a wake-up or the next deadline.
+        let now = Instant::now();
+        let mut next = now + Duration::from_millis(200);
+        if let Some(d) = engine
+            .timers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .min()
+        {
+            next = next.min(*d);
+        }
+        if let Some(d) = engine.release_delayed(now) {
+            next = next.min(d);
+        }
+        engine
+            .sleep_until
+            .store(engine.nanos(next), Ordering::Release);
+        let timeout = next.saturating_duration_since(now);
+        let mut fds = [
+            libc::pollfd {
+                fd: engine.sock.raw(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&engine.wake),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let mut ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        if !engine.busy_poll.is_zero() && now.duration_since(last_rx) < engine.busy_poll {
+            ms = 0;
+        }
+        // SAFETY: two valid pollfds.
+        unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        if fds[1].revents & libc::POLLIN != 0 {
+            while engine.wake.try_wait() {}
+        }
+        engine.sleep_until.store(0, Ordering::Release);
+        // Receive everything waiting, in batches.
+        for _ in 0..64 {
+            let n = match engine.sock.recv_batch(&mut bufs, &mut meta) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "receive failed");
+                    0
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            let now = Instant::now();
+            last_rx = now;
+            for i in 0..n {
+                let RxMsg { len, src, segment } = meta[i];
+                let Some(src) = src else { continue };
+                if len == 0 {
+                    engine.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                let seg = if segment == 0 { len } else { segment };
+                // Runs of packets for the same QP are delivered under one lock.
+                let mut run: Vec<&[u8]> = Vec::new();
+                let mut run_qpn = None;
+                for pkt in bufs[i][..len].chunks(seg) {
+                    let Some(qpn) = check_packet(&engine, pkt, src, &mut prefixes) else {
+                        continue;
+                    };
+                    if run_qpn != Some(qpn) {
+                        if let Some(q) = run_qpn {
+                            deliver(&engine, q, &run, src, now, &mut tx);
+                        }
+                        run.clear();
+                        run_qpn = Some(qpn);
+                    }
+                    run.push(pkt);
+                }
+                if let Some(q) = run_qpn {
+                    deliver(&engine, q, &run, src, now, &mut tx);
+                }
+            }
+            engine.send(&mut tx);
+            if n < BATCH {
+                break;
+            }
+        }
+        // Timers.
+        let now = Instant::now();
+        let due: Vec<u32> = {
+            let t = engine.timers.lock().unwrap_or_else(|p| p.into_inner());
+            t.iter()
+                .filter(|(_, d)| **d <= now)
+                .map(|(q, _)| *q)
+                .collect()
+        };
+        for qpn in due {
+            let Some(qp) = engine.lookup(qpn) else {
+                engine.set_timer(qpn, None);
+                continue;
+            };
+            let events = {
+                let mut st = qp.lock();
+                {
+                    let QpState_ { transport, rq, .. } = &mut *st;
+                    let mut env = QpEnv {
+                        res: &qp.pd.shared().resources,
+                        pd: qp.pd.arc(),
+                        rq,
+                        srq: qp.srq.as_deref(),
+                        srq_limit_hit: false,
+                    };
+                    if let Some(t) = transport.as_mut() {
+                        t.handle_timeout(now, &mut env);
+                    }
+                    if env.srq_limit_hit {
+                        raise_srq_limit(&qp);
+                    }
+                }
+                drive(&engine, &qp, &mut st, now, &mut tx)
+            };
+            for e in events {
+                qp.raise(e);
+            }
+        }
+        engine.send(&mut tx);
+    }
+}

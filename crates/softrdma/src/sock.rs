@@ -1,0 +1,422 @@
+//! The device's UDP socket: one unconnected socket bound to the device address and port 4791,
+//! with the options RoCEv2 needs, and batched I/O (`sendmmsg`, `recvmmsg`).
+//!
+//! IPv4 sockets set `IP_MTU_DISCOVER = IP_PMTUDISC_DO`: Linux then sends every datagram of an
+//! unconnected socket with DF set and IP Identification 0, so the IPv4 header a receiver sees
+//! is the one the sender predicted when it computed the ICRC (roce_cm_notes.md §5.2). IPv6
+//! sockets set `IPV6_DONTFRAG`, and `UDP_NO_CHECK6_RX` so that zero-checksum datagrams (as
+//! rxe sends them) are accepted.
+
+use crate::error::{Error, ErrorKind, Result};
+use std::mem::{size_of, zeroed};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The RoCEv2 UDP port.
+pub(crate) const ROCE_PORT: u16 = softrdma_wire::ROCE_V2_UDP_PORT;
+
+const UDP_NO_CHECK6_RX: libc::c_int = 102;
+const UDP_SEGMENT: libc::c_int = 103;
+const UDP_GRO: libc::c_int = 104;
+
+fn setopt(fd: RawFd, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> Result<()> {
+    // SAFETY: passes a pointer to a live c_int of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&val as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(Error::last_os_error(format!(
+            "setsockopt(level {level}, option {name})"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+pub(crate) fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match ss.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin: &libc::sockaddr_in = unsafe { &*(ss as *const libc::sockaddr_storage).cast() };
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()),
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6: &libc::sockaddr_in6 =
+                unsafe { &*(ss as *const libc::sockaddr_storage).cast() };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            // A v4-mapped source on a v6 socket is an IPv4 peer.
+            let ip = match ip.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => IpAddr::V6(ip),
+            };
+            Some(SocketAddr::new(ip, u16::from_be(sin6.sin6_port)))
+        }
+        _ => None,
+    }
+}
+
+/// The device socket.
+#[derive(Debug)]
+pub(crate) struct UdpSock {
+    fd: OwnedFd,
+    /// Whether sends may use UDP GSO (cleared if the kernel refuses it).
+    gso: AtomicBool,
+    /// Whether the socket delivers GRO-coalesced messages.
+    gro: bool,
+}
+
+impl UdpSock {
+    /// Binds `addr:4791` with the RoCEv2 options.
+    ///
+    /// Fails with `EADDRINUSE` (and a sentence saying what to do) when another process, or a
+    /// kernel rxe device, already owns the port on that address.
+    pub(crate) fn bind(addr: IpAddr, port: u16) -> Result<UdpSock> {
+        let domain = if addr.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        // SAFETY: plain socket(2) call; the result is checked.
+        let fd = unsafe {
+            libc::socket(
+                domain,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                0,
+            )
+        };
+        if fd < 0 {
+            return Err(Error::last_os_error("socket(AF_INET*, SOCK_DGRAM)"));
+        }
+        // SAFETY: fd is fresh and owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let raw = fd.as_raw_fd();
+        if addr.is_ipv4() {
+            setopt(
+                raw,
+                libc::IPPROTO_IP,
+                libc::IP_MTU_DISCOVER,
+                libc::IP_PMTUDISC_DO,
+            )?;
+        } else {
+            setopt(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)?;
+            setopt(raw, libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1)?;
+            // Accept rxe's zero-checksum IPv6 datagrams; older kernels lack the option.
+            let _ = setopt(raw, libc::IPPROTO_UDP, UDP_NO_CHECK6_RX, 1);
+        }
+        for (name, size) in [(libc::SO_RCVBUF, 8 << 20), (libc::SO_SNDBUF, 8 << 20)] {
+            let _ = setopt(raw, libc::SOL_SOCKET, name, size);
+        }
+        let (ss, len) = to_sockaddr(&SocketAddr::new(addr, port));
+        // SAFETY: ss/len describe a valid sockaddr of the socket's family.
+        let r = unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EADDRINUSE) {
+                return Err(Error::new(
+                    ErrorKind::AddrInUse,
+                    format!(
+                        "UDP port {port} on {addr} is used by another process (or a kernel RoCE device): \
+                         bind another address, e.g. another 127.0.0.x on loopback"
+                    ),
+                ));
+            }
+            return Err(Error::from_io(e, format!("binding {addr}:{port}")));
+        }
+        let gro = std::env::var_os("SOFTRDMA_NO_GRO").is_none()
+            && setopt(raw, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        let gso = std::env::var_os("SOFTRDMA_NO_GSO").is_none();
+        Ok(UdpSock {
+            fd,
+            gso: AtomicBool::new(gso),
+            gro,
+        })
+    }
+
+    /// The locally bound address.
+    pub(crate) fn local_addr(&self) -> Result<SocketAddr> {
+        // SAFETY: all-zero sockaddr_storage is valid; getsockname fills at most `len` bytes.
+        let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+        let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        let r = unsafe {
+            libc::getsockname(
+                self.fd.as_raw_fd(),
+                (&mut ss as *mut libc::sockaddr_storage).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(Error::last_os_error("getsockname"));
+        }
+        from_sockaddr(&ss).ok_or_else(|| Error::invalid("unknown socket family"))
+    }
+
+    pub(crate) fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// Sends `pkts[i].0` to `pkts[i].1`, in order, with as few system calls as possible:
+    /// consecutive packets of the same length to the same destination (the last of a run may
+    /// be shorter) go out as one UDP GSO "super-datagram" that the kernel cuts into datagrams
+    /// (or, on loopback, hands whole to a GRO receiver), and up to 64 such messages go into
+    /// one `sendmmsg`. Datagrams the kernel refuses (`EMSGSIZE`, unreachable) are dropped and
+    /// counted in the second field of the result, as a NIC drops what it cannot send.
+    pub(crate) fn send_batch(&self, pkts: &[(&[u8], SocketAddr)]) -> (usize, usize) {
+        const MAX: usize = 64;
+        const MAX_SEGS: usize = 64;
+        const MAX_GSO_BYTES: usize = 65000;
+        let gso = self.gso.load(Ordering::Relaxed);
+        // Groups: (first packet, number of packets, segment size).
+        let mut groups: Vec<(usize, usize, usize)> = Vec::with_capacity(pkts.len());
+        let mut i = 0;
+        while i < pkts.len() {
+            let (first, dst) = pkts[i];
+            let seg = first.len();
+            let mut n = 1;
+            let mut total = seg;
+            if gso {
+                while i + n < pkts.len() && n < MAX_SEGS {
+                    let (p, d) = pkts[i + n];
+                    if d != dst || p.len() > seg || total + p.len() > MAX_GSO_BYTES || p.is_empty()
+                    {
+                        break;
+                    }
+                    total += p.len();
+                    n += 1;
+                    if p.len() < seg {
+                        break;
+                    }
+                }
+            }
+            groups.push((i, n, seg));
+            i += n;
+        }
+        let mut sent = 0;
+        let mut failed = 0;
+        let mut g = 0;
+        let cmsg_space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+        while g < groups.len() {
+            let n = (groups.len() - g).min(MAX);
+            // SAFETY: plain data, zero-initialised and filled below.
+            let mut names: [libc::sockaddr_storage; MAX] = unsafe { zeroed() };
+            let mut msgs: [libc::mmsghdr; MAX] = unsafe { zeroed() };
+            let mut cmsgs = [CmsgBuf([0; 32]); MAX];
+            let mut iovs: Vec<libc::iovec> = Vec::with_capacity(pkts.len());
+            for k in 0..n {
+                let (first, count, _) = groups[g + k];
+                for p in &pkts[first..first + count] {
+                    iovs.push(libc::iovec {
+                        iov_base: p.0.as_ptr() as *mut libc::c_void,
+                        iov_len: p.0.len(),
+                    });
+                }
+            }
+            let mut at = 0;
+            for k in 0..n {
+                let (first, count, seg) = groups[g + k];
+                let (ss, len) = to_sockaddr(&pkts[first].1);
+                names[k] = ss;
+                let h = &mut msgs[k].msg_hdr;
+                h.msg_name = (&mut names[k] as *mut libc::sockaddr_storage).cast();
+                h.msg_namelen = len;
+                h.msg_iov = iovs[at..].as_mut_ptr();
+                h.msg_iovlen = count;
+                at += count;
+                if count > 1 {
+                    h.msg_control = cmsgs[k].0.as_mut_ptr().cast();
+                    h.msg_controllen = cmsg_space;
+                    // SAFETY: the control buffer is 32 aligned bytes, enough for one cmsg
+                    // carrying a u16.
+                    unsafe {
+                        let cm = libc::CMSG_FIRSTHDR(h);
+                        (*cm).cmsg_level = libc::SOL_UDP;
+                        (*cm).cmsg_type = UDP_SEGMENT;
+                        (*cm).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                        std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), seg as u16);
+                    }
+                }
+            }
+            // SAFETY: msgs[..n] point at live buffers, iovecs, names and control data.
+            let r = unsafe {
+                libc::sendmmsg(self.fd.as_raw_fd(), msgs.as_mut_ptr(), n as libc::c_uint, 0)
+            };
+            if r > 0 {
+                for k in 0..r as usize {
+                    sent += groups[g + k].1;
+                }
+                g += r as usize;
+                continue;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
+                    // The send buffer is full: wait until writable, then go on.
+                    let mut p = libc::pollfd {
+                        fd: self.fd.as_raw_fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd.
+                    unsafe { libc::poll(&mut p, 1, 100) };
+                }
+                Some(libc::EIO) | Some(libc::EINVAL) if groups[g].1 > 1 => {
+                    // No UDP GSO here: send every packet on its own from now on.
+                    tracing::info!(error = %e, "UDP GSO unavailable; sending datagrams one by one");
+                    self.gso.store(false, Ordering::Relaxed);
+                    let (first, count, _) = groups[g];
+                    let (s2, f2) = self.send_batch(&pkts[first..first + count]);
+                    sent += s2;
+                    failed += f2;
+                    g += 1;
+                }
+                _ => {
+                    // The first message failed on its own: drop it and go on.
+                    tracing::debug!(error = %e, dst = %pkts[groups[g].0].1, "datagram not sent");
+                    failed += groups[g].1;
+                    g += 1;
+                }
+            }
+        }
+        (sent, failed)
+    }
+
+    /// Receives up to `bufs.len()` messages without blocking; for each, its length, source
+    /// and GRO segment size (0: one datagram) go into `meta`. With GRO a message holds several
+    /// datagrams of `segment` bytes each (the last may be shorter). Returns how many messages
+    /// arrived (0 when none is waiting).
+    pub(crate) fn recv_batch(&self, bufs: &mut [Vec<u8>], meta: &mut [RxMsg]) -> Result<usize> {
+        const MAX: usize = 64;
+        let n = bufs.len().min(MAX).min(meta.len());
+        // SAFETY: plain data, zero-initialised and filled below.
+        let mut names: [libc::sockaddr_storage; MAX] = unsafe { zeroed() };
+        let mut iovs: [libc::iovec; MAX] = unsafe { zeroed() };
+        let mut msgs: [libc::mmsghdr; MAX] = unsafe { zeroed() };
+        let mut cmsgs = [CmsgBuf([0; 32]); MAX];
+        for i in 0..n {
+            iovs[i] = libc::iovec {
+                iov_base: bufs[i].as_mut_ptr().cast(),
+                iov_len: bufs[i].len(),
+            };
+            let h = &mut msgs[i].msg_hdr;
+            h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &mut iovs[i];
+            h.msg_iovlen = 1;
+            if self.gro {
+                h.msg_control = cmsgs[i].0.as_mut_ptr().cast();
+                h.msg_controllen = 32;
+            }
+        }
+        loop {
+            // SAFETY: msgs[..n] point at live, writable buffers, names and control buffers.
+            let r = unsafe {
+                libc::recvmmsg(
+                    self.fd.as_raw_fd(),
+                    msgs.as_mut_ptr(),
+                    n as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            };
+            if r >= 0 {
+                let r = r as usize;
+                for i in 0..r {
+                    let h = &msgs[i].msg_hdr;
+                    let truncated = h.msg_flags & libc::MSG_TRUNC != 0;
+                    let mut segment = 0;
+                    if self.gro && h.msg_controllen > 0 {
+                        // SAFETY: the kernel filled at most msg_controllen bytes of our
+                        // 32-byte control buffer with well-formed cmsgs.
+                        unsafe {
+                            let mut cm = libc::CMSG_FIRSTHDR(h);
+                            while !cm.is_null() {
+                                if (*cm).cmsg_level == libc::SOL_UDP && (*cm).cmsg_type == UDP_GRO {
+                                    segment = std::ptr::read_unaligned(
+                                        libc::CMSG_DATA(cm).cast::<libc::c_int>(),
+                                    ) as usize;
+                                }
+                                cm = libc::CMSG_NXTHDR(h, cm);
+                            }
+                        }
+                    }
+                    meta[i] = RxMsg {
+                        len: if truncated {
+                            0
+                        } else {
+                            msgs[i].msg_len as usize
+                        },
+                        src: from_sockaddr(&names[i]),
+                        segment,
+                    };
+                }
+                return Ok(r);
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => return Ok(0),
+                _ => return Err(Error::from_io(e, "recvmmsg")),
+            }
+        }
+    }
+}
+
+/// What [`UdpSock::recv_batch`] learnt of one received message.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RxMsg {
+    /// Bytes received (0 for a truncated message).
+    pub(crate) len: usize,
+    /// The sender.
+    pub(crate) src: Option<SocketAddr>,
+    /// GRO segment size: the message holds datagrams of this many bytes (0: just one).
+    pub(crate) segment: usize,
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct CmsgBuf([u8; 32]);

@@ -1,0 +1,688 @@
+//! The data path over real UDP sockets on loopback: two devices (127.0.0.1 and 127.0.0.2) in
+//! one process, every operation and QP type, the error statuses provoked on purpose, and
+//! delivery under injected loss, duplication, reordering and corruption.
+
+use softrdma::*;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const ALL: u32 = AccessFlags::LOCAL_WRITE.bits()
+    | AccessFlags::REMOTE_WRITE.bits()
+    | AccessFlags::REMOTE_READ.bits()
+    | AccessFlags::REMOTE_ATOMIC.bits();
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// One side of a connection: context, PD, CQ, QP and a registered buffer.
+struct Side {
+    ctx: Context,
+    pd: Pd,
+    cq: Cq,
+    qp: Qp,
+    buf: Arc<Buffer>,
+    mr: Mr,
+    addr: IpAddr,
+}
+
+impl Side {
+    fn new(addr: &str, qp_type: QpType, len: usize, srq: bool) -> (Side, Option<Srq>) {
+        let addr = ip(addr);
+        let ctx = Device::from_addr(addr).unwrap().open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(4096, 0, None, 0).unwrap();
+        let srq = srq.then(|| {
+            pd.create_srq(&mut SrqInitAttr {
+                srq_context: 0,
+                attr: SrqAttr {
+                    max_wr: 1024,
+                    max_sge: 4,
+                    srq_limit: 0,
+                },
+            })
+            .unwrap()
+        });
+        let mut init = QpInitAttr::new(
+            qp_type,
+            &cq,
+            QpCap {
+                max_send_wr: 1024,
+                max_recv_wr: 1024,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 256,
+            },
+        );
+        init.srq = srq.as_ref();
+        let qp = pd.create_qp(&mut init).unwrap();
+        let buf = Arc::new(Buffer::new(len));
+        let mr = pd.reg_buffer(&buf, ALL).unwrap();
+        (
+            Side {
+                ctx,
+                pd,
+                cq,
+                qp,
+                buf,
+                mr,
+                addr,
+            },
+            srq,
+        )
+    }
+
+    fn sge(&self, off: usize, len: usize) -> Sge {
+        Sge {
+            addr: self.buf.addr() + off as u64,
+            length: len as u32,
+            lkey: self.mr.lkey(),
+        }
+    }
+
+    fn post_recv(&self, wr_id: u64, off: usize, len: usize) {
+        let sge = [self.sge(off, len)];
+        self.qp
+            .post_recv(&[RecvWr {
+                wr_id,
+                sg_list: &sge,
+            }])
+            .unwrap();
+    }
+
+    /// Polls until `n` completions arrived (or fails after a generous deadline: a hang is a
+    /// bug, not slowness; the figure is not a performance assertion).
+    fn wait(&self, n: usize) -> Vec<WorkCompletion> {
+        let mut out = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut wc = [WorkCompletion::default(); 32];
+        while out.len() < n {
+            let k = self.cq.poll(&mut wc).unwrap();
+            out.extend_from_slice(&wc[..k]);
+            if k == 0 {
+                assert!(
+                    Instant::now() < deadline,
+                    "completions did not arrive: {out:?}"
+                );
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+        out
+    }
+}
+
+struct Opts {
+    timeout: u8,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    min_rnr_timer: u8,
+    mtu: Mtu,
+    access: u32,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            timeout: 12,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+            mtu: Mtu::Mtu1024,
+            access: (AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC)
+                .bits(),
+        }
+    }
+}
+
+fn connect(a: &Side, b: &Side, o: &Opts) {
+    for (me, peer) in [(a, b), (b, a)] {
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: o.access,
+            qkey: 0x1111,
+            ..Default::default()
+        };
+        let ud = me.qp.qp_type() == QpType::Ud;
+        let m = if ud {
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY
+        } else {
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS
+        };
+        me.qp.modify_qp(&init, m.bits()).unwrap();
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            ah_attr: AhAttr::for_ip(peer.addr),
+            path_mtu: o.mtu,
+            dest_qp_num: peer.qp.qp_num(),
+            rq_psn: peer.qp.qp_num() & 0xff_ffff ^ 0x5a5a5a,
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: o.min_rnr_timer,
+            ..init
+        };
+        let m = match me.qp.qp_type() {
+            QpType::Ud => QpAttrMask::STATE,
+            QpType::Uc => {
+                QpAttrMask::STATE
+                    | QpAttrMask::AV
+                    | QpAttrMask::PATH_MTU
+                    | QpAttrMask::DEST_QPN
+                    | QpAttrMask::RQ_PSN
+            }
+            _ => {
+                QpAttrMask::STATE
+                    | QpAttrMask::AV
+                    | QpAttrMask::PATH_MTU
+                    | QpAttrMask::DEST_QPN
+                    | QpAttrMask::RQ_PSN
+                    | QpAttrMask::MAX_DEST_RD_ATOMIC
+                    | QpAttrMask::MIN_RNR_TIMER
+            }
+        };
+        me.qp.modify_qp(&rtr, m.bits()).unwrap();
+    }
+    for (me, _peer) in [(a, b), (b, a)] {
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: me.qp.qp_num() & 0xff_ffff ^ 0x5a5a5a,
+            timeout: o.timeout,
+            retry_cnt: o.retry_cnt,
+            rnr_retry: o.rnr_retry,
+            max_rd_atomic: 16,
+            ..Default::default()
+        };
+        let m = match me.qp.qp_type() {
+            QpType::Rc => {
+                QpAttrMask::STATE
+                    | QpAttrMask::SQ_PSN
+                    | QpAttrMask::TIMEOUT
+                    | QpAttrMask::RETRY_CNT
+                    | QpAttrMask::RNR_RETRY
+                    | QpAttrMask::MAX_QP_RD_ATOMIC
+            }
+            _ => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+        };
+        me.qp.modify_qp(&rts, m.bits()).unwrap();
+    }
+}
+
+/// A connected pair on 127.0.0.1 and 127.0.0.2. Devices are shared by the tests of this
+/// process and QPs are independent, so tests run in parallel on the same two devices — except
+/// the fault-injection test, which has its own pair (faults are per device).
+fn pair(qp_type: QpType, len: usize, o: &Opts) -> (Side, Side) {
+    pair_on("127.0.0.1", "127.0.0.2", qp_type, len, o)
+}
+
+fn pair_on(x: &str, y: &str, qp_type: QpType, len: usize, o: &Opts) -> (Side, Side) {
+    let (a, _) = Side::new(x, qp_type, len, false);
+    let (b, _) = Side::new(y, qp_type, len, false);
+    connect(&a, &b, o);
+    (a, b)
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn send<'a>(a: &Side, wr_id: u64, op: WrOpcode, sges: &'a [Sge], f: impl FnOnce(&mut SendWr<'a>)) {
+    let mut wr = SendWr {
+        wr_id,
+        sg_list: sges,
+        opcode: op,
+        send_flags: SendFlags::SIGNALED,
+        ..Default::default()
+    };
+    f(&mut wr);
+    a.qp.post_send(&[wr]).unwrap();
+}
+
+#[test]
+fn rc_send_recv_every_size_arrives_byte_exact() {
+    let (a, b) = pair(QpType::Rc, 1 << 20, &Opts::default());
+    for (i, len) in [0usize, 1, 3, 1023, 1024, 1025, 4096, 65536, 300_000]
+        .into_iter()
+        .enumerate()
+    {
+        let data = pattern(len, i as u8);
+        a.buf.write(0, &data).unwrap();
+        b.post_recv(100 + i as u64, 0, 1 << 20);
+        send(&a, i as u64, WrOpcode::Send, &[a.sge(0, len)], |_| {});
+        let s = a.wait(1);
+        assert_eq!(
+            (s[0].wr_id, s[0].status, s[0].opcode),
+            (i as u64, WcStatus::Success, WcOpcode::Send)
+        );
+        let r = b.wait(1);
+        assert_eq!(
+            (r[0].wr_id, r[0].status, r[0].opcode),
+            (100 + i as u64, WcStatus::Success, WcOpcode::Recv)
+        );
+        assert_eq!(r[0].byte_len as usize, len);
+        assert_eq!(r[0].qp_num, b.qp.qp_num());
+        let mut got = vec![0; len];
+        b.buf.read(0, &mut got).unwrap();
+        assert_eq!(got, data, "size {len}");
+    }
+}
+
+#[test]
+fn rc_send_with_imm_inline_and_scatter_gather() {
+    let (a, b) = pair(QpType::Rc, 65536, &Opts::default());
+    a.buf.write(0, b"hello ").unwrap();
+    a.buf.write(100, b"world").unwrap();
+    // Gather two pieces, scatter into three.
+    let rs = [b.sge(1000, 4), b.sge(2000, 4), b.sge(3000, 100)];
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: &rs,
+    }])
+    .unwrap();
+    send(
+        &a,
+        1,
+        WrOpcode::SendWithImm,
+        &[a.sge(0, 6), a.sge(100, 5)],
+        |w| w.imm_data = 0xdead_beef,
+    );
+    let r = b.wait(1);
+    assert_eq!(r[0].status, WcStatus::Success);
+    assert_eq!(r[0].imm_data, 0xdead_beef);
+    assert!(r[0].wc_flags.contains(WcFlags::WITH_IMM));
+    assert_eq!(r[0].byte_len, 11);
+    let mut got = [0u8; 11];
+    b.buf.read(1000, &mut got[..4]).unwrap();
+    b.buf.read(2000, &mut got[4..8]).unwrap();
+    b.buf.read(3000, &mut got[8..]).unwrap();
+    assert_eq!(&got, b"hello world");
+    // Inline: the buffer may change right after post_send returns.
+    b.post_recv(8, 0, 100);
+    a.buf.write(0, b"inline!").unwrap();
+    send(&a, 2, WrOpcode::Send, &[a.sge(0, 7)], |w| {
+        w.send_flags |= SendFlags::INLINE
+    });
+    a.buf.write(0, b"CHANGED").unwrap();
+    let r = b.wait(1);
+    let mut got = [0u8; 7];
+    b.buf.read(0, &mut got).unwrap();
+    assert_eq!((&got, r[0].byte_len), (b"inline!", 7));
+    assert_eq!(a.wait(2).len(), 2);
+}
+
+#[test]
+fn rc_rdma_write_read_and_write_with_imm() {
+    let (a, b) = pair(QpType::Rc, 1 << 20, &Opts::default());
+    let data = pattern(200_000, 9);
+    a.buf.write(0, &data).unwrap();
+    send(&a, 1, WrOpcode::RdmaWrite, &[a.sge(0, data.len())], |w| {
+        w.remote_addr = b.buf.addr() + 4096;
+        w.rkey = b.mr.rkey();
+    });
+    let c = a.wait(1);
+    assert_eq!(
+        (c[0].status, c[0].opcode),
+        (WcStatus::Success, WcOpcode::RdmaWrite)
+    );
+    let mut got = vec![0; data.len()];
+    b.buf.read(4096, &mut got).unwrap();
+    assert_eq!(got, data);
+    assert!(b.wait_none(), "a WRITE consumes no receive");
+    // READ it back into another place.
+    send(
+        &a,
+        2,
+        WrOpcode::RdmaRead,
+        &[a.sge(500_000, 100_000), a.sge(700_000, 100_000)],
+        |w| {
+            w.remote_addr = b.buf.addr() + 4096;
+            w.rkey = b.mr.rkey();
+        },
+    );
+    let c = a.wait(1);
+    assert_eq!(
+        (c[0].status, c[0].opcode, c[0].byte_len),
+        (WcStatus::Success, WcOpcode::RdmaRead, 200_000)
+    );
+    let mut back = vec![0; 200_000];
+    a.buf.read(500_000, &mut back[..100_000]).unwrap();
+    a.buf.read(700_000, &mut back[100_000..]).unwrap();
+    assert_eq!(back, data);
+    // WRITE with immediate consumes a receive and reports RECV_RDMA_WITH_IMM.
+    b.post_recv(50, 0, 0);
+    send(&a, 3, WrOpcode::RdmaWriteWithImm, &[a.sge(0, 10)], |w| {
+        w.remote_addr = b.buf.addr();
+        w.rkey = b.mr.rkey();
+        w.imm_data = 77;
+    });
+    let r = b.wait(1);
+    assert_eq!(
+        (r[0].wr_id, r[0].opcode, r[0].imm_data, r[0].byte_len),
+        (50, WcOpcode::RecvRdmaWithImm, 77, 10)
+    );
+    a.wait(1);
+}
+
+impl Side {
+    fn wait_none(&self) -> bool {
+        std::thread::sleep(Duration::from_millis(20));
+        self.cq.poll(&mut [WorkCompletion::default(); 4]).unwrap() == 0
+    }
+}
+
+#[test]
+fn rc_atomics_are_correct_and_return_the_original_value() {
+    let (a, b) = pair(QpType::Rc, 4096, &Opts::default());
+    b.buf.store_u64(64, 40).unwrap();
+    for i in 0..10u64 {
+        send(
+            &a,
+            i,
+            WrOpcode::AtomicFetchAndAdd,
+            &[a.sge(8 * i as usize, 8)],
+            |w| {
+                w.remote_addr = b.buf.addr() + 64;
+                w.rkey = b.mr.rkey();
+                w.compare_add = 2;
+            },
+        );
+    }
+    let c = a.wait(10);
+    assert!(c
+        .iter()
+        .all(|w| w.status == WcStatus::Success && w.opcode == WcOpcode::FetchAdd));
+    assert_eq!(b.buf.load_u64(64).unwrap(), 60);
+    let originals: Vec<u64> = (0..10).map(|i| a.buf.load_u64(8 * i).unwrap()).collect();
+    assert_eq!(originals, (0..10).map(|i| 40 + 2 * i).collect::<Vec<u64>>());
+    send(&a, 20, WrOpcode::AtomicCmpAndSwp, &[a.sge(200, 8)], |w| {
+        w.remote_addr = b.buf.addr() + 64;
+        w.rkey = b.mr.rkey();
+        w.compare_add = 60;
+        w.swap = 1234;
+    });
+    send(&a, 21, WrOpcode::AtomicCmpAndSwp, &[a.sge(208, 8)], |w| {
+        w.remote_addr = b.buf.addr() + 64;
+        w.rkey = b.mr.rkey();
+        w.compare_add = 60;
+        w.swap = 999;
+    });
+    a.wait(2);
+    assert_eq!(
+        b.buf.load_u64(64).unwrap(),
+        1234,
+        "second CAS did not match"
+    );
+    assert_eq!(
+        (a.buf.load_u64(200).unwrap(), a.buf.load_u64(208).unwrap()),
+        (60, 1234)
+    );
+}
+
+#[test]
+fn rc_bad_rkey_out_of_bounds_and_wrong_access_are_rem_access_err_then_flush() {
+    for case in 0..3 {
+        let (a, b) = pair(QpType::Rc, 4096, &Opts::default());
+        let ro =
+            b.pd.reg_buffer(&b.buf, AccessFlags::REMOTE_READ.bits())
+                .unwrap();
+        let (addr, rkey) = match case {
+            0 => (b.buf.addr(), b.mr.rkey() ^ 0x55),
+            1 => (b.buf.addr() + 4000, b.mr.rkey()),
+            _ => (b.buf.addr(), ro.rkey()),
+        };
+        send(&a, 1, WrOpcode::RdmaWrite, &[a.sge(0, 200)], |w| {
+            w.remote_addr = addr;
+            w.rkey = rkey;
+        });
+        send(&a, 2, WrOpcode::Send, &[a.sge(0, 1)], |_| {});
+        let c = a.wait(2);
+        assert_eq!(
+            (c[0].wr_id, c[0].status),
+            (1, WcStatus::RemAccessErr),
+            "case {case}"
+        );
+        assert_eq!(
+            (c[1].wr_id, c[1].status),
+            (2, WcStatus::WrFlushErr),
+            "case {case}"
+        );
+        assert_eq!(a.qp.state(), QpState::Err);
+    }
+}
+
+#[test]
+fn rc_no_receive_posted_is_rnr_retry_exc_err() {
+    let o = Opts {
+        rnr_retry: 2,
+        min_rnr_timer: 1,
+        ..Opts::default()
+    };
+    let (a, _b) = pair(QpType::Rc, 4096, &o);
+    send(&a, 1, WrOpcode::Send, &[a.sge(0, 10)], |_| {});
+    let c = a.wait(1);
+    assert_eq!(c[0].status, WcStatus::RnrRetryExcErr);
+}
+
+#[test]
+fn rc_receive_posted_late_succeeds_after_rnr() {
+    let o = Opts {
+        rnr_retry: 7,
+        min_rnr_timer: 4,
+        ..Opts::default()
+    };
+    let (a, b) = pair(QpType::Rc, 4096, &o);
+    send(&a, 1, WrOpcode::Send, &[a.sge(0, 10)], |_| {});
+    std::thread::sleep(Duration::from_millis(30));
+    b.post_recv(5, 0, 100);
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    assert_eq!(b.wait(1)[0].wr_id, 5);
+}
+
+#[test]
+fn rc_peer_gone_is_retry_exc_err() {
+    let o = Opts {
+        timeout: 8,
+        retry_cnt: 2,
+        ..Opts::default()
+    };
+    let (a, b) = pair(QpType::Rc, 4096, &o);
+    drop(b); // the peer QP disappears: nothing answers
+    send(&a, 1, WrOpcode::Send, &[a.sge(0, 10)], |_| {});
+    assert_eq!(a.wait(1)[0].status, WcStatus::RetryExcErr);
+}
+
+#[test]
+fn rc_receive_too_small_is_loc_len_err_and_rem_inv_req_err() {
+    let (a, b) = pair(QpType::Rc, 4096, &Opts::default());
+    b.post_recv(9, 0, 10);
+    send(&a, 1, WrOpcode::Send, &[a.sge(0, 100)], |_| {});
+    assert_eq!(a.wait(1)[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(b.wait(1)[0].status, WcStatus::LocLenErr);
+}
+
+#[test]
+fn rc_local_bad_lkey_is_loc_prot_err() {
+    let (a, _b) = pair(QpType::Rc, 4096, &Opts::default());
+    let bad = Sge {
+        lkey: a.mr.lkey() ^ 1,
+        ..a.sge(0, 10)
+    };
+    send(&a, 1, WrOpcode::Send, &[bad], |_| {});
+    assert_eq!(a.wait(1)[0].status, WcStatus::LocProtErr);
+}
+
+#[test]
+fn rc_qp_to_err_flushes_outstanding_work() {
+    let (a, b) = pair(QpType::Rc, 4096, &Opts::default());
+    for i in 0..4 {
+        b.post_recv(i, 0, 64);
+    }
+    b.qp.modify_qp(
+        &QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        },
+        QpAttrMask::STATE.bits(),
+    )
+    .unwrap();
+    let c = b.wait(4);
+    assert!(c.iter().all(|w| w.status == WcStatus::WrFlushErr));
+    drop(a);
+}
+
+#[test]
+fn rc_delivers_exactly_once_in_order_under_loss_duplication_reordering_and_corruption() {
+    let o = Opts {
+        timeout: 6,
+        ..Opts::default()
+    };
+    let (a, b) = pair_on("127.0.0.5", "127.0.0.6", QpType::Rc, 1 << 20, &o);
+    for (side, seed) in [(&a, 1u64), (&b, 2)] {
+        side.ctx
+            .set_fault_injection(Some(FaultConfig {
+                seed,
+                drop: 0.05,
+                duplicate: 0.03,
+                corrupt: 0.03,
+                reorder: 0.05,
+                delay_prob: 0.02,
+                delay: Duration::from_millis(2),
+            }))
+            .unwrap();
+    }
+    let n = 60;
+    for i in 0..n {
+        b.post_recv(i, (i as usize) * 8192, 8192);
+    }
+    for i in 0..n {
+        let len = 1 + (i as usize * 997) % 8000;
+        a.buf
+            .write(i as usize * 8192, &pattern(len, i as u8))
+            .unwrap();
+        send(
+            &a,
+            i,
+            WrOpcode::Send,
+            &[a.sge(i as usize * 8192, len)],
+            |_| {},
+        );
+    }
+    let s = a.wait(n as usize);
+    let r = b.wait(n as usize);
+    for ctx in [&a.ctx, &b.ctx] {
+        ctx.set_fault_injection(None).unwrap();
+    }
+    assert!(s.iter().all(|w| w.status == WcStatus::Success), "{s:?}");
+    let ids: Vec<u64> = r.iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, (0..n).collect::<Vec<_>>(), "in order, exactly once");
+    for w in &r {
+        let len = 1 + (w.wr_id as usize * 997) % 8000;
+        assert_eq!(w.byte_len as usize, len);
+        let mut got = vec![0; len];
+        b.buf.read(w.wr_id as usize * 8192, &mut got).unwrap();
+        assert_eq!(got, pattern(len, w.wr_id as u8));
+    }
+    let c = a.ctx.counters();
+    assert!(
+        c.fault_drops > 0 || c.fault_corrupts > 0,
+        "faults were injected: {c:?}"
+    );
+    assert!(
+        b.ctx.counters().icrc_errors > 0
+            || a.ctx.counters().icrc_errors > 0
+            || c.fault_corrupts == 0
+    );
+}
+
+#[test]
+fn uc_send_and_write() {
+    let (a, b) = pair(QpType::Uc, 65536, &Opts::default());
+    b.post_recv(1, 0, 65536);
+    a.buf.write(0, &pattern(5000, 3)).unwrap();
+    send(&a, 1, WrOpcode::Send, &[a.sge(0, 5000)], |_| {});
+    let r = b.wait(1);
+    assert_eq!((r[0].status, r[0].byte_len), (WcStatus::Success, 5000));
+    send(&a, 2, WrOpcode::RdmaWrite, &[a.sge(0, 5000)], |w| {
+        w.remote_addr = b.buf.addr() + 10_000;
+        w.rkey = b.mr.rkey();
+    });
+    a.wait(2);
+    std::thread::sleep(Duration::from_millis(20));
+    let mut got = vec![0; 5000];
+    b.buf.read(10_000, &mut got).unwrap();
+    assert_eq!(got, pattern(5000, 3));
+}
+
+#[test]
+fn ud_send_has_the_grh_and_source_qp() {
+    let (a, b) = pair(QpType::Ud, 65536, &Opts::default());
+    let ah = a.pd.create_ah(&AhAttr::for_ip(b.addr)).unwrap();
+    b.post_recv(3, 0, 40 + 1024);
+    a.buf.write(0, b"datagram").unwrap();
+    send(&a, 1, WrOpcode::SendWithImm, &[a.sge(0, 8)], |w| {
+        w.ah = Some(&ah);
+        w.remote_qpn = b.qp.qp_num();
+        w.remote_qkey = 0x1111;
+        w.imm_data = 5;
+    });
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    let r = b.wait(1);
+    assert_eq!(
+        (r[0].status, r[0].byte_len, r[0].src_qp, r[0].imm_data),
+        (WcStatus::Success, 48, a.qp.qp_num(), 5)
+    );
+    let mut grh = [0u8; 48];
+    b.buf.read(0, &mut grh).unwrap();
+    assert_eq!(&grh[40..], b"datagram");
+    assert!(r[0].wc_flags.contains(WcFlags::GRH));
+    let mut area = [0u8; 40];
+    area.copy_from_slice(&grh[..40]);
+    let back = b.ctx.init_ah_from_wc(1, &r[0], &area).unwrap();
+    assert_eq!(
+        back.grh.dgid.to_ip(),
+        a.addr,
+        "the reply goes to the sender"
+    );
+    b.pd.create_ah_from_wc(1, &r[0], &area).unwrap();
+    assert_eq!(
+        &grh[20 + 12..20 + 16],
+        &[127, 0, 0, 1],
+        "IPv4 source in the GRH area"
+    );
+    // A wrong Q_Key is dropped silently.
+    b.post_recv(4, 0, 1064);
+    send(&a, 2, WrOpcode::Send, &[a.sge(0, 8)], |w| {
+        w.ah = Some(&ah);
+        w.remote_qpn = b.qp.qp_num();
+        w.remote_qkey = 0x2222;
+    });
+    a.wait(1);
+    assert!(b.wait_none());
+}
+
+#[test]
+fn srq_feeds_receives_to_a_qp() {
+    let (a, _) = Side::new("127.0.0.1", QpType::Rc, 65536, false);
+    let (b, srq) = Side::new("127.0.0.2", QpType::Rc, 65536, true);
+    connect(&a, &b, &Opts::default());
+    let srq = srq.unwrap();
+    for i in 0..4 {
+        let sge = [b.sge(i * 100, 100)];
+        srq.post_srq_recv(&[RecvWr {
+            wr_id: 40 + i as u64,
+            sg_list: &sge,
+        }])
+        .unwrap();
+    }
+    for i in 0..4 {
+        send(&a, i, WrOpcode::Send, &[a.sge(0, 50)], |_| {});
+    }
+    let r = b.wait(4);
+    assert_eq!(
+        r.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        vec![40, 41, 42, 43]
+    );
+}
