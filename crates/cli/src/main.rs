@@ -42,7 +42,7 @@ enum Command {
         /// Every size from 8 bytes to 1 MiB (latency: to 64 KiB), in powers of two.
         #[arg(short, long, conflicts_with = "size")]
         all: bool,
-        /// Messages per size (default: enough for about 256 MiB, 2k..200k).
+        /// Messages per size (default: enough for about 1 GiB, 2k..200k).
         #[arg(short = 'n', long)]
         iters: Option<u64>,
         /// Run each size for this many seconds instead of a number of messages.

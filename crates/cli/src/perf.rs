@@ -225,8 +225,8 @@ fn iters_for(args: &PerfArgs, size: usize) -> u64 {
     if args.iters > 0 {
         return args.iters;
     }
-    // Enough work for a stable figure without taking long: ~256 MiB or 200k messages.
-    ((256usize << 20) / size.max(1)).clamp(2_000, 200_000) as u64
+    // Enough work for a stable figure without taking long: ~1 GiB or 200k messages.
+    ((1usize << 30) / size.max(1)).clamp(2_000, 200_000) as u64
 }
 
 fn bandwidth(args: &PerfArgs, c: &End, s: &End, size: usize) -> Result<Point> {

@@ -602,6 +602,16 @@ impl DeviceShared {
     }
 }
 
+/// Whether `addr` is the socket of one of this process's device engines.
+pub(crate) fn is_local_engine(addr: std::net::SocketAddr) -> bool {
+    ENGINES.get().is_some_and(|m| {
+        m.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&addr.ip())
+            .is_some_and(|e| e.local == addr)
+    })
+}
+
 static SHARED: OnceLock<Mutex<HashMap<IpAddr, Weak<DeviceShared>>>> = OnceLock::new();
 
 impl DeviceShared {

@@ -292,6 +292,11 @@ impl Engine {
     }
 
     fn account(&self, pkts: &[(&[u8], SocketAddr)]) {
+        if crate::capture::active() {
+            for (p, dst) in pkts {
+                crate::capture::record(self.local, *dst, p);
+            }
+        }
         let (sent, failed) = self.sock.send_batch(pkts);
         let bytes: usize = pkts.iter().map(|p| p.0.len()).sum();
         let c = &self.counters;
@@ -844,6 +849,9 @@ fn check_packet(
     }
     c.rx_packets.fetch_add(1, Ordering::Relaxed);
     c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
+    if crate::capture::active() && !crate::device::is_local_engine(src) {
+        crate::capture::record(src, engine.local, pkt);
+    }
     Some(view.bth().dest_qp())
 }
 

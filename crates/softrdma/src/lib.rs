@@ -53,6 +53,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod ah;
+mod capture;
 mod context;
 mod cq;
 mod device;
@@ -71,6 +72,7 @@ mod sock;
 mod srq;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
+pub use capture::{start_capture, stop_capture};
 pub use context::{Context, NUM_COMP_VECTORS};
 pub use cq::{CompChannel, Cq, CqEvent, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use device::{

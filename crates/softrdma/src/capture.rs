@@ -1,0 +1,180 @@
+//! Packet capture: every packet the devices of this process send, and every packet they
+//! receive from outside the process, written to a classic pcap file with the Ethernet, IP
+//! and UDP headers it has on the wire, so Wireshark shows RoCEv2 as a switch would see it.
+//!
+//! Start it with [`start_capture`] or by setting `SOFTRDMA_PCAP=/path/file.pcap` before the
+//! first device carries traffic; stop it with [`stop_capture`]. Packets exchanged between two
+//! devices of the same process are written once (when sent).
+
+use crate::error::{Error, Result};
+use softrdma_wire::ip::{
+    EthernetFrame, EthernetRepr, Ipv4Packet, Ipv4Repr, Ipv6Packet, Ipv6Repr, UdpPacket, UdpRepr,
+    ETHERNET_HEADER_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPV4_HEADER_LEN, IPV6_HEADER_LEN,
+    IP_PROTOCOL_UDP, UDP_HEADER_LEN,
+};
+use softrdma_wire::pcap::{PcapWriter, LINKTYPE_ETHERNET};
+use std::fs::File;
+use std::io::BufWriter;
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+struct Capture {
+    writer: PcapWriter<BufWriter<File>>,
+    frame: Vec<u8>,
+}
+
+static ON: AtomicBool = AtomicBool::new(false);
+static CAPTURE: OnceLock<Mutex<Option<Capture>>> = OnceLock::new();
+
+fn slot() -> &'static Mutex<Option<Capture>> {
+    CAPTURE.get_or_init(|| {
+        let c = std::env::var_os("SOFTRDMA_PCAP").and_then(|p| open(Path::new(&p)).ok());
+        ON.store(c.is_some(), Ordering::Release);
+        Mutex::new(c)
+    })
+}
+
+fn open(path: &Path) -> Result<Capture> {
+    let f = File::create(path)
+        .map_err(|e| Error::from_io(e, format!("creating the capture file {}", path.display())))?;
+    let writer = PcapWriter::new(BufWriter::new(f), LINKTYPE_ETHERNET, 65535)
+        .map_err(|e| Error::from_io(e, "writing the pcap header"))?;
+    Ok(Capture {
+        writer,
+        frame: Vec::with_capacity(4096 + 128),
+    })
+}
+
+/// Starts writing every packet of this process's devices to `path` (replacing any capture in
+/// progress).
+///
+/// Fails with the errno of creating or writing the file.
+pub fn start_capture(path: impl AsRef<Path>) -> Result<()> {
+    let c = open(path.as_ref())?;
+    let mut g = slot().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(mut old) = g.take() {
+        let _ = old.writer.flush();
+    }
+    *g = Some(c);
+    ON.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Stops the capture and flushes the file. Does nothing when no capture runs.
+///
+/// Fails with the errno of the final write.
+pub fn stop_capture() -> Result<()> {
+    let mut g = slot().lock().unwrap_or_else(|p| p.into_inner());
+    ON.store(false, Ordering::Release);
+    if let Some(mut c) = g.take() {
+        c.writer
+            .flush()
+            .map_err(|e| Error::from_io(e, "flushing the capture file"))?;
+    }
+    Ok(())
+}
+
+/// Whether a capture runs (cheap; checked per batch).
+pub(crate) fn active() -> bool {
+    if CAPTURE.get().is_none() {
+        return slot().lock().map(|g| g.is_some()).unwrap_or(false);
+    }
+    ON.load(Ordering::Acquire)
+}
+
+fn mac_for(ip: IpAddr) -> [u8; 6] {
+    let b = match ip {
+        IpAddr::V4(a) => a.octets(),
+        IpAddr::V6(a) => {
+            let o = a.octets();
+            [o[12], o[13], o[14], o[15]]
+        }
+    };
+    [0x02, 0x53, b[0], b[1], b[2], b[3]]
+}
+
+/// Writes one RoCEv2 datagram (`payload` is the UDP payload) as an Ethernet frame.
+pub(crate) fn record(src: SocketAddr, dst: SocketAddr, payload: &[u8]) {
+    let mut g = slot().lock().unwrap_or_else(|p| p.into_inner());
+    let Some(c) = g.as_mut() else { return };
+    let ip_len = if src.is_ipv4() {
+        IPV4_HEADER_LEN
+    } else {
+        IPV6_HEADER_LEN
+    };
+    let total = ETHERNET_HEADER_LEN + ip_len + UDP_HEADER_LEN + payload.len();
+    c.frame.clear();
+    c.frame.resize(total, 0);
+    let f = &mut c.frame[..];
+    let eth = EthernetRepr {
+        src_addr: mac_for(src.ip()),
+        dst_addr: mac_for(dst.ip()),
+        ethertype: if src.is_ipv4() {
+            ETHERTYPE_IPV4
+        } else {
+            ETHERTYPE_IPV6
+        },
+    };
+    eth.emit(&mut EthernetFrame::new_unchecked(
+        &mut f[..ETHERNET_HEADER_LEN],
+    ));
+    let ip = &mut f[ETHERNET_HEADER_LEN..ETHERNET_HEADER_LEN + ip_len];
+    let udp_payload = UDP_HEADER_LEN + payload.len();
+    let ok = match (src.ip(), dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => Ipv4Repr {
+            src_addr: s,
+            dst_addr: d,
+            protocol: IP_PROTOCOL_UDP,
+            payload_len: udp_payload,
+            ttl: 64,
+            tos: 0,
+            ident: 0,
+            dont_frag: true,
+        }
+        .emit(&mut Ipv4Packet::new_unchecked(ip))
+        .is_ok(),
+        (IpAddr::V6(s), IpAddr::V6(d)) => Ipv6Repr {
+            src_addr: s,
+            dst_addr: d,
+            next_header: IP_PROTOCOL_UDP,
+            payload_len: udp_payload,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+        }
+        .emit(&mut Ipv6Packet::new_unchecked(ip))
+        .is_ok(),
+        _ => false,
+    };
+    if !ok {
+        return;
+    }
+    let at = ETHERNET_HEADER_LEN + ip_len;
+    let udp = UdpRepr {
+        src_port: src.port(),
+        dst_port: dst.port(),
+        payload_len: payload.len(),
+    };
+    if udp
+        .emit(&mut UdpPacket::new_unchecked(
+            &mut f[at..at + UDP_HEADER_LEN],
+        ))
+        .is_err()
+    {
+        return;
+    }
+    f[at + UDP_HEADER_LEN..].copy_from_slice(payload);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    if let Err(e) = c
+        .writer
+        .write_record(now.as_secs() as u32, now.subsec_nanos(), &c.frame)
+    {
+        tracing::warn!(error = %e, "packet capture stopped");
+        *g = None;
+        ON.store(false, Ordering::Release);
+    }
+}
