@@ -404,6 +404,8 @@ pub(crate) struct CqInner {
     events_reported: AtomicU64,
     events_acked: AtomicU64,
     async_unacked: AtomicUsize,
+    /// The device engine, once known (for progress from `poll`).
+    engine: std::sync::OnceLock<Arc<crate::engine::Engine>>,
     _count: CountGuard,
 }
 
@@ -472,6 +474,7 @@ impl Context {
                 events_reported: AtomicU64::new(0),
                 events_acked: AtomicU64::new(0),
                 async_unacked: AtomicUsize::new(0),
+                engine: std::sync::OnceLock::new(),
                 _count: count,
             }),
         })
@@ -541,6 +544,28 @@ impl Cq {
     /// Fails with `EIO` once the CQ has overrun (completions were lost; an
     /// `IBV_EVENT_CQ_ERR` was raised) — the CQ is then unusable, as in verbs.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        let n = self.poll_entries(wc)?;
+        if n > 0 || wc.is_empty() {
+            return Ok(n);
+        }
+        // Nothing yet: receive what the device has waiting, here, then look again.
+        let engine = match self.inner.engine.get() {
+            Some(e) => Some(e),
+            None => self
+                .inner
+                .ctx
+                .shared
+                .engine_if_started()
+                .map(|e| self.inner.engine.get_or_init(|| e)),
+        };
+        if let Some(engine) = engine {
+            engine.poll_progress();
+            return self.poll_entries(wc);
+        }
+        Ok(0)
+    }
+
+    fn poll_entries(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
         let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
         if st.overrun {
             return Err(Error::new(

@@ -166,6 +166,8 @@ pub(crate) struct Engine {
     /// How long the progress thread keeps polling the socket without sleeping after the
     /// last packet (`SOFTRDMA_BUSY_POLL_US`; 0 = always sleep in poll(2)).
     busy_poll: Duration,
+    /// The receive buffers, held by the thread that is receiving.
+    rx: Mutex<RxState>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -197,6 +199,7 @@ impl Engine {
             faults_on: AtomicBool::new(false),
             faults: Mutex::new(None),
             delayed: Mutex::new(Vec::new()),
+            rx: Mutex::new(RxState::new()),
             busy_poll: Duration::from_micros(
                 std::env::var("SOFTRDMA_BUSY_POLL_US")
                     .ok()
@@ -928,11 +931,99 @@ fn raise_srq_limit(qp: &Arc<QpInner>) {
     }
 }
 
+/// The receive side of an engine: buffers and ICRC flows, used by whichever thread receives
+/// (the progress thread, or an application thread polling a CQ), one at a time so that
+/// packets are processed in the order they arrived.
+pub(crate) struct RxState {
+    bufs: Vec<Vec<u8>>,
+    meta: Vec<RxMsg>,
+    prefixes: HashMap<SocketAddr, IcrcPrefix>,
+}
+
+impl RxState {
+    pub(crate) fn new() -> RxState {
+        RxState {
+            bufs: (0..BATCH).map(|_| vec![0u8; 65536]).collect(),
+            meta: vec![RxMsg::default(); BATCH],
+            prefixes: HashMap::new(),
+        }
+    }
+}
+
+impl Engine {
+    /// Receives and processes what is waiting on the socket, up to `rounds` batches, with the
+    /// receive state held. Returns the number of messages received.
+    fn receive_rounds(&self, rx: &mut RxState, tx: &mut TxBatch, rounds: usize) -> usize {
+        let mut total = 0;
+        let RxState {
+            bufs,
+            meta,
+            prefixes,
+        } = rx;
+        for _ in 0..rounds {
+            let n = match self.sock.recv_batch(bufs, meta) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "receive failed");
+                    0
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            total += n;
+            let now = Instant::now();
+            for i in 0..n {
+                let RxMsg { len, src, segment } = meta[i];
+                let Some(src) = src else { continue };
+                if len == 0 {
+                    self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                let seg = if segment == 0 { len } else { segment };
+                // Runs of packets for the same QP are delivered under one lock.
+                let mut run: Vec<&[u8]> = Vec::new();
+                let mut run_qpn = None;
+                for pkt in bufs[i][..len].chunks(seg) {
+                    let Some(qpn) = check_packet(self, pkt, src, prefixes) else {
+                        continue;
+                    };
+                    if run_qpn != Some(qpn) {
+                        if let Some(q) = run_qpn {
+                            deliver(self, q, &run, src, now, tx);
+                        }
+                        run.clear();
+                        run_qpn = Some(qpn);
+                    }
+                    run.push(pkt);
+                }
+                if let Some(q) = run_qpn {
+                    deliver(self, q, &run, src, now, tx);
+                }
+            }
+            self.send(tx);
+            if n < BATCH {
+                break;
+            }
+        }
+        total
+    }
+
+    /// Progress from an application thread that found its CQ empty: if no other thread is
+    /// receiving, receive what is waiting now (without blocking) and process it here, so
+    /// that a polling application gets its completions without a thread hop.
+    pub(crate) fn poll_progress(&self) {
+        let Ok(mut rx) = self.rx.try_lock() else {
+            return;
+        };
+        with_tx(|tx| {
+            self.receive_rounds(&mut rx, tx, 4);
+        });
+    }
+}
+
 fn progress(weak: Weak<Engine>) {
     let mut tx = TxBatch::new();
-    let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; 65536]).collect();
-    let mut meta = vec![RxMsg::default(); BATCH];
-    let mut prefixes: HashMap<SocketAddr, IcrcPrefix> = HashMap::new();
     let mut last_rx = Instant::now();
     loop {
         let Some(engine) = weak.upgrade() else {
@@ -979,51 +1070,11 @@ fn progress(weak: Weak<Engine>) {
             while engine.wake.try_wait() {}
         }
         engine.sleep_until.store(0, Ordering::Release);
-        // Receive everything waiting, in batches.
-        for _ in 0..64 {
-            let n = match engine.sock.recv_batch(&mut bufs, &mut meta) {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::warn!(error = %e, "receive failed");
-                    0
-                }
-            };
-            if n == 0 {
-                break;
-            }
-            let now = Instant::now();
-            last_rx = now;
-            for i in 0..n {
-                let RxMsg { len, src, segment } = meta[i];
-                let Some(src) = src else { continue };
-                if len == 0 {
-                    engine.counters.malformed.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                let seg = if segment == 0 { len } else { segment };
-                // Runs of packets for the same QP are delivered under one lock.
-                let mut run: Vec<&[u8]> = Vec::new();
-                let mut run_qpn = None;
-                for pkt in bufs[i][..len].chunks(seg) {
-                    let Some(qpn) = check_packet(&engine, pkt, src, &mut prefixes) else {
-                        continue;
-                    };
-                    if run_qpn != Some(qpn) {
-                        if let Some(q) = run_qpn {
-                            deliver(&engine, q, &run, src, now, &mut tx);
-                        }
-                        run.clear();
-                        run_qpn = Some(qpn);
-                    }
-                    run.push(pkt);
-                }
-                if let Some(q) = run_qpn {
-                    deliver(&engine, q, &run, src, now, &mut tx);
-                }
-            }
-            engine.send(&mut tx);
-            if n < BATCH {
-                break;
+        // Receive everything waiting, in batches (unless an application thread is at it).
+        if fds[0].revents & libc::POLLIN != 0 {
+            let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
+            if engine.receive_rounds(&mut rx, &mut tx, 64) > 0 {
+                last_rx = Instant::now();
             }
         }
         // Timers.

@@ -397,6 +397,10 @@ pub(crate) fn check_sges(sges: &[Sge], max: u32, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Requests posted in one call above which `post_send` transmits at once even while packets
+/// are in flight.
+const DOORBELL_BATCH: usize = 16;
+
 /// A queue pair (`struct ibv_qp`).
 ///
 /// Dropping the handle destroys the QP: queued work requests are discarded without
@@ -963,7 +967,12 @@ impl Qp {
             }
             posted += 1;
         }
-        if posted > 0 {
+        // Doorbell batching: while an RC QP waits for the ACK of packets in flight, the ACK's
+        // arrival (or the retransmit timer) transmits what was queued, in one batch with it;
+        // a QP with nothing in flight transmits at once.
+        let defer =
+            st.transport.as_ref().is_some_and(|t| t.awaiting_ack()) && posted < DOORBELL_BATCH;
+        if posted > 0 && !defer {
             if let Some(engine) = st.engine.clone() {
                 let events = with_tx(|tx| {
                     let ev = drive(&engine, inner, &mut st, Instant::now(), tx);

@@ -232,6 +232,13 @@ impl Qp {
             || (!self.error && self.sq.rnr_deadline.is_none() && self.sq.cur < self.sq.wqes.len())
     }
 
+    /// Whether an RC requester has packets sent and not yet acknowledged: their ACK (or the
+    /// retransmit timer) will bring the owner back to [`Qp::poll_transmit`], so an owner may
+    /// leave newly posted requests queued until then and send them in one batch.
+    pub fn awaiting_ack(&self) -> bool {
+        self.cfg.qp_type == QpType::Rc && !self.error && self.sq.next_psn != self.sq.comp_psn
+    }
+
     /// The next work completion (send side and receive side, in the order they happened).
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.completions.pop_front()
