@@ -447,3 +447,23 @@ fn srq_feeds_receives_to_a_qp() {
         vec![40, 41, 42, 43]
     );
 }
+
+#[test]
+fn rc_over_ipv6_loopback() {
+    // Both QPs on the ::1 device: a device can talk to itself, as a NIC in loopback.
+    if Device::from_addr("::1".parse().unwrap()).is_err() {
+        eprintln!("skipped: no IPv6 loopback on this machine");
+        return;
+    }
+    let (a, b) = pair_on("::1", "::1", QpType::Rc, 65536, &Opts::default());
+    b.post_recv(1, 0, 65536);
+    a.buf.write(0, &pattern(9000, 4)).unwrap();
+    send(&a, 1, WrOpcode::Send, &[a.sge(0, 9000)], |_| {});
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    let r = b.wait(1);
+    assert_eq!((r[0].status, r[0].byte_len), (WcStatus::Success, 9000));
+    let mut got = vec![0; 9000];
+    b.buf.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(9000, 4));
+    assert_eq!(a.ctx.counters().icrc_errors, 0);
+}
