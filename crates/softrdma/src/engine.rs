@@ -472,6 +472,8 @@ pub(crate) struct QpEnv<'a> {
     pub(crate) srq: Option<&'a SrqInner>,
     /// SRQ limit event to raise once the QP lock is released.
     pub(crate) srq_limit_hit: bool,
+    /// The QP's cache of memory regions.
+    pub(crate) mrs: &'a mut crate::mr::MrCache,
 }
 
 fn map_err(e: MrAccessError) -> AccessError {
@@ -485,7 +487,7 @@ fn map_err(e: MrAccessError) -> AccessError {
 
 impl QpEnv<'_> {
     fn lease(
-        &self,
+        &mut self,
         key: u32,
         kind: KeyKind,
         va: u64,
@@ -494,7 +496,7 @@ impl QpEnv<'_> {
         atomic: bool,
     ) -> std::result::Result<crate::mr::MrLease, AccessError> {
         self.res
-            .check_access(key, kind, self.pd, va, len as u64, need, atomic)
+            .check_access_cached(self.mrs, key, kind, self.pd, va, len as u64, need, atomic)
             .map_err(map_err)
     }
 }
@@ -560,7 +562,16 @@ impl Env for QpEnv<'_> {
             AccessFlags::REMOTE_READ
         };
         self.res
-            .check_access(rkey, KeyKind::Remote, self.pd, va, len, need, false)
+            .check_access_cached(
+                self.mrs,
+                rkey,
+                KeyKind::Remote,
+                self.pd,
+                va,
+                len,
+                need,
+                false,
+            )
             .map(drop)
             .map_err(map_err)
     }
@@ -707,6 +718,7 @@ pub(crate) fn drive(
         rq,
         ud_dests,
         attr,
+        mrs,
         ..
     } = st;
     let Some(t) = transport.as_mut() else {
@@ -719,6 +731,7 @@ pub(crate) fn drive(
         rq,
         srq: qp.srq.as_deref(),
         srq_limit_hit: false,
+        mrs,
     };
     let src = engine.local.ip();
     let peer = attr.ah_attr.grh.dgid.to_ip();
@@ -890,13 +903,16 @@ fn deliver(
             return;
         }
         {
-            let QpState_ { transport, rq, .. } = &mut *st;
+            let QpState_ {
+                transport, rq, mrs, ..
+            } = &mut *st;
             let mut env = QpEnv {
                 res: &qp.pd.shared().resources,
                 pd: qp.pd.arc(),
                 rq,
                 srq: qp.srq.as_deref(),
                 srq_limit_hit: false,
+                mrs,
             };
             if let Some(t) = transport.as_mut() {
                 for pkt in pkts {
@@ -1094,13 +1110,16 @@ fn progress(weak: Weak<Engine>) {
             let events = {
                 let mut st = qp.lock();
                 {
-                    let QpState_ { transport, rq, .. } = &mut *st;
+                    let QpState_ {
+                        transport, rq, mrs, ..
+                    } = &mut *st;
                     let mut env = QpEnv {
                         res: &qp.pd.shared().resources,
                         pd: qp.pd.arc(),
                         rq,
                         srq: qp.srq.as_deref(),
                         srq_limit_hit: false,
+                        mrs,
                     };
                     if let Some(t) = transport.as_mut() {
                         t.handle_timeout(now, &mut env);

@@ -325,41 +325,101 @@ impl Resources {
         needed: AccessFlags,
         atomic: bool,
     ) -> std::result::Result<MrLease, AccessError> {
+        self.check_access_cached(
+            &mut MrCache::default(),
+            key,
+            kind,
+            pd,
+            va,
+            len,
+            needed,
+            atomic,
+        )
+    }
+
+    /// [`Resources::check_access`] through a per-QP cache of the last region of each kind:
+    /// the data path finds the region of the next packet of a message without the key
+    /// table's lock. A cached region that was deregistered fails its lease and is looked up
+    /// again, so the cache never extends a region's life as far as accesses go.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn check_access_cached(
+        &self,
+        cache: &mut MrCache,
+        key: u32,
+        kind: KeyKind,
+        pd: &Arc<PdInner>,
+        va: u64,
+        len: u64,
+        needed: AccessFlags,
+        atomic: bool,
+    ) -> std::result::Result<MrLease, AccessError> {
+        let slot = match kind {
+            KeyKind::Local => &mut cache.local,
+            KeyKind::Remote => &mut cache.remote,
+        };
+        if let Some((k, mr)) = slot {
+            if *k == key {
+                match check_region(mr.clone(), pd, va, len, needed, atomic) {
+                    Err(AccessError::InvalidKey) => {} // deregistered: look it up again
+                    r => return r,
+                }
+            }
+        }
         let mr = match kind {
             KeyKind::Local => self.mr_by_lkey(key),
             KeyKind::Remote => self.mr_by_rkey(key),
         }
         .ok_or(AccessError::InvalidKey)?;
-        if !Arc::ptr_eq(mr.pd.arc(), pd) {
-            return Err(AccessError::WrongPd);
-        }
-        if !mr.access.contains(needed) {
-            return Err(AccessError::AccessDenied);
-        }
-        if atomic && (va % 8 != 0 || len != 8) {
-            return Err(AccessError::Misaligned);
-        }
-        let end = va.checked_add(len).ok_or(AccessError::OutOfBounds)?;
-        if va < mr.iova || end > mr.iova + mr.length {
-            return Err(AccessError::OutOfBounds);
-        }
-        let off = (va - mr.iova) as usize;
-        // The offset is inside the region (checked above), hence inside the allocation.
-        let start = mr.host.wrapping_add(off);
-        if atomic && (start as usize) % 8 != 0 {
-            return Err(AccessError::Misaligned);
-        }
-        let prev = mr.leases.fetch_add(1, Ordering::AcqRel);
-        if prev & REVOKED != 0 {
-            mr.leases.fetch_sub(1, Ordering::AcqRel);
-            return Err(AccessError::InvalidKey);
-        }
-        Ok(MrLease {
-            mr,
-            start,
-            len: len as usize,
-        })
+        *slot = Some((key, mr.clone()));
+        check_region(mr, pd, va, len, needed, atomic)
     }
+}
+
+/// The last region found for each kind of key, per QP.
+#[derive(Default)]
+pub(crate) struct MrCache {
+    local: Option<(u32, Arc<MrInner>)>,
+    remote: Option<(u32, Arc<MrInner>)>,
+}
+
+/// Checks PD, access, alignment and bounds of an access to `mr`, and takes a lease on it.
+fn check_region(
+    mr: Arc<MrInner>,
+    pd: &Arc<PdInner>,
+    va: u64,
+    len: u64,
+    needed: AccessFlags,
+    atomic: bool,
+) -> std::result::Result<MrLease, AccessError> {
+    if !Arc::ptr_eq(mr.pd.arc(), pd) {
+        return Err(AccessError::WrongPd);
+    }
+    if !mr.access.contains(needed) {
+        return Err(AccessError::AccessDenied);
+    }
+    if atomic && (va % 8 != 0 || len != 8) {
+        return Err(AccessError::Misaligned);
+    }
+    let end = va.checked_add(len).ok_or(AccessError::OutOfBounds)?;
+    if va < mr.iova || end > mr.iova + mr.length {
+        return Err(AccessError::OutOfBounds);
+    }
+    let off = (va - mr.iova) as usize;
+    // The offset is inside the region (checked above), hence inside the allocation.
+    let start = mr.host.wrapping_add(off);
+    if atomic && (start as usize) % 8 != 0 {
+        return Err(AccessError::Misaligned);
+    }
+    let prev = mr.leases.fetch_add(1, Ordering::AcqRel);
+    if prev & REVOKED != 0 {
+        mr.leases.fetch_sub(1, Ordering::AcqRel);
+        return Err(AccessError::InvalidKey);
+    }
+    Ok(MrLease {
+        mr,
+        start,
+        len: len as usize,
+    })
 }
 
 impl MrLease {

@@ -420,6 +420,8 @@ pub(crate) struct QpState_ {
     pub(crate) ud_dests: HashMap<u64, Arc<AhInner>>,
     pub(crate) next_ud_dest: u64,
     pub(crate) mcast: Vec<Gid>,
+    /// The last memory regions the data path used.
+    pub(crate) mrs: crate::mr::MrCache,
 }
 
 pub(crate) struct QpInner {
@@ -558,6 +560,7 @@ impl Pd {
                     ud_dests: HashMap::new(),
                     next_ud_dest: 1,
                     mcast: Vec::new(),
+                    mrs: Default::default(),
                 }),
                 async_unacked: AtomicUsize::new(0),
                 _count: count,
@@ -945,6 +948,11 @@ impl Qp {
                     .push(inner.flush_wc(wr.wr_id, wr.opcode.wc_opcode()), false);
                 continue;
             }
+            // A UD message longer than the path MTU completes without a packet (as rxe does,
+            // IBA C10-93.1.1): it needs no destination entry.
+            let oversize = inner.qp_type == QpType::Ud
+                && req.length() > u64::from(inner.pd.shared().device.active_mtu().bytes());
+            let ah = if oversize { None } else { ah };
             let handle = ah.map(|ah| {
                 let h = st.next_ud_dest;
                 st.next_ud_dest += 1;
