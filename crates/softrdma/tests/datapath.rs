@@ -467,3 +467,25 @@ fn rc_over_ipv6_loopback() {
     assert_eq!(got, pattern(9000, 4));
     assert_eq!(a.ctx.counters().icrc_errors, 0);
 }
+
+#[test]
+fn rc_write_after_the_target_deregisters_its_region_is_rem_access_err() {
+    let (a, b) = pair(QpType::Rc, 4096, &Opts::default());
+    let extra = std::sync::Arc::new(Buffer::new(4096));
+    let mr = b.pd.reg_buffer(&extra, ALL).unwrap();
+    let (addr, rkey) = (extra.addr(), mr.rkey());
+    let write = |wr_id| {
+        send(&a, wr_id, WrOpcode::RdmaWrite, &[a.sge(0, 64)], |w| {
+            w.remote_addr = addr;
+            w.rkey = rkey;
+        });
+        a.wait(1)[0].status
+    };
+    assert_eq!(write(1), WcStatus::Success); // the responder now caches the region
+    mr.dereg().unwrap();
+    assert_eq!(
+        write(2),
+        WcStatus::RemAccessErr,
+        "a cached key outlived its region"
+    );
+}
