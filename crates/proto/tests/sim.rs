@@ -1,7 +1,7 @@
 //! Deterministic network simulation of two transport QPs: RC, UC and UD under loss,
 //! duplication, reordering, corruption and delay, plus the error paths.
 
-#[path = "sim_harness.rs"]
+#[path = "common/sim_harness.rs"]
 mod harness;
 
 use harness::*;

@@ -1,6 +1,6 @@
 //! Random mixes of RC operations and sizes through the simulated network (proptest).
 
-#[path = "sim_harness.rs"]
+#[path = "common/sim_harness.rs"]
 mod harness;
 
 use harness::*;
