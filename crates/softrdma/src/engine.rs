@@ -675,7 +675,7 @@ impl Env for QpEnv<'_> {
 }
 
 pub(crate) fn to_wc(c: &Completion, qp_num: u32, ud: bool) -> WorkCompletion {
-    use crate::cq::{WcFlags, WcOpcode, WcStatus};
+    use crate::cq::WcFlags;
     let mut flags = WcFlags::empty();
     if c.imm_data.is_some() {
         flags |= WcFlags::WITH_IMM;
@@ -688,8 +688,8 @@ pub(crate) fn to_wc(c: &Completion, qp_num: u32, ud: bool) -> WorkCompletion {
     }
     WorkCompletion {
         wr_id: c.wr_id,
-        status: WcStatus::from_proto(c.status),
-        opcode: WcOpcode::from_proto(c.opcode),
+        status: c.status,
+        opcode: c.opcode,
         vendor_err: 0,
         byte_len: c.byte_len,
         imm_data: c.imm_data.unwrap_or(0),

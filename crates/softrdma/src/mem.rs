@@ -5,7 +5,7 @@
 //! references to such memory would be undefined behaviour the moment the device wrote while a
 //! `&[u8]` was alive. softrdma therefore never creates references to registered memory:
 //!
-//! - the device copies in and out with [`copy_to_memory`] / [`copy_from_memory`], which use
+//! - the device copies in and out with `copy_to_memory` / `copy_from_memory`, which use
 //!   relaxed atomic loads and stores of aligned 8-byte words (plain `mov` instructions on
 //!   x86-64 and arm64), so concurrent access by the program through the same routines is a
 //!   race in the RDMA sense (the bytes may be old or new) but never a data race in the Rust

@@ -145,47 +145,117 @@ pub struct RecvRequest {
 /// `enum ibv_wc_status`, with the verbs numbering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u32)]
-#[allow(missing_docs)]
 pub enum WcStatus {
+    /// `IBV_WC_SUCCESS`.
     #[default]
     Success = 0,
+    /// `IBV_WC_LOC_LEN_ERR`: a message was longer than the receive buffer (or than the
+    /// device allows).
     LocLenErr = 1,
+    /// `IBV_WC_LOC_QP_OP_ERR`: an internal QP consistency error (e.g. a UD send larger than
+    /// the path MTU).
     LocQpOpErr = 2,
+    /// `IBV_WC_LOC_EEC_OP_ERR`.
     LocEecOpErr = 3,
+    /// `IBV_WC_LOC_PROT_ERR`: a local key, PD, bounds or access check failed.
     LocProtErr = 4,
+    /// `IBV_WC_WR_FLUSH_ERR`: the QP entered ERR before the request was done.
     WrFlushErr = 5,
+    /// `IBV_WC_MW_BIND_ERR`.
     MwBindErr = 6,
+    /// `IBV_WC_BAD_RESP_ERR`: the responder answered with the wrong kind of packet.
     BadRespErr = 7,
+    /// `IBV_WC_LOC_ACCESS_ERR`: a protection error on data the peer sent.
     LocAccessErr = 8,
+    /// `IBV_WC_REM_INV_REQ_ERR`: the responder found the request invalid (too long for its
+    /// receive buffer, unsupported opcode, …).
     RemInvReqErr = 9,
+    /// `IBV_WC_REM_ACCESS_ERR`: the responder refused the rkey, bounds or access.
     RemAccessErr = 10,
+    /// `IBV_WC_REM_OP_ERR`: the responder could not complete the operation.
     RemOpErr = 11,
+    /// `IBV_WC_RETRY_EXC_ERR`: no acknowledgement after `retry_cnt` retransmissions.
     RetryExcErr = 12,
+    /// `IBV_WC_RNR_RETRY_EXC_ERR`: the responder had no receive posted after `rnr_retry`
+    /// tries.
     RnrRetryExcErr = 13,
+    /// `IBV_WC_LOC_RDD_VIOL_ERR`.
     LocRddViolErr = 14,
+    /// `IBV_WC_REM_INV_RD_REQ_ERR`.
     RemInvRdReqErr = 15,
+    /// `IBV_WC_REM_ABORT_ERR`.
     RemAbortErr = 16,
+    /// `IBV_WC_INV_EECN_ERR`.
     InvEecnErr = 17,
+    /// `IBV_WC_INV_EEC_STATE_ERR`.
     InvEecStateErr = 18,
+    /// `IBV_WC_FATAL_ERR`.
     FatalErr = 19,
+    /// `IBV_WC_RESP_TIMEOUT_ERR`.
     RespTimeoutErr = 20,
+    /// `IBV_WC_GENERAL_ERR`.
     GeneralErr = 21,
+}
+
+impl WcStatus {
+    /// A short description (`ibv_wc_status_str`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WcStatus::Success => "success",
+            WcStatus::LocLenErr => "local length error",
+            WcStatus::LocQpOpErr => "local QP operation error",
+            WcStatus::LocEecOpErr => "local EE context operation error",
+            WcStatus::LocProtErr => "local protection error",
+            WcStatus::WrFlushErr => "Work Request Flushed Error",
+            WcStatus::MwBindErr => "memory management operation error",
+            WcStatus::BadRespErr => "bad response error",
+            WcStatus::LocAccessErr => "local access error",
+            WcStatus::RemInvReqErr => "remote invalid request error",
+            WcStatus::RemAccessErr => "remote access error",
+            WcStatus::RemOpErr => "remote operation error",
+            WcStatus::RetryExcErr => "transport retry counter exceeded",
+            WcStatus::RnrRetryExcErr => "RNR retry counter exceeded",
+            WcStatus::LocRddViolErr => "local RDD violation error",
+            WcStatus::RemInvRdReqErr => "remote invalid RD request",
+            WcStatus::RemAbortErr => "aborted error",
+            WcStatus::InvEecnErr => "invalid EE context number",
+            WcStatus::InvEecStateErr => "invalid EE context state",
+            WcStatus::FatalErr => "fatal error",
+            WcStatus::RespTimeoutErr => "response timeout error",
+            WcStatus::GeneralErr => "general error",
+        }
+    }
+}
+
+impl std::fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// `enum ibv_wc_opcode`, with the verbs numbering.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[repr(u32)]
-#[allow(missing_docs)]
 pub enum WcOpcode {
+    /// `IBV_WC_SEND`.
     #[default]
     Send = 0,
+    /// `IBV_WC_RDMA_WRITE`.
     RdmaWrite = 1,
+    /// `IBV_WC_RDMA_READ`.
     RdmaRead = 2,
+    /// `IBV_WC_COMP_SWAP`.
     CompSwap = 3,
+    /// `IBV_WC_FETCH_ADD`.
     FetchAdd = 4,
+    /// `IBV_WC_BIND_MW`.
     BindMw = 5,
+    /// `IBV_WC_LOCAL_INV`.
     LocalInv = 6,
+    /// `IBV_WC_RECV`: a receive request consumed by a SEND.
     Recv = 128,
+    /// `IBV_WC_RECV_RDMA_WITH_IMM`: a receive request consumed by an RDMA WRITE with
+    /// immediate.
     RecvRdmaWithImm = 129,
 }
 
