@@ -76,7 +76,7 @@ fn netdev_mtu(ifname: &str) -> u32 {
 
 /// A node GUID derived from the address, so that a device keeps its GUID across runs:
 /// `02:53:52` ("SR", locally administered) then 40 bits of an FNV-1a hash of the address.
-fn guid_for(addr: &IpAddr) -> u64 {
+pub(crate) fn guid_for(addr: &IpAddr) -> u64 {
     let bytes = match addr {
         IpAddr::V4(a) => a.octets().to_vec(),
         IpAddr::V6(a) => a.octets().to_vec(),

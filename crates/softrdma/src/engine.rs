@@ -168,6 +168,8 @@ pub(crate) struct Engine {
     busy_poll: Duration,
     /// The receive buffers, held by the thread that is receiving.
     rx: Mutex<RxState>,
+    /// QP 1: the connection manager's MADs.
+    pub(crate) gsi: Mutex<crate::gsi::Gsi>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -200,6 +202,10 @@ impl Engine {
             faults: Mutex::new(None),
             delayed: Mutex::new(Vec::new()),
             rx: Mutex::new(RxState::new()),
+            gsi: Mutex::new(crate::gsi::Gsi::new(
+                local.ip(),
+                crate::device::guid_for(&local.ip()),
+            )),
             busy_poll: Duration::from_micros(
                 std::env::var("SOFTRDMA_BUSY_POLL_US")
                     .ok()
@@ -1004,6 +1010,10 @@ impl Engine {
                     let Some(qpn) = check_packet(self, pkt, src, prefixes) else {
                         continue;
                     };
+                    if qpn == softrdma_wire::mad::GSI_QPN {
+                        self.gsi_receive(pkt, src, now, tx);
+                        continue;
+                    }
                     if run_qpn != Some(qpn) {
                         if let Some(q) = run_qpn {
                             deliver(self, q, &run, src, now, tx);
@@ -1023,6 +1033,41 @@ impl Engine {
             }
         }
         total
+    }
+
+    fn gsi_receive(&self, pkt: &[u8], src: SocketAddr, now: Instant, tx: &mut TxBatch) {
+        let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+        g.receive(now, src.ip(), pkt);
+        self.gsi_drive(&mut g, tx);
+    }
+
+    /// Sends what the CM wants sent, collects its events and records its next deadline
+    /// (under the timer key of QP 1). Called with the GSI lock held.
+    pub(crate) fn gsi_drive(&self, g: &mut crate::gsi::Gsi, tx: &mut TxBatch) {
+        loop {
+            if tx.is_full() {
+                self.send(tx);
+            }
+            let Some((len, dst)) = g.poll_transmit(tx.slot()) else {
+                break;
+            };
+            tx.commit(len, self.local.ip(), dst);
+        }
+        g.collect_events();
+        self.set_timer(softrdma_wire::mad::GSI_QPN, g.cm.poll_timeout());
+    }
+
+    /// Runs `f` on the connection manager of this device, then sends what it wants sent
+    /// (the librdmacm layer's way in; today only the tests').
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn with_cm<R>(&self, f: impl FnOnce(&mut crate::gsi::Gsi, Instant) -> R) -> R {
+        let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+        let r = f(&mut g, Instant::now());
+        with_tx(|tx| {
+            self.gsi_drive(&mut g, tx);
+            self.send(tx);
+        });
+        r
     }
 
     /// Progress from an application thread that found its CQ empty: if no other thread is
@@ -1103,6 +1148,12 @@ fn progress(weak: Weak<Engine>) {
                 .collect()
         };
         for qpn in due {
+            if qpn == softrdma_wire::mad::GSI_QPN {
+                let mut g = engine.gsi.lock().unwrap_or_else(|p| p.into_inner());
+                g.cm.handle_timeout(now);
+                engine.gsi_drive(&mut g, &mut tx);
+                continue;
+            }
             let Some(qp) = engine.lookup(qpn) else {
                 engine.set_timer(qpn, None);
                 continue;

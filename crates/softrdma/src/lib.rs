@@ -62,6 +62,7 @@ mod error;
 mod event;
 mod fd;
 mod gid;
+mod gsi;
 mod hold;
 pub mod mem;
 mod mr;

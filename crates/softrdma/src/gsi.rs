@@ -1,0 +1,254 @@
+//! The general services interface (QP1) of a device: IB CM MADs in and out, as UD SENDs with
+//! Q_Key 0x80010000 from QP 1 to QP 1 — exactly what Linux rdma_cm puts on the wire over
+//! RoCE — around the sans-IO connection manager [`softrdma_proto::cm::Cm`].
+//!
+//! The engine hands every packet for QP 1 to [`Gsi::receive`], sends what the CM wants sent,
+//! runs its timers, and queues its events for the connection-manager layer, which takes them
+//! with [`Gsi::take_events`].
+
+use softrdma_proto::cm::{Cm, CmConfig, CmEvent};
+use softrdma_wire::{bth, deth, mad, opcode::Opcode, roce};
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::time::Instant;
+
+/// The Q_Key of QP 1.
+pub(crate) const GSI_QKEY: u32 = mad::GSI_QKEY;
+
+/// Counters of the GSI path, beyond the CM's own.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GsiCounters {
+    /// MAD packets dropped before the CM saw them (wrong opcode, Q_Key or length).
+    pub(crate) dropped: u64,
+}
+
+/// QP 1 of one device.
+pub(crate) struct Gsi {
+    pub(crate) cm: Cm,
+    psn: u32,
+    events: VecDeque<CmEvent>,
+    pub(crate) counters: GsiCounters,
+}
+
+impl Gsi {
+    pub(crate) fn new(local: IpAddr, guid: u64) -> Gsi {
+        let seed = (u64::from(crate::resources::random_u32()) << 32)
+            | u64::from(crate::resources::random_u32());
+        Gsi {
+            cm: Cm::new(CmConfig::new(local, guid, seed)),
+            psn: crate::resources::random_u32() & 0xff_ffff,
+            events: VecDeque::new(),
+            counters: GsiCounters::default(),
+        }
+    }
+
+    /// Takes the queued CM events (the librdmacm layer's input; today only the tests').
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn take_events(&mut self) -> Vec<CmEvent> {
+        self.events.drain(..).collect()
+    }
+
+    /// Hands a received QP1 packet (BTH through ICRC, ICRC already verified) to the CM.
+    pub(crate) fn receive(&mut self, now: Instant, src: IpAddr, pkt: &[u8]) {
+        let ok = roce::Packet::new_checked(pkt).ok().and_then(|p| {
+            let repr = roce::Repr::parse(&p).ok()?;
+            let deth = repr.deth?;
+            (repr.bth.opcode == Opcode::UD_SEND_ONLY
+                && deth.qkey == GSI_QKEY
+                && p.payload().len() >= mad::MAD_SIZE)
+                .then(|| p.payload()[..mad::MAD_SIZE].to_vec())
+        });
+        match ok {
+            Some(m) => self.cm.handle_mad(now, src, &m),
+            None => self.counters.dropped += 1,
+        }
+    }
+
+    /// Collects the CM's events after an input.
+    pub(crate) fn collect_events(&mut self) {
+        while let Some(e) = self.cm.poll_event() {
+            self.events.push_back(e);
+        }
+    }
+
+    /// Writes the next MAD to send as a complete RoCEv2 packet (ICRC bytes reserved) into
+    /// `buf`; returns its length and destination.
+    pub(crate) fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<(usize, IpAddr)> {
+        let (dst, m) = self.cm.poll_transmit()?;
+        let repr = roce::Repr {
+            bth: bth::Repr {
+                opcode: Opcode::UD_SEND_ONLY,
+                solicited_event: false,
+                mig_req: false,
+                pad_count: 0,
+                pkey: bth::DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qp: mad::GSI_QPN,
+                ack_req: false,
+                psn: self.psn,
+            },
+            deth: Some(deth::Repr {
+                qkey: GSI_QKEY,
+                src_qp: mad::GSI_QPN,
+            }),
+            payload_len: mad::MAD_SIZE,
+            ..Default::default()
+        };
+        self.psn = (self.psn + 1) & 0xff_ffff;
+        let len = repr.buffer_len();
+        let mut p = roce::Packet::new_unchecked(buf.get_mut(..len)?);
+        repr.emit(&mut p, &m).ok()?;
+        Some((len, dst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::engine::Engine;
+    use crate::Device;
+    use softrdma_proto::cm::{AcceptParams, CmEvent, ConnectRequest};
+    use softrdma_wire::cm::{RejectReason, TransportServiceType};
+    use softrdma_wire::cma::{service_id, PortSpace};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    fn engine(addr: &str) -> (crate::Context, Arc<Engine>) {
+        let ctx = Device::from_addr(addr.parse().unwrap())
+            .unwrap()
+            .open()
+            .unwrap();
+        let e = ctx.inner.shared.engine().unwrap();
+        (ctx, e)
+    }
+
+    fn next_event(e: &Engine) -> CmEvent {
+        let t = Instant::now();
+        loop {
+            if let Some(ev) = e.with_cm(|g, _| g.take_events().into_iter().next()) {
+                return ev;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "no CM event");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn request(dst: &str, port: u16) -> ConnectRequest {
+        ConnectRequest {
+            dst: dst.parse().unwrap(),
+            service_id: service_id(PortSpace::Tcp, port),
+            local_qpn: 0x123,
+            starting_psn: 0x456,
+            transport: TransportServiceType::Rc,
+            responder_resources: 4,
+            initiator_depth: 4,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            srq: false,
+            flow_control: true,
+            path_mtu: 5,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+            sl: 0,
+            packet_rate: 0,
+            private_data: b"hello".to_vec(),
+        }
+    }
+
+    #[test]
+    fn two_devices_connect_and_disconnect_over_qp1() {
+        let pcap = std::env::temp_dir().join(format!("softrdma-cm-{}.pcap", std::process::id()));
+        crate::start_capture(&pcap).unwrap();
+        let (_c1, client) = engine("127.0.0.9");
+        let (_c2, server) = engine("127.0.0.10");
+        server
+            .with_cm(|g, _| g.cm.listen(service_id(PortSpace::Tcp, 7471)))
+            .unwrap();
+        let id = client
+            .with_cm(|g, now| g.cm.connect(now, request("127.0.0.10", 7471)))
+            .unwrap();
+        let CmEvent::ReqReceived { id: sid, src, req } = next_event(&server) else {
+            panic!("expected a REQ")
+        };
+        assert_eq!(src, "127.0.0.9".parse::<std::net::IpAddr>().unwrap());
+        assert_eq!((req.remote_qpn, req.starting_psn), (0x123, 0x456));
+        assert_eq!(&req.private_data[..5], b"hello");
+        server
+            .with_cm(|g, now| {
+                g.cm.accept(
+                    now,
+                    sid,
+                    AcceptParams {
+                        local_qpn: 0x789,
+                        starting_psn: 0xabc,
+                        responder_resources: 4,
+                        initiator_depth: 4,
+                        rnr_retry_count: 7,
+                        srq: false,
+                        flow_control: true,
+                        private_data: b"welcome".to_vec(),
+                    },
+                )
+            })
+            .unwrap();
+        let CmEvent::RepReceived { id: cid, rep } = next_event(&client) else {
+            panic!("expected a REP")
+        };
+        assert_eq!(cid, id);
+        assert_eq!((rep.remote_qpn, rep.starting_psn), (0x789, 0xabc));
+        client
+            .with_cm(|g, now| g.cm.send_rtu(now, id, &[]))
+            .unwrap();
+        assert!(matches!(next_event(&server), CmEvent::Established { id, .. } if id == sid));
+        client
+            .with_cm(|g, now| g.cm.disconnect(now, id, &[]))
+            .unwrap();
+        assert!(
+            matches!(next_event(&server), CmEvent::DisconnectRequested { id, .. } if id == sid)
+        );
+        assert!(matches!(next_event(&client), CmEvent::Disconnected { id: x } if x == id));
+        assert!(client.counters().rx_packets >= 2 && server.counters().rx_packets >= 3);
+        crate::stop_capture().unwrap();
+        // Every MAD on the wire is a valid RoCEv2 UD packet to QP 1 with a good ICRC, and the
+        // CM messages are the ones rdma_cm sends.
+        let data = std::fs::read(&pcap).unwrap();
+        let mut attrs = std::collections::BTreeSet::new();
+        for rec in softrdma_wire::pcap::PcapReader::new(&data)
+            .unwrap()
+            .records()
+        {
+            let rec = rec.unwrap();
+            let d = softrdma_wire::ip::parse_ethernet_udp(rec.data).unwrap();
+            softrdma_wire::icrc::verify(&rec.data[14..]).unwrap();
+            let p = softrdma_wire::roce::Packet::new_checked(d.payload).unwrap();
+            if p.bth().dest_qp() == 1 {
+                let m = softrdma_wire::mad::Packet::new_checked(p.payload()).unwrap();
+                attrs.insert(m.attribute_id());
+            }
+        }
+        let _ = std::fs::remove_file(&pcap);
+        for a in [0x10u16, 0x13, 0x14, 0x15, 0x16] {
+            assert!(
+                attrs.contains(&a),
+                "CM attribute {a:#x} missing from {attrs:x?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_request_nobody_listens_for_is_rejected_with_reason_8() {
+        let (_c1, client) = engine("127.0.0.11");
+        let (_c2, _server) = engine("127.0.0.12");
+        let id = client
+            .with_cm(|g, now| g.cm.connect(now, request("127.0.0.12", 9999)))
+            .unwrap();
+        match next_event(&client) {
+            CmEvent::Rejected { id: x, reason, .. } => {
+                assert_eq!(x, id);
+                assert_eq!(reason, RejectReason::InvalidServiceId);
+            }
+            other => panic!("expected REJ 8, got {other:?}"),
+        }
+    }
+}
