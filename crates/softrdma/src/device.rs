@@ -602,6 +602,17 @@ impl DeviceShared {
     }
 }
 
+/// The engines started in this process.
+pub(crate) fn all_engines() -> Vec<Arc<crate::engine::Engine>> {
+    ENGINES.get().map_or_else(Vec::new, |m| {
+        m.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    })
+}
+
 /// Whether `addr` is the socket of one of this process's device engines.
 pub(crate) fn is_local_engine(addr: std::net::SocketAddr) -> bool {
     ENGINES.get().is_some_and(|m| {

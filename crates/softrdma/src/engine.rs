@@ -170,6 +170,8 @@ pub(crate) struct Engine {
     rx: Mutex<RxState>,
     /// QP 1: the connection manager's MADs.
     pub(crate) gsi: Mutex<crate::gsi::Gsi>,
+    /// This engine, for the connection-manager layer's ids.
+    me: std::sync::OnceLock<Weak<Engine>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -202,6 +204,7 @@ impl Engine {
             faults: Mutex::new(None),
             delayed: Mutex::new(Vec::new()),
             rx: Mutex::new(RxState::new()),
+            me: std::sync::OnceLock::new(),
             gsi: Mutex::new(crate::gsi::Gsi::new(
                 local.ip(),
                 crate::device::guid_for(&local.ip()),
@@ -214,6 +217,7 @@ impl Engine {
             ),
         });
         e.wake.set_nonblocking(true)?;
+        let _ = e.me.set(Arc::downgrade(&e));
         let weak = Arc::downgrade(&e);
         std::thread::Builder::new()
             .name(format!("softrdma-{addr}"))
@@ -1036,9 +1040,35 @@ impl Engine {
     }
 
     fn gsi_receive(&self, pkt: &[u8], src: SocketAddr, now: Instant, tx: &mut TxBatch) {
-        let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
-        g.receive(now, src.ip(), pkt);
-        self.gsi_drive(&mut g, tx);
+        let evs = {
+            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+            g.receive(now, src.ip(), pkt);
+            self.gsi_drive(&mut g, tx);
+            g.take_events()
+        };
+        self.send(tx);
+        self.dispatch(evs);
+    }
+
+    /// Hands CM events to the connection-manager layer (no lock held); the ones no id
+    /// handles go back to the queue.
+    pub(crate) fn dispatch(&self, evs: Vec<softrdma_proto::cm::CmEvent>) {
+        if evs.is_empty() {
+            return;
+        }
+        let Some(me) = self.me.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        let rest: Vec<_> = evs
+            .into_iter()
+            .filter_map(|ev| crate::rdma_cm::dispatch(&me, ev))
+            .collect();
+        if !rest.is_empty() {
+            self.gsi
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .requeue(rest);
+        }
     }
 
     /// Sends what the CM wants sent, collects its events and records its next deadline
@@ -1057,16 +1087,24 @@ impl Engine {
         self.set_timer(softrdma_wire::mad::GSI_QPN, g.cm.poll_timeout());
     }
 
-    /// Runs `f` on the connection manager of this device, then sends what it wants sent
-    /// (the librdmacm layer's way in; today only the tests').
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Runs `f` on the connection manager of this device, sends what it wants sent, then
+    /// dispatches its events.
     pub(crate) fn with_cm<R>(&self, f: impl FnOnce(&mut crate::gsi::Gsi, Instant) -> R) -> R {
-        let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
-        let r = f(&mut g, Instant::now());
-        with_tx(|tx| {
-            self.gsi_drive(&mut g, tx);
-            self.send(tx);
-        });
+        let (r, evs) = {
+            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+            let r = f(&mut g, Instant::now());
+            with_tx(|tx| {
+                self.gsi_drive(&mut g, tx);
+                self.send(tx);
+            });
+            let evs = if self.me.get().is_some() {
+                g.take_events()
+            } else {
+                Vec::new()
+            };
+            (r, evs)
+        };
+        self.dispatch(evs);
         r
     }
 
@@ -1149,9 +1187,14 @@ fn progress(weak: Weak<Engine>) {
         };
         for qpn in due {
             if qpn == softrdma_wire::mad::GSI_QPN {
-                let mut g = engine.gsi.lock().unwrap_or_else(|p| p.into_inner());
-                g.cm.handle_timeout(now);
-                engine.gsi_drive(&mut g, &mut tx);
+                let evs = {
+                    let mut g = engine.gsi.lock().unwrap_or_else(|p| p.into_inner());
+                    g.cm.handle_timeout(now);
+                    engine.gsi_drive(&mut g, &mut tx);
+                    g.take_events()
+                };
+                engine.send(&mut tx);
+                engine.dispatch(evs);
                 continue;
             }
             let Some(qp) = engine.lookup(qpn) else {

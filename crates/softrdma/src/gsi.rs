@@ -25,6 +25,8 @@ pub(crate) struct GsiCounters {
 /// QP 1 of one device.
 pub(crate) struct Gsi {
     pub(crate) cm: Cm,
+    /// Keep events no rdma_cm id handles, for code that drives the CM directly (tests).
+    pub(crate) keep_unhandled: bool,
     psn: u32,
     events: VecDeque<CmEvent>,
     pub(crate) counters: GsiCounters,
@@ -36,16 +38,28 @@ impl Gsi {
             | u64::from(crate::resources::random_u32());
         Gsi {
             cm: Cm::new(CmConfig::new(local, guid, seed)),
+            keep_unhandled: false,
             psn: crate::resources::random_u32() & 0xff_ffff,
             events: VecDeque::new(),
             counters: GsiCounters::default(),
         }
     }
 
-    /// Takes the queued CM events (the librdmacm layer's input; today only the tests').
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// Takes the queued CM events.
     pub(crate) fn take_events(&mut self) -> Vec<CmEvent> {
         self.events.drain(..).collect()
+    }
+
+    /// Puts back events nobody handled (no rdma_cm id is behind their communication) when
+    /// the CM is driven directly ([`Gsi::keep_unhandled`]); otherwise they are dropped (an
+    /// event for an id destroyed meanwhile).
+    pub(crate) fn requeue(&mut self, evs: Vec<CmEvent>) {
+        if !self.keep_unhandled {
+            return;
+        }
+        for e in evs.into_iter().rev() {
+            self.events.push_front(e);
+        }
     }
 
     /// Hands a received QP1 packet (BTH through ICRC, ICRC already verified) to the CM.
@@ -119,6 +133,7 @@ mod tests {
             .open()
             .unwrap();
         let e = ctx.inner.shared.engine().unwrap();
+        e.with_cm(|g, _| g.keep_unhandled = true);
         (ctx, e)
     }
 

@@ -68,6 +68,7 @@ pub mod mem;
 mod mr;
 mod pd;
 mod qp;
+pub mod rdma_cm;
 mod resources;
 mod sock;
 mod srq;

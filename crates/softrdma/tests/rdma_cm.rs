@@ -1,0 +1,219 @@
+//! The connection manager (librdmacm) over IB CM MADs on QP 1: resolve, connect, accept,
+//! reject, no listener, data over the connected QPs, disconnect — with the events of each.
+
+use softrdma::rdma_cm::{CmEvent, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
+use softrdma::*;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn addr(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+fn expect(ch: &EventChannel, want: CmEventType) -> CmEvent {
+    let ev = ch.get_cm_event().unwrap();
+    assert_eq!(ev.event, want, "got {ev:?}");
+    ev
+}
+
+fn cap() -> QpCap {
+    QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    }
+}
+
+fn client(ch: &EventChannel, dst: &str, data: &[u8]) -> CmId {
+    let id = CmId::create(ch, 7, PortSpace::Tcp).unwrap();
+    id.resolve_addr(None, addr(dst), 2000).unwrap();
+    expect(ch, CmEventType::AddrResolved).ack();
+    assert!(id.verbs().is_some(), "bound to a device");
+    id.resolve_route(2000).unwrap();
+    expect(ch, CmEventType::RouteResolved).ack();
+    let mut c = cap();
+    id.create_qp(None, &mut c).unwrap();
+    id.connect(&ConnParam {
+        private_data: data.to_vec(),
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..Default::default()
+    })
+    .unwrap();
+    id
+}
+
+fn wait_wc(cq: &Cq) -> WorkCompletion {
+    let t = Instant::now();
+    let mut wc = [WorkCompletion::default(); 1];
+    loop {
+        if cq.poll(&mut wc).unwrap() == 1 {
+            return wc[0];
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "no completion");
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+#[test]
+fn rdma_connect_accept_send_and_disconnect() {
+    let sch = EventChannel::new().unwrap();
+    let listen = CmId::create(&sch, 1, PortSpace::Tcp).unwrap();
+    listen.bind_addr(addr("127.0.0.21:7471")).unwrap();
+    listen.listen(8).unwrap();
+
+    let cch = EventChannel::new().unwrap();
+    let cid = client(&cch, "127.0.0.21:7471", b"hi server");
+
+    let req = expect(&sch, CmEventType::ConnectRequest);
+    assert_eq!(&req.param.private_data[..9], b"hi server");
+    assert_eq!(req.listen_id.as_ref().unwrap().context(), 1);
+    let sid = req.id.clone();
+    assert_eq!(sid.local_addr().unwrap(), addr("127.0.0.21:7471"));
+    let mut c = cap();
+    let sqp = sid.create_qp(None, &mut c).unwrap();
+    let (scq, _) = sid.cq().unwrap();
+    // A receive for the client's SEND, in the default PD the QP was created in.
+    let sbuf = Arc::new(Buffer::new(4096));
+    let smr = sid
+        .pd()
+        .unwrap()
+        .reg_buffer(&sbuf, AccessFlags::LOCAL_WRITE.bits())
+        .unwrap();
+    let sge = [Sge {
+        addr: sbuf.addr(),
+        length: 4096,
+        lkey: smr.lkey(),
+    }];
+    sqp.post_recv(&[RecvWr {
+        wr_id: 5,
+        sg_list: &sge,
+    }])
+    .unwrap();
+    req.ack();
+    sid.accept(&ConnParam {
+        private_data: b"welcome".to_vec(),
+        responder_resources: 1,
+        initiator_depth: 1,
+        rnr_retry_count: 7,
+        ..Default::default()
+    })
+    .unwrap();
+    let est = expect(&cch, CmEventType::Established);
+    assert_eq!(&est.param.private_data[..7], b"welcome");
+    est.ack();
+    expect(&sch, CmEventType::Established).ack();
+    assert_eq!(cid.qp().unwrap().state(), QpState::Rts);
+    assert_eq!(sqp.state(), QpState::Rts);
+
+    // Data over the connection the CM set up.
+    let cbuf = Arc::new(Buffer::from_slice(b"over the CM's connection"));
+    let cmr = cid.pd().unwrap().reg_buffer(&cbuf, 0).unwrap();
+    let csge = [Sge {
+        addr: cbuf.addr(),
+        length: 24,
+        lkey: cmr.lkey(),
+    }];
+    cid.qp()
+        .unwrap()
+        .post_send(&[SendWr {
+            wr_id: 1,
+            sg_list: &csge,
+            send_flags: SendFlags::SIGNALED,
+            ..Default::default()
+        }])
+        .unwrap();
+    let (ccq, _) = cid.cq().unwrap();
+    assert_eq!(wait_wc(&ccq).status, WcStatus::Success);
+    let r = wait_wc(&scq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (5, WcStatus::Success, 24));
+    let mut got = [0u8; 24];
+    sbuf.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"over the CM's connection");
+
+    // Disconnect from the client: both sides get DISCONNECTED.
+    cid.disconnect().unwrap();
+    expect(&cch, CmEventType::Disconnected).ack();
+    expect(&sch, CmEventType::Disconnected).ack();
+    cid.destroy();
+    sid.destroy();
+    listen.destroy();
+}
+
+#[test]
+fn rdma_connect_to_a_port_nobody_listens_on_is_rejected_with_status_8() {
+    let ch = EventChannel::new().unwrap();
+    // 127.0.0.22 is a running device (its CM answers on QP 1) but nothing listens on port 9.
+    let dev = Device::from_addr("127.0.0.22".parse().unwrap())
+        .unwrap()
+        .open()
+        .unwrap();
+    dev.local_udp_addr().unwrap();
+    let id = client(&ch, "127.0.0.22:9", b"");
+    let ev = expect(&ch, CmEventType::Rejected);
+    assert_eq!(ev.status, 8);
+    ev.ack();
+    id.destroy();
+}
+
+#[test]
+fn rdma_reject_reaches_the_peer_as_status_28_with_private_data() {
+    let sch = EventChannel::new().unwrap();
+    let listen = CmId::create(&sch, 0, PortSpace::Tcp).unwrap();
+    listen.bind_addr(addr("127.0.0.23:7000")).unwrap();
+    listen.listen(1).unwrap();
+    let cch = EventChannel::new().unwrap();
+    let cid = client(&cch, "127.0.0.23:7000", b"please");
+    let req = expect(&sch, CmEventType::ConnectRequest);
+    req.id.reject(b"no thanks").unwrap();
+    let rid = req.id.clone();
+    req.ack();
+    let ev = expect(&cch, CmEventType::Rejected);
+    assert_eq!(ev.status, 28);
+    assert_eq!(&ev.param.private_data[..9], b"no thanks");
+    ev.ack();
+    cid.destroy();
+    rid.destroy();
+    listen.destroy();
+}
+
+#[test]
+fn rdma_bind_addr_rules() {
+    let ch = EventChannel::new().unwrap();
+    let a = CmId::create(&ch, 0, PortSpace::Tcp).unwrap();
+    a.bind_addr(addr("127.0.0.24:7100")).unwrap();
+    let b = CmId::create(&ch, 0, PortSpace::Tcp).unwrap();
+    assert_eq!(
+        b.bind_addr(addr("127.0.0.24:7100")).unwrap_err().errno(),
+        libc::EADDRINUSE
+    );
+    assert_eq!(
+        a.bind_addr(addr("127.0.0.24:7101")).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    let c = CmId::create(&ch, 0, PortSpace::Tcp).unwrap();
+    c.bind_addr(addr("127.0.0.24:0")).unwrap();
+    assert_ne!(c.local_addr().unwrap().port(), 0, "ephemeral port");
+    let d = CmId::create(&ch, 0, PortSpace::Tcp).unwrap();
+    assert_eq!(
+        d.bind_addr(addr("192.0.2.1:7100")).unwrap_err().errno(),
+        libc::EADDRNOTAVAIL
+    );
+    assert_eq!(
+        CmId::create(&ch, 0, PortSpace::Udp).unwrap_err().errno(),
+        libc::EOPNOTSUPP
+    );
+    let ch2 = ch.clone();
+    a.destroy();
+    // The port is free again once its id is destroyed.
+    b.bind_addr(addr("127.0.0.24:7100")).unwrap();
+    for id in [b, c, d] {
+        id.destroy();
+    }
+    ch2.destroy().unwrap();
+}
