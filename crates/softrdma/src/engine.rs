@@ -765,6 +765,11 @@ pub(crate) fn drive(
         tx.commit(out.len, src, dst);
     }
     let srq_limit_hit = env.srq_limit_hit;
+    // The packets go out before the completions become visible: an application that reacts
+    // to a completion (say, disconnects) cannot overtake the ACK of what it received.
+    if t.has_pending_completion() {
+        engine.send(tx);
+    }
     while let Some(c) = t.poll_completion() {
         let wc = to_wc(&c, qp.qp_num, qp.qp_type == softrdma_proto::QpType::Ud);
         let cq = if c.is_recv { &qp.recv_cq } else { &qp.send_cq };

@@ -272,7 +272,8 @@ struct IdState_ {
     path_mtu: Mtu,
     qp: Option<Arc<Qp>>,
     pd: Option<Arc<Pd>>,
-    cqs: Option<(Arc<Cq>, Arc<CompChannel>)>,
+    /// The send and receive CQs (with their channels) `create_qp` made.
+    cqs: Option<[(Arc<Cq>, Arc<CompChannel>); 2]>,
     conn: Option<ConnId>,
     conn_param: ConnParam,
     starting_psn: u32,
@@ -284,6 +285,10 @@ struct IdState_ {
 struct IdInner {
     ps: PortSpace,
     context: u64,
+    /// Synchronous id: its channel is private and its calls wait for their events.
+    sync: bool,
+    /// The last event of a synchronous id.
+    last_event: Mutex<Option<(CmEventType, i32, ConnParam)>>,
     channel: EventChannel,
     state: Mutex<IdState_>,
     reported: AtomicUsize,
@@ -357,7 +362,9 @@ fn ports() -> &'static Mutex<PortTable> {
 #[derive(Default)]
 struct Registry {
     conns: HashMap<(IpAddr, u32), Weak<IdInner>>,
-    listeners: HashMap<u64, Vec<Weak<IdInner>>>,
+    /// Listening ids by (device address, service ID): the device's CM listens on the service
+    /// ID while this list is not empty.
+    listeners: HashMap<(IpAddr, u64), Vec<Weak<IdInner>>>,
 }
 
 fn registry() -> &'static Mutex<Registry> {
@@ -371,21 +378,30 @@ fn random_psn() -> u32 {
 
 impl CmId {
     /// Creates an id in the port space `ps` whose events go to `channel`
-    /// (`rdma_create_id`). `context` is returned in every event's id.
+    /// (`rdma_create_id`). `context` is returned in every event's id. With no channel the id
+    /// is synchronous: the calls that produce an event block until it arrives, keep it as
+    /// [`CmId::event`], and fail when it reports an error.
     ///
     /// Fails with `EOPNOTSUPP` for port spaces other than TCP (RC) in this version.
-    pub fn create(channel: &EventChannel, context: u64, ps: PortSpace) -> Result<CmId> {
+    pub fn create(channel: Option<&EventChannel>, context: u64, ps: PortSpace) -> Result<CmId> {
         if ps != PortSpace::Tcp {
             return Err(Error::not_supported(format!(
                 "port space {ps:?} is not supported yet (only RDMA_PS_TCP)"
             )));
         }
+        let sync = channel.is_none();
+        let channel = match channel {
+            Some(c) => c.clone(),
+            None => EventChannel::new()?,
+        };
         channel.inner.ids.fetch_add(1, Ordering::AcqRel);
         Ok(CmId {
             inner: Arc::new(IdInner {
                 ps,
                 context,
-                channel: channel.clone(),
+                sync,
+                last_event: Mutex::new(None),
+                channel,
                 state: Mutex::new(IdState_ {
                     state: IdState::Idle,
                     src: None,
@@ -430,9 +446,16 @@ impl CmId {
         s.pd.clone()
     }
 
-    /// The CQ and completion channel `create_qp` made for the id, if it made them.
-    pub fn cq(&self) -> Option<(Arc<Cq>, Arc<CompChannel>)> {
-        self.inner.lock().cqs.clone()
+    /// The send CQ and its completion channel `create_qp` made (`id->send_cq`,
+    /// `id->send_cq_channel`).
+    pub fn send_cq(&self) -> Option<(Arc<Cq>, Arc<CompChannel>)> {
+        self.inner.lock().cqs.as_ref().map(|c| c[0].clone())
+    }
+
+    /// The receive CQ and its completion channel `create_qp` made (`id->recv_cq`,
+    /// `id->recv_cq_channel`).
+    pub fn recv_cq(&self) -> Option<(Arc<Cq>, Arc<CompChannel>)> {
+        self.inner.lock().cqs.as_ref().map(|c| c[1].clone())
     }
 
     /// The local address (`rdma_get_local_addr`).
@@ -443,6 +466,76 @@ impl CmId {
     /// The peer's address (`rdma_get_peer_addr`).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.inner.lock().dst
+    }
+
+    /// Whether the id is synchronous (created with no channel).
+    pub fn is_sync(&self) -> bool {
+        self.inner.sync
+    }
+
+    /// The last event of a synchronous id (`id->event`): type, status and parameters.
+    pub fn event(&self) -> Option<(CmEventType, i32, ConnParam)> {
+        self.inner
+            .last_event
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// For a synchronous id: waits for the event its last call produces, keeps it, and
+    /// turns an error event into the errno librdmacm reports.
+    fn complete(&self, want: CmEventType) -> Result<()> {
+        if !self.inner.sync {
+            return Ok(());
+        }
+        let ev = self.inner.channel.get_cm_event()?;
+        let (t, status, param) = (ev.event, ev.status, ev.param.clone());
+        ev.ack();
+        *self
+            .inner
+            .last_event
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some((t, status, param));
+        if t == want {
+            return Ok(());
+        }
+        let errno = match t {
+            CmEventType::Rejected => libc::ECONNREFUSED,
+            CmEventType::Unreachable => libc::ETIMEDOUT,
+            _ if status < 0 => -status,
+            _ => libc::EINVAL,
+        };
+        Err(Error::new(
+            ErrorKind::Os(errno),
+            format!("{} (status {status})", t.as_str()),
+        ))
+    }
+
+    /// Takes the next connection request of a synchronous listener (`rdma_get_request`):
+    /// blocks until one arrives and returns its new (synchronous) id; its request parameters
+    /// are [`CmId::event`] of the new id.
+    ///
+    /// Fails with `EINVAL` on an asynchronous id or one that is not listening.
+    pub fn get_request(&self) -> Result<CmId> {
+        if !self.inner.sync || self.inner.lock().state != IdState::Listen {
+            return Err(Error::invalid(
+                "rdma_get_request needs a synchronous, listening id",
+            ));
+        }
+        loop {
+            let ev = self.inner.channel.get_cm_event()?;
+            if ev.event == CmEventType::ConnectRequest {
+                let id = ev.id.clone();
+                *id.inner
+                    .last_event
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) =
+                    Some((ev.event, ev.status, ev.param.clone()));
+                ev.ack();
+                return Ok(id);
+            }
+            ev.ack();
+        }
     }
 
     fn post(&self, event: CmEventType, status: i32, param: ConnParam, listen: Option<CmId>) {
@@ -578,7 +671,7 @@ impl CmId {
                 None,
             ),
         }
-        Ok(())
+        self.complete(CmEventType::AddrResolved)
     }
 
     /// Resolves the route (`rdma_resolve_route`): on RoCE a local computation (path MTU from
@@ -595,12 +688,13 @@ impl CmId {
         s.state = IdState::RouteResolved;
         drop(s);
         self.post(CmEventType::RouteResolved, 0, ConnParam::default(), None);
-        Ok(())
+        self.complete(CmEventType::RouteResolved)
     }
 
     /// Creates the id's RC QP (`rdma_create_qp`): with `pd` None the device's default PD;
-    /// with no CQs in `cap`-only form, one CQ with its own completion channel (cq_context =
-    /// the id's context) serves both queues. The QP is left in INIT; connect/accept move it.
+    /// a send CQ and a receive CQ, each with its own completion channel (cq_context = the
+    /// id's context), as `rdma_create_qp` makes when none are given. The QP is left in INIT;
+    /// connect/accept move it.
     ///
     /// Fails with `EINVAL` before the id is bound to a device or when it already has a QP,
     /// and like [`Pd::create_qp`].
@@ -614,10 +708,15 @@ impl CmId {
         }
         let (_, default_pd) = device_res(ctx.device().addr())?;
         let pd = pd.cloned().unwrap_or(default_pd);
-        let ch = Arc::new(ctx.create_comp_channel()?);
-        let depth = (cap.max_send_wr + cap.max_recv_wr).max(1);
-        let cq = Arc::new(ctx.create_cq(depth, self.inner.context, Some(&ch), 0)?);
-        let mut init = QpInitAttr::new(QpType::Rc, &cq, *cap);
+        let mut cqs = Vec::with_capacity(2);
+        for depth in [cap.max_send_wr, cap.max_recv_wr] {
+            let ch = Arc::new(ctx.create_comp_channel()?);
+            let cq = Arc::new(ctx.create_cq(depth.max(1), self.inner.context, Some(&ch), 0)?);
+            cqs.push((cq, ch));
+        }
+        let cqs: [(Arc<Cq>, Arc<CompChannel>); 2] = [cqs[0].clone(), cqs[1].clone()];
+        let mut init = QpInitAttr::new(QpType::Rc, &cqs[0].0, *cap);
+        init.recv_cq = &cqs[1].0;
         init.qp_context = self.inner.context;
         let qp = Arc::new(pd.create_qp(&mut init)?);
         *cap = init.cap;
@@ -637,7 +736,7 @@ impl CmId {
         )?;
         s.qp = Some(qp.clone());
         s.pd = Some(pd);
-        s.cqs = Some((cq, ch));
+        s.cqs = Some(cqs);
         Ok(qp)
     }
 
@@ -660,17 +759,26 @@ impl CmId {
             Some(e) => vec![e.clone()],
             None => crate::device::all_engines(),
         };
+        let mut r = registry().lock().unwrap_or_else(|p| p.into_inner());
         for e in &engines {
-            e.with_cm(|g, _| g.cm.listen(sid))
-                .map_err(|e| Error::invalid(format!("listen: {e:?}")))?;
+            let list = r.listeners.entry((e.local.ip(), sid)).or_default();
+            list.retain(|w| w.strong_count() > 0);
+            if list.iter().any(|w| {
+                w.upgrade()
+                    .is_some_and(|l| l.lock().src.map(|a| a.ip()) == Some(src.ip()))
+            }) {
+                return Err(Error::new(
+                    ErrorKind::AddrInUse,
+                    format!("something already listens on {src}"),
+                ));
+            }
+            if list.is_empty() {
+                // Another id may have made the CM listen and gone; listening twice is fine.
+                let _ = e.with_cm(|g, _| g.cm.listen(sid));
+            }
+            list.push(Arc::downgrade(&self.inner));
         }
-        registry()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .listeners
-            .entry(sid)
-            .or_default()
-            .push(Arc::downgrade(&self.inner));
+        drop(r);
         s.listening = Some(sid);
         s.state = IdState::Listen;
         Ok(())
@@ -748,7 +856,8 @@ impl CmId {
         s.conn = Some(id);
         s.conn_param = param.clone();
         s.state = IdState::Connect;
-        Ok(())
+        drop(s);
+        self.complete(CmEventType::Established)
     }
 
     /// Accepts the connection request this id was created for (`rdma_accept`): moves the QP
@@ -806,7 +915,8 @@ impl CmId {
         engine
             .with_cm(|g, now| g.cm.accept(now, conn, params))
             .map_err(|e| Error::invalid(format!("accept: {e:?}")))?;
-        Ok(())
+        drop(s);
+        self.complete(CmEventType::Established)
     }
 
     /// Rejects the connection request this id was created for (`rdma_reject`): the peer gets
@@ -834,11 +944,17 @@ impl CmId {
     }
 
     /// Disconnects (`rdma_disconnect`): the QP goes to ERR (flushing its work), a DREQ goes
-    /// out, and both sides get DISCONNECTED.
+    /// out, and both sides get DISCONNECTED. On a synchronous id it returns once
+    /// DISCONNECTED arrived — at once if the peer disconnected first.
     ///
     /// Fails with `EINVAL` when the id is not connected.
     pub fn disconnect(&self) -> Result<()> {
         let mut s = self.inner.lock();
+        if self.inner.sync && s.state == IdState::Disconnected && s.conn.is_some() {
+            // The peer disconnected first: its DISCONNECTED event is (or will be) ours.
+            drop(s);
+            return self.complete(CmEventType::Disconnected);
+        }
         let (Some(conn), Some(engine)) = (s.conn, s.engine.clone()) else {
             return Err(Error::invalid(
                 "rdma_disconnect on an id that is not connected",
@@ -856,7 +972,8 @@ impl CmId {
             .with_cm(|g, now| g.cm.disconnect(now, conn, &[]))
             .map_err(|e| Error::invalid(format!("disconnect: {e:?}")))?;
         s.state = IdState::Disconnected;
-        Ok(())
+        drop(s);
+        self.complete(CmEventType::Disconnected)
     }
 
     /// Destroys the id (`rdma_destroy_id`): waits until every event reported for it is
@@ -888,14 +1005,23 @@ impl CmId {
         }
         if let Some(sid) = g.listening.take() {
             let mut r = registry().lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(v) = r.listeners.get_mut(&sid) {
+            let mut idle = Vec::new();
+            for ((ip, s2), v) in r.listeners.iter_mut() {
+                if *s2 != sid {
+                    continue;
+                }
                 v.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(i)));
                 if v.is_empty() {
-                    r.listeners.remove(&sid);
-                    drop(r);
-                    for e in crate::device::all_engines() {
-                        e.with_cm(|gsi, _| gsi.cm.unlisten(sid));
-                    }
+                    idle.push(*ip);
+                }
+            }
+            for ip in &idle {
+                r.listeners.remove(&(*ip, sid));
+            }
+            drop(r);
+            for e in crate::device::all_engines() {
+                if idle.contains(&e.local.ip()) {
+                    e.with_cm(|gsi, _| gsi.cm.unlisten(sid));
                 }
             }
         }
@@ -904,6 +1030,188 @@ impl CmId {
         g.cqs = None;
         drop(g);
         i.channel.inner.ids.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The `rdma_verbs.h` helpers: memory registration on the id's PD, one-buffer posts and
+/// blocking completion waits on the CQs `create_qp` made.
+impl CmId {
+    fn need<T: Clone>(&self, f: impl Fn(&IdState_) -> Option<T>, what: &str) -> Result<T> {
+        f(&self.inner.lock()).ok_or_else(|| Error::invalid(format!("the id has no {what}")))
+    }
+
+    fn reg(&self, buf: &Arc<crate::Buffer>, access: AccessFlags) -> Result<crate::Mr> {
+        self.need(|s| s.pd.clone(), "PD (rdma_create_qp first)")?
+            .reg_buffer(buf, access.bits())
+    }
+
+    /// Registers `buf` for sends and receives (`rdma_reg_msgs`: LOCAL_WRITE) on the id's PD.
+    ///
+    /// Fails with `EINVAL` when the id has no QP yet, and like [`Pd::reg_buffer`].
+    pub fn reg_msgs(&self, buf: &Arc<crate::Buffer>) -> Result<crate::Mr> {
+        self.reg(buf, AccessFlags::LOCAL_WRITE)
+    }
+
+    /// Registers `buf` as the target of the peer's RDMA READs (`rdma_reg_read`).
+    ///
+    /// Fails like [`CmId::reg_msgs`].
+    pub fn reg_read(&self, buf: &Arc<crate::Buffer>) -> Result<crate::Mr> {
+        self.reg(buf, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
+    }
+
+    /// Registers `buf` as the target of the peer's RDMA WRITEs (`rdma_reg_write`).
+    ///
+    /// Fails like [`CmId::reg_msgs`].
+    pub fn reg_write(&self, buf: &Arc<crate::Buffer>) -> Result<crate::Mr> {
+        self.reg(buf, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
+    }
+
+    fn sge(addr: u64, length: usize, mr: &crate::Mr) -> Result<crate::Sge> {
+        let end = addr.checked_add(length as u64);
+        if addr < mr.iova() || end.is_none_or(|e| e > mr.iova() + mr.length()) {
+            return Err(Error::invalid("the buffer is not inside the memory region"));
+        }
+        Ok(crate::Sge {
+            addr,
+            length: length as u32,
+            lkey: mr.lkey(),
+        })
+    }
+
+    /// Posts one receive of `length` bytes at `addr` in `mr` (`rdma_post_recv`); `context`
+    /// comes back as the completion's wr_id.
+    ///
+    /// Fails with `EINVAL` when the buffer is not inside `mr` or the id has no QP, and like
+    /// [`Qp::post_recv`].
+    pub fn post_recv(&self, context: u64, addr: u64, length: usize, mr: &crate::Mr) -> Result<()> {
+        let sge = [Self::sge(addr, length, mr)?];
+        self.need(|s| s.qp.clone(), "QP")?
+            .post_recv(&[crate::RecvWr {
+                wr_id: context,
+                sg_list: &sge,
+            }])
+            .map_err(Error::from)
+    }
+
+    fn post_one(&self, wr: crate::SendWr<'_>) -> Result<()> {
+        self.need(|s| s.qp.clone(), "QP")?
+            .post_send(&[wr])
+            .map_err(Error::from)
+    }
+
+    /// Sends `length` bytes at `addr` (`rdma_post_send`); with `mr` None the data go inline.
+    ///
+    /// Fails like [`CmId::post_recv`] and [`Qp::post_send`].
+    pub fn post_send(
+        &self,
+        context: u64,
+        addr: u64,
+        length: usize,
+        mr: Option<&crate::Mr>,
+        flags: crate::SendFlags,
+    ) -> Result<()> {
+        let (sge, flags) = match mr {
+            Some(mr) => (Self::sge(addr, length, mr)?, flags),
+            None => {
+                return Err(Error::invalid(
+                    "inline sends need the buffer's region on softrdma (pass the MR)",
+                ))
+            }
+        };
+        let sg = [sge];
+        self.post_one(crate::SendWr {
+            wr_id: context,
+            sg_list: &sg,
+            opcode: crate::WrOpcode::Send,
+            send_flags: flags,
+            ..Default::default()
+        })
+    }
+
+    /// RDMA-reads `length` bytes from the peer's `remote_addr` under `rkey` into `addr`
+    /// (`rdma_post_read`).
+    ///
+    /// Fails like [`CmId::post_send`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_read(
+        &self,
+        context: u64,
+        addr: u64,
+        length: usize,
+        mr: &crate::Mr,
+        flags: crate::SendFlags,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<()> {
+        let sg = [Self::sge(addr, length, mr)?];
+        self.post_one(crate::SendWr {
+            wr_id: context,
+            sg_list: &sg,
+            opcode: crate::WrOpcode::RdmaRead,
+            send_flags: flags,
+            remote_addr,
+            rkey,
+            ..Default::default()
+        })
+    }
+
+    /// RDMA-writes `length` bytes at `addr` to the peer's `remote_addr` under `rkey`
+    /// (`rdma_post_write`).
+    ///
+    /// Fails like [`CmId::post_send`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn post_write(
+        &self,
+        context: u64,
+        addr: u64,
+        length: usize,
+        mr: &crate::Mr,
+        flags: crate::SendFlags,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<()> {
+        let sg = [Self::sge(addr, length, mr)?];
+        self.post_one(crate::SendWr {
+            wr_id: context,
+            sg_list: &sg,
+            opcode: crate::WrOpcode::RdmaWrite,
+            send_flags: flags,
+            remote_addr,
+            rkey,
+            ..Default::default()
+        })
+    }
+
+    fn get_comp(&self, which: usize) -> Result<crate::WorkCompletion> {
+        let (cq, ch) = self.need(|s| s.cqs.as_ref().map(|c| c[which].clone()), "CQs")?;
+        let mut wc = [crate::WorkCompletion::default(); 1];
+        loop {
+            if cq.poll(&mut wc)? == 1 {
+                return Ok(wc[0]);
+            }
+            cq.req_notify_cq(false)?;
+            if cq.poll(&mut wc)? == 1 {
+                return Ok(wc[0]);
+            }
+            let ev = ch.get_cq_event()?;
+            debug_assert!(ev.is_for(&cq));
+            cq.ack_cq_events(1);
+        }
+    }
+
+    /// Waits for the next send completion (`rdma_get_send_comp`), sleeping on the send CQ's
+    /// channel.
+    ///
+    /// Fails with `EINVAL` when `create_qp` made no CQs for the id.
+    pub fn get_send_comp(&self) -> Result<crate::WorkCompletion> {
+        self.get_comp(0)
+    }
+
+    /// Waits for the next receive completion (`rdma_get_recv_comp`).
+    ///
+    /// Fails like [`CmId::get_send_comp`].
+    pub fn get_recv_comp(&self) -> Result<crate::WorkCompletion> {
+        self.get_comp(1)
     }
 }
 
@@ -1048,7 +1356,7 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .listeners
-            .contains_key(&req.service_id),
+            .contains_key(&(local, req.service_id)),
         ProtoEvent::RepReceived { id, .. }
         | ProtoEvent::Established { id, .. }
         | ProtoEvent::Rejected { id, .. }
@@ -1073,7 +1381,7 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .listeners
-                .get(&req.service_id)
+                .get(&(local, req.service_id))
                 .and_then(|v| {
                     v.iter().filter_map(Weak::upgrade).find(|l| {
                         l.lock()
@@ -1088,11 +1396,10 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
                 });
                 return None;
             };
-            let Ok(child) = CmId::create(
-                &listener.inner.channel,
-                listener.inner.context,
-                listener.inner.ps,
-            ) else {
+            // The new id of a synchronous listener is synchronous too.
+            let chan = (!listener.inner.sync).then(|| listener.inner.channel.clone());
+            let Ok(child) = CmId::create(chan.as_ref(), listener.inner.context, listener.inner.ps)
+            else {
                 return None;
             };
             let Ok((ctx, _)) = device_res(local) else {

@@ -28,7 +28,7 @@ fn cap() -> QpCap {
 }
 
 fn client(ch: &EventChannel, dst: &str, data: &[u8]) -> CmId {
-    let id = CmId::create(ch, 7, PortSpace::Tcp).unwrap();
+    let id = CmId::create(Some(ch), 7, PortSpace::Tcp).unwrap();
     id.resolve_addr(None, addr(dst), 2000).unwrap();
     expect(ch, CmEventType::AddrResolved).ack();
     assert!(id.verbs().is_some(), "bound to a device");
@@ -63,7 +63,7 @@ fn wait_wc(cq: &Cq) -> WorkCompletion {
 #[test]
 fn rdma_connect_accept_send_and_disconnect() {
     let sch = EventChannel::new().unwrap();
-    let listen = CmId::create(&sch, 1, PortSpace::Tcp).unwrap();
+    let listen = CmId::create(Some(&sch), 1, PortSpace::Tcp).unwrap();
     listen.bind_addr(addr("127.0.0.21:7471")).unwrap();
     listen.listen(8).unwrap();
 
@@ -77,7 +77,7 @@ fn rdma_connect_accept_send_and_disconnect() {
     assert_eq!(sid.local_addr().unwrap(), addr("127.0.0.21:7471"));
     let mut c = cap();
     let sqp = sid.create_qp(None, &mut c).unwrap();
-    let (scq, _) = sid.cq().unwrap();
+    let (scq, _) = sid.recv_cq().unwrap();
     // A receive for the client's SEND, in the default PD the QP was created in.
     let sbuf = Arc::new(Buffer::new(4096));
     let smr = sid
@@ -128,7 +128,7 @@ fn rdma_connect_accept_send_and_disconnect() {
             ..Default::default()
         }])
         .unwrap();
-    let (ccq, _) = cid.cq().unwrap();
+    let (ccq, _) = cid.send_cq().unwrap();
     assert_eq!(wait_wc(&ccq).status, WcStatus::Success);
     let r = wait_wc(&scq);
     assert_eq!((r.wr_id, r.status, r.byte_len), (5, WcStatus::Success, 24));
@@ -164,7 +164,7 @@ fn rdma_connect_to_a_port_nobody_listens_on_is_rejected_with_status_8() {
 #[test]
 fn rdma_reject_reaches_the_peer_as_status_28_with_private_data() {
     let sch = EventChannel::new().unwrap();
-    let listen = CmId::create(&sch, 0, PortSpace::Tcp).unwrap();
+    let listen = CmId::create(Some(&sch), 0, PortSpace::Tcp).unwrap();
     listen.bind_addr(addr("127.0.0.23:7000")).unwrap();
     listen.listen(1).unwrap();
     let cch = EventChannel::new().unwrap();
@@ -185,9 +185,9 @@ fn rdma_reject_reaches_the_peer_as_status_28_with_private_data() {
 #[test]
 fn rdma_bind_addr_rules() {
     let ch = EventChannel::new().unwrap();
-    let a = CmId::create(&ch, 0, PortSpace::Tcp).unwrap();
+    let a = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
     a.bind_addr(addr("127.0.0.24:7100")).unwrap();
-    let b = CmId::create(&ch, 0, PortSpace::Tcp).unwrap();
+    let b = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
     assert_eq!(
         b.bind_addr(addr("127.0.0.24:7100")).unwrap_err().errno(),
         libc::EADDRINUSE
@@ -196,16 +196,18 @@ fn rdma_bind_addr_rules() {
         a.bind_addr(addr("127.0.0.24:7101")).unwrap_err().errno(),
         libc::EINVAL
     );
-    let c = CmId::create(&ch, 0, PortSpace::Tcp).unwrap();
+    let c = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
     c.bind_addr(addr("127.0.0.24:0")).unwrap();
     assert_ne!(c.local_addr().unwrap().port(), 0, "ephemeral port");
-    let d = CmId::create(&ch, 0, PortSpace::Tcp).unwrap();
+    let d = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
     assert_eq!(
         d.bind_addr(addr("192.0.2.1:7100")).unwrap_err().errno(),
         libc::EADDRNOTAVAIL
     );
     assert_eq!(
-        CmId::create(&ch, 0, PortSpace::Udp).unwrap_err().errno(),
+        CmId::create(Some(&ch), 0, PortSpace::Udp)
+            .unwrap_err()
+            .errno(),
         libc::EOPNOTSUPP
     );
     let ch2 = ch.clone();
@@ -216,4 +218,68 @@ fn rdma_bind_addr_rules() {
         id.destroy();
     }
     ch2.destroy().unwrap();
+}
+
+/// rdma-core's rdma_server / rdma_client, with synchronous ids and the rdma_verbs helpers.
+#[test]
+fn rdma_get_request_and_the_verbs_helpers_with_synchronous_ids() {
+    let listen = CmId::create(None, 0, PortSpace::Tcp).unwrap();
+    assert!(listen.is_sync());
+    listen.bind_addr(addr("127.0.0.25:7471")).unwrap();
+    listen.listen(1).unwrap();
+    let server = std::thread::spawn(move || {
+        let id = listen.get_request().unwrap();
+        assert!(id.is_sync());
+        let (ev, _, param) = id.event().unwrap();
+        assert_eq!(
+            (ev, &param.private_data[..3]),
+            (CmEventType::ConnectRequest, &b"cli"[..])
+        );
+        let mut c = cap();
+        id.create_qp(None, &mut c).unwrap();
+        let buf = Arc::new(Buffer::new(16));
+        let mr = id.reg_msgs(&buf).unwrap();
+        id.post_recv(1, buf.addr(), 16, &mr).unwrap();
+        id.accept(&ConnParam::default()).unwrap(); // blocks until ESTABLISHED
+        let wc = id.get_recv_comp().unwrap();
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len),
+            (1, WcStatus::Success, 16)
+        );
+        id.post_send(2, buf.addr(), 16, Some(&mr), SendFlags::SIGNALED)
+            .unwrap();
+        assert_eq!(id.get_send_comp().unwrap().status, WcStatus::Success);
+        // Both sides disconnect, as rdma_server and rdma_client do; whoever is second gets
+        // the DISCONNECTED the first one caused.
+        id.disconnect().unwrap();
+        assert_eq!(id.event().unwrap().0, CmEventType::Disconnected);
+        drop(mr);
+        id.destroy();
+        listen.destroy();
+    });
+    let id = CmId::create(None, 0, PortSpace::Tcp).unwrap();
+    id.resolve_addr(None, addr("127.0.0.25:7471"), 2000)
+        .unwrap();
+    id.resolve_route(2000).unwrap();
+    let mut c = cap();
+    id.create_qp(None, &mut c).unwrap();
+    let buf = Arc::new(Buffer::from_slice(b"0123456789abcdef"));
+    let mr = id.reg_msgs(&buf).unwrap();
+    id.post_recv(7, buf.addr(), 16, &mr).unwrap();
+    id.connect(&ConnParam {
+        private_data: b"cli".to_vec(),
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..Default::default()
+    })
+    .unwrap(); // blocks until ESTABLISHED
+    id.post_send(8, buf.addr(), 16, Some(&mr), SendFlags::SIGNALED)
+        .unwrap();
+    assert_eq!(id.get_send_comp().unwrap().wr_id, 8);
+    let wc = id.get_recv_comp().unwrap();
+    assert_eq!((wc.wr_id, wc.byte_len), (7, 16));
+    id.disconnect().unwrap();
+    server.join().unwrap();
+    drop(mr);
+    id.destroy();
 }

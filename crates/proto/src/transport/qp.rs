@@ -232,6 +232,11 @@ impl Qp {
             || (!self.error && self.sq.rnr_deadline.is_none() && self.sq.cur < self.sq.wqes.len())
     }
 
+    /// Whether a completion is waiting for [`Qp::poll_completion`].
+    pub fn has_pending_completion(&self) -> bool {
+        !self.completions.is_empty()
+    }
+
     /// Whether an RC requester has packets sent and not yet acknowledged: their ACK (or the
     /// retransmit timer) will bring the owner back to [`Qp::poll_transmit`], so an owner may
     /// leave newly posted requests queued until then and send them in one batch.
