@@ -2,8 +2,10 @@
 //! ib_atomic_bw, ib_send_lat, ib_write_lat) between two softrdma devices on loopback, both
 //! sides in this process.
 
+use softrdma::rdma_cm::{CmId, ConnParam, PortSpace};
 use softrdma::*;
 use std::net::IpAddr;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,13 +52,13 @@ pub struct Point {
 }
 
 struct End {
-    ctx: Context,
-    _pd: Pd,
-    cq: Cq,
-    qp: Qp,
+    ctx: Arc<Context>,
+    _pd: Arc<Pd>,
+    cq: Arc<Cq>,
+    qp: Arc<Qp>,
     buf: Arc<Buffer>,
     mr: Mr,
-    addr: IpAddr,
+    id: CmId,
 }
 
 const ACCESS: u32 = AccessFlags::LOCAL_WRITE.bits()
@@ -65,23 +67,21 @@ const ACCESS: u32 = AccessFlags::LOCAL_WRITE.bits()
     | AccessFlags::REMOTE_ATOMIC.bits();
 
 impl End {
-    fn new(addr: IpAddr, buf_len: usize, depth: u32, inline: u32) -> Result<End> {
-        let ctx = Device::from_addr(addr)?.open()?;
-        let pd = ctx.alloc_pd()?;
-        let cq = ctx.create_cq(depth * 4, 0, None, 0)?;
-        let mut init = QpInitAttr::new(
-            QpType::Rc,
-            &cq,
-            QpCap {
-                max_send_wr: depth,
-                max_recv_wr: depth,
-                max_send_sge: 1,
-                max_recv_sge: 1,
-                max_inline_data: inline,
-            },
-        );
-        init.sq_sig_all = false;
-        let qp = pd.create_qp(&mut init)?;
+    /// The QP, CQ and buffer of one side, on the device the connection manager bound `id` to.
+    fn new(id: CmId, buf_len: usize, depth: u32, inline: u32) -> Result<End> {
+        let ctx = id
+            .verbs()
+            .ok_or_else(|| Error::invalid("the id is not bound to a device"))?;
+        let pd = Arc::new(ctx.alloc_pd()?);
+        let cq = Arc::new(ctx.create_cq(depth * 4, 0, None, 0)?);
+        let mut cap = QpCap {
+            max_send_wr: depth,
+            max_recv_wr: depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: inline,
+        };
+        let qp = id.create_qp_with_cq(Some(&pd), &cq, &mut cap)?;
         let buf = Arc::new(Buffer::new(buf_len));
         let mr = pd.reg_buffer(&buf, ACCESS)?;
         Ok(End {
@@ -91,7 +91,7 @@ impl End {
             qp,
             buf,
             mr,
-            addr,
+            id,
         })
     }
 
@@ -115,67 +115,56 @@ impl End {
     }
 }
 
-fn connect(a: &End, b: &End, mtu: Mtu) -> Result<()> {
-    let psn = |q: &Qp| (q.qp_num().wrapping_mul(2654435761)) & 0xff_ffff;
-    for (me, peer) in [(a, b), (b, a)] {
-        let mut at = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: (AccessFlags::REMOTE_WRITE
-                | AccessFlags::REMOTE_READ
-                | AccessFlags::REMOTE_ATOMIC)
-                .bits(),
-            ..Default::default()
-        };
-        me.qp.modify_qp(
-            &at,
-            (QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS)
-                .bits(),
+/// Connects a client on `client` to a server on `server` through the connection manager
+/// (synchronous ids, as perftest's `-R` does with librdmacm), with the path MTU capped at
+/// `mtu`.
+fn connect(args: &PerfArgs, buf_len: usize) -> Result<(End, End)> {
+    let depth = args.tx_depth as u32;
+    let listen = CmId::create(None, 0, PortSpace::Tcp)?;
+    listen.bind_addr(SocketAddr::new(args.server, 0))?;
+    listen.listen(1)?;
+    let port = listen
+        .local_addr()
+        .map(|a| a.port())
+        .ok_or_else(|| Error::invalid("the listener has no port"))?;
+    let param = ConnParam {
+        responder_resources: 16,
+        initiator_depth: 16,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..Default::default()
+    };
+    let (client, server) = std::thread::scope(|scope| -> Result<(End, End)> {
+        let srv = scope.spawn(|| -> Result<End> {
+            let id = listen.get_request()?;
+            let end = End::new(id, buf_len, depth, args.inline)?;
+            end.id.accept(&param)?;
+            Ok(end)
+        });
+        let id = CmId::create(None, 0, PortSpace::Tcp)?;
+        id.resolve_addr(
+            Some(SocketAddr::new(args.client, 0)),
+            SocketAddr::new(args.server, port),
+            2000,
         )?;
-        at.qp_state = QpState::Rtr;
-        at.ah_attr = AhAttr::for_ip(peer.addr);
-        at.path_mtu = mtu;
-        at.dest_qp_num = peer.qp.qp_num();
-        at.rq_psn = psn(&peer.qp);
-        at.max_dest_rd_atomic = 16;
-        at.min_rnr_timer = 1;
-        me.qp.modify_qp(
-            &at,
-            (QpAttrMask::STATE
-                | QpAttrMask::AV
-                | QpAttrMask::PATH_MTU
-                | QpAttrMask::DEST_QPN
-                | QpAttrMask::RQ_PSN
-                | QpAttrMask::MAX_DEST_RD_ATOMIC
-                | QpAttrMask::MIN_RNR_TIMER)
-                .bits(),
-        )?;
+        id.resolve_route(2000)?;
+        let client = End::new(id, buf_len, depth, args.inline)?;
+        client.id.connect(&param)?;
+        let server = srv.join().expect("server thread")?;
+        Ok((client, server))
+    })?;
+    listen.destroy();
+    let got = client.qp.query_qp()?.0.path_mtu;
+    if got.bytes() > args.mtu.bytes() {
+        // The CM negotiated the port's MTU; a smaller one was asked for: apply it to both
+        // QPs (RTS→RTS cannot change the path MTU, so this is reported, not forced).
+        eprintln!(
+            "note: the connection manager negotiated path MTU {} (asked {})",
+            got.bytes(),
+            args.mtu.bytes()
+        );
     }
-    for me in [a, b] {
-        let at = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: psn(&me.qp),
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 16,
-            ..Default::default()
-        };
-        me.qp.modify_qp(
-            &at,
-            (QpAttrMask::STATE
-                | QpAttrMask::SQ_PSN
-                | QpAttrMask::TIMEOUT
-                | QpAttrMask::RETRY_CNT
-                | QpAttrMask::RNR_RETRY
-                | QpAttrMask::MAX_QP_RD_ATOMIC)
-                .bits(),
-        )?;
-    }
-    Ok(())
+    Ok((client, server))
 }
 
 fn check(wc: &WorkCompletion) -> Result<()> {
@@ -205,9 +194,8 @@ pub fn run(
 ) -> Result<(Vec<Point>, DeviceCounters, DeviceCounters)> {
     let max = *args.sizes.iter().max().unwrap_or(&8);
     let depth = args.tx_depth as u32;
-    let client = End::new(args.client, max.max(64), depth, args.inline)?;
-    let server = End::new(args.server, max.max(64), depth, args.inline)?;
-    connect(&client, &server, args.mtu)?;
+    let (client, server) = connect(args, max.max(64))?;
+    let _ = depth;
     let mut out = Vec::new();
     for &size in &args.sizes {
         let p = if args.lat {

@@ -699,6 +699,30 @@ impl CmId {
     /// Fails with `EINVAL` before the id is bound to a device or when it already has a QP,
     /// and like [`Pd::create_qp`].
     pub fn create_qp(&self, pd: Option<&Arc<Pd>>, cap: &mut QpCap) -> Result<Arc<Qp>> {
+        self.create_qp_with_cqs(pd, None, cap)
+    }
+
+    /// `rdma_create_qp` with the application's own CQ for both queues (`send_cq` and
+    /// `recv_cq` set in `qp_init_attr`): no CQ or channel is made, and the
+    /// `get_send_comp`/`get_recv_comp` helpers, which need the CM's CQs, are not available.
+    ///
+    /// Fails like [`CmId::create_qp`], and with `EINVAL` when the CQ belongs to another
+    /// device.
+    pub fn create_qp_with_cq(
+        &self,
+        pd: Option<&Arc<Pd>>,
+        cq: &Arc<Cq>,
+        cap: &mut QpCap,
+    ) -> Result<Arc<Qp>> {
+        self.create_qp_with_cqs(pd, Some(cq), cap)
+    }
+
+    fn create_qp_with_cqs(
+        &self,
+        pd: Option<&Arc<Pd>>,
+        own_cq: Option<&Arc<Cq>>,
+        cap: &mut QpCap,
+    ) -> Result<Arc<Qp>> {
         let mut s = self.inner.lock();
         let Some(ctx) = s.ctx.clone() else {
             return Err(Error::invalid("the id is not bound to a device yet"));
@@ -708,15 +732,23 @@ impl CmId {
         }
         let (_, default_pd) = device_res(ctx.device().addr())?;
         let pd = pd.cloned().unwrap_or(default_pd);
-        let mut cqs = Vec::with_capacity(2);
-        for depth in [cap.max_send_wr, cap.max_recv_wr] {
-            let ch = Arc::new(ctx.create_comp_channel()?);
-            let cq = Arc::new(ctx.create_cq(depth.max(1), self.inner.context, Some(&ch), 0)?);
-            cqs.push((cq, ch));
+        let mut made = Vec::with_capacity(2);
+        if own_cq.is_none() {
+            for depth in [cap.max_send_wr, cap.max_recv_wr] {
+                let ch = Arc::new(ctx.create_comp_channel()?);
+                let cq = Arc::new(ctx.create_cq(depth.max(1), self.inner.context, Some(&ch), 0)?);
+                made.push((cq, ch));
+            }
         }
-        let cqs: [(Arc<Cq>, Arc<CompChannel>); 2] = [cqs[0].clone(), cqs[1].clone()];
-        let mut init = QpInitAttr::new(QpType::Rc, &cqs[0].0, *cap);
-        init.recv_cq = &cqs[1].0;
+        let cqs: Option<[(Arc<Cq>, Arc<CompChannel>); 2]> =
+            (made.len() == 2).then(|| [made[0].clone(), made[1].clone()]);
+        let (scq, rcq) = match (&cqs, own_cq) {
+            (Some(c), _) => (&c[0].0, &c[1].0),
+            (None, Some(cq)) => (cq, cq),
+            (None, None) => unreachable!("CQs were made above"),
+        };
+        let mut init = QpInitAttr::new(QpType::Rc, scq, *cap);
+        init.recv_cq = rcq;
         init.qp_context = self.inner.context;
         let qp = Arc::new(pd.create_qp(&mut init)?);
         *cap = init.cap;
@@ -736,7 +768,7 @@ impl CmId {
         )?;
         s.qp = Some(qp.clone());
         s.pd = Some(pd);
-        s.cqs = Some(cqs);
+        s.cqs = cqs;
         Ok(qp)
     }
 
