@@ -5,250 +5,125 @@
 //! Names follow the man pages: [`EventChannel`] (`rdma_create_event_channel`), [`CmId`]
 //! (`rdma_create_id`, `rdma_bind_addr`, `rdma_resolve_addr`, `rdma_resolve_route`,
 //! `rdma_listen`, `rdma_connect`, `rdma_accept`, `rdma_reject`, `rdma_disconnect`,
-//! `rdma_destroy_id`, `rdma_create_qp`), [`CmEvent`] (`rdma_get_cm_event`,
-//! `rdma_ack_cm_event`).
+//! `rdma_destroy_id`, `rdma_create_qp`, `rdma_migrate_id`, `rdma_set_option`,
+//! `rdma_init_qp_attr`, `rdma_join_multicast`, …), [`CmEvent`] (`rdma_get_cm_event`,
+//! `rdma_ack_cm_event`), and the `rdma_verbs.h` helpers (`rdma_reg_msgs`, `rdma_post_send`,
+//! `rdma_get_send_comp`, …) as methods of [`CmId`].
 //!
-//! This is the first part of the layer: asynchronous ids (with an event channel) for RC in the
-//! TCP port space. Synchronous ids, UD (SIDR), multicast, `rdma_create_ep` and the
-//! `rdma_verbs.h` helpers build on it.
+//! Port spaces: `RDMA_PS_TCP` and `RDMA_PS_IB` ids make RC connections with the IB CM's
+//! REQ/REP/RTU; `RDMA_PS_UDP` and `RDMA_PS_IPOIB` ids make UD QPs, find their peer with
+//! SIDR_REQ/SIDR_REP and join multicast groups.
+//!
+//! Synchronous ids (created with no channel) block in the calls that produce an event,
+//! keep it as [`CmId::event`], and turn an error event into the errno librdmacm reports
+//! (REJECTED → `ECONNREFUSED`, UNREACHABLE → `ETIMEDOUT`, …).
+
+mod event;
+mod helpers;
+
+pub use event::{event_str, CmEvent, CmEventType, ConnParam, EventChannel, EventInfo, UdParam};
 
 use crate::engine::Engine;
-use crate::error::{DestroyError, Error, ErrorKind, Result};
-use crate::fd::EventFd;
+use crate::error::{Error, ErrorKind, Result};
 use crate::{
-    AccessFlags, AhAttr, CompChannel, Context, Cq, Device, Mtu, Pd, Qp, QpAttr, QpAttrMask, QpCap,
-    QpInitAttr, QpState, QpType,
+    AccessFlags, AhAttr, CompChannel, Context, Cq, Device, Gid, Mtu, Pd, Qp, QpAttr, QpAttrMask,
+    QpCap, QpInitAttr, QpState, QpType, Srq, SrqInitAttr,
 };
-use softrdma_proto::cm::{AcceptParams, CmEvent as ProtoEvent, ConnId, ConnectRequest};
-use softrdma_wire::cm::{RejectReason, TransportServiceType};
+use event::GroupCount;
+use softrdma_proto::cm::{
+    AcceptParams, CmEvent as ProtoEvent, ConnId, ConnectRequest, RepInfo, ReqInfo,
+};
+use softrdma_wire::cm::{RejectReason, SidrStatus, TransportServiceType};
 use softrdma_wire::cma::{self, CmaHeader, CmaHeaderRepr};
 
 pub use softrdma_wire::cma::PortSpace;
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 
-/// `enum rdma_cm_event_type`, with librdmacm's numbering.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum CmEventType {
-    /// `RDMA_CM_EVENT_ADDR_RESOLVED`.
-    AddrResolved = 0,
-    /// `RDMA_CM_EVENT_ADDR_ERROR`.
-    AddrError = 1,
-    /// `RDMA_CM_EVENT_ROUTE_RESOLVED`.
-    RouteResolved = 2,
-    /// `RDMA_CM_EVENT_ROUTE_ERROR`.
-    RouteError = 3,
-    /// `RDMA_CM_EVENT_CONNECT_REQUEST`: a new id for an incoming connection.
-    ConnectRequest = 4,
-    /// `RDMA_CM_EVENT_CONNECT_RESPONSE`: the peer accepted; the id has no QP
-    /// (call `establish`).
-    ConnectResponse = 5,
-    /// `RDMA_CM_EVENT_CONNECT_ERROR`.
-    ConnectError = 6,
-    /// `RDMA_CM_EVENT_UNREACHABLE`: no answer from the peer.
-    Unreachable = 7,
-    /// `RDMA_CM_EVENT_REJECTED`: status is the IB CM reject reason (8: nobody listens,
-    /// 28: rejected by the application).
-    Rejected = 8,
-    /// `RDMA_CM_EVENT_ESTABLISHED`.
-    Established = 9,
-    /// `RDMA_CM_EVENT_DISCONNECTED`.
-    Disconnected = 10,
-    /// `RDMA_CM_EVENT_DEVICE_REMOVAL`.
-    DeviceRemoval = 11,
-    /// `RDMA_CM_EVENT_MULTICAST_JOIN`.
-    MulticastJoin = 12,
-    /// `RDMA_CM_EVENT_MULTICAST_ERROR`.
-    MulticastError = 13,
-    /// `RDMA_CM_EVENT_ADDR_CHANGE`.
-    AddrChange = 14,
-    /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
-    TimewaitExit = 15,
-}
-
-impl CmEventType {
-    /// The event's name (`rdma_event_str`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CmEventType::AddrResolved => "RDMA_CM_EVENT_ADDR_RESOLVED",
-            CmEventType::AddrError => "RDMA_CM_EVENT_ADDR_ERROR",
-            CmEventType::RouteResolved => "RDMA_CM_EVENT_ROUTE_RESOLVED",
-            CmEventType::RouteError => "RDMA_CM_EVENT_ROUTE_ERROR",
-            CmEventType::ConnectRequest => "RDMA_CM_EVENT_CONNECT_REQUEST",
-            CmEventType::ConnectResponse => "RDMA_CM_EVENT_CONNECT_RESPONSE",
-            CmEventType::ConnectError => "RDMA_CM_EVENT_CONNECT_ERROR",
-            CmEventType::Unreachable => "RDMA_CM_EVENT_UNREACHABLE",
-            CmEventType::Rejected => "RDMA_CM_EVENT_REJECTED",
-            CmEventType::Established => "RDMA_CM_EVENT_ESTABLISHED",
-            CmEventType::Disconnected => "RDMA_CM_EVENT_DISCONNECTED",
-            CmEventType::DeviceRemoval => "RDMA_CM_EVENT_DEVICE_REMOVAL",
-            CmEventType::MulticastJoin => "RDMA_CM_EVENT_MULTICAST_JOIN",
-            CmEventType::MulticastError => "RDMA_CM_EVENT_MULTICAST_ERROR",
-            CmEventType::AddrChange => "RDMA_CM_EVENT_ADDR_CHANGE",
-            CmEventType::TimewaitExit => "RDMA_CM_EVENT_TIMEWAIT_EXIT",
-        }
-    }
-}
-
-/// `struct rdma_conn_param`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ConnParam {
-    /// Private data (connect: at most 56 bytes; accept: 196; reject: 148).
-    pub private_data: Vec<u8>,
-    /// RDMA READ/atomic requests we accept as target (0xFF: the device maximum).
-    pub responder_resources: u8,
-    /// RDMA READ/atomic requests we issue (0xFF: the device maximum).
-    pub initiator_depth: u8,
-    /// End-to-end flow control.
-    pub flow_control: bool,
-    /// Transport retries (3 bits; ignored on accept).
-    pub retry_count: u8,
-    /// RNR retries (3 bits; 7 = infinite).
-    pub rnr_retry_count: u8,
-    /// Whether the QP uses an SRQ (only for ids without a QP).
-    pub srq: bool,
-    /// The QP number (only for ids without a QP).
-    pub qp_num: u32,
-}
-
 /// `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH`: "use the device maximum".
 pub const RDMA_MAX_RESP_RES: u8 = 0xff;
+/// `RDMA_MAX_INIT_DEPTH`: "use the device maximum".
+pub const RDMA_MAX_INIT_DEPTH: u8 = 0xff;
+/// `RDMA_UDP_QKEY`: the Q_Key of every UD QP and multicast group the CM sets up.
+pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+/// The QP number that addresses a multicast group.
+pub const MULTICAST_QPN: u32 = 0xff_ffff;
 
-/// An event channel (`struct rdma_event_channel`): a real file descriptor that is readable
-/// while events wait; set `O_NONBLOCK` on it to make [`EventChannel::get_cm_event`] fail
-/// with `EAGAIN` instead of blocking.
-#[derive(Clone)]
-pub struct EventChannel {
-    inner: Arc<ChanInner>,
+/// `RDMA_OPTION_ID`: options of the id itself.
+pub const RDMA_OPTION_ID: i32 = 0;
+/// `RDMA_OPTION_IB`: InfiniBand options.
+pub const RDMA_OPTION_IB: i32 = 1;
+/// `RDMA_OPTION_ID_TOS` (u8).
+pub const RDMA_OPTION_ID_TOS: i32 = 0;
+/// `RDMA_OPTION_ID_REUSEADDR` (int).
+pub const RDMA_OPTION_ID_REUSEADDR: i32 = 1;
+/// `RDMA_OPTION_ID_AFONLY` (int).
+pub const RDMA_OPTION_ID_AFONLY: i32 = 2;
+/// `RDMA_OPTION_ID_ACK_TIMEOUT` (u8).
+pub const RDMA_OPTION_ID_ACK_TIMEOUT: i32 = 3;
+/// `RDMA_OPTION_IB_PATH` (array of `struct ibv_path_data`).
+pub const RDMA_OPTION_IB_PATH: i32 = 1;
+
+/// `RDMA_CM_JOIN_MC_ATTR_ADDRESS`: `addr` of [`JoinMcAttrEx`] is valid.
+pub const RDMA_CM_JOIN_MC_ATTR_ADDRESS: u32 = 1 << 0;
+/// `RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS`: `join_flags` of [`JoinMcAttrEx`] is valid.
+pub const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: u32 = 1 << 1;
+/// `RDMA_CM_JOIN_MC_ATTR_RESERVED`: the first unknown bit.
+pub const RDMA_CM_JOIN_MC_ATTR_RESERVED: u32 = 1 << 2;
+/// `RDMA_MC_JOIN_FLAG_FULLMEMBER`.
+pub const RDMA_MC_JOIN_FLAG_FULLMEMBER: u32 = 0;
+/// `RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER`: send to the group without receiving from it.
+pub const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
+/// `RDMA_MC_JOIN_FLAG_RESERVED`: the first unknown flag.
+pub const RDMA_MC_JOIN_FLAG_RESERVED: u32 = 2;
+
+/// An option of [`CmId::set_option`] (`rdma_set_option`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmOption {
+    /// `RDMA_OPTION_ID_TOS`: the IP type of service of the connection (REQ traffic class).
+    Tos(u8),
+    /// `RDMA_OPTION_ID_REUSEADDR`: let other ids with this option bind the same port while
+    /// none of them listens. Only before the id is bound.
+    ReuseAddr(bool),
+    /// `RDMA_OPTION_ID_AFONLY`: an id bound to the IPv6 wildcard accepts only IPv6. Only
+    /// before the id is bound.
+    AfOnly(bool),
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`: the QP's local ACK timeout (4.096 µs × 2^v), instead
+    /// of the one derived from the path.
+    AckTimeout(u8),
 }
 
-struct ChanInner {
-    fd: EventFd,
-    queue: Mutex<VecDeque<CmEvent>>,
-    ids: AtomicUsize,
+/// `struct rdma_cm_join_mc_attr_ex`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct JoinMcAttrEx {
+    /// Which fields are valid (`RDMA_CM_JOIN_MC_ATTR_*`).
+    pub comp_mask: u32,
+    /// `RDMA_MC_JOIN_FLAG_FULLMEMBER` or `RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER`.
+    pub join_flags: u32,
+    /// The group's IP address.
+    pub addr: Option<IpAddr>,
 }
 
-impl EventChannel {
-    /// Creates an event channel (`rdma_create_event_channel`).
-    ///
-    /// Fails with the errno of `eventfd`.
-    pub fn new() -> Result<EventChannel> {
-        Ok(EventChannel {
-            inner: Arc::new(ChanInner {
-                fd: EventFd::new()?,
-                queue: Mutex::new(VecDeque::new()),
-                ids: AtomicUsize::new(0),
-            }),
-        })
-    }
-
-    /// The channel's descriptor (`channel->fd`).
-    pub fn fd(&self) -> RawFd {
-        self.inner.fd.as_raw_fd()
-    }
-
-    /// Takes the next event (`rdma_get_cm_event`): blocks until one arrives, unless the
-    /// descriptor is non-blocking (then `EAGAIN`). Acknowledge it with [`CmEvent::ack`].
-    pub fn get_cm_event(&self) -> Result<CmEvent> {
-        loop {
-            self.inner.fd.wait()?;
-            let ev = self
-                .inner
-                .queue
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop_front();
-            if let Some(ev) = ev {
-                return Ok(ev);
-            }
-        }
-    }
-
-    /// Destroys the channel (`rdma_destroy_event_channel`).
-    ///
-    /// Fails with `EBUSY`, giving it back, while ids use it.
-    pub fn destroy(self) -> std::result::Result<(), DestroyError<EventChannel>> {
-        let n = self.inner.ids.load(Ordering::Acquire);
-        if n != 0 {
-            return Err(DestroyError {
-                object: self,
-                error: Error::busy(format!("{n} rdma_cm id(s) use the channel")),
-            });
-        }
-        Ok(())
-    }
-
-    fn post(&self, ev: CmEvent) {
-        ev.id.inner.reported.fetch_add(1, Ordering::AcqRel);
-        self.inner
-            .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back(ev);
-        self.inner.fd.signal();
-    }
-}
-
-impl std::fmt::Debug for EventChannel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventChannel")
-            .field("fd", &self.fd())
-            .finish()
-    }
-}
-
-/// An event (`struct rdma_cm_event`). Acknowledge every event exactly once
-/// ([`CmEvent::ack`], or by dropping it): [`CmId::destroy`] waits for the events of its id.
-pub struct CmEvent {
-    /// What happened.
-    pub event: CmEventType,
-    /// 0, a negative errno, or (REJECTED) the IB CM reject reason.
-    pub status: i32,
-    /// The id the event is about: for CONNECT_REQUEST, a new id for the incoming connection.
-    pub id: CmId,
-    /// For CONNECT_REQUEST, the listening id.
-    pub listen_id: Option<CmId>,
-    /// Connection parameters (private data from the peer, the peer's resources and depth as
-    /// seen from this side).
-    pub param: ConnParam,
-    acked: bool,
-}
-
-impl CmEvent {
-    /// Acknowledges the event (`rdma_ack_cm_event`).
-    pub fn ack(mut self) {
-        self.release();
-    }
-
-    fn release(&mut self) {
-        if !self.acked {
-            self.acked = true;
-            let i = &self.id.inner;
-            let _g = i.lock();
-            i.acked.fetch_add(1, Ordering::AcqRel);
-            i.acked_cv.notify_all();
-        }
-    }
-}
-
-impl Drop for CmEvent {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
-impl std::fmt::Debug for CmEvent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CmEvent")
-            .field("event", &self.event)
-            .field("status", &self.status)
-            .field("param", &self.param)
-            .finish_non_exhaustive()
-    }
+/// What `rdma_create_qp` takes (`struct ibv_qp_init_attr`, with optional CQs: a missing one
+/// is created by the connection manager with its own completion channel).
+#[derive(Debug, Clone, Default)]
+pub struct CmQpInitAttr {
+    /// Context of the QP's asynchronous events.
+    pub qp_context: u64,
+    /// The send CQ; `None`: the CM makes one (size `max_send_wr`) with a channel.
+    pub send_cq: Option<Arc<Cq>>,
+    /// The receive CQ; `None`: the CM makes one (size `max_recv_wr`) with a channel.
+    pub recv_cq: Option<Arc<Cq>>,
+    /// A shared receive queue (`None`: the id's, from [`CmId::create_srq`], if any).
+    pub srq: Option<Arc<Srq>>,
+    /// Requested capabilities; the actual ones are written back.
+    pub cap: QpCap,
+    /// The QP type; `None`: the id's (RC for TCP/IB, UD for UDP/IPoIB).
+    pub qp_type: Option<QpType>,
+    /// Every send work request completes, signaled or not.
+    pub sq_sig_all: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -261,9 +136,33 @@ enum IdState {
     Connect,
     Established,
     Disconnected,
+    Gone,
 }
 
-struct IdState_ {
+/// The connection's negotiated transport parameters, from the REQ (passive) or REP (active).
+#[derive(Debug, Clone, Copy)]
+struct Neg {
+    remote_qpn: u32,
+    remote_psn: u32,
+    mtu: Mtu,
+    /// Our max_dest_rd_atomic (RDMA READs/atomics we accept).
+    resp: u8,
+    /// Our max_rd_atomic (RDMA READs/atomics we issue).
+    init: u8,
+    timeout: u8,
+    retry: u8,
+    rnr: u8,
+}
+
+struct McGroup {
+    addr: IpAddr,
+    gid: Gid,
+    send_only: bool,
+    attached: Option<Arc<Qp>>,
+    count: Arc<GroupCount>,
+}
+
+struct IdData {
     state: IdState,
     src: Option<SocketAddr>,
     dst: Option<SocketAddr>,
@@ -272,33 +171,56 @@ struct IdState_ {
     path_mtu: Mtu,
     qp: Option<Arc<Qp>>,
     pd: Option<Arc<Pd>>,
-    /// The send and receive CQs (with their channels) `create_qp` made.
-    cqs: Option<[(Arc<Cq>, Arc<CompChannel>); 2]>,
+    srq: Option<Arc<Srq>>,
+    send_cq: Option<Arc<Cq>>,
+    recv_cq: Option<Arc<Cq>>,
+    send_cq_channel: Option<Arc<CompChannel>>,
+    recv_cq_channel: Option<Arc<CompChannel>>,
     conn: Option<ConnId>,
     conn_param: ConnParam,
     starting_psn: u32,
     /// For a passive id: the REQ it answers.
-    req: Option<Box<softrdma_proto::cm::ReqInfo>>,
+    req: Option<Box<ReqInfo>>,
+    neg: Option<Neg>,
     listening: Option<u64>,
+    tos: u8,
+    reuseaddr: bool,
+    afonly: bool,
+    ack_timeout: Option<u8>,
+    /// A local CONNECT_ERROR was reported: a later DISCONNECTED or REJECTED is swallowed.
+    conn_error: bool,
+    mcast: Vec<McGroup>,
+    /// rdma_create_ep on a passive id: what rdma_get_request creates the new ids' QPs with.
+    ep_attr: Option<(Option<Arc<Pd>>, CmQpInitAttr)>,
+    /// rdma_create_ep: data to put before the private data of rdma_connect (`ai_connect`).
+    connect_data: Vec<u8>,
+}
+
+struct ChanRef {
+    channel: EventChannel,
+    sync: bool,
 }
 
 struct IdInner {
     ps: PortSpace,
+    qp_type: QpType,
     context: u64,
-    /// Synchronous id: its channel is private and its calls wait for their events.
-    sync: bool,
+    chan: Mutex<ChanRef>,
     /// The last event of a synchronous id.
-    last_event: Mutex<Option<(CmEventType, i32, ConnParam)>>,
-    channel: EventChannel,
-    state: Mutex<IdState_>,
+    last_event: Mutex<Option<EventInfo>>,
+    state: Mutex<IdData>,
     reported: AtomicUsize,
     acked: AtomicUsize,
     acked_cv: Condvar,
 }
 
 impl IdInner {
-    fn lock(&self) -> std::sync::MutexGuard<'_, IdState_> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, IdData> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn chan(&self) -> std::sync::MutexGuard<'_, ChanRef> {
+        self.chan.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -320,6 +242,14 @@ impl std::fmt::Debug for CmId {
             .finish()
     }
 }
+
+impl PartialEq for CmId {
+    fn eq(&self, other: &CmId) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for CmId {}
 
 /// Contexts and default PDs of the devices the connection manager uses, one per device
 /// (`rdma_get_devices`; `rdma_create_qp` with no PD uses the device's default PD).
@@ -349,8 +279,19 @@ fn device_res(addr: IpAddr) -> Result<(Arc<Context>, Arc<Pd>)> {
     Ok((ctx, pd))
 }
 
-/// Bound ports per port space: (port space, port) → the ids bound there, with their address.
-type PortTable = HashMap<(u16, u16), Vec<(IpAddr, Weak<IdInner>)>>;
+/// The opened contexts of every RDMA device (`rdma_get_devices`); they stay open for the
+/// life of the process, as librdmacm keeps them.
+///
+/// Fails like [`crate::get_device_list`] and [`Device::open`].
+pub fn get_devices() -> Result<Vec<Arc<Context>>> {
+    crate::get_device_list()?
+        .into_iter()
+        .map(|d| device_res(d.addr()).map(|(c, _)| c))
+        .collect()
+}
+
+/// Bound ports per port space: (port space, port) → the ids bound there.
+type PortTable = HashMap<(u16, u16), Vec<Weak<IdInner>>>;
 
 fn ports() -> &'static Mutex<PortTable> {
     static P: OnceLock<Mutex<PortTable>> = OnceLock::new();
@@ -367,28 +308,51 @@ struct Registry {
     listeners: HashMap<(IpAddr, u64), Vec<Weak<IdInner>>>,
 }
 
-fn registry() -> &'static Mutex<Registry> {
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
     static R: OnceLock<Mutex<Registry>> = OnceLock::new();
     R.get_or_init(|| Mutex::new(Registry::default()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
 }
 
 fn random_psn() -> u32 {
     crate::resources::random_u32() & 0xff_ffff
 }
 
+fn resources(p: u8, max: u32) -> u8 {
+    if p == RDMA_MAX_RESP_RES {
+        max.min(255) as u8
+    } else {
+        p
+    }
+}
+
+fn errno_err(errno: i32, msg: impl Into<std::borrow::Cow<'static, str>>) -> Error {
+    Error::new(ErrorKind::Os(errno), msg)
+}
+
 impl CmId {
     /// Creates an id in the port space `ps` whose events go to `channel`
     /// (`rdma_create_id`). `context` is returned in every event's id. With no channel the id
     /// is synchronous: the calls that produce an event block until it arrives, keep it as
-    /// [`CmId::event`], and fail when it reports an error.
+    /// [`CmId::event`], and fail when it reports an error. TCP and IB ids make RC QPs, UDP
+    /// and IPoIB ids UD QPs.
     ///
-    /// Fails with `EOPNOTSUPP` for port spaces other than TCP (RC) in this version.
+    /// Fails with the errno of `eventfd` when a synchronous id cannot get its channel.
     pub fn create(channel: Option<&EventChannel>, context: u64, ps: PortSpace) -> Result<CmId> {
-        if ps != PortSpace::Tcp {
-            return Err(Error::not_supported(format!(
-                "port space {ps:?} is not supported yet (only RDMA_PS_TCP)"
-            )));
-        }
+        let qp_type = match ps {
+            PortSpace::Udp | PortSpace::Ipoib => QpType::Ud,
+            _ => QpType::Rc,
+        };
+        Self::create_typed(channel, context, ps, qp_type)
+    }
+
+    fn create_typed(
+        channel: Option<&EventChannel>,
+        context: u64,
+        ps: PortSpace,
+        qp_type: QpType,
+    ) -> Result<CmId> {
         let sync = channel.is_none();
         let channel = match channel {
             Some(c) => c.clone(),
@@ -398,11 +362,11 @@ impl CmId {
         Ok(CmId {
             inner: Arc::new(IdInner {
                 ps,
+                qp_type,
                 context,
-                sync,
+                chan: Mutex::new(ChanRef { channel, sync }),
                 last_event: Mutex::new(None),
-                channel,
-                state: Mutex::new(IdState_ {
+                state: Mutex::new(IdData {
                     state: IdState::Idle,
                     src: None,
                     dst: None,
@@ -411,12 +375,25 @@ impl CmId {
                     path_mtu: Mtu::Mtu1024,
                     qp: None,
                     pd: None,
-                    cqs: None,
+                    srq: None,
+                    send_cq: None,
+                    recv_cq: None,
+                    send_cq_channel: None,
+                    recv_cq_channel: None,
                     conn: None,
                     conn_param: ConnParam::default(),
                     starting_psn: random_psn(),
                     req: None,
+                    neg: None,
                     listening: None,
+                    tos: 0,
+                    reuseaddr: false,
+                    afonly: false,
+                    ack_timeout: None,
+                    conn_error: false,
+                    mcast: Vec::new(),
+                    ep_attr: None,
+                    connect_data: Vec::new(),
                 }),
                 reported: AtomicUsize::new(0),
                 acked: AtomicUsize::new(0),
@@ -425,9 +402,24 @@ impl CmId {
         })
     }
 
-    /// The context given at creation.
+    /// The context given at creation (`id->context`).
     pub fn context(&self) -> u64 {
         self.inner.context
+    }
+
+    /// The port space (`id->ps`).
+    pub fn ps(&self) -> PortSpace {
+        self.inner.ps
+    }
+
+    /// The QP type the id makes (`id->qp_type`).
+    pub fn qp_type(&self) -> QpType {
+        self.inner.qp_type
+    }
+
+    /// The channel the id's events go to (`id->channel`; a synchronous id's private one).
+    pub fn channel(&self) -> EventChannel {
+        self.inner.chan().channel.clone()
     }
 
     /// The device context the id is bound to, once bound (`id->verbs`).
@@ -435,46 +427,75 @@ impl CmId {
         self.inner.lock().ctx.clone()
     }
 
+    /// The port the id is bound to (`id->port_num`): 1 once bound to a device, else 0.
+    pub fn port_num(&self) -> u8 {
+        u8::from(self.inner.lock().ctx.is_some())
+    }
+
     /// The id's QP, once created (`id->qp`).
     pub fn qp(&self) -> Option<Arc<Qp>> {
         self.inner.lock().qp.clone()
     }
 
-    /// The PD of the id's QP: the one given to `create_qp`, or the device's default PD.
+    /// The PD of the id's QP: the one given to `create_qp`, or the device's default PD
+    /// (`id->pd`).
     pub fn pd(&self) -> Option<Arc<Pd>> {
-        let s = self.inner.lock();
-        s.pd.clone()
+        self.inner.lock().pd.clone()
     }
 
-    /// The send CQ and its completion channel `create_qp` made (`id->send_cq`,
-    /// `id->send_cq_channel`).
-    pub fn send_cq(&self) -> Option<(Arc<Cq>, Arc<CompChannel>)> {
-        self.inner.lock().cqs.as_ref().map(|c| c[0].clone())
+    /// The id's shared receive queue (`id->srq`).
+    pub fn srq(&self) -> Option<Arc<Srq>> {
+        self.inner.lock().srq.clone()
     }
 
-    /// The receive CQ and its completion channel `create_qp` made (`id->recv_cq`,
-    /// `id->recv_cq_channel`).
-    pub fn recv_cq(&self) -> Option<(Arc<Cq>, Arc<CompChannel>)> {
-        self.inner.lock().cqs.as_ref().map(|c| c[1].clone())
+    /// The send CQ of the id's QP (`id->send_cq`).
+    pub fn send_cq(&self) -> Option<Arc<Cq>> {
+        self.inner.lock().send_cq.clone()
     }
 
-    /// The local address (`rdma_get_local_addr`).
+    /// The receive CQ of the id's QP (`id->recv_cq`).
+    pub fn recv_cq(&self) -> Option<Arc<Cq>> {
+        self.inner.lock().recv_cq.clone()
+    }
+
+    /// The completion channel of the send CQ the CM made (`id->send_cq_channel`); `None`
+    /// when the application gave its own send CQ.
+    pub fn send_cq_channel(&self) -> Option<Arc<CompChannel>> {
+        self.inner.lock().send_cq_channel.clone()
+    }
+
+    /// The completion channel of the receive CQ the CM made (`id->recv_cq_channel`).
+    pub fn recv_cq_channel(&self) -> Option<Arc<CompChannel>> {
+        self.inner.lock().recv_cq_channel.clone()
+    }
+
+    /// The local address (`rdma_get_local_addr`); `None` while unbound.
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.inner.lock().src
     }
 
-    /// The peer's address (`rdma_get_peer_addr`).
+    /// The peer's address (`rdma_get_peer_addr`); `None` until resolved or connected.
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         self.inner.lock().dst
     }
 
-    /// Whether the id is synchronous (created with no channel).
-    pub fn is_sync(&self) -> bool {
-        self.inner.sync
+    /// The local port (`rdma_get_src_port`, here in host byte order); 0 while unbound.
+    pub fn src_port(&self) -> u16 {
+        self.local_addr().map_or(0, |a| a.port())
     }
 
-    /// The last event of a synchronous id (`id->event`): type, status and parameters.
-    pub fn event(&self) -> Option<(CmEventType, i32, ConnParam)> {
+    /// The peer's port (`rdma_get_dst_port`, here in host byte order); 0 while unknown.
+    pub fn dst_port(&self) -> u16 {
+        self.peer_addr().map_or(0, |a| a.port())
+    }
+
+    /// Whether the id is synchronous (created with no channel, or migrated to none).
+    pub fn is_sync(&self) -> bool {
+        self.inner.chan().sync
+    }
+
+    /// The last event of a synchronous id (`id->event`).
+    pub fn event(&self) -> Option<EventInfo> {
         self.inner
             .last_event
             .lock()
@@ -482,75 +503,208 @@ impl CmId {
             .clone()
     }
 
-    /// For a synchronous id: waits for the event its last call produces, keeps it, and
-    /// turns an error event into the errno librdmacm reports.
-    fn complete(&self, want: CmEventType) -> Result<()> {
-        if !self.inner.sync {
-            return Ok(());
-        }
-        let ev = self.inner.channel.get_cm_event()?;
-        let (t, status, param) = (ev.event, ev.status, ev.param.clone());
-        ev.ack();
+    fn set_last_event(&self, info: EventInfo) {
         *self
             .inner
             .last_event
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some((t, status, param));
-        if t == want {
+            .unwrap_or_else(|p| p.into_inner()) = Some(info);
+    }
+
+    /// For a synchronous id: waits for the event its last call produces, keeps it, and
+    /// turns an error event into the errno librdmacm reports.
+    fn complete(&self, want: CmEventType) -> Result<()> {
+        let ch = {
+            let c = self.inner.chan();
+            if !c.sync {
+                return Ok(());
+            }
+            c.channel.clone()
+        };
+        let ev = ch.get_cm_event()?;
+        let info = ev.info();
+        ev.ack();
+        self.set_last_event(info.clone());
+        if info.event == want {
             return Ok(());
         }
-        let errno = match t {
-            CmEventType::Rejected => libc::ECONNREFUSED,
-            CmEventType::Unreachable => libc::ETIMEDOUT,
-            _ if status < 0 => -status,
-            _ => libc::EINVAL,
-        };
-        Err(Error::new(
-            ErrorKind::Os(errno),
-            format!("{} (status {status})", t.as_str()),
-        ))
+        Err(event_error(&info))
     }
 
     /// Takes the next connection request of a synchronous listener (`rdma_get_request`):
-    /// blocks until one arrives and returns its new (synchronous) id; its request parameters
-    /// are [`CmId::event`] of the new id.
+    /// blocks until one arrives and returns its new (synchronous) id, whose
+    /// [`CmId::event`] holds the request's parameters. If the listener was made by
+    /// [`CmId::create_ep`] with QP attributes, the new id gets its QP (on the listener's PD).
     ///
-    /// Fails with `EINVAL` on an asynchronous id or one that is not listening.
+    /// Fails with `EINVAL` on an asynchronous id or one that is not listening, with the
+    /// event's error when something else than a connection request arrives, and like
+    /// [`CmId::create_qp_ex`].
     pub fn get_request(&self) -> Result<CmId> {
-        if !self.inner.sync || self.inner.lock().state != IdState::Listen {
-            return Err(Error::invalid(
-                "rdma_get_request needs a synchronous, listening id",
-            ));
-        }
-        loop {
-            let ev = self.inner.channel.get_cm_event()?;
-            if ev.event == CmEventType::ConnectRequest {
-                let id = ev.id.clone();
-                *id.inner
-                    .last_event
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) =
-                    Some((ev.event, ev.status, ev.param.clone()));
-                ev.ack();
-                return Ok(id);
+        let ch = {
+            let c = self.inner.chan();
+            if !c.sync || self.inner.lock().state != IdState::Listen {
+                return Err(Error::invalid(
+                    "rdma_get_request needs a synchronous, listening id",
+                ));
             }
+            c.channel.clone()
+        };
+        let ev = ch.get_cm_event()?;
+        let info = ev.info();
+        if info.event != CmEventType::ConnectRequest {
             ev.ack();
+            return Err(event_error(&info));
         }
+        let id = ev.id.clone();
+        id.set_last_event(info);
+        ev.ack();
+        let ep = self.inner.lock().ep_attr.clone();
+        if let Some((pd, mut attr)) = ep {
+            if let Err(e) = id.create_qp_ex(pd.as_ref(), &mut attr) {
+                let _ = id.reject(&[]);
+                id.destroy();
+                return Err(e);
+            }
+        }
+        Ok(id)
+    }
+
+    fn post_ev(&self, mut ev: CmEvent, listen: Option<&CmId>) {
+        let ch = match listen {
+            Some(l) => l.channel(),
+            None => self.channel(),
+        };
+        ev.listen_id = listen.cloned();
+        ch.post(ev);
     }
 
     fn post(&self, event: CmEventType, status: i32, param: ConnParam, listen: Option<CmId>) {
-        let ch = match &listen {
-            Some(l) => l.inner.channel.clone(),
-            None => self.inner.channel.clone(),
+        self.post_ev(
+            CmEvent::new(event, status, self.clone(), None, param),
+            listen.as_ref(),
+        );
+    }
+
+    fn post_ud(&self, event: CmEventType, status: i32, ud: UdParam, listen: Option<&CmId>) {
+        let mut ev = CmEvent::new(event, status, self.clone(), None, ConnParam::default());
+        ev.ud = Some(ud);
+        self.post_ev(ev, listen);
+    }
+
+    /// Writes an event of type USER with `status` and `arg` to the id's channel
+    /// (`rdma_write_cm_event`), e.g. to wake a thread waiting in
+    /// [`EventChannel::get_cm_event`].
+    ///
+    /// Fails with `EINVAL` for any other event type.
+    pub fn write_cm_event(&self, event: CmEventType, status: i32, arg: u64) -> Result<()> {
+        if event != CmEventType::User {
+            return Err(Error::invalid(
+                "rdma_write_cm_event writes USER events only",
+            ));
+        }
+        let mut ev = CmEvent::new(event, status, self.clone(), None, ConnParam::default());
+        ev.arg = arg;
+        self.post_ev(ev, None);
+        Ok(())
+    }
+
+    /// Sets an option (`rdma_set_option`).
+    ///
+    /// Fails with `EINVAL` for `ReuseAddr`/`AfOnly` once the id is bound.
+    pub fn set_option(&self, opt: CmOption) -> Result<()> {
+        let mut s = self.inner.lock();
+        match opt {
+            CmOption::Tos(t) => s.tos = t,
+            CmOption::AckTimeout(t) => s.ack_timeout = Some(t.min(31)),
+            CmOption::ReuseAddr(v) | CmOption::AfOnly(v) => {
+                if s.state != IdState::Idle {
+                    return Err(Error::invalid(
+                        "REUSEADDR and AFONLY must be set before the id is bound",
+                    ));
+                }
+                if matches!(opt, CmOption::ReuseAddr(_)) {
+                    s.reuseaddr = v;
+                } else {
+                    s.afonly = v;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `rdma_set_option` with C's arguments: `level`, `optname` and the option's bytes in
+    /// native byte order (u8 for TOS and ACK_TIMEOUT, a C int for REUSEADDR and AFONLY).
+    ///
+    /// Fails with `EINVAL` when the length does not fit the option (or as
+    /// [`CmId::set_option`]), `ENOSYS` for an unknown option, and `EOPNOTSUPP` for
+    /// `RDMA_OPTION_IB_PATH` (RoCE paths come from the local route table).
+    pub fn set_option_raw(&self, level: i32, optname: i32, optval: &[u8]) -> Result<()> {
+        let int = |v: &[u8]| -> Result<bool> {
+            let b: [u8; 4] = v
+                .try_into()
+                .map_err(|_| Error::invalid("the option takes a C int (4 bytes)"))?;
+            Ok(i32::from_ne_bytes(b) != 0)
         };
-        ch.post(CmEvent {
-            event,
-            status,
-            id: self.clone(),
-            listen_id: listen,
-            param,
-            acked: false,
-        });
+        let byte = |v: &[u8]| -> Result<u8> {
+            match v {
+                [b] => Ok(*b),
+                _ => Err(Error::invalid("the option takes one byte")),
+            }
+        };
+        let opt = match (level, optname) {
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_TOS) => CmOption::Tos(byte(optval)?),
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR) => CmOption::ReuseAddr(int(optval)?),
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY) => CmOption::AfOnly(int(optval)?),
+            (RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT) => CmOption::AckTimeout(byte(optval)?),
+            (RDMA_OPTION_IB, RDMA_OPTION_IB_PATH) => {
+                return Err(Error::not_supported(
+                    "RDMA_OPTION_IB_PATH: on RoCE the path comes from the local route",
+                ))
+            }
+            _ => {
+                return Err(errno_err(
+                    libc::ENOSYS,
+                    format!("unknown option level {level} name {optname}"),
+                ))
+            }
+        };
+        self.set_option(opt)
+    }
+
+    /// Moves the id and its waiting events to another channel, or (`None`) makes it
+    /// synchronous (`rdma_migrate_id`). Waits until every event already taken for the id is
+    /// acknowledged.
+    ///
+    /// Fails with `EINVAL` when a synchronous id is migrated to `None`, and with the errno
+    /// of `eventfd` when a private channel cannot be made.
+    pub fn migrate_id(&self, channel: Option<&EventChannel>) -> Result<()> {
+        let mut c = self.inner.chan();
+        if c.sync && channel.is_none() {
+            return Err(Error::invalid("the id is already synchronous"));
+        }
+        let new = match channel {
+            Some(ch) => ch.clone(),
+            None => EventChannel::new()?,
+        };
+        self.wait_acked();
+        let me = self.clone();
+        let moved = c.channel.remove_queued(|ev| ev.id == me);
+        for ev in moved {
+            new.post(ev);
+        }
+        new.inner.ids.fetch_add(1, Ordering::AcqRel);
+        c.channel.inner.ids.fetch_sub(1, Ordering::AcqRel);
+        c.channel = new;
+        c.sync = channel.is_none();
+        Ok(())
+    }
+
+    fn wait_acked(&self) {
+        let i = &self.inner;
+        let mut g = i.lock();
+        while i.acked.load(Ordering::Acquire) < i.reported.load(Ordering::Acquire) {
+            g = i.acked_cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
     }
 
     /// Binds the id to a local address and port (`rdma_bind_addr`); port 0 picks an
@@ -565,22 +719,36 @@ impl CmId {
         }
         if !addr.ip().is_unspecified() {
             let (ctx, _) = device_res(addr.ip())?;
-            s.engine = Some(ctx.inner.shared.engine()?);
+            let engine = ctx.inner.shared.engine()?;
+            let port = self.reserve_port(&s, addr.ip(), addr.port())?;
+            s.engine = Some(engine);
             s.ctx = Some(ctx);
+            s.src = Some(SocketAddr::new(addr.ip(), port));
+        } else {
+            let port = self.reserve_port(&s, addr.ip(), addr.port())?;
+            s.src = Some(SocketAddr::new(addr.ip(), port));
         }
-        let port = self.reserve_port(addr.ip(), addr.port())?;
-        s.src = Some(SocketAddr::new(addr.ip(), port));
         s.state = IdState::AddrBound;
         Ok(())
     }
 
-    fn reserve_port(&self, ip: IpAddr, port: u16) -> Result<u16> {
+    fn reserve_port(&self, me: &IdData, ip: IpAddr, port: u16) -> Result<u16> {
         let mut t = ports().lock().unwrap_or_else(|p| p.into_inner());
         let ps = self.inner.ps.to_u16();
+        let my_reuse = me.reuseaddr;
         let clash = |t: &PortTable, port: u16| {
             t.get(&(ps, port)).is_some_and(|v| {
-                v.iter().any(|(a, w)| {
-                    w.strong_count() > 0 && (a == &ip || a.is_unspecified() || ip.is_unspecified())
+                v.iter().filter_map(Weak::upgrade).any(|o| {
+                    if Arc::ptr_eq(&o, &self.inner) {
+                        return false;
+                    }
+                    let s = o.lock();
+                    let Some(a) = s.src else { return false };
+                    let overlap = a.ip() == ip
+                        || (a.ip().is_unspecified() && (a.is_ipv4() == ip.is_ipv4() || !s.afonly))
+                        || (ip.is_unspecified() && (a.is_ipv4() == ip.is_ipv4() || !me.afonly));
+                    let shared = my_reuse && s.reuseaddr && s.state != IdState::Listen;
+                    overlap && !shared
                 })
             })
         };
@@ -609,18 +777,20 @@ impl CmId {
             }
             port
         };
-        t.entry((ps, port))
-            .or_default()
-            .push((ip, Arc::downgrade(&self.inner)));
+        let v = t.entry((ps, port)).or_default();
+        v.retain(|w| w.strong_count() > 0);
+        v.push(Arc::downgrade(&self.inner));
         Ok(port)
     }
 
     /// Resolves the destination and binds the id to the device of the local address that
-    /// reaches it (`rdma_resolve_addr`); ADDR_RESOLVED (or ADDR_ERROR) follows on the
-    /// channel.
+    /// reaches it (`rdma_resolve_addr`); `src`, when given, binds the id first as
+    /// [`CmId::bind_addr`] does. ADDR_RESOLVED (or ADDR_ERROR) follows on the channel.
     ///
-    /// Fails with `EINVAL` in the wrong state; the resolution's own failure arrives as
-    /// ADDR_ERROR with a negative errno.
+    /// Fails with `EINVAL` in the wrong state or for a destination of another family than
+    /// the source, like [`CmId::bind_addr`] for `src`; the resolution's own failure arrives
+    /// as ADDR_ERROR with a negative errno (`-EADDRNOTAVAIL`: no softrdma device owns the
+    /// source address; `-ENETUNREACH`: no route).
     pub fn resolve_addr(
         &self,
         src: Option<SocketAddr>,
@@ -632,12 +802,20 @@ impl CmId {
             if !matches!(s.state, IdState::Idle | IdState::AddrBound) {
                 return Err(Error::invalid("rdma_resolve_addr in the wrong state"));
             }
+            if let Some(a) = s.src {
+                if !a.ip().is_unspecified() && a.is_ipv4() != dst.is_ipv4() {
+                    return Err(Error::invalid(
+                        "the destination's family differs from the bound address",
+                    ));
+                }
+            }
         }
         if let Some(src) = src {
             if self.inner.lock().state == IdState::Idle {
                 self.bind_addr(src)?;
             }
         }
+        self.inner.lock().dst = Some(dst);
         let local = match self.inner.lock().src {
             Some(a) if !a.ip().is_unspecified() => Ok(a.ip()),
             _ => route_source(dst.ip()),
@@ -647,23 +825,21 @@ impl CmId {
             let engine = ctx.inner.shared.engine()?;
             Ok((ip, ctx, engine))
         });
+        let res = res.and_then(|(ip, ctx, engine)| {
+            let mut s = self.inner.lock();
+            let port = if s.state == IdState::Idle {
+                self.reserve_port(&s, ip, 0)?
+            } else {
+                s.src.map_or(0, |a| a.port())
+            };
+            s.src = Some(SocketAddr::new(ip, port));
+            s.ctx = Some(ctx);
+            s.engine = Some(engine);
+            s.state = IdState::AddrResolved;
+            Ok(())
+        });
         match res {
-            Ok((ip, ctx, engine)) => {
-                let unbound = self.inner.lock().state == IdState::Idle;
-                let port = if unbound {
-                    self.reserve_port(ip, 0)?
-                } else {
-                    self.inner.lock().src.map_or(0, |a| a.port())
-                };
-                let mut s = self.inner.lock();
-                s.src = Some(SocketAddr::new(ip, port));
-                s.dst = Some(dst);
-                s.ctx = Some(ctx);
-                s.engine = Some(engine);
-                s.state = IdState::AddrResolved;
-                drop(s);
-                self.post(CmEventType::AddrResolved, 0, ConnParam::default(), None);
-            }
+            Ok(()) => self.post(CmEventType::AddrResolved, 0, ConnParam::default(), None),
             Err(e) => self.post(
                 CmEventType::AddrError,
                 -e.errno(),
@@ -691,38 +867,53 @@ impl CmId {
         self.complete(CmEventType::RouteResolved)
     }
 
-    /// Creates the id's RC QP (`rdma_create_qp`): with `pd` None the device's default PD;
-    /// a send CQ and a receive CQ, each with its own completion channel (cq_context = the
-    /// id's context), as `rdma_create_qp` makes when none are given. The QP is left in INIT;
-    /// connect/accept move it.
+    /// Creates the id's QP (`rdma_create_qp`) with send and receive CQs of its own, each
+    /// with a completion channel (cq_context = the id's context). With `pd` None the
+    /// device's default PD. See [`CmId::create_qp_ex`].
     ///
-    /// Fails with `EINVAL` before the id is bound to a device or when it already has a QP,
-    /// and like [`Pd::create_qp`].
+    /// Fails like [`CmId::create_qp_ex`].
     pub fn create_qp(&self, pd: Option<&Arc<Pd>>, cap: &mut QpCap) -> Result<Arc<Qp>> {
-        self.create_qp_with_cqs(pd, None, cap)
+        let mut a = CmQpInitAttr {
+            cap: *cap,
+            ..Default::default()
+        };
+        let qp = self.create_qp_ex(pd, &mut a)?;
+        *cap = a.cap;
+        Ok(qp)
     }
 
-    /// `rdma_create_qp` with the application's own CQ for both queues (`send_cq` and
-    /// `recv_cq` set in `qp_init_attr`): no CQ or channel is made, and the
-    /// `get_send_comp`/`get_recv_comp` helpers, which need the CM's CQs, are not available.
+    /// `rdma_create_qp` with the application's own CQ for both queues: no CQ or channel is
+    /// made, so `get_send_comp`/`get_recv_comp` cannot wait on this id.
     ///
-    /// Fails like [`CmId::create_qp`], and with `EINVAL` when the CQ belongs to another
-    /// device.
+    /// Fails like [`CmId::create_qp_ex`].
     pub fn create_qp_with_cq(
         &self,
         pd: Option<&Arc<Pd>>,
         cq: &Arc<Cq>,
         cap: &mut QpCap,
     ) -> Result<Arc<Qp>> {
-        self.create_qp_with_cqs(pd, Some(cq), cap)
+        let mut a = CmQpInitAttr {
+            cap: *cap,
+            send_cq: Some(cq.clone()),
+            recv_cq: Some(cq.clone()),
+            ..Default::default()
+        };
+        let qp = self.create_qp_ex(pd, &mut a)?;
+        *cap = a.cap;
+        Ok(qp)
     }
 
-    fn create_qp_with_cqs(
-        &self,
-        pd: Option<&Arc<Pd>>,
-        own_cq: Option<&Arc<Cq>>,
-        cap: &mut QpCap,
-    ) -> Result<Arc<Qp>> {
+    /// Creates the id's QP (`rdma_create_qp` / `rdma_create_qp_ex`): with `pd` None the
+    /// device's default PD (one per device); a missing send or receive CQ is made with its
+    /// own completion channel (size `max_send_wr`/`max_recv_wr`, cq_context = the id's
+    /// context). An RC or UC QP is left in INIT for connect/accept to move; a UD QP goes
+    /// to RTS at once with Q_Key [`RDMA_UDP_QKEY`]. The actual capabilities are written
+    /// back into `attr.cap`.
+    ///
+    /// Fails with `EINVAL` before the id is bound to a device, when it already has a QP, when
+    /// the PD, a CQ or the SRQ belongs to another device, or the QP type does not fit the
+    /// port space; and like [`Pd::create_qp`].
+    pub fn create_qp_ex(&self, pd: Option<&Arc<Pd>>, attr: &mut CmQpInitAttr) -> Result<Arc<Qp>> {
         let mut s = self.inner.lock();
         let Some(ctx) = s.ctx.clone() else {
             return Err(Error::invalid("the id is not bound to a device yet"));
@@ -730,53 +921,227 @@ impl CmId {
         if s.qp.is_some() {
             return Err(Error::invalid("the id already has a QP"));
         }
-        let (_, default_pd) = device_res(ctx.device().addr())?;
-        let pd = pd.cloned().unwrap_or(default_pd);
-        let mut made = Vec::with_capacity(2);
-        if own_cq.is_none() {
-            for depth in [cap.max_send_wr, cap.max_recv_wr] {
-                let ch = Arc::new(ctx.create_comp_channel()?);
-                let cq = Arc::new(ctx.create_cq(depth.max(1), self.inner.context, Some(&ch), 0)?);
-                made.push((cq, ch));
-            }
+        let qp_type = attr.qp_type.unwrap_or(self.inner.qp_type);
+        let fits = match self.inner.ps {
+            PortSpace::Tcp => matches!(qp_type, QpType::Rc | QpType::Uc),
+            PortSpace::Udp | PortSpace::Ipoib => qp_type == QpType::Ud,
+            _ => matches!(qp_type, QpType::Rc | QpType::Uc | QpType::Ud),
+        };
+        if !fits {
+            return Err(Error::invalid(format!(
+                "a {qp_type:?} QP does not fit the port space {:?}",
+                self.inner.ps
+            )));
         }
-        let cqs: Option<[(Arc<Cq>, Arc<CompChannel>); 2]> =
-            (made.len() == 2).then(|| [made[0].clone(), made[1].clone()]);
-        let (scq, rcq) = match (&cqs, own_cq) {
-            (Some(c), _) => (&c[0].0, &c[1].0),
-            (None, Some(cq)) => (cq, cq),
-            (None, None) => unreachable!("CQs were made above"),
+        let dev_addr = ctx.device().addr();
+        let (_, default_pd) = device_res(dev_addr)?;
+        let pd = pd.cloned().unwrap_or(default_pd);
+        if pd.device().addr() != dev_addr {
+            return Err(Error::invalid("the PD belongs to another device"));
+        }
+        let mk = |depth: u32| -> Result<(Arc<Cq>, Arc<CompChannel>)> {
+            let ch = Arc::new(ctx.create_comp_channel()?);
+            let cq = Arc::new(ctx.create_cq(depth.max(1), self.inner.context, Some(&ch), 0)?);
+            Ok((cq, ch))
         };
-        let mut init = QpInitAttr::new(QpType::Rc, scq, *cap);
-        init.recv_cq = rcq;
-        init.qp_context = self.inner.context;
+        let (scq, sch) = match &attr.send_cq {
+            Some(c) => (c.clone(), None),
+            None => {
+                let (c, ch) = mk(attr.cap.max_send_wr)?;
+                (c, Some(ch))
+            }
+        };
+        let (rcq, rch) = match &attr.recv_cq {
+            Some(c) => (c.clone(), None),
+            None => {
+                let (c, ch) = mk(attr.cap.max_recv_wr)?;
+                (c, Some(ch))
+            }
+        };
+        let srq = attr.srq.clone().or_else(|| s.srq.clone());
+        let mut init = QpInitAttr::new(qp_type, &scq, attr.cap);
+        init.recv_cq = &rcq;
+        init.srq = srq.as_deref();
+        init.qp_context = attr.qp_context;
+        init.sq_sig_all = attr.sq_sig_all;
         let qp = Arc::new(pd.create_qp(&mut init)?);
-        *cap = init.cap;
-        let a = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE_WRITE.bits(),
-            ..Default::default()
-        };
-        qp.modify_qp(
-            &a,
-            (QpAttrMask::STATE
-                | QpAttrMask::PKEY_INDEX
-                | QpAttrMask::PORT
-                | QpAttrMask::ACCESS_FLAGS)
-                .bits(),
-        )?;
+        attr.cap = init.cap;
+        attr.qp_type = Some(qp_type);
         s.qp = Some(qp.clone());
         s.pd = Some(pd);
-        s.cqs = cqs;
+        s.send_cq = Some(scq);
+        s.recv_cq = Some(rcq);
+        s.send_cq_channel = sch;
+        s.recv_cq_channel = rch;
+        let r = if qp_type == QpType::Ud {
+            modify_to(&qp, self.attr_for(&s, QpState::Init))
+                .and_then(|()| modify_to(&qp, self.attr_for(&s, QpState::Rtr)))
+                .and_then(|()| modify_to(&qp, self.attr_for(&s, QpState::Rts)))
+        } else {
+            modify_to(&qp, self.attr_for(&s, QpState::Init))
+        };
+        if let Err(e) = r {
+            Self::clear_qp(&mut s);
+            return Err(e);
+        }
         Ok(qp)
     }
 
-    /// Listens for connection requests (`rdma_listen`); CONNECT_REQUEST events follow, each
-    /// with a new id.
+    fn clear_qp(s: &mut IdData) {
+        s.qp = None;
+        s.send_cq = None;
+        s.recv_cq = None;
+        s.send_cq_channel = None;
+        s.recv_cq_channel = None;
+    }
+
+    /// Destroys the id's QP (`rdma_destroy_qp`), leaving the multicast groups it is attached
+    /// to, and the CQs and channels `create_qp` made for it. Handles the application still
+    /// holds stay valid objects, but the id no longer uses them.
+    pub fn destroy_qp(&self) {
+        let mut s = self.inner.lock();
+        if let Some(qp) = s.qp.clone() {
+            for g in &mut s.mcast {
+                if let Some(q) = g.attached.take() {
+                    let _ = q.detach_mcast(&g.gid, 0);
+                }
+            }
+            qp_to_err(&qp);
+        }
+        Self::clear_qp(&mut s);
+    }
+
+    /// Creates a shared receive queue for the id (`rdma_create_srq`): a QP created on the id
+    /// afterwards takes its receives from it. With `pd` None the device's default PD.
     ///
-    /// Fails with `EINVAL` unless the id is bound (an unbound id is bound to the wildcard
-    /// address and an ephemeral port first, as the kernel does).
+    /// Fails with `EINVAL` before the id is bound to a device or when it already has an
+    /// SRQ, and like [`Pd::create_srq`].
+    pub fn create_srq(&self, pd: Option<&Arc<Pd>>, attr: &mut SrqInitAttr) -> Result<Arc<Srq>> {
+        let mut s = self.inner.lock();
+        let Some(ctx) = s.ctx.clone() else {
+            return Err(Error::invalid("the id is not bound to a device yet"));
+        };
+        if s.srq.is_some() {
+            return Err(Error::invalid("the id already has an SRQ"));
+        }
+        let (_, default_pd) = device_res(ctx.device().addr())?;
+        let pd = pd.cloned().unwrap_or(default_pd);
+        let srq = Arc::new(pd.create_srq(attr)?);
+        s.srq = Some(srq.clone());
+        if s.pd.is_none() {
+            s.pd = Some(pd);
+        }
+        Ok(srq)
+    }
+
+    /// Releases the id's SRQ (`rdma_destroy_srq`).
+    pub fn destroy_srq(&self) {
+        self.inner.lock().srq = None;
+    }
+
+    /// The QP attributes and mask the connection manager uses to move a QP to `state`
+    /// (`rdma_init_qp_attr`): INIT (port, P_Key index, access flags or Q_Key), RTR (address
+    /// vector, path MTU, remote QPN and PSN, responder resources, minimum RNR timer) and RTS
+    /// (send PSN, timeout, retry counts, initiator depth). For ids whose QP the application
+    /// owns (connect/accept with no QP).
+    ///
+    /// Fails with `EINVAL` for another state, before the id is bound (INIT), or before the
+    /// peer's parameters are known (RC RTR/RTS: after CONNECT_REQUEST or CONNECT_RESPONSE).
+    pub fn init_qp_attr(&self, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
+        let s = self.inner.lock();
+        if !matches!(state, QpState::Init | QpState::Rtr | QpState::Rts) {
+            return Err(Error::invalid("rdma_init_qp_attr: INIT, RTR or RTS only"));
+        }
+        if s.ctx.is_none() {
+            return Err(Error::invalid("the id is not bound to a device yet"));
+        }
+        self.attr_for(&s, state)
+    }
+
+    fn attr_for(&self, s: &IdData, state: QpState) -> Result<(QpAttr, QpAttrMask)> {
+        let ud = s.qp.as_ref().map_or(self.inner.qp_type == QpType::Ud, |q| {
+            q.qp_type() == QpType::Ud
+        });
+        let mut a = QpAttr {
+            qp_state: state,
+            ..Default::default()
+        };
+        let mut m = QpAttrMask::STATE;
+        match (state, ud) {
+            (QpState::Init, true) => {
+                a.port_num = 1;
+                a.qkey = RDMA_UDP_QKEY;
+                m |= QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY;
+            }
+            (QpState::Init, false) => {
+                a.port_num = 1;
+                let mut acc = AccessFlags::REMOTE_WRITE;
+                if s.neg.is_none_or(|n| n.resp > 0) {
+                    acc |= AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
+                }
+                a.qp_access_flags = acc.bits();
+                m |= QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+            }
+            (QpState::Rtr, true) => {}
+            (QpState::Rts, true) => {
+                a.sq_psn = 0;
+                m |= QpAttrMask::SQ_PSN;
+            }
+            (QpState::Rtr, false) => {
+                let (Some(n), Some(peer)) = (s.neg, s.dst) else {
+                    return Err(Error::invalid("the peer's parameters are not known yet"));
+                };
+                a.ah_attr = AhAttr::for_ip(peer.ip());
+                a.ah_attr.grh.traffic_class = s.tos;
+                a.path_mtu = n.mtu;
+                a.dest_qp_num = n.remote_qpn;
+                a.rq_psn = n.remote_psn;
+                a.max_dest_rd_atomic = n.resp;
+                a.min_rnr_timer = 0;
+                m |= QpAttrMask::AV
+                    | QpAttrMask::PATH_MTU
+                    | QpAttrMask::DEST_QPN
+                    | QpAttrMask::RQ_PSN
+                    | QpAttrMask::MAX_DEST_RD_ATOMIC
+                    | QpAttrMask::MIN_RNR_TIMER;
+            }
+            (QpState::Rts, false) => {
+                let Some(n) = s.neg else {
+                    return Err(Error::invalid("the peer's parameters are not known yet"));
+                };
+                a.sq_psn = s.starting_psn;
+                a.timeout = s.ack_timeout.unwrap_or(n.timeout).clamp(1, 31);
+                a.retry_cnt = n.retry.min(7);
+                a.rnr_retry = n.rnr.min(7);
+                a.max_rd_atomic = n.init;
+                m |= QpAttrMask::SQ_PSN
+                    | QpAttrMask::TIMEOUT
+                    | QpAttrMask::RETRY_CNT
+                    | QpAttrMask::RNR_RETRY
+                    | QpAttrMask::MAX_QP_RD_ATOMIC;
+            }
+            _ => unreachable!("checked by the caller"),
+        }
+        Ok((a, m))
+    }
+
+    /// Moves the id's own QP (if any) to RTR and RTS with the negotiated parameters.
+    fn qp_to_rts(&self, s: &IdData) -> Result<()> {
+        let Some(qp) = s.qp.clone() else {
+            return Ok(());
+        };
+        modify_to(&qp, self.attr_for(s, QpState::Rtr))?;
+        modify_to(&qp, self.attr_for(s, QpState::Rts))
+    }
+
+    /// Listens for connection requests (`rdma_listen`); CONNECT_REQUEST events follow, each
+    /// with a new id. An id bound to a specific address listens on that device, one bound to
+    /// the wildcard on every device (including those started later by this process, once
+    /// they exist when the request arrives).
+    ///
+    /// Fails with `EINVAL` in the wrong state (an unbound id is bound to the wildcard address
+    /// and an ephemeral port first, as the kernel does) and `EADDRINUSE` when another id
+    /// listens on the same address and port.
     pub fn listen(&self, _backlog: i32) -> Result<()> {
         if self.inner.lock().state == IdState::Idle {
             self.bind_addr(SocketAddr::from(([0, 0, 0, 0], 0)))?;
@@ -791,19 +1156,34 @@ impl CmId {
             Some(e) => vec![e.clone()],
             None => crate::device::all_engines(),
         };
-        let mut r = registry().lock().unwrap_or_else(|p| p.into_inner());
-        for e in &engines {
-            let list = r.listeners.entry((e.local.ip(), sid)).or_default();
-            list.retain(|w| w.strong_count() > 0);
-            if list.iter().any(|w| {
-                w.upgrade()
-                    .is_some_and(|l| l.lock().src.map(|a| a.ip()) == Some(src.ip()))
-            }) {
+        {
+            let t = ports().lock().unwrap_or_else(|p| p.into_inner());
+            let busy = t
+                .get(&(self.inner.ps.to_u16(), src.port()))
+                .is_some_and(|v| {
+                    v.iter().filter_map(Weak::upgrade).any(|o| {
+                        !Arc::ptr_eq(&o, &self.inner) && {
+                            let os = o.lock();
+                            os.state == IdState::Listen
+                                && os.src.is_some_and(|a| {
+                                    a.ip() == src.ip()
+                                        || a.ip().is_unspecified()
+                                        || src.ip().is_unspecified()
+                                })
+                        }
+                    })
+                });
+            if busy {
                 return Err(Error::new(
                     ErrorKind::AddrInUse,
                     format!("something already listens on {src}"),
                 ));
             }
+        }
+        let mut r = registry();
+        for e in &engines {
+            let list = r.listeners.entry((e.local.ip(), sid)).or_default();
+            list.retain(|w| w.strong_count() > 0);
             if list.is_empty() {
                 // Another id may have made the CM listen and gone; listening twice is fine.
                 let _ = e.with_cm(|g, _| g.cm.listen(sid));
@@ -816,75 +1196,118 @@ impl CmId {
         Ok(())
     }
 
-    fn resources(p: u8, max: u32) -> u8 {
-        if p == RDMA_MAX_RESP_RES {
-            max.min(255) as u8
-        } else {
-            p
-        }
-    }
-
-    /// Connects to the resolved peer (`rdma_connect`): sends the IB CM REQ with the rdma_cm
-    /// header; ESTABLISHED (the QP then in RTS), REJECTED or UNREACHABLE follows.
+    /// Connects to the resolved peer (`rdma_connect`). RC: sends the IB CM REQ with the
+    /// rdma_cm header; ESTABLISHED follows (the QP then in RTS), or CONNECT_RESPONSE when the
+    /// id has no QP (then call [`CmId::establish`]), REJECTED or UNREACHABLE. UD: sends a
+    /// SIDR_REQ; ESTABLISHED carries the peer's QPN and Q_Key in [`CmEvent::ud`], or
+    /// UNREACHABLE (status: the SIDR status, or `-ETIMEDOUT`). On a synchronous id it
+    /// returns once that event came, failing with `ECONNREFUSED` (REJECTED), `ETIMEDOUT`
+    /// (UNREACHABLE) or the event's errno.
     ///
-    /// Fails with `EINVAL` unless the route is resolved and the id has a QP, or when the
-    /// private data exceeds 56 bytes or the resources exceed the device's limits.
+    /// Fails with `EINVAL` unless the route is resolved, when an RC id has neither a QP nor
+    /// `param.qp_num`, when the private data exceeds 56 bytes (UD: 180), or when the
+    /// resources exceed the device's limits.
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
         let mut s = self.inner.lock();
         if s.state != IdState::RouteResolved {
             return Err(Error::invalid("rdma_connect before ROUTE_RESOLVED"));
         }
-        let Some(qp) = s.qp.clone() else {
-            return Err(Error::invalid("rdma_connect needs a QP (rdma_create_qp)"));
+        let ud = self.inner.qp_type == QpType::Ud
+            || s.qp.as_ref().is_some_and(|q| q.qp_type() == QpType::Ud);
+        let mut user = s.connect_data.clone();
+        user.extend_from_slice(&param.private_data);
+        let max = if ud {
+            cma::MAX_PRIVATE_DATA_SIDR_REQ
+        } else {
+            cma::MAX_PRIVATE_DATA_REQ
         };
-        if param.private_data.len() > cma::MAX_PRIVATE_DATA_REQ {
+        if user.len() > max {
             return Err(Error::invalid(format!(
-                "{} bytes of private data exceed 56",
-                param.private_data.len()
+                "{} bytes of private data exceed {max}",
+                user.len()
             )));
         }
+        let (qpn, srq, uc) = match &s.qp {
+            Some(qp) => (qp.qp_num(), s.srq.is_some(), qp.qp_type() == QpType::Uc),
+            None if ud => (0, false, false),
+            None if param.qp_num != 0 => (param.qp_num, param.srq, false),
+            None => {
+                return Err(Error::invalid(
+                    "rdma_connect needs a QP (rdma_create_qp) or param.qp_num",
+                ))
+            }
+        };
         let ctx = s.ctx.clone().expect("resolved");
         let dev = ctx.query_device()?;
+        for (v, lim, what) in [
+            (
+                param.responder_resources,
+                dev.max_qp_rd_atom,
+                "responder_resources",
+            ),
+            (
+                param.initiator_depth,
+                dev.max_qp_init_rd_atom,
+                "initiator_depth",
+            ),
+        ] {
+            if v != RDMA_MAX_RESP_RES && u32::from(v) > lim {
+                return Err(Error::invalid(format!(
+                    "{what} {v} exceeds the device's {lim}"
+                )));
+            }
+        }
         let (src, dst) = (s.src.expect("resolved"), s.dst.expect("resolved"));
         let mut pd = vec![0u8; cma::CMA_HDR_LEN];
         CmaHeaderRepr::new(src.ip(), src.port(), dst.ip())
             .emit(&mut CmaHeader::new_unchecked(&mut pd[..]));
-        pd.extend_from_slice(&param.private_data);
-        let req = ConnectRequest {
-            dst: dst.ip(),
-            service_id: cma::service_id(self.inner.ps, dst.port()),
-            local_qpn: qp.qp_num(),
-            starting_psn: s.starting_psn,
-            transport: TransportServiceType::Rc,
-            responder_resources: Self::resources(param.responder_resources, dev.max_qp_rd_atom),
-            initiator_depth: Self::resources(param.initiator_depth, dev.max_qp_init_rd_atom),
-            retry_count: param.retry_count.min(7),
-            rnr_retry_count: param.rnr_retry_count.min(7),
-            srq: false,
-            flow_control: param.flow_control,
-            path_mtu: s.path_mtu as u8,
-            traffic_class: 0,
-            hop_limit: 64,
-            flow_label: 0,
-            sl: 0,
-            packet_rate: 0,
-            private_data: pd,
-        };
+        pd.extend_from_slice(&user);
+        let service_id = cma::service_id(self.inner.ps, dst.port());
         let engine = s.engine.clone().expect("resolved");
-        // Register the communication while the CM is locked, so that a REP processed on
-        // another thread finds this id.
         let me = Arc::downgrade(&self.inner);
-        let id = engine
-            .with_cm(|g, now| {
-                let id = g.cm.connect(now, req)?;
-                registry()
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .conns
-                    .insert((src.ip(), id.0), me);
+        let register = |id: ConnId| {
+            registry().conns.insert((src.ip(), id.0), me.clone());
+        };
+        let id = if ud {
+            engine.with_cm(|g, now| {
+                let id = g.cm.sidr_request(now, dst.ip(), service_id, &pd)?;
+                register(id);
                 Ok::<_, softrdma_proto::cm::CmError>(id)
             })
-            .map_err(|e| Error::invalid(format!("connect: {e:?}")))?;
+        } else {
+            let req = ConnectRequest {
+                dst: dst.ip(),
+                service_id,
+                local_qpn: qpn,
+                starting_psn: s.starting_psn,
+                transport: if uc {
+                    TransportServiceType::Uc
+                } else {
+                    TransportServiceType::Rc
+                },
+                responder_resources: resources(param.responder_resources, dev.max_qp_rd_atom),
+                initiator_depth: resources(param.initiator_depth, dev.max_qp_init_rd_atom),
+                retry_count: param.retry_count.min(7),
+                rnr_retry_count: param.rnr_retry_count.min(7),
+                srq,
+                flow_control: param.flow_control,
+                path_mtu: s.path_mtu as u8,
+                traffic_class: s.tos,
+                hop_limit: 64,
+                flow_label: 0,
+                sl: 0,
+                packet_rate: 0,
+                private_data: pd,
+            };
+            // Register the communication while the CM is locked, so that a REP processed
+            // on another thread finds this id.
+            engine.with_cm(|g, now| {
+                let id = g.cm.connect(now, req)?;
+                register(id);
+                Ok::<_, softrdma_proto::cm::CmError>(id)
+            })
+        }
+        .map_err(|e| Error::invalid(format!("connect: {e:?}")))?;
         s.conn = Some(id);
         s.conn_param = param.clone();
         s.state = IdState::Connect;
@@ -892,85 +1315,179 @@ impl CmId {
         self.complete(CmEventType::Established)
     }
 
-    /// Accepts the connection request this id was created for (`rdma_accept`): moves the QP
-    /// to RTR and RTS and sends the REP; ESTABLISHED follows when the RTU arrives.
+    /// Completes a connection whose id has no QP (`rdma_establish`), after CONNECT_RESPONSE:
+    /// sends the RTU (the passive side then gets ESTABLISHED). Move the QP to RTR and RTS
+    /// first with [`CmId::init_qp_attr`].
     ///
-    /// Fails with `EINVAL` for an id that is not a pending request or has no QP, or private
-    /// data above 196 bytes.
+    /// Fails with `EINVAL` when the id has a QP or no connection response is pending.
+    pub fn establish(&self) -> Result<()> {
+        let mut s = self.inner.lock();
+        if s.qp.is_some() {
+            return Err(Error::invalid("rdma_establish is for ids without a QP"));
+        }
+        let (Some(conn), Some(engine), IdState::Connect, Some(_)) =
+            (s.conn, s.engine.clone(), s.state, s.neg)
+        else {
+            return Err(Error::invalid("no connection response is pending"));
+        };
+        engine
+            .with_cm(|g, now| g.cm.send_rtu(now, conn, &[]))
+            .map_err(|e| Error::invalid(format!("establish: {e:?}")))?;
+        s.state = IdState::Established;
+        Ok(())
+    }
+
+    /// Accepts the connection request this id was created for (`rdma_accept`). RC: moves
+    /// the QP to RTR and RTS (an id without a QP uses `param.qp_num`; the application moves
+    /// its QP) and sends the REP; ESTABLISHED follows when the RTU arrives (a synchronous id
+    /// waits for it). UD: answers the SIDR_REQ with the QP number and [`RDMA_UDP_QKEY`]; no
+    /// event follows. Responder resources and initiator depth of 0xFF mean the device
+    /// maximum; both are clipped to what the requester offered.
+    ///
+    /// Fails with `EINVAL` for an id that is not a pending request, has no QP and no
+    /// `param.qp_num`, private data above 196 bytes (UD: 136), or resources above the
+    /// device's limits.
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
-        let s = self.inner.lock();
-        let (Some(req), Some(qp), Some(conn)) = (s.req.clone(), s.qp.clone(), s.conn) else {
+        let mut s = self.inner.lock();
+        let (Some(conn), Some(engine)) = (s.conn, s.engine.clone()) else {
             return Err(Error::invalid(
-                "rdma_accept needs an id from CONNECT_REQUEST with a QP",
+                "rdma_accept needs an id from CONNECT_REQUEST",
             ));
         };
-        if s.state != IdState::Connect {
+        if s.state != IdState::Connect || s.listening.is_some() {
             return Err(Error::invalid("rdma_accept in the wrong state"));
         }
+        if self.inner.qp_type == QpType::Ud {
+            if param.private_data.len() > cma::MAX_PRIVATE_DATA_SIDR_REP {
+                return Err(Error::invalid("private data exceeds 136 bytes"));
+            }
+            let qpn = s.qp.as_ref().map_or(param.qp_num, |q| q.qp_num());
+            engine
+                .with_cm(|g, now| {
+                    g.cm.sidr_reply(
+                        now,
+                        conn,
+                        SidrStatus::Success,
+                        qpn,
+                        RDMA_UDP_QKEY,
+                        &param.private_data,
+                    )
+                })
+                .map_err(|e| Error::invalid(format!("accept: {e:?}")))?;
+            s.state = IdState::Established;
+            return Ok(());
+        }
+        let Some(req) = s.req.clone() else {
+            return Err(Error::invalid("rdma_accept without a request"));
+        };
+        let qpn = match &s.qp {
+            Some(q) => q.qp_num(),
+            None if param.qp_num != 0 => param.qp_num,
+            None => {
+                return Err(Error::invalid(
+                    "rdma_accept needs a QP (rdma_create_qp) or param.qp_num",
+                ))
+            }
+        };
         if param.private_data.len() > cma::MAX_PRIVATE_DATA_REP {
             return Err(Error::invalid("private data exceeds 196 bytes"));
         }
         let ctx = s.ctx.clone().expect("bound");
         let dev = ctx.query_device()?;
-        let peer = s.dst.expect("set from the REQ");
-        let resp = Self::resources(param.responder_resources, dev.max_qp_rd_atom)
-            .min(req.responder_resources.max(1));
-        let init = Self::resources(param.initiator_depth, dev.max_qp_init_rd_atom)
-            .min(req.initiator_depth);
-        let mtu = Mtu::from_raw(u32::from(req.path_mtu))
-            .unwrap_or(Mtu::Mtu1024)
-            .min_with(s.path_mtu);
-        to_rtr_rts(
-            &qp,
-            peer.ip(),
-            mtu,
-            req.remote_qpn,
-            req.starting_psn,
-            resp,
-            s.starting_psn,
-            req.qp_timeout,
-            req.retry_count,
-            req.rnr_retry_count,
-            init,
-        )?;
-        let engine = s.engine.clone().expect("bound");
+        for (v, lim, what) in [
+            (
+                param.responder_resources,
+                dev.max_qp_rd_atom,
+                "responder_resources",
+            ),
+            (
+                param.initiator_depth,
+                dev.max_qp_init_rd_atom,
+                "initiator_depth",
+            ),
+        ] {
+            if v != RDMA_MAX_RESP_RES && u32::from(v) > lim {
+                return Err(Error::invalid(format!(
+                    "{what} {v} exceeds the device's {lim}"
+                )));
+            }
+        }
+        // The request's values are already from our point of view (swapped).
+        let resp =
+            resources(param.responder_resources, dev.max_qp_rd_atom).min(req.responder_resources);
+        let init =
+            resources(param.initiator_depth, dev.max_qp_init_rd_atom).min(req.initiator_depth);
+        if let Some(n) = s.neg.as_mut() {
+            n.resp = resp;
+            n.init = init;
+            n.rnr = req.rnr_retry_count;
+        }
+        if let Err(e) = self.qp_to_rts(&s) {
+            if let Some(qp) = &s.qp {
+                qp_to_err(qp);
+            }
+            return Err(e);
+        }
         let params = AcceptParams {
-            local_qpn: qp.qp_num(),
+            local_qpn: qpn,
             starting_psn: s.starting_psn,
             responder_resources: resp,
             initiator_depth: init,
             rnr_retry_count: param.rnr_retry_count.min(7),
-            srq: false,
+            srq: s.srq.is_some() || (s.qp.is_none() && param.srq),
             flow_control: param.flow_control,
             private_data: param.private_data.clone(),
         };
-        engine
-            .with_cm(|g, now| g.cm.accept(now, conn, params))
-            .map_err(|e| Error::invalid(format!("accept: {e:?}")))?;
+        if let Err(e) = engine.with_cm(|g, now| g.cm.accept(now, conn, params)) {
+            if let Some(qp) = &s.qp {
+                qp_to_err(qp);
+            }
+            return Err(Error::invalid(format!("accept: {e:?}")));
+        }
         drop(s);
         self.complete(CmEventType::Established)
     }
 
     /// Rejects the connection request this id was created for (`rdma_reject`): the peer gets
-    /// REJECTED with status 28 and the private data.
+    /// REJECTED with status 28 and the private data (UD: a SIDR_REP with status 2, which the
+    /// peer sees as UNREACHABLE with status 2).
     ///
     /// Fails with `EINVAL` for an id that is not a pending request, or private data above
-    /// 148 bytes.
+    /// 148 bytes (UD: 136).
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        self.reject_with(RejectReason::ConsumerDefined, private_data)
+    }
+
+    /// Rejects with reason 35, "vendor option not supported" (`rdma_reject_ece`).
+    ///
+    /// Fails like [`CmId::reject`].
+    pub fn reject_ece(&self, private_data: &[u8]) -> Result<()> {
+        self.reject_with(RejectReason::from_u16(35), private_data)
+    }
+
+    fn reject_with(&self, reason: RejectReason, private_data: &[u8]) -> Result<()> {
         let mut s = self.inner.lock();
-        let (Some(conn), Some(engine)) = (s.conn, s.engine.clone()) else {
+        let (Some(conn), Some(engine), IdState::Connect, None) =
+            (s.conn, s.engine.clone(), s.state, s.listening)
+        else {
             return Err(Error::invalid(
                 "rdma_reject needs an id from CONNECT_REQUEST",
             ));
         };
-        if private_data.len() > cma::MAX_PRIVATE_DATA_REJ {
-            return Err(Error::invalid("private data exceeds 148 bytes"));
-        }
-        engine
-            .with_cm(|g, now| {
-                g.cm.reject(now, conn, RejectReason::ConsumerDefined, private_data)
+        let r = if self.inner.qp_type == QpType::Ud {
+            if private_data.len() > cma::MAX_PRIVATE_DATA_SIDR_REP {
+                return Err(Error::invalid("private data exceeds 136 bytes"));
+            }
+            engine.with_cm(|g, now| {
+                g.cm.sidr_reply(now, conn, SidrStatus::Reject, 0, 0, private_data)
             })
-            .map_err(|e| Error::invalid(format!("reject: {e:?}")))?;
+        } else {
+            if private_data.len() > cma::MAX_PRIVATE_DATA_REJ {
+                return Err(Error::invalid("private data exceeds 148 bytes"));
+            }
+            engine.with_cm(|g, now| g.cm.reject(now, conn, reason, private_data))
+        };
+        r.map_err(|e| Error::invalid(format!("reject: {e:?}")))?;
         s.state = IdState::Disconnected;
         Ok(())
     }
@@ -979,24 +1496,23 @@ impl CmId {
     /// out, and both sides get DISCONNECTED. On a synchronous id it returns once
     /// DISCONNECTED arrived — at once if the peer disconnected first.
     ///
-    /// Fails with `EINVAL` when the id is not connected.
+    /// Fails with `EINVAL` when the id is not connected (UD ids never are).
     pub fn disconnect(&self) -> Result<()> {
         let mut s = self.inner.lock();
-        if self.inner.sync && s.state == IdState::Disconnected && s.conn.is_some() {
+        if self.inner.qp_type == QpType::Ud {
+            return Err(Error::invalid("rdma_disconnect on a UD id"));
+        }
+        if self.is_sync() && s.state == IdState::Disconnected && s.conn.is_some() {
             // The peer disconnected first: its DISCONNECTED event is (or will be) ours.
             drop(s);
             return self.complete(CmEventType::Disconnected);
         }
-        let (Some(conn), Some(engine)) = (s.conn, s.engine.clone()) else {
+        let (Some(conn), Some(engine), IdState::Established) = (s.conn, s.engine.clone(), s.state)
+        else {
             return Err(Error::invalid(
                 "rdma_disconnect on an id that is not connected",
             ));
         };
-        if s.state != IdState::Established {
-            return Err(Error::invalid(
-                "rdma_disconnect on an id that is not connected",
-            ));
-        }
         if let Some(qp) = &s.qp {
             qp_to_err(qp);
         }
@@ -1008,35 +1524,206 @@ impl CmId {
         self.complete(CmEventType::Disconnected)
     }
 
-    /// Destroys the id (`rdma_destroy_id`): waits until every event reported for it is
-    /// acknowledged, then releases its port, its connection and its QP (if `create_qp` made
-    /// it, with its CQ and channel).
+    /// Joins the multicast group `addr` as a full member (`rdma_join_multicast`);
+    /// MULTICAST_JOIN follows with the group's address vector, QPN 0xFFFFFF and Q_Key in
+    /// [`CmEvent::ud`] and `context` in [`CmEvent::arg`]. The id's QP (if it has one by then)
+    /// is attached to the group, so it receives what is sent to it.
+    ///
+    /// Fails like [`CmId::join_multicast_ex`].
+    pub fn join_multicast(&self, addr: IpAddr, context: u64) -> Result<()> {
+        self.join_multicast_ex(
+            &JoinMcAttrEx {
+                comp_mask: RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS,
+                join_flags: RDMA_MC_JOIN_FLAG_FULLMEMBER,
+                addr: Some(addr),
+            },
+            context,
+        )
+    }
+
+    /// Joins a multicast group (`rdma_join_multicast_ex`): as
+    /// [`CmId::join_multicast`], and a send-only member is not attached (it only sends to
+    /// the group). Over RoCE the group is the IP multicast group itself: the device joins it
+    /// on its interface.
+    ///
+    /// Fails with `ENOTSUP` for unknown `comp_mask` bits; `EINVAL` when the address or the
+    /// flags are missing or unknown, the address is not a multicast address of the id's
+    /// family, the id is not bound to a device, or its port space is not UDP/IPoIB;
+    /// `EADDRINUSE` when the id already joined the group. An attach that fails arrives as
+    /// MULTICAST_ERROR with its negative errno.
+    pub fn join_multicast_ex(&self, attr: &JoinMcAttrEx, context: u64) -> Result<()> {
+        if attr.comp_mask >= RDMA_CM_JOIN_MC_ATTR_RESERVED {
+            return Err(errno_err(libc::ENOTSUP, "unknown comp_mask bits"));
+        }
+        let addr = match (attr.comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS, attr.addr) {
+            (0, _) | (_, None) => return Err(Error::invalid("no group address given")),
+            (_, Some(a)) => a,
+        };
+        if attr.comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS == 0 {
+            return Err(Error::invalid("no join flags given"));
+        }
+        if attr.join_flags >= RDMA_MC_JOIN_FLAG_RESERVED {
+            return Err(Error::invalid("unknown join flag"));
+        }
+        if self.inner.qp_type != QpType::Ud {
+            return Err(Error::invalid("multicast needs a UDP or IPoIB id"));
+        }
+        if !addr.is_multicast() {
+            return Err(Error::invalid(format!("{addr} is not a multicast address")));
+        }
+        let send_only = attr.join_flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER;
+        let mut s = self.inner.lock();
+        let Some(src) = s.src.filter(|_| s.ctx.is_some()) else {
+            return Err(Error::invalid("the id is not bound to a device"));
+        };
+        if src.is_ipv4() != addr.is_ipv4() {
+            return Err(Error::invalid("the group's family differs from the id's"));
+        }
+        if s.mcast.iter().any(|g| g.addr == addr) {
+            return Err(Error::new(
+                ErrorKind::AddrInUse,
+                format!("the id already joined {addr}"),
+            ));
+        }
+        let gid = Gid::from_ip(addr);
+        let count = Arc::new(GroupCount::default());
+        let mut attached = None;
+        let mut status = 0;
+        if !send_only {
+            if let Some(qp) = s.qp.clone() {
+                match qp.attach_mcast(&gid, 0) {
+                    Ok(()) => attached = Some(qp),
+                    Err(e) => status = -e.errno(),
+                }
+            }
+        }
+        s.mcast.push(McGroup {
+            addr,
+            gid,
+            send_only,
+            attached,
+            count: count.clone(),
+        });
+        drop(s);
+        let (event, ud) = if status == 0 {
+            let mut ah = AhAttr::for_ip(addr);
+            ah.grh.hop_limit = 1;
+            (
+                CmEventType::MulticastJoin,
+                Some(UdParam {
+                    private_data: Vec::new(),
+                    ah_attr: ah,
+                    qp_num: MULTICAST_QPN,
+                    qkey: RDMA_UDP_QKEY,
+                }),
+            )
+        } else {
+            (CmEventType::MulticastError, None)
+        };
+        let mut ev = CmEvent::new(event, status, self.clone(), None, ConnParam::default());
+        ev.ud = ud;
+        ev.arg = context;
+        ev.group = Some(count);
+        self.post_ev(ev, None);
+        let ch = {
+            let c = self.inner.chan();
+            c.sync.then(|| c.channel.clone())
+        };
+        if let Some(ch) = ch {
+            let ev = ch.get_cm_event()?;
+            let info = ev.info();
+            ev.ack();
+            self.set_last_event(info.clone());
+            if info.event != CmEventType::MulticastJoin {
+                return Err(event_error(&info));
+            }
+        }
+        Ok(())
+    }
+
+    /// Leaves the multicast group `addr` (`rdma_leave_multicast`): detaches the QP (unless
+    /// the join was send-only) and waits until the group's events that were taken are
+    /// acknowledged. Messages already received stay queued.
+    ///
+    /// Fails with `EADDRNOTAVAIL` when the id has not joined `addr`.
+    pub fn leave_multicast(&self, addr: IpAddr) -> Result<()> {
+        let g = {
+            let mut s = self.inner.lock();
+            let Some(pos) = s.mcast.iter().position(|g| g.addr == addr) else {
+                return Err(Error::new(
+                    ErrorKind::AddrNotAvailable,
+                    format!("the id has not joined {addr}"),
+                ));
+            };
+            s.mcast.remove(pos)
+        };
+        self.drop_group(g);
+        Ok(())
+    }
+
+    fn drop_group(&self, g: McGroup) {
+        if let Some(qp) = &g.attached {
+            let _ = qp.detach_mcast(&g.gid, 0);
+        }
+        let _ = g.send_only;
+        // Events of the group still queued are dropped; taken ones must be acknowledged.
+        let c = g.count.clone();
+        let ch = self.channel();
+        drop(ch.remove_queued(|ev| ev.group.as_ref().is_some_and(|x| Arc::ptr_eq(x, &c))));
+        let i = &self.inner;
+        let mut guard = i.lock();
+        while c.acked.load(Ordering::Acquire) < c.reported.load(Ordering::Acquire) {
+            guard = i.acked_cv.wait(guard).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Destroys the id (`rdma_destroy_id`): drops its events still queued (a listener's
+    /// pending requests are rejected), waits until every event taken for it is
+    /// acknowledged, leaves its multicast groups, and releases its port, its connection (an
+    /// established one is disconnected with a DREQ) and its QP, if it still has one.
     pub fn destroy(self) {
+        let me = self.clone();
+        let ch = self.channel();
+        let queued = ch.remove_queued(|ev| ev.id == me || ev.listen_id.as_ref() == Some(&me));
+        for ev in queued {
+            if ev.listen_id.as_ref() == Some(&me) && ev.event == CmEventType::ConnectRequest {
+                let child = ev.id.clone();
+                drop(ev);
+                let _ = child.reject(&[]);
+                child.destroy();
+            }
+        }
+        self.wait_acked();
+        let groups: Vec<McGroup> = std::mem::take(&mut self.inner.lock().mcast);
+        for g in groups {
+            self.drop_group(g);
+        }
         let i = &self.inner;
         let mut g = i.lock();
-        while i.acked.load(Ordering::Acquire) < i.reported.load(Ordering::Acquire) {
-            g = i.acked_cv.wait(g).unwrap_or_else(|p| p.into_inner());
-        }
         if let (Some(conn), Some(engine)) = (g.conn.take(), g.engine.clone()) {
             if let Some(src) = g.src {
-                registry()
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
+                let mut r = registry();
+                let mine = r
                     .conns
-                    .remove(&(src.ip(), conn.0));
+                    .get(&(src.ip(), conn.0))
+                    .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(i)));
+                if mine {
+                    r.conns.remove(&(src.ip(), conn.0));
+                }
+            }
+            if let Some(qp) = &g.qp {
+                qp_to_err(qp);
             }
             engine.with_cm(|gsi, now| gsi.cm.destroy(now, conn));
         }
         if let Some(src) = g.src {
             let mut t = ports().lock().unwrap_or_else(|p| p.into_inner());
             if let Some(v) = t.get_mut(&(i.ps.to_u16(), src.port())) {
-                v.retain(|(_, w)| {
-                    w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(i))
-                });
+                v.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(i)));
             }
         }
         if let Some(sid) = g.listening.take() {
-            let mut r = registry().lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = registry();
             let mut idle = Vec::new();
             for ((ip, s2), v) in r.listeners.iter_mut() {
                 if *s2 != sid {
@@ -1057,194 +1744,29 @@ impl CmId {
                 }
             }
         }
+        g.state = IdState::Gone;
         g.qp = None;
         g.pd = None;
-        g.cqs = None;
+        g.srq = None;
+        Self::clear_qp(&mut g);
         drop(g);
-        i.channel.inner.ids.fetch_sub(1, Ordering::AcqRel);
+        i.chan().channel.inner.ids.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
-/// The `rdma_verbs.h` helpers: memory registration on the id's PD, one-buffer posts and
-/// blocking completion waits on the CQs `create_qp` made.
-impl CmId {
-    fn need<T: Clone>(&self, f: impl Fn(&IdState_) -> Option<T>, what: &str) -> Result<T> {
-        f(&self.inner.lock()).ok_or_else(|| Error::invalid(format!("the id has no {what}")))
-    }
-
-    fn reg(&self, buf: &Arc<crate::Buffer>, access: AccessFlags) -> Result<crate::Mr> {
-        self.need(|s| s.pd.clone(), "PD (rdma_create_qp first)")?
-            .reg_buffer(buf, access.bits())
-    }
-
-    /// Registers `buf` for sends and receives (`rdma_reg_msgs`: LOCAL_WRITE) on the id's PD.
-    ///
-    /// Fails with `EINVAL` when the id has no QP yet, and like [`Pd::reg_buffer`].
-    pub fn reg_msgs(&self, buf: &Arc<crate::Buffer>) -> Result<crate::Mr> {
-        self.reg(buf, AccessFlags::LOCAL_WRITE)
-    }
-
-    /// Registers `buf` as the target of the peer's RDMA READs (`rdma_reg_read`).
-    ///
-    /// Fails like [`CmId::reg_msgs`].
-    pub fn reg_read(&self, buf: &Arc<crate::Buffer>) -> Result<crate::Mr> {
-        self.reg(buf, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ)
-    }
-
-    /// Registers `buf` as the target of the peer's RDMA WRITEs (`rdma_reg_write`).
-    ///
-    /// Fails like [`CmId::reg_msgs`].
-    pub fn reg_write(&self, buf: &Arc<crate::Buffer>) -> Result<crate::Mr> {
-        self.reg(buf, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)
-    }
-
-    fn sge(addr: u64, length: usize, mr: &crate::Mr) -> Result<crate::Sge> {
-        let end = addr.checked_add(length as u64);
-        if addr < mr.iova() || end.is_none_or(|e| e > mr.iova() + mr.length()) {
-            return Err(Error::invalid("the buffer is not inside the memory region"));
-        }
-        Ok(crate::Sge {
-            addr,
-            length: length as u32,
-            lkey: mr.lkey(),
-        })
-    }
-
-    /// Posts one receive of `length` bytes at `addr` in `mr` (`rdma_post_recv`); `context`
-    /// comes back as the completion's wr_id.
-    ///
-    /// Fails with `EINVAL` when the buffer is not inside `mr` or the id has no QP, and like
-    /// [`Qp::post_recv`].
-    pub fn post_recv(&self, context: u64, addr: u64, length: usize, mr: &crate::Mr) -> Result<()> {
-        let sge = [Self::sge(addr, length, mr)?];
-        self.need(|s| s.qp.clone(), "QP")?
-            .post_recv(&[crate::RecvWr {
-                wr_id: context,
-                sg_list: &sge,
-            }])
-            .map_err(Error::from)
-    }
-
-    fn post_one(&self, wr: crate::SendWr<'_>) -> Result<()> {
-        self.need(|s| s.qp.clone(), "QP")?
-            .post_send(&[wr])
-            .map_err(Error::from)
-    }
-
-    /// Sends `length` bytes at `addr` (`rdma_post_send`); with `mr` None the data go inline.
-    ///
-    /// Fails like [`CmId::post_recv`] and [`Qp::post_send`].
-    pub fn post_send(
-        &self,
-        context: u64,
-        addr: u64,
-        length: usize,
-        mr: Option<&crate::Mr>,
-        flags: crate::SendFlags,
-    ) -> Result<()> {
-        let (sge, flags) = match mr {
-            Some(mr) => (Self::sge(addr, length, mr)?, flags),
-            None => {
-                return Err(Error::invalid(
-                    "inline sends need the buffer's region on softrdma (pass the MR)",
-                ))
-            }
-        };
-        let sg = [sge];
-        self.post_one(crate::SendWr {
-            wr_id: context,
-            sg_list: &sg,
-            opcode: crate::WrOpcode::Send,
-            send_flags: flags,
-            ..Default::default()
-        })
-    }
-
-    /// RDMA-reads `length` bytes from the peer's `remote_addr` under `rkey` into `addr`
-    /// (`rdma_post_read`).
-    ///
-    /// Fails like [`CmId::post_send`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn post_read(
-        &self,
-        context: u64,
-        addr: u64,
-        length: usize,
-        mr: &crate::Mr,
-        flags: crate::SendFlags,
-        remote_addr: u64,
-        rkey: u32,
-    ) -> Result<()> {
-        let sg = [Self::sge(addr, length, mr)?];
-        self.post_one(crate::SendWr {
-            wr_id: context,
-            sg_list: &sg,
-            opcode: crate::WrOpcode::RdmaRead,
-            send_flags: flags,
-            remote_addr,
-            rkey,
-            ..Default::default()
-        })
-    }
-
-    /// RDMA-writes `length` bytes at `addr` to the peer's `remote_addr` under `rkey`
-    /// (`rdma_post_write`).
-    ///
-    /// Fails like [`CmId::post_send`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn post_write(
-        &self,
-        context: u64,
-        addr: u64,
-        length: usize,
-        mr: &crate::Mr,
-        flags: crate::SendFlags,
-        remote_addr: u64,
-        rkey: u32,
-    ) -> Result<()> {
-        let sg = [Self::sge(addr, length, mr)?];
-        self.post_one(crate::SendWr {
-            wr_id: context,
-            sg_list: &sg,
-            opcode: crate::WrOpcode::RdmaWrite,
-            send_flags: flags,
-            remote_addr,
-            rkey,
-            ..Default::default()
-        })
-    }
-
-    fn get_comp(&self, which: usize) -> Result<crate::WorkCompletion> {
-        let (cq, ch) = self.need(|s| s.cqs.as_ref().map(|c| c[which].clone()), "CQs")?;
-        let mut wc = [crate::WorkCompletion::default(); 1];
-        loop {
-            if cq.poll(&mut wc)? == 1 {
-                return Ok(wc[0]);
-            }
-            cq.req_notify_cq(false)?;
-            if cq.poll(&mut wc)? == 1 {
-                return Ok(wc[0]);
-            }
-            let ev = ch.get_cq_event()?;
-            debug_assert!(ev.is_for(&cq));
-            cq.ack_cq_events(1);
-        }
-    }
-
-    /// Waits for the next send completion (`rdma_get_send_comp`), sleeping on the send CQ's
-    /// channel.
-    ///
-    /// Fails with `EINVAL` when `create_qp` made no CQs for the id.
-    pub fn get_send_comp(&self) -> Result<crate::WorkCompletion> {
-        self.get_comp(0)
-    }
-
-    /// Waits for the next receive completion (`rdma_get_recv_comp`).
-    ///
-    /// Fails like [`CmId::get_send_comp`].
-    pub fn get_recv_comp(&self) -> Result<crate::WorkCompletion> {
-        self.get_comp(1)
-    }
+/// The errno librdmacm reports for an event a synchronous call did not want.
+fn event_error(info: &EventInfo) -> Error {
+    let errno = match info.event {
+        CmEventType::Rejected => libc::ECONNREFUSED,
+        CmEventType::Unreachable if info.status > 0 => libc::ECONNREFUSED,
+        CmEventType::Unreachable => libc::ETIMEDOUT,
+        _ if info.status < 0 => -info.status,
+        _ => libc::EINVAL,
+    };
+    errno_err(
+        errno,
+        format!("{} (status {})", info.event.as_str(), info.status),
+    )
 }
 
 /// The source address the kernel would use to reach `dst` (no packet is sent).
@@ -1262,18 +1784,17 @@ fn route_source(dst: IpAddr) -> Result<IpAddr> {
         .ip())
 }
 
-trait MtuMin {
-    fn min_with(self, other: Mtu) -> Mtu;
+fn mtu_min(a: Mtu, b: Mtu) -> Mtu {
+    if a.bytes() <= b.bytes() {
+        a
+    } else {
+        b
+    }
 }
 
-impl MtuMin for Mtu {
-    fn min_with(self, other: Mtu) -> Mtu {
-        if self.bytes() <= other.bytes() {
-            self
-        } else {
-            other
-        }
-    }
+fn modify_to(qp: &Qp, am: Result<(QpAttr, QpAttrMask)>) -> Result<()> {
+    let (a, m) = am?;
+    qp.modify_qp(&a, m.bits())
 }
 
 fn qp_to_err(qp: &Qp) {
@@ -1284,69 +1805,6 @@ fn qp_to_err(qp: &Qp) {
         },
         QpAttrMask::STATE.bits(),
     );
-}
-
-/// Moves an RC QP from INIT to RTR and RTS with the attributes the CM negotiated.
-#[allow(clippy::too_many_arguments)]
-fn to_rtr_rts(
-    qp: &Qp,
-    peer: IpAddr,
-    mtu: Mtu,
-    dest_qpn: u32,
-    rq_psn: u32,
-    max_dest_rd_atomic: u8,
-    sq_psn: u32,
-    timeout: u8,
-    retry_cnt: u8,
-    rnr_retry: u8,
-    max_rd_atomic: u8,
-) -> Result<()> {
-    let mut access = AccessFlags::REMOTE_WRITE;
-    if max_dest_rd_atomic > 0 {
-        access |= AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
-    }
-    let a = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: AhAttr::for_ip(peer),
-        path_mtu: mtu,
-        dest_qp_num: dest_qpn,
-        rq_psn,
-        max_dest_rd_atomic,
-        min_rnr_timer: 0,
-        qp_access_flags: access.bits(),
-        ..Default::default()
-    };
-    qp.modify_qp(
-        &a,
-        (QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER
-            | QpAttrMask::ACCESS_FLAGS)
-            .bits(),
-    )?;
-    let a = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn,
-        timeout: timeout.clamp(1, 31),
-        retry_cnt: retry_cnt.min(7),
-        rnr_retry: rnr_retry.min(7),
-        max_rd_atomic,
-        ..Default::default()
-    };
-    qp.modify_qp(
-        &a,
-        (QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC)
-            .bits(),
-    )
 }
 
 fn param_from(
@@ -1370,158 +1828,170 @@ fn param_from(
     }
 }
 
+fn find_conn(local: IpAddr, id: ConnId) -> Option<CmId> {
+    registry()
+        .conns
+        .get(&(local, id.0))
+        .and_then(Weak::upgrade)
+        .map(|inner| CmId { inner })
+}
+
+/// The listener for a request to `dst_addr` on (device `local`, `service_id`).
+fn find_listener(local: IpAddr, service_id: u64, dst_addr: IpAddr) -> Option<CmId> {
+    registry()
+        .listeners
+        .get(&(local, service_id))
+        .and_then(|v| {
+            v.iter().filter_map(Weak::upgrade).find(|l| {
+                l.lock().src.is_some_and(|a| {
+                    a.ip() == dst_addr
+                        || (a.ip().is_unspecified()
+                            && (a.is_ipv4() == dst_addr.is_ipv4() || !l.lock().afonly))
+                })
+            })
+        })
+        .map(|inner| CmId { inner })
+}
+
+/// A new id for an incoming request on `listener`, bound to this device.
+fn child_of(listener: &CmId, engine: &Arc<Engine>, conn: ConnId, peer: SocketAddr) -> Option<CmId> {
+    let local = engine.local.ip();
+    // The new id of a synchronous listener is synchronous too.
+    let chan = (!listener.is_sync()).then(|| listener.channel());
+    let child = CmId::create_typed(
+        chan.as_ref(),
+        listener.inner.context,
+        listener.inner.ps,
+        listener.inner.qp_type,
+    )
+    .ok()?;
+    let (ctx, _) = device_res(local).ok()?;
+    let (port, tos) = {
+        let l = listener.inner.lock();
+        (l.src.map_or(0, |a| a.port()), l.tos)
+    };
+    {
+        let mut s = child.inner.lock();
+        s.src = Some(SocketAddr::new(local, port));
+        s.dst = Some(peer);
+        s.path_mtu = Mtu::for_link_mtu(ctx.device().netdev_mtu()).unwrap_or(Mtu::Mtu1024);
+        s.ctx = Some(ctx);
+        s.engine = Some(engine.clone());
+        s.conn = Some(conn);
+        s.state = IdState::Connect;
+        s.tos = tos;
+    }
+    registry()
+        .conns
+        .insert((local, conn.0), Arc::downgrade(&child.inner));
+    Some(child)
+}
+
 /// Hands the events of a device's CM to the ids they concern (called by the engine with no
 /// lock held). Returns the event when no rdma_cm id is behind it (the CM is driven directly).
 pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEvent> {
     let local = engine.local.ip();
-    let find = |id: ConnId| -> Option<CmId> {
-        registry()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .conns
-            .get(&(local, id.0))
-            .and_then(Weak::upgrade)
-            .map(|inner| CmId { inner })
-    };
     let ours = match &ev {
-        ProtoEvent::ReqReceived { req, .. } => registry()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .listeners
-            .contains_key(&(local, req.service_id)),
+        ProtoEvent::ReqReceived { req, .. } => {
+            registry().listeners.contains_key(&(local, req.service_id))
+        }
+        ProtoEvent::SidrReqReceived { service_id, .. } => {
+            registry().listeners.contains_key(&(local, *service_id))
+        }
         ProtoEvent::RepReceived { id, .. }
         | ProtoEvent::Established { id, .. }
         | ProtoEvent::Rejected { id, .. }
         | ProtoEvent::Unreachable { id }
         | ProtoEvent::DisconnectRequested { id, .. }
         | ProtoEvent::Disconnected { id }
-        | ProtoEvent::TimewaitExit { id } => find(*id).is_some(),
-        _ => false,
+        | ProtoEvent::TimewaitExit { id }
+        | ProtoEvent::SidrRepReceived { id, .. } => find_conn(local, *id).is_some(),
+        ProtoEvent::MraReceived { .. } => false,
     };
     if !ours {
         return Some(ev);
     }
     match ev {
-        ProtoEvent::ReqReceived { id, src, req } => {
-            let Ok((hdr, user)) = CmaHeaderRepr::parse_private_data(&req.private_data) else {
+        ProtoEvent::ReqReceived { id, src, req } => on_req(engine, id, src, req),
+        ProtoEvent::SidrReqReceived {
+            id,
+            src,
+            service_id,
+            private_data,
+            ..
+        } => {
+            let reject = |status| {
                 engine.with_cm(|g, now| {
-                    let _ = g.cm.reject(now, id, RejectReason::InvalidServiceId, &[]);
+                    let _ = g.cm.sidr_reply(now, id, status, 0, 0, &[]);
                 });
+            };
+            let Ok((hdr, user)) = CmaHeaderRepr::parse_private_data(&private_data) else {
+                reject(SidrStatus::Reject);
                 return None;
             };
-            let listener = registry()
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .listeners
-                .get(&(local, req.service_id))
-                .and_then(|v| {
-                    v.iter().filter_map(Weak::upgrade).find(|l| {
-                        l.lock()
-                            .src
-                            .is_some_and(|a| a.ip().is_unspecified() || a.ip() == hdr.dst_addr)
-                    })
-                })
-                .map(|inner| CmId { inner });
-            let Some(listener) = listener else {
-                engine.with_cm(|g, now| {
-                    let _ = g.cm.reject(now, id, RejectReason::InvalidServiceId, &[]);
-                });
+            let Some(listener) = find_listener(local, service_id, hdr.dst_addr) else {
+                reject(SidrStatus::Unsupported);
                 return None;
             };
-            // The new id of a synchronous listener is synchronous too.
-            let chan = (!listener.inner.sync).then(|| listener.inner.channel.clone());
-            let Ok(child) = CmId::create(chan.as_ref(), listener.inner.context, listener.inner.ps)
+            let Some(child) = child_of(&listener, engine, id, SocketAddr::new(src, hdr.src_port))
             else {
+                reject(SidrStatus::NoQp);
                 return None;
             };
-            let Ok((ctx, _)) = device_res(local) else {
-                return None;
+            let ud = UdParam {
+                private_data: user.to_vec(),
+                ah_attr: AhAttr::for_ip(src),
+                qp_num: 0,
+                qkey: 0,
             };
-            let port = listener.local_addr().map_or(0, |a| a.port());
-            {
-                let mut s = child.inner.lock();
-                s.src = Some(SocketAddr::new(local, port));
-                s.dst = Some(SocketAddr::new(src, hdr.src_port));
-                s.path_mtu = Mtu::for_link_mtu(ctx.device().netdev_mtu()).unwrap_or(Mtu::Mtu1024);
-                s.ctx = Some(ctx);
-                s.engine = Some(engine.clone());
-                s.conn = Some(id);
-                s.state = IdState::Connect;
-                s.req = Some(req.clone());
+            child.post_ud(CmEventType::ConnectRequest, 0, ud, Some(&listener));
+        }
+        ProtoEvent::SidrRepReceived {
+            id,
+            status,
+            qpn,
+            qkey,
+            private_data,
+        } => {
+            let cid = find_conn(local, id)?;
+            let peer = {
+                let mut s = cid.inner.lock();
+                s.conn = None;
+                if status == SidrStatus::Success {
+                    s.state = IdState::Established;
+                } else {
+                    s.state = IdState::RouteResolved;
+                }
+                s.dst
+            };
+            registry().conns.remove(&(local, id.0));
+            let peer = peer?;
+            if status == SidrStatus::Success {
+                let ud = UdParam {
+                    private_data,
+                    ah_attr: AhAttr::for_ip(peer.ip()),
+                    qp_num: qpn,
+                    qkey,
+                };
+                cid.post_ud(CmEventType::Established, 0, ud, None);
+            } else {
+                let ud = UdParam {
+                    private_data,
+                    ..Default::default()
+                };
+                cid.post_ud(
+                    CmEventType::Unreachable,
+                    i32::from(status.to_u8()),
+                    ud,
+                    None,
+                );
             }
-            registry()
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .conns
-                .insert((local, id.0), Arc::downgrade(&child.inner));
-            let p = param_from(
-                user,
-                req.responder_resources,
-                req.initiator_depth,
-                req.retry_count,
-                req.rnr_retry_count,
-                req.srq,
-                req.remote_qpn,
-            );
-            child.post(CmEventType::ConnectRequest, 0, p, Some(listener));
         }
         ProtoEvent::RepReceived { id, rep } => {
-            let cid = find(id)?;
-            let (qp, peer, mtu, psn, retry) = {
-                let s = cid.inner.lock();
-                (
-                    s.qp.clone(),
-                    s.dst,
-                    s.path_mtu,
-                    s.starting_psn,
-                    s.conn_param.retry_count,
-                )
-            };
-            let (Some(qp), Some(peer)) = (qp, peer) else {
-                return None;
-            };
-            let r = to_rtr_rts(
-                &qp,
-                peer.ip(),
-                mtu,
-                rep.remote_qpn,
-                rep.starting_psn,
-                rep.responder_resources,
-                psn,
-                rep.qp_timeout,
-                retry,
-                rep.rnr_retry_count,
-                rep.initiator_depth,
-            );
-            let p = param_from(
-                &rep.private_data,
-                rep.responder_resources,
-                rep.initiator_depth,
-                retry,
-                rep.rnr_retry_count,
-                rep.srq,
-                rep.remote_qpn,
-            );
-            match r.and_then(|()| {
-                engine
-                    .with_cm(|g, now| g.cm.send_rtu(now, id, &[]))
-                    .map_err(|e| Error::invalid(format!("{e:?}")))
-            }) {
-                Ok(()) => {
-                    cid.inner.lock().state = IdState::Established;
-                    cid.post(CmEventType::Established, 0, p, None);
-                }
-                Err(e) => {
-                    engine.with_cm(|g, now| {
-                        let _ = g.cm.reject(now, id, RejectReason::ConsumerDefined, &[]);
-                    });
-                    qp_to_err(&qp);
-                    cid.post(CmEventType::ConnectError, -e.errno(), p, None);
-                }
-            }
+            on_rep(engine, id, &rep);
         }
         ProtoEvent::Established { id, private_data } => {
-            if let Some(cid) = find(id) {
+            if let Some(cid) = find_conn(local, id) {
                 cid.inner.lock().state = IdState::Established;
                 let p = param_from(&private_data, 0, 0, 0, 0, false, 0);
                 cid.post(CmEventType::Established, 0, p, None);
@@ -1532,22 +2002,44 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
             reason,
             private_data,
         } => {
-            if let Some(cid) = find(id) {
-                let qp = {
+            if let Some(cid) = find_conn(local, id) {
+                let (qp, swallow) = {
                     let mut s = cid.inner.lock();
                     s.state = IdState::Disconnected;
-                    s.qp.clone()
+                    (s.qp.clone(), s.conn_error)
                 };
                 if let Some(qp) = qp {
                     qp_to_err(&qp);
                 }
-                let p = param_from(&private_data, 0, 0, 0, 0, false, 0);
-                cid.post(CmEventType::Rejected, i32::from(reason.to_u16()), p, None);
+                if !swallow {
+                    let p = param_from(&private_data, 0, 0, 0, 0, false, 0);
+                    cid.post(CmEventType::Rejected, i32::from(reason.to_u16()), p, None);
+                }
             }
         }
         ProtoEvent::Unreachable { id } => {
-            if let Some(cid) = find(id) {
-                cid.inner.lock().state = IdState::Disconnected;
+            if let Some(cid) = find_conn(local, id) {
+                let ud = {
+                    let mut s = cid.inner.lock();
+                    if let Some(qp) = &s.qp {
+                        if qp.qp_type() != QpType::Ud {
+                            qp_to_err(qp);
+                        }
+                    }
+                    let ud = cid.inner.qp_type == QpType::Ud;
+                    s.state = if ud {
+                        IdState::RouteResolved
+                    } else {
+                        IdState::Disconnected
+                    };
+                    if ud {
+                        s.conn = None;
+                    }
+                    ud
+                };
+                if ud {
+                    registry().conns.remove(&(local, id.0));
+                }
                 cid.post(
                     CmEventType::Unreachable,
                     -libc::ETIMEDOUT,
@@ -1557,26 +2049,142 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
             }
         }
         ProtoEvent::DisconnectRequested { id, .. } | ProtoEvent::Disconnected { id } => {
-            if let Some(cid) = find(id) {
-                let qp = {
+            if let Some(cid) = find_conn(local, id) {
+                let (qp, swallow) = {
                     let mut s = cid.inner.lock();
                     s.state = IdState::Disconnected;
-                    s.qp.clone()
+                    (s.qp.clone(), s.conn_error)
                 };
                 if let Some(qp) = qp {
                     qp_to_err(&qp);
                 }
-                cid.post(CmEventType::Disconnected, 0, ConnParam::default(), None);
+                if !swallow {
+                    cid.post(CmEventType::Disconnected, 0, ConnParam::default(), None);
+                }
             }
         }
         ProtoEvent::TimewaitExit { id } => {
-            if let Some(cid) = find(id) {
+            if let Some(cid) = find_conn(local, id) {
                 cid.post(CmEventType::TimewaitExit, 0, ConnParam::default(), None);
             }
         }
-        ProtoEvent::SidrReqReceived { .. }
-        | ProtoEvent::SidrRepReceived { .. }
-        | ProtoEvent::MraReceived { .. } => {}
+        ProtoEvent::MraReceived { .. } => {}
+    }
+    None
+}
+
+fn on_req(engine: &Arc<Engine>, id: ConnId, src: IpAddr, req: Box<ReqInfo>) {
+    let local = engine.local.ip();
+    let reject = |reason| {
+        engine.with_cm(|g, now| {
+            let _ = g.cm.reject(now, id, reason, &[]);
+        });
+    };
+    let Ok((hdr, user)) = CmaHeaderRepr::parse_private_data(&req.private_data) else {
+        reject(RejectReason::InvalidServiceId);
+        return;
+    };
+    let Some(listener) = find_listener(local, req.service_id, hdr.dst_addr) else {
+        reject(RejectReason::InvalidServiceId);
+        return;
+    };
+    if listener.inner.qp_type == QpType::Ud {
+        reject(RejectReason::InvalidServiceId);
+        return;
+    }
+    let Some(child) = child_of(&listener, engine, id, SocketAddr::new(src, hdr.src_port)) else {
+        reject(RejectReason::NoResources);
+        return;
+    };
+    {
+        let mut s = child.inner.lock();
+        let mtu =
+            Mtu::from_raw(u32::from(req.path_mtu)).map_or(s.path_mtu, |m| mtu_min(m, s.path_mtu));
+        s.neg = Some(Neg {
+            remote_qpn: req.remote_qpn,
+            remote_psn: req.starting_psn,
+            mtu,
+            resp: req.responder_resources,
+            init: req.initiator_depth,
+            timeout: req.qp_timeout,
+            retry: req.retry_count,
+            rnr: req.rnr_retry_count,
+        });
+        s.req = Some(req.clone());
+    }
+    let p = param_from(
+        user,
+        req.responder_resources,
+        req.initiator_depth,
+        req.retry_count,
+        req.rnr_retry_count,
+        req.srq,
+        req.remote_qpn,
+    );
+    child.post(CmEventType::ConnectRequest, 0, p, Some(listener));
+}
+
+fn on_rep(engine: &Arc<Engine>, id: ConnId, rep: &RepInfo) -> Option<ProtoEvent> {
+    let cid = find_conn(engine.local.ip(), id)?;
+    let mut s = cid.inner.lock();
+    let retry = s.conn_param.retry_count;
+    s.neg = Some(Neg {
+        remote_qpn: rep.remote_qpn,
+        remote_psn: rep.starting_psn,
+        mtu: s.path_mtu,
+        resp: rep.responder_resources,
+        init: rep.initiator_depth,
+        timeout: rep.qp_timeout,
+        retry,
+        rnr: rep.rnr_retry_count,
+    });
+    let p = param_from(
+        &rep.private_data,
+        rep.responder_resources,
+        rep.initiator_depth,
+        retry,
+        rep.rnr_retry_count,
+        rep.srq,
+        rep.remote_qpn,
+    );
+    if s.qp.is_none() {
+        drop(s);
+        cid.post(CmEventType::ConnectResponse, 0, p, None);
+        return None;
+    }
+    let r = cid.qp_to_rts(&s);
+    if r.is_ok() {
+        s.state = IdState::Established;
+    } else {
+        s.conn_error = true;
+        s.state = IdState::Disconnected;
+        if let Some(qp) = &s.qp {
+            qp_to_err(qp);
+        }
+    }
+    let qp = s.qp.clone();
+    drop(s);
+    let r = r.and_then(|()| {
+        engine
+            .with_cm(|g, now| g.cm.send_rtu(now, id, &[]))
+            .map_err(|e| Error::invalid(format!("{e:?}")))
+    });
+    match r {
+        Ok(()) => cid.post(CmEventType::Established, 0, p, None),
+        Err(e) => {
+            {
+                let mut s = cid.inner.lock();
+                s.conn_error = true;
+                s.state = IdState::Disconnected;
+            }
+            if let Some(qp) = &qp {
+                qp_to_err(qp);
+            }
+            engine.with_cm(|g, now| {
+                let _ = g.cm.reject(now, id, RejectReason::ConsumerDefined, &[]);
+            });
+            cid.post(CmEventType::ConnectError, -e.errno(), p, None);
+        }
     }
     None
 }

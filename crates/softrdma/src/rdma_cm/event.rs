@@ -1,0 +1,388 @@
+//! Event channels and events: `rdma_create_event_channel`, `rdma_get_cm_event`,
+//! `rdma_ack_cm_event`, `rdma_event_str`.
+
+use super::{CmId, IdInner};
+use crate::error::{DestroyError, Error, Result};
+use crate::fd::EventFd;
+use crate::AhAttr;
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// `enum rdma_cm_event_type`, with librdmacm's numbering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum CmEventType {
+    /// `RDMA_CM_EVENT_ADDR_RESOLVED`.
+    AddrResolved = 0,
+    /// `RDMA_CM_EVENT_ADDR_ERROR`.
+    AddrError = 1,
+    /// `RDMA_CM_EVENT_ROUTE_RESOLVED`.
+    RouteResolved = 2,
+    /// `RDMA_CM_EVENT_ROUTE_ERROR`.
+    RouteError = 3,
+    /// `RDMA_CM_EVENT_CONNECT_REQUEST`: a new id for an incoming connection.
+    ConnectRequest = 4,
+    /// `RDMA_CM_EVENT_CONNECT_RESPONSE`: the peer accepted; the id has no QP
+    /// (call [`CmId::establish`]).
+    ConnectResponse = 5,
+    /// `RDMA_CM_EVENT_CONNECT_ERROR`.
+    ConnectError = 6,
+    /// `RDMA_CM_EVENT_UNREACHABLE`: no answer from the peer, or a SIDR failure.
+    Unreachable = 7,
+    /// `RDMA_CM_EVENT_REJECTED`: status is the IB CM reject reason (8: nobody listens,
+    /// 28: rejected by the application).
+    Rejected = 8,
+    /// `RDMA_CM_EVENT_ESTABLISHED`.
+    Established = 9,
+    /// `RDMA_CM_EVENT_DISCONNECTED`.
+    Disconnected = 10,
+    /// `RDMA_CM_EVENT_DEVICE_REMOVAL`.
+    DeviceRemoval = 11,
+    /// `RDMA_CM_EVENT_MULTICAST_JOIN`.
+    MulticastJoin = 12,
+    /// `RDMA_CM_EVENT_MULTICAST_ERROR`.
+    MulticastError = 13,
+    /// `RDMA_CM_EVENT_ADDR_CHANGE`.
+    AddrChange = 14,
+    /// `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
+    TimewaitExit = 15,
+    /// `RDMA_CM_EVENT_ADDRINFO_RESOLVED`.
+    AddrinfoResolved = 16,
+    /// `RDMA_CM_EVENT_ADDRINFO_ERROR`.
+    AddrinfoError = 17,
+    /// `RDMA_CM_EVENT_USER`: written by [`CmId::write_cm_event`].
+    User = 18,
+}
+
+impl CmEventType {
+    /// Every event type, in librdmacm's order.
+    pub const ALL: [CmEventType; 19] = [
+        CmEventType::AddrResolved,
+        CmEventType::AddrError,
+        CmEventType::RouteResolved,
+        CmEventType::RouteError,
+        CmEventType::ConnectRequest,
+        CmEventType::ConnectResponse,
+        CmEventType::ConnectError,
+        CmEventType::Unreachable,
+        CmEventType::Rejected,
+        CmEventType::Established,
+        CmEventType::Disconnected,
+        CmEventType::DeviceRemoval,
+        CmEventType::MulticastJoin,
+        CmEventType::MulticastError,
+        CmEventType::AddrChange,
+        CmEventType::TimewaitExit,
+        CmEventType::AddrinfoResolved,
+        CmEventType::AddrinfoError,
+        CmEventType::User,
+    ];
+
+    /// The event's name (`rdma_event_str`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CmEventType::AddrResolved => "RDMA_CM_EVENT_ADDR_RESOLVED",
+            CmEventType::AddrError => "RDMA_CM_EVENT_ADDR_ERROR",
+            CmEventType::RouteResolved => "RDMA_CM_EVENT_ROUTE_RESOLVED",
+            CmEventType::RouteError => "RDMA_CM_EVENT_ROUTE_ERROR",
+            CmEventType::ConnectRequest => "RDMA_CM_EVENT_CONNECT_REQUEST",
+            CmEventType::ConnectResponse => "RDMA_CM_EVENT_CONNECT_RESPONSE",
+            CmEventType::ConnectError => "RDMA_CM_EVENT_CONNECT_ERROR",
+            CmEventType::Unreachable => "RDMA_CM_EVENT_UNREACHABLE",
+            CmEventType::Rejected => "RDMA_CM_EVENT_REJECTED",
+            CmEventType::Established => "RDMA_CM_EVENT_ESTABLISHED",
+            CmEventType::Disconnected => "RDMA_CM_EVENT_DISCONNECTED",
+            CmEventType::DeviceRemoval => "RDMA_CM_EVENT_DEVICE_REMOVAL",
+            CmEventType::MulticastJoin => "RDMA_CM_EVENT_MULTICAST_JOIN",
+            CmEventType::MulticastError => "RDMA_CM_EVENT_MULTICAST_ERROR",
+            CmEventType::AddrChange => "RDMA_CM_EVENT_ADDR_CHANGE",
+            CmEventType::TimewaitExit => "RDMA_CM_EVENT_TIMEWAIT_EXIT",
+            CmEventType::AddrinfoResolved => "RDMA_CM_EVENT_ADDRINFO_RESOLVED",
+            CmEventType::AddrinfoError => "RDMA_CM_EVENT_ADDRINFO_ERROR",
+            CmEventType::User => "RDMA_CM_EVENT_USER",
+        }
+    }
+
+    /// The event type with librdmacm's number `n`, if there is one.
+    pub fn from_u32(n: u32) -> Option<CmEventType> {
+        CmEventType::ALL.get(n as usize).copied()
+    }
+}
+
+/// `rdma_event_str`: the name of event number `n`, or `"UNKNOWN EVENT"`.
+pub fn event_str(n: u32) -> &'static str {
+    CmEventType::from_u32(n).map_or("UNKNOWN EVENT", CmEventType::as_str)
+}
+
+/// `struct rdma_conn_param`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ConnParam {
+    /// Private data (connect: at most 56 bytes; accept: 196; reject: 148).
+    pub private_data: Vec<u8>,
+    /// RDMA READ/atomic requests we accept as target (0xFF: the device maximum).
+    pub responder_resources: u8,
+    /// RDMA READ/atomic requests we issue (0xFF: the device maximum).
+    pub initiator_depth: u8,
+    /// End-to-end flow control.
+    pub flow_control: bool,
+    /// Transport retries (3 bits; ignored on accept).
+    pub retry_count: u8,
+    /// RNR retries (3 bits; 7 = infinite).
+    pub rnr_retry_count: u8,
+    /// Whether the QP uses an SRQ (only for ids without a QP).
+    pub srq: bool,
+    /// The QP number (only for ids without a QP).
+    pub qp_num: u32,
+}
+
+/// `struct rdma_ud_param`: what a UD id learns from SIDR or a multicast join.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UdParam {
+    /// Private data from the peer (SIDR REQ or REP).
+    pub private_data: Vec<u8>,
+    /// Address vector of the peer or group: create an address handle from it.
+    pub ah_attr: AhAttr,
+    /// The remote QP number (0xFFFFFF for a multicast group).
+    pub qp_num: u32,
+    /// The remote Q_Key ([`super::RDMA_UDP_QKEY`]).
+    pub qkey: u32,
+}
+
+/// The contents of an event, as a synchronous id keeps its last one ([`CmId::event`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventInfo {
+    /// What happened.
+    pub event: CmEventType,
+    /// 0, a negative errno, or (REJECTED) the IB CM reject reason, (UNREACHABLE on a UD id)
+    /// the SIDR status.
+    pub status: i32,
+    /// Connection parameters (connected port spaces).
+    pub param: ConnParam,
+    /// Datagram parameters (UD port spaces and multicast).
+    pub ud: Option<UdParam>,
+    /// USER: the value given to `write_cm_event`; MULTICAST_JOIN/ERROR: the join context.
+    pub arg: u64,
+}
+
+/// An event channel (`struct rdma_event_channel`): a real file descriptor that is readable
+/// while events wait; set `O_NONBLOCK` on it to make [`EventChannel::get_cm_event`] fail
+/// with `EAGAIN` instead of blocking.
+#[derive(Clone)]
+pub struct EventChannel {
+    pub(super) inner: Arc<ChanInner>,
+}
+
+pub(super) struct ChanInner {
+    fd: EventFd,
+    queue: Mutex<VecDeque<CmEvent>>,
+    pub(super) ids: AtomicUsize,
+}
+
+impl EventChannel {
+    /// Creates an event channel (`rdma_create_event_channel`).
+    ///
+    /// Fails with the errno of `eventfd` (`EMFILE`, `ENOMEM`).
+    pub fn new() -> Result<EventChannel> {
+        Ok(EventChannel {
+            inner: Arc::new(ChanInner {
+                fd: EventFd::new()?,
+                queue: Mutex::new(VecDeque::new()),
+                ids: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    /// The channel's descriptor (`channel->fd`): poll it for `POLLIN`, or set `O_NONBLOCK`.
+    pub fn fd(&self) -> RawFd {
+        self.inner.fd.as_raw_fd()
+    }
+
+    /// Makes [`EventChannel::get_cm_event`] fail with `EAGAIN` instead of blocking
+    /// (`fcntl(channel->fd, F_SETFL, O_NONBLOCK)`), or blocking again.
+    ///
+    /// Fails with the errno of `fcntl`.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        self.inner.fd.set_nonblocking(nonblocking)
+    }
+
+    /// Takes the next event (`rdma_get_cm_event`): blocks until one arrives, unless the
+    /// descriptor is non-blocking (then `EAGAIN`). Acknowledge it with [`CmEvent::ack`] (or
+    /// drop it): destroying or migrating its id waits for that.
+    ///
+    /// Fails with `EAGAIN` on a non-blocking descriptor with no event waiting.
+    pub fn get_cm_event(&self) -> Result<CmEvent> {
+        loop {
+            self.inner.fd.wait()?;
+            let mut q = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(mut ev) = q.pop_front() {
+                // Counted as reported while the queue is locked, so that destroy (which
+                // purges the queue under the same lock) never misses it.
+                ev.id.inner.reported.fetch_add(1, Ordering::AcqRel);
+                if let Some(g) = &ev.group {
+                    g.reported.fetch_add(1, Ordering::AcqRel);
+                }
+                ev.delivered = true;
+                return Ok(ev);
+            }
+        }
+    }
+
+    /// Destroys the channel (`rdma_destroy_event_channel`).
+    ///
+    /// Fails with `EBUSY`, giving it back, while ids use it.
+    pub fn destroy(self) -> std::result::Result<(), DestroyError<EventChannel>> {
+        let n = self.inner.ids.load(Ordering::Acquire);
+        if n != 0 {
+            return Err(DestroyError {
+                object: self,
+                error: Error::busy(format!("{n} rdma_cm id(s) use the channel")),
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn post(&self, ev: CmEvent) {
+        self.inner
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(ev);
+        self.inner.fd.signal();
+    }
+
+    /// Takes out the queued (not yet delivered) events that `pred` selects.
+    pub(super) fn remove_queued(&self, pred: impl Fn(&CmEvent) -> bool) -> Vec<CmEvent> {
+        let mut q = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        let mut keep = VecDeque::with_capacity(q.len());
+        for ev in q.drain(..) {
+            if pred(&ev) {
+                out.push(ev);
+            } else {
+                keep.push_back(ev);
+            }
+        }
+        *q = keep;
+        drop(q);
+        for _ in 0..out.len() {
+            self.inner.fd.try_wait();
+        }
+        out
+    }
+}
+
+impl std::fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventChannel")
+            .field("fd", &self.fd())
+            .finish()
+    }
+}
+
+/// Counts of the events of one multicast group, so that leaving it waits for its events.
+#[derive(Default)]
+pub(super) struct GroupCount {
+    pub(super) reported: AtomicUsize,
+    pub(super) acked: AtomicUsize,
+}
+
+/// An event (`struct rdma_cm_event`). Acknowledge every event exactly once
+/// ([`CmEvent::ack`], or by dropping it): [`CmId::destroy`] waits for the events of its id.
+pub struct CmEvent {
+    /// What happened.
+    pub event: CmEventType,
+    /// 0, a negative errno, (REJECTED) the IB CM reject reason, or (UNREACHABLE on a UD id)
+    /// the SIDR status.
+    pub status: i32,
+    /// The id the event is about: for CONNECT_REQUEST, a new id for the incoming connection.
+    pub id: CmId,
+    /// For CONNECT_REQUEST, the listening id.
+    pub listen_id: Option<CmId>,
+    /// Connection parameters (private data from the peer, the peer's resources and depth as
+    /// seen from this side).
+    pub param: ConnParam,
+    /// Datagram parameters: SIDR (CONNECT_REQUEST and ESTABLISHED on UD ids) and
+    /// MULTICAST_JOIN.
+    pub ud: Option<UdParam>,
+    /// USER: the value given to `write_cm_event`; MULTICAST_JOIN/ERROR: the join context.
+    pub arg: u64,
+    pub(super) group: Option<Arc<GroupCount>>,
+    pub(super) delivered: bool,
+    pub(super) acked: bool,
+}
+
+impl CmEvent {
+    pub(super) fn new(
+        event: CmEventType,
+        status: i32,
+        id: CmId,
+        listen_id: Option<CmId>,
+        param: ConnParam,
+    ) -> CmEvent {
+        CmEvent {
+            event,
+            status,
+            id,
+            listen_id,
+            param,
+            ud: None,
+            arg: 0,
+            group: None,
+            delivered: false,
+            acked: false,
+        }
+    }
+
+    /// Acknowledges the event (`rdma_ack_cm_event`).
+    pub fn ack(mut self) {
+        self.release();
+    }
+
+    /// The event's contents, without the ids.
+    pub fn info(&self) -> EventInfo {
+        EventInfo {
+            event: self.event,
+            status: self.status,
+            param: self.param.clone(),
+            ud: self.ud.clone(),
+            arg: self.arg,
+        }
+    }
+
+    fn release(&mut self) {
+        if self.acked {
+            return;
+        }
+        self.acked = true;
+        if !self.delivered {
+            return;
+        }
+        if let Some(g) = &self.group {
+            g.acked.fetch_add(1, Ordering::AcqRel);
+        }
+        let i: &IdInner = &self.id.inner;
+        let _g = i.lock();
+        i.acked.fetch_add(1, Ordering::AcqRel);
+        i.acked_cv.notify_all();
+    }
+}
+
+impl Drop for CmEvent {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl std::fmt::Debug for CmEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmEvent")
+            .field("event", &self.event)
+            .field("status", &self.status)
+            .field("param", &self.param)
+            .field("ud", &self.ud)
+            .field("arg", &self.arg)
+            .finish_non_exhaustive()
+    }
+}
