@@ -18,8 +18,11 @@
 //! keep it as [`CmId::event`], and turn an error event into the errno librdmacm reports
 //! (REJECTED → `ECONNREFUSED`, UNREACHABLE → `ETIMEDOUT`, …).
 
+mod addrinfo;
 mod event;
 mod helpers;
+
+pub use addrinfo::*;
 
 pub use event::{event_str, CmEvent, CmEventType, ConnParam, EventChannel, EventInfo, UdParam};
 
