@@ -588,6 +588,8 @@ impl DeviceShared {
         }
         let started = crate::engine::Engine::start(addr)?;
         map.insert(addr, started.clone());
+        drop(map);
+        crate::rdma_cm::engine_started(&started);
         Ok(started)
     }
 

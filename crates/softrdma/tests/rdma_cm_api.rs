@@ -1036,3 +1036,97 @@ fn rdma_join_multicast_on_a_synchronous_id_blocks_until_joined() {
     assert_eq!((ev.event, ev.arg), (CmEventType::MulticastJoin, 5));
     id.destroy(); // leaves the group
 }
+
+#[test]
+fn rdma_create_ep_active_resolves_and_creates_the_qp_passive_keeps_the_attributes() {
+    let passive = getaddrinfo(
+        Some("127.0.0.50"),
+        Some("7310"),
+        Some(&AddrInfoHints {
+            ai_flags: RAI_PASSIVE,
+            ..Default::default()
+        }),
+    )
+    .unwrap();
+    let mut attr = CmQpInitAttr {
+        cap: cap(),
+        sq_sig_all: true,
+        ..Default::default()
+    };
+    let l = CmId::create_ep(&passive[0], None, Some(&mut attr)).unwrap();
+    assert!(l.is_sync());
+    assert_eq!(l.local_addr().unwrap(), addr("127.0.0.50:7310"));
+    assert!(l.qp().is_none(), "a passive endpoint has no QP itself");
+    l.listen(1).unwrap();
+    let mut res = getaddrinfo(Some("127.0.0.50"), Some("7310"), None).unwrap();
+    res[0].ai_src_addr = Some(addr("127.0.0.51:0"));
+    res[0].ai_connect = b"hdr:".to_vec();
+    let mut attr = CmQpInitAttr {
+        cap: cap(),
+        ..Default::default()
+    };
+    let c = CmId::create_ep(&res[0], None, Some(&mut attr)).unwrap();
+    assert_eq!(attr.qp_type, Some(QpType::Rc));
+    assert!(c.qp().is_some() && c.send_cq_channel().is_some());
+    assert_eq!(c.peer_addr().unwrap(), addr("127.0.0.50:7310"));
+    let t = std::thread::spawn(move || {
+        let id = l.get_request().unwrap();
+        let ev = id.event().unwrap();
+        assert_eq!(&ev.param.private_data[..8], b"hdr:data");
+        assert!(id.qp().is_some(), "rdma_get_request made the QP");
+        id.accept(&ConnParam::default()).unwrap();
+        id.disconnect().unwrap();
+        id.destroy_ep();
+        l.destroy_ep();
+    });
+    c.connect(&ConnParam {
+        private_data: b"data".to_vec(),
+        ..Default::default()
+    })
+    .unwrap();
+    c.disconnect().unwrap();
+    t.join().unwrap();
+    c.destroy_ep();
+}
+
+#[test]
+fn rdma_create_ep_fails_cleanly_without_an_address() {
+    let mut res = getaddrinfo(Some("127.0.0.52"), Some("1"), None).unwrap();
+    res[0].ai_dst_addr = None;
+    assert_eq!(
+        CmId::create_ep(&res[0], None, None).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    res[0].ai_flags = RAI_PASSIVE;
+    res[0].ai_src_addr = None;
+    assert_eq!(
+        CmId::create_ep(&res[0], None, None).unwrap_err().errno(),
+        libc::EINVAL
+    );
+}
+
+#[test]
+fn rdma_resolve_addrinfo_and_query_addrinfo() {
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
+    assert_eq!(id.query_addrinfo().unwrap_err().errno(), libc::ENODATA);
+    assert_eq!(
+        id.resolve_addrinfo(None, None, None).unwrap_err().errno(),
+        libc::EINVAL
+    );
+    id.resolve_addrinfo(Some("127.0.0.53"), Some("7311"), None)
+        .unwrap();
+    expect(&ch, CmEventType::AddrinfoResolved).ack();
+    let r = id.query_addrinfo().unwrap();
+    assert_eq!(r[0].ai_dst_addr, Some(addr("127.0.0.53:7311")));
+    let hints = AddrInfoHints {
+        ai_flags: RAI_NUMERICHOST,
+        ..Default::default()
+    };
+    id.resolve_addrinfo(Some("not-a-number.invalid"), Some("1"), Some(&hints))
+        .unwrap();
+    let ev = expect(&ch, CmEventType::AddrinfoError);
+    assert!(ev.status < 0);
+    ev.ack();
+    id.destroy();
+}

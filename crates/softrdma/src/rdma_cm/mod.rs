@@ -19,6 +19,7 @@
 //! (REJECTED → `ECONNREFUSED`, UNREACHABLE → `ETIMEDOUT`, …).
 
 mod addrinfo;
+mod ep;
 mod event;
 mod helpers;
 
@@ -215,6 +216,8 @@ struct IdInner {
     reported: AtomicUsize,
     acked: AtomicUsize,
     acked_cv: Condvar,
+    /// The result of `rdma_resolve_addrinfo`.
+    addrinfo: Mutex<Option<Vec<AddrInfo>>>,
 }
 
 impl IdInner {
@@ -299,6 +302,50 @@ type PortTable = HashMap<(u16, u16), Vec<Weak<IdInner>>>;
 fn ports() -> &'static Mutex<PortTable> {
     static P: OnceLock<Mutex<PortTable>> = OnceLock::new();
     P.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Wildcard listeners by service ID: engines started after `rdma_listen` listen for them too.
+fn wildcards() -> &'static Mutex<Vec<(u64, Weak<IdInner>)>> {
+    static W: OnceLock<Mutex<Vec<(u64, Weak<IdInner>)>>> = OnceLock::new();
+    W.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// A device engine has started: it listens for the wildcard listeners of its family.
+pub(crate) fn engine_started(engine: &Arc<Engine>) {
+    let ip = engine.local.ip();
+    let live: Vec<(u64, Arc<IdInner>)> = {
+        let mut w = wildcards().lock().unwrap_or_else(|p| p.into_inner());
+        w.retain(|(_, l)| l.strong_count() > 0);
+        w.iter()
+            .filter_map(|(sid, l)| l.upgrade().map(|l| (*sid, l)))
+            .collect()
+    };
+    for (sid, l) in live {
+        let fits = {
+            let s = l.lock();
+            s.state == IdState::Listen
+                && s.src
+                    .is_some_and(|a| a.is_ipv4() == ip.is_ipv4() || !s.afonly)
+        };
+        if !fits {
+            continue;
+        }
+        let mut r = registry();
+        let list = r.listeners.entry((ip, sid)).or_default();
+        list.retain(|w| w.strong_count() > 0);
+        if list
+            .iter()
+            .any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&l)))
+        {
+            continue;
+        }
+        let first = list.is_empty();
+        list.push(Arc::downgrade(&l));
+        drop(r);
+        if first {
+            let _ = engine.with_cm(|g, _| g.cm.listen(sid));
+        }
+    }
 }
 
 /// Connection-manager ids by (device address, communication ID), and listeners by
@@ -401,6 +448,7 @@ impl CmId {
                 reported: AtomicUsize::new(0),
                 acked: AtomicUsize::new(0),
                 acked_cv: Condvar::new(),
+                addrinfo: Mutex::new(None),
             }),
         })
     }
@@ -1155,6 +1203,26 @@ impl CmId {
         }
         let src = s.src.expect("bound");
         let sid = cma::service_id(self.inner.ps, src.port());
+        let wildcard = s.engine.is_none();
+        if wildcard {
+            // Every device of this machine listens, as the kernel's wildcard listen does:
+            // start the engines of the local addresses (one owned by another process is
+            // left to it), and remember the service ID for engines started later.
+            drop(s);
+            wildcards()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((sid, Arc::downgrade(&self.inner)));
+            for d in crate::get_device_list().unwrap_or_default() {
+                if d.addr().is_ipv4() == src.is_ipv4() || !self.inner.lock().afonly {
+                    if let Err(e) = device_res(d.addr()).and_then(|(c, _)| c.inner.shared.engine())
+                    {
+                        tracing::debug!(addr = %d.addr(), error = %e, "wildcard listen skips a device");
+                    }
+                }
+            }
+            s = self.inner.lock();
+        }
         let engines: Vec<Arc<Engine>> = match &s.engine {
             Some(e) => vec![e.clone()],
             None => crate::device::all_engines(),
@@ -1726,6 +1794,10 @@ impl CmId {
             }
         }
         if let Some(sid) = g.listening.take() {
+            wildcards()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|(_, w)| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(i)));
             let mut r = registry();
             let mut idle = Vec::new();
             for ((ip, s2), v) in r.listeners.iter_mut() {

@@ -1,0 +1,115 @@
+//! rdma_client: the synchronous-verbs client of librdmacm's examples, on softrdma.
+//!
+//! `rdma_client [-s SERVER] [-p PORT] [-b BIND_ADDR]` connects to rdma_server (default
+//! 127.0.0.1 port 7471), sends a 16-byte message, waits for the echo and disconnects:
+//! rdma_getaddrinfo, rdma_create_ep (address, route and QP), rdma_reg_msgs, rdma_post_recv,
+//! rdma_connect, rdma_post_send, rdma_get_send_comp, rdma_get_recv_comp, rdma_disconnect,
+//! rdma_destroy_ep. (`-b` is softrdma's addition: the source address, so that client and
+//! server can be two loopback "devices".)
+
+use softrdma::rdma_cm::*;
+use softrdma::{Buffer, QpCap, SendFlags, WcStatus};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+fn usage() -> ExitCode {
+    eprintln!("usage: rdma_client [-s server_address] [-p port] [-b bind_address]");
+    ExitCode::from(1)
+}
+
+fn run(server: &str, port: &str, bind: Option<&str>) -> Result<(), String> {
+    let mut hints = AddrInfoHints {
+        ai_port_space: Some(PortSpace::Tcp),
+        ..Default::default()
+    };
+    if let Some(b) = bind {
+        let ip: std::net::IpAddr = b.parse().map_err(|_| format!("bad bind address {b}"))?;
+        hints.ai_src_addr = Some(std::net::SocketAddr::new(ip, 0));
+    }
+    let res = getaddrinfo(Some(server), Some(port), Some(&hints))
+        .map_err(|e| format!("rdma_getaddrinfo: {e}"))?;
+    let mut attr = CmQpInitAttr {
+        cap: QpCap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 16,
+        },
+        sq_sig_all: true,
+        ..Default::default()
+    };
+    let id = CmId::create_ep(&res[0], None, Some(&mut attr))
+        .map_err(|e| format!("rdma_create_ep: {e}"))?;
+    let send = Arc::new(Buffer::from_slice(b"softrdma client!"));
+    let recv = Arc::new(Buffer::new(16));
+    let result = (|| {
+        let smr = id
+            .reg_msgs(&send)
+            .map_err(|e| format!("rdma_reg_msgs: {e}"))?;
+        let rmr = id
+            .reg_msgs(&recv)
+            .map_err(|e| format!("rdma_reg_msgs: {e}"))?;
+        id.post_recv(0, recv.addr(), 16, &rmr)
+            .map_err(|e| format!("rdma_post_recv: {e}"))?;
+        id.connect(&ConnParam::default())
+            .map_err(|e| format!("rdma_connect: {e}"))?;
+        id.post_send(0, send.addr(), 16, Some(&smr), SendFlags::INLINE)
+            .map_err(|e| format!("rdma_post_send: {e}"))?;
+        let wc = id
+            .get_send_comp()
+            .map_err(|e| format!("rdma_get_send_comp: {e}"))?;
+        if wc.status != WcStatus::Success {
+            return Err(format!("send failed: {}", wc.status.as_str()));
+        }
+        let wc = id
+            .get_recv_comp()
+            .map_err(|e| format!("rdma_get_recv_comp: {e}"))?;
+        if wc.status != WcStatus::Success {
+            return Err(format!("receive failed: {}", wc.status.as_str()));
+        }
+        let mut got = [0u8; 16];
+        recv.read(0, &mut got).map_err(|e| e.to_string())?;
+        if &got != b"softrdma client!" {
+            return Err(format!(
+                "the echo differs: {:?}",
+                String::from_utf8_lossy(&got)
+            ));
+        }
+        println!(
+            "rdma_client: received the echo {:?}",
+            String::from_utf8_lossy(&got)
+        );
+        id.disconnect().map_err(|e| format!("rdma_disconnect: {e}"))
+    })();
+    id.destroy_ep();
+    result
+}
+
+fn main() -> ExitCode {
+    let mut server = "127.0.0.1".to_string();
+    let mut port = "7471".to_string();
+    let mut bind = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let v = args.next();
+        match (a.as_str(), v) {
+            ("-s", Some(v)) => server = v,
+            ("-p", Some(v)) => port = v,
+            ("-b", Some(v)) => bind = Some(v),
+            _ => return usage(),
+        }
+    }
+    println!("rdma_client: start");
+    match run(&server, &port, bind.as_deref()) {
+        Ok(()) => {
+            println!("rdma_client: end 0");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rdma_client: {e}");
+            println!("rdma_client: end -1");
+            ExitCode::from(1)
+        }
+    }
+}

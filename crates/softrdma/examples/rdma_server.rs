@@ -1,0 +1,114 @@
+//! rdma_server: the synchronous-verbs server of librdmacm's examples, on softrdma.
+//!
+//! `rdma_server [-p PORT] [-a ADDR]` waits for one rdma_client (default port 7471, every
+//! address), receives its 16-byte message, sends it back, and disconnects: rdma_getaddrinfo
+//! (RAI_PASSIVE), rdma_create_ep with QP attributes, rdma_listen, rdma_get_request,
+//! rdma_reg_msgs, rdma_post_recv, rdma_accept, rdma_get_recv_comp, rdma_post_send,
+//! rdma_get_send_comp, rdma_disconnect, rdma_destroy_ep. (`-a` is softrdma's addition, so
+//! that a server can bind one loopback "device" of many.)
+
+use softrdma::rdma_cm::*;
+use softrdma::{Buffer, QpCap, SendFlags, WcStatus};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+fn usage() -> ExitCode {
+    eprintln!("usage: rdma_server [-p port] [-a bind_address]");
+    ExitCode::from(1)
+}
+
+fn run(addr: Option<&str>, port: &str) -> Result<(), String> {
+    let hints = AddrInfoHints {
+        ai_flags: RAI_PASSIVE,
+        ai_port_space: Some(PortSpace::Tcp),
+        ..Default::default()
+    };
+    let res = getaddrinfo(addr, Some(port), Some(&hints))
+        .map_err(|e| format!("rdma_getaddrinfo: {e}"))?;
+    let mut attr = CmQpInitAttr {
+        cap: QpCap {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 16,
+        },
+        sq_sig_all: true,
+        ..Default::default()
+    };
+    let listen_id = CmId::create_ep(&res[0], None, Some(&mut attr))
+        .map_err(|e| format!("rdma_create_ep: {e}"))?;
+    listen_id
+        .listen(0)
+        .map_err(|e| format!("rdma_listen: {e}"))?;
+    println!(
+        "rdma_server: listening on {}",
+        listen_id.local_addr().unwrap()
+    );
+    let id = listen_id
+        .get_request()
+        .map_err(|e| format!("rdma_get_request: {e}"))?;
+    let buf = Arc::new(Buffer::new(16));
+    let mr = id
+        .reg_msgs(&buf)
+        .map_err(|e| format!("rdma_reg_msgs: {e}"))?;
+    let result = (|| {
+        id.post_recv(0, buf.addr(), 16, &mr)
+            .map_err(|e| format!("rdma_post_recv: {e}"))?;
+        id.accept(&ConnParam::default())
+            .map_err(|e| format!("rdma_accept: {e}"))?;
+        let wc = id
+            .get_recv_comp()
+            .map_err(|e| format!("rdma_get_recv_comp: {e}"))?;
+        if wc.status != WcStatus::Success {
+            return Err(format!("receive failed: {}", wc.status.as_str()));
+        }
+        id.post_send(0, buf.addr(), 16, Some(&mr), SendFlags::empty())
+            .map_err(|e| format!("rdma_post_send: {e}"))?;
+        let wc = id
+            .get_send_comp()
+            .map_err(|e| format!("rdma_get_send_comp: {e}"))?;
+        if wc.status != WcStatus::Success {
+            return Err(format!("send failed: {}", wc.status.as_str()));
+        }
+        let mut msg = [0u8; 16];
+        buf.read(0, &mut msg).map_err(|e| e.to_string())?;
+        println!("rdma_server: echoed {:?}", String::from_utf8_lossy(&msg));
+        id.disconnect().map_err(|e| format!("rdma_disconnect: {e}"))
+    })();
+    drop(mr);
+    id.destroy_ep();
+    listen_id.destroy_ep();
+    result
+}
+
+fn main() -> ExitCode {
+    let mut port = "7471".to_string();
+    let mut addr = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "-p" => match args.next() {
+                Some(v) => port = v,
+                None => return usage(),
+            },
+            "-a" => match args.next() {
+                Some(v) => addr = Some(v),
+                None => return usage(),
+            },
+            _ => return usage(),
+        }
+    }
+    println!("rdma_server: start");
+    match run(addr.as_deref(), &port) {
+        Ok(()) => {
+            println!("rdma_server: end 0");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rdma_server: {e}");
+            println!("rdma_server: end -1");
+            ExitCode::from(1)
+        }
+    }
+}

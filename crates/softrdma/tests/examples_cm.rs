@@ -1,0 +1,134 @@
+//! The librdmacm example programs (examples/rdma_server, rdma_client, udaddy, mckey,
+//! cmtime) run as their rdma-core originals do: server and client in two processes on
+//! loopback "devices" 127.0.0.80 – 127.0.0.99, each bounded by a deadline so that a hang fails
+//! the test instead of hanging CI.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The example binary `name`, which `cargo test` builds into target/<profile>/examples.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap().join("examples");
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: `cargo test` builds the examples (cargo build --examples)",
+        p.display()
+    );
+    p
+}
+
+fn spawn(name: &str, args: &[&str]) -> Child {
+    Command::new(example(name))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits for `child` up to `limit`, killing it past that; returns its output.
+fn finish(mut child: Child, limit: Duration) -> Output {
+    let t = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if t.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "timed out after {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Starts a server and waits until it prints `ready` (it is listening).
+fn server(name: &str, args: &[&str], ready: &str) -> Child {
+    use std::io::{BufRead, BufReader};
+    let mut child = spawn(name, args);
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ready = ready.to_string();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(out);
+        let mut all = String::new();
+        let mut line = String::new();
+        let mut sent = false;
+        while r.read_line(&mut line).unwrap_or(0) > 0 {
+            all.push_str(&line);
+            if !sent && line.contains(&ready) {
+                let _ = tx.send(());
+                sent = true;
+            }
+            line.clear();
+        }
+        drop(all);
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the server did not start listening");
+    child
+}
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+#[test]
+fn rdma_server_and_rdma_client_echo_a_message() {
+    let s = server(
+        "rdma_server",
+        &["-a", "127.0.0.80", "-p", "7480"],
+        "listening",
+    );
+    let c = finish(
+        spawn(
+            "rdma_client",
+            &["-s", "127.0.0.80", "-p", "7480", "-b", "127.0.0.81"],
+        ),
+        LIMIT,
+    );
+    assert!(c.status.success(), "client: {}", text(&c));
+    assert!(text(&c).contains("received the echo \"softrdma client!\""));
+    assert!(text(&c).contains("rdma_client: end 0"));
+    let s = finish(s, LIMIT);
+    assert!(s.status.success(), "server: {}", text(&s));
+}
+
+/// A device that does not listen on the port answers the REQ with REJ 8 (invalid service
+/// ID): the synchronous rdma_connect fails with ECONNREFUSED at once.
+#[test]
+fn rdma_client_to_a_port_nobody_listens_on_fails_with_connection_refused() {
+    let mut s = server(
+        "rdma_server",
+        &["-a", "127.0.0.82", "-p", "7482"],
+        "listening",
+    );
+    let c = finish(
+        spawn(
+            "rdma_client",
+            &["-s", "127.0.0.82", "-p", "7481", "-b", "127.0.0.83"],
+        ),
+        LIMIT,
+    );
+    let _ = s.kill();
+    let _ = s.wait();
+    assert!(!c.status.success());
+    let t = text(&c);
+    assert!(
+        t.contains("rdma_connect") && t.contains("REJECTED") && t.contains("rdma_client: end -1"),
+        "{t}"
+    );
+}
