@@ -305,8 +305,10 @@ fn ports() -> &'static Mutex<PortTable> {
 }
 
 /// Wildcard listeners by service ID: engines started after `rdma_listen` listen for them too.
-fn wildcards() -> &'static Mutex<Vec<(u64, Weak<IdInner>)>> {
-    static W: OnceLock<Mutex<Vec<(u64, Weak<IdInner>)>>> = OnceLock::new();
+type Wildcards = Mutex<Vec<(u64, Weak<IdInner>)>>;
+
+fn wildcards() -> &'static Wildcards {
+    static W: OnceLock<Wildcards> = OnceLock::new();
     W.get_or_init(|| Mutex::new(Vec::new()))
 }
 
