@@ -125,8 +125,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         let Some(flags) = arg.strip_prefix('-').filter(|f| !f.is_empty()) else {
             return Err(format!("unexpected argument {arg:?}"));
         };
-        let mut chars = flags.char_indices();
-        while let Some((pos, c)) = chars.next() {
+        for (pos, c) in flags.char_indices() {
             let takes_value = matches!(c, 'a' | 'I' | 'p' | 'C' | 'S');
             let value = if takes_value {
                 let rest = &flags[pos + c.len_utf8()..];
@@ -836,7 +835,7 @@ fn serve(child: CmId, o: &Opts, rx: Receiver<Ev>, tx: Sender<Ev>) -> Result<(), 
             .and_then(|()| test_server(&mut c, o.size, o.verbose))
         {
             Ok(()) | Err(Stop::Disconnected) => Ok(()),
-            Err(Stop::Failed(e)) => Err(format!("rping server failed: {e}")),
+            Err(Stop::Failed(e)) => Err(format!("server failed: {e}")),
         },
     };
     // rping_disconnect: the client usually went first, then this fails harmlessly.
@@ -1108,13 +1107,13 @@ fn client_session(o: &Opts, rt: &CmRuntime, id: &CmId, dst: SocketAddr) -> Resul
         // The server went away: rping counts that as the end when pinging forever.
         Err(Stop::Disconnected) if o.count == 0 => Ok(()),
         Err(Stop::Disconnected) => {
-            Err("rping client failed: the server disconnected before the last ping".to_string())
+            Err("client failed: the server disconnected before the last ping".to_string())
         }
         Err(Stop::Failed(e)) => {
             if c.established {
                 let _ = c.id.disconnect();
             }
-            Err(format!("rping client failed: {e}"))
+            Err(format!("client failed: {e}"))
         }
     };
     CmRuntime::unroute(&rt.routes, Some(dst));
