@@ -7,7 +7,9 @@
 //! arrives — ACKs, requests from peers, one-sided RDMA WRITE/READ/atomics that the target
 //! program never polls for — and every timer is handled by one progress thread per device,
 //! which waits in `poll(2)` on the socket and a wake-up eventfd, receives in batches with
-//! `recvmmsg`, and answers in batches with `sendmmsg`.
+//! `recvmmsg`, and answers in batches with `sendmmsg`. A device with UD QPs attached to
+//! multicast groups also has one socket per group, which the progress thread polls too (see
+//! the `mcast` submodule); without groups that path costs one atomic load.
 //!
 //! # ICRC
 //! Every packet sent carries the ICRC computed over the IP and UDP headers the kernel will

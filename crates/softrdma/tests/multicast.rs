@@ -430,3 +430,83 @@ fn ipv6_group_on_one_device() {
         q.qp.detach_mcast(&mgid, 0).unwrap();
     }
 }
+
+/// A plain UDP socket bound to `group:4791` (with `SO_REUSEADDR`, as the devices bind it) and
+/// joined on the interface of `ifaddr`, with a read timeout that only catches a hang.
+fn plain_member(group: std::net::Ipv4Addr, ifaddr: std::net::Ipv4Addr) -> std::net::UdpSocket {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket(2); the result is checked and owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    // SAFETY: fd is fresh and owned by nobody else.
+    let sock = unsafe { std::net::UdpSocket::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // SAFETY: a pointer to a live c_int of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_REUSEADDR");
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 4791u16.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(group.octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: a valid sockaddr_in and its size.
+    let r = unsafe {
+        libc::bind(
+            fd,
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "bind {group}:4791");
+    sock.join_multicast_v4(&group, &ifaddr).unwrap();
+    sock.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    sock
+}
+
+#[test]
+fn on_the_wire_a_ud_send_to_qpn_ffffff_with_the_icrc_of_the_group() {
+    let group: std::net::Ipv4Addr = "239.255.60.4".parse().unwrap();
+    let plain = plain_member(group, "127.0.0.68".parse().unwrap());
+    let s = ud("127.0.0.68", QKEY);
+    let data = pattern(333, 9);
+    send_to(&s, 1, IpAddr::V4(group), 0x42, 0x1234_5678, &data);
+    let mut b = [0u8; 2048];
+    let (n, from) = plain.recv_from(&mut b).expect("the datagram (or a hang)");
+    assert_eq!(from, std::net::SocketAddr::new(s.addr, 4791));
+    let pkt = &b[..n];
+    let v = softrdma_wire::roce::Packet::new_checked(pkt).unwrap();
+    assert_eq!(v.bth().opcode(), softrdma_wire::opcode::Opcode(0x64)); // UD SEND only
+    assert_eq!(v.bth().dest_qp(), 0xff_ffff, "the multicast QP number");
+    let d = v.deth().unwrap();
+    assert_eq!((d.qkey(), d.src_qp()), (0x1234_5678, s.qp.qp_num()));
+    assert_eq!(v.payload(), &data[..]);
+    // The ICRC over the IPv4 and UDP headers the kernel put in front of it: ID 0 and DF
+    // (IP_PMTUDISC_DO), TTL 1, from the device to the group, both on port 4791.
+    let total = 20 + 8 + n;
+    let mut ip = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 1, 17, 0, 0];
+    ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+    ip.extend_from_slice(&[127, 0, 0, 68]);
+    ip.extend_from_slice(&group.octets());
+    ip.extend_from_slice(&4791u16.to_be_bytes());
+    ip.extend_from_slice(&4791u16.to_be_bytes());
+    ip.extend_from_slice(&((8 + n) as u16).to_be_bytes());
+    ip.extend_from_slice(&[0, 0]);
+    ip.extend_from_slice(pkt);
+    softrdma_wire::icrc::verify(&ip).expect("ICRC computed with the group as destination");
+    // With the device's own address as destination it would not verify.
+    ip[16..20].copy_from_slice(&[127, 0, 0, 68]);
+    assert!(softrdma_wire::icrc::verify(&ip).is_err());
+    assert_eq!(s.ctx.counters().mcast_tx_packets, 1);
+}
