@@ -586,7 +586,7 @@ impl DeviceShared {
         if let Some(e) = map.get(&addr) {
             return Ok(e.clone());
         }
-        let started = crate::engine::Engine::start(addr)?;
+        let started = crate::engine::Engine::start(addr, self.device.ifindex())?;
         map.insert(addr, started.clone());
         drop(map);
         crate::rdma_cm::engine_started(&started);

@@ -7,7 +7,9 @@
 //! arrives — ACKs, requests from peers, one-sided RDMA WRITE/READ/atomics that the target
 //! program never polls for — and every timer is handled by one progress thread per device,
 //! which waits in `poll(2)` on the socket and a wake-up eventfd, receives in batches with
-//! `recvmmsg`, and answers in batches with `sendmmsg`.
+//! `recvmmsg`, and answers in batches with `sendmmsg`. A device with UD QPs attached to
+//! multicast groups also has one socket per group, which the progress thread polls too (see
+//! the `mcast` submodule); without groups that path costs one atomic load.
 //!
 //! # ICRC
 //! Every packet sent carries the ICRC computed over the IP and UDP headers the kernel will
@@ -37,6 +39,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
+mod mcast;
+
 /// Room for one packet: the largest transport packet (4096-byte MTU + headers + ICRC) with
 /// headroom.
 pub(crate) const PKT_BUF: usize = 4096 + 128;
@@ -57,6 +61,8 @@ pub(crate) struct Counters {
     pub(crate) fault_drops: AtomicU64,
     pub(crate) fault_dups: AtomicU64,
     pub(crate) fault_corrupts: AtomicU64,
+    pub(crate) mcast_tx_packets: AtomicU64,
+    pub(crate) mcast_rx_packets: AtomicU64,
 }
 
 /// A snapshot of a device's packet counters.
@@ -86,6 +92,11 @@ pub struct DeviceCounters {
     pub fault_dups: u64,
     /// Packets corrupted by fault injection.
     pub fault_corrupts: u64,
+    /// UD packets sent to an IP multicast group (also counted in `tx_packets` once sent).
+    pub mcast_tx_packets: u64,
+    /// Packets received with a good ICRC on the device's multicast group sockets (also
+    /// counted in `rx_packets`), whatever number of attached QPs got a copy.
+    pub mcast_rx_packets: u64,
 }
 
 impl Counters {
@@ -104,6 +115,8 @@ impl Counters {
             fault_drops: g(&self.fault_drops),
             fault_dups: g(&self.fault_dups),
             fault_corrupts: g(&self.fault_corrupts),
+            mcast_tx_packets: g(&self.mcast_tx_packets),
+            mcast_rx_packets: g(&self.mcast_rx_packets),
         }
     }
 }
@@ -172,6 +185,15 @@ pub(crate) struct Engine {
     pub(crate) gsi: Mutex<crate::gsi::Gsi>,
     /// This engine, for the connection-manager layer's ids.
     me: std::sync::OnceLock<Weak<Engine>>,
+    /// Interface index of the device address (IPv6 multicast names interfaces by index).
+    ifindex: u32,
+    /// The multicast groups the device has joined, their sockets and attached QPs.
+    mcast: Mutex<mcast::Table>,
+    /// Bumped (under the `mcast` lock) whenever the set of groups or members changes, so that
+    /// receivers refresh their snapshot without taking the lock otherwise.
+    mcast_gen: AtomicU64,
+    /// Number of group sockets open (0: the multicast receive path costs one load).
+    mcast_socks: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Engine {
@@ -183,14 +205,20 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Binds the device socket and starts the progress thread.
-    pub(crate) fn start(addr: IpAddr) -> Result<Arc<Engine>> {
-        Self::start_on_port(addr, ROCE_PORT)
+    /// Binds the device socket and starts the progress thread; `ifindex` is the interface
+    /// of `addr`, used to send to and join IPv6 multicast groups.
+    pub(crate) fn start(addr: IpAddr, ifindex: u32) -> Result<Arc<Engine>> {
+        Self::start_on_port(addr, ROCE_PORT, ifindex)
     }
 
-    pub(crate) fn start_on_port(addr: IpAddr, port: u16) -> Result<Arc<Engine>> {
+    pub(crate) fn start_on_port(addr: IpAddr, port: u16, ifindex: u32) -> Result<Arc<Engine>> {
         let sock = UdpSock::bind(addr, port)?;
         let local = sock.local_addr()?;
+        // Multicast sends leave from the device socket; a device whose interface cannot do
+        // multicast still does unicast (its multicast sends are counted in tx_errors).
+        if let Err(err) = sock.set_multicast_tx(addr, ifindex) {
+            tracing::debug!(%addr, ifindex, error = %err, "no multicast sending options");
+        }
         let e = Arc::new(Engine {
             sock,
             local,
@@ -205,6 +233,10 @@ impl Engine {
             delayed: Mutex::new(Vec::new()),
             rx: Mutex::new(RxState::new()),
             me: std::sync::OnceLock::new(),
+            ifindex,
+            mcast: Mutex::new(mcast::Table::default()),
+            mcast_gen: AtomicU64::new(0),
+            mcast_socks: std::sync::atomic::AtomicUsize::new(0),
             gsi: Mutex::new(crate::gsi::Gsi::new(
                 local.ip(),
                 crate::device::guid_for(&local.ip()),
@@ -754,7 +786,16 @@ pub(crate) fn drive(
         };
         let dst = match out.ud_dest {
             Some(h) => match ud_dests.remove(&h) {
-                Some(ah) => ah.attr.grh.dgid.to_ip(),
+                Some(ah) => {
+                    let d = ah.attr.grh.dgid.to_ip();
+                    if d.is_multicast() {
+                        engine
+                            .counters
+                            .mcast_tx_packets
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    d
+                }
                 None => continue,
             },
             None => peer,
@@ -846,6 +887,20 @@ fn grh_for(src: &SocketAddr, dst: &SocketAddr, payload_len: usize) -> [u8; 40] {
     g
 }
 
+/// The ICRC flow of datagrams from `src` to `dst` port 4791.
+fn rx_flow(src: SocketAddr, dst: IpAddr) -> IcrcPrefix {
+    match (src.ip(), dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IcrcPrefix::ipv4(s, d, src.port(), ROCE_PORT),
+        (s, d) => {
+            let to6 = |a: IpAddr| match a {
+                IpAddr::V4(v) => v.to_ipv6_mapped(),
+                IpAddr::V6(v) => v,
+            };
+            IcrcPrefix::ipv6(to6(s), to6(d), src.port(), ROCE_PORT)
+        }
+    }
+}
+
 /// Checks one received datagram (the UDP payload `pkt`, from `src`): its ICRC and headers.
 /// Returns the destination QP number of a good packet; counts and drops a bad one.
 fn check_packet(
@@ -861,16 +916,7 @@ fn check_packet(
     };
     let prefix = prefixes
         .entry(src)
-        .or_insert_with(|| match (src.ip(), engine.local.ip()) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => IcrcPrefix::ipv4(s, d, src.port(), ROCE_PORT),
-            (s, d) => {
-                let to6 = |a: IpAddr| match a {
-                    IpAddr::V4(v) => v.to_ipv6_mapped(),
-                    IpAddr::V6(v) => v,
-                };
-                IcrcPrefix::ipv6(to6(s), to6(d), src.port(), ROCE_PORT)
-            }
-        });
+        .or_insert_with(|| rx_flow(src, engine.local.ip()));
     match prefix.compute(view.icrc_covered()) {
         Ok(crc) if crc == view.icrc() => {}
         _ => {
@@ -901,22 +947,39 @@ fn deliver(
         c.unknown_qp.fetch_add(pkts.len() as u64, Ordering::Relaxed);
         return;
     };
+    let st = qp.lock();
+    if st.transport.is_none() {
+        c.unknown_qp.fetch_add(pkts.len() as u64, Ordering::Relaxed);
+        return;
+    }
+    if matches!(
+        qp.qp_type,
+        softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
+    ) && st.attr.ah_attr.grh.dgid.to_ip() != src.ip()
+    {
+        c.wrong_source
+            .fetch_add(pkts.len() as u64, Ordering::Relaxed);
+        return;
+    }
+    feed(engine, &qp, st, pkts, src, engine.local.ip(), now, tx);
+}
+
+/// Hands packets from `src` to `dst` to the transport of `qp` (whose lock `st` is, checked
+/// for a transport), drives the QP, releases the lock and raises the resulting events.
+#[allow(clippy::too_many_arguments)]
+fn feed(
+    engine: &Engine,
+    qp: &Arc<QpInner>,
+    mut st: std::sync::MutexGuard<'_, QpState_>,
+    pkts: &[&[u8]],
+    src: SocketAddr,
+    dst: IpAddr,
+    now: Instant,
+    tx: &mut TxBatch,
+) {
     let srq_limit_hit;
     let events = {
-        let mut st = qp.lock();
-        if st.transport.is_none() {
-            c.unknown_qp.fetch_add(pkts.len() as u64, Ordering::Relaxed);
-            return;
-        }
-        if matches!(
-            qp.qp_type,
-            softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
-        ) && st.attr.ah_attr.grh.dgid.to_ip() != src.ip()
-        {
-            c.wrong_source
-                .fetch_add(pkts.len() as u64, Ordering::Relaxed);
-            return;
-        }
+        let dst = SocketAddr::new(dst, ROCE_PORT);
         {
             let QpState_ {
                 transport, rq, mrs, ..
@@ -932,17 +995,19 @@ fn deliver(
             if let Some(t) = transport.as_mut() {
                 for pkt in pkts {
                     let meta = RxMeta {
-                        grh: grh_for(&src, &engine.local, pkt.len()),
+                        grh: grh_for(&src, &dst, pkt.len()),
                     };
                     t.handle_packet(now, pkt, &meta, &mut env);
                 }
             }
             srq_limit_hit = env.srq_limit_hit;
         }
-        drive(engine, &qp, &mut st, now, tx)
+        let ev = drive(engine, qp, &mut st, now, tx);
+        drop(st);
+        ev
     };
     if srq_limit_hit {
-        raise_srq_limit(&qp);
+        raise_srq_limit(qp);
     }
     for e in events {
         qp.raise(e);
@@ -969,6 +1034,8 @@ pub(crate) struct RxState {
     bufs: Vec<Vec<u8>>,
     meta: Vec<RxMsg>,
     prefixes: HashMap<SocketAddr, IcrcPrefix>,
+    /// The multicast side: group snapshot, ICRC flows, and the copy a member receives.
+    mcast: mcast::RxMcast,
 }
 
 impl RxState {
@@ -977,6 +1044,7 @@ impl RxState {
             bufs: (0..BATCH).map(|_| vec![0u8; 65536]).collect(),
             meta: vec![RxMsg::default(); BATCH],
             prefixes: HashMap::new(),
+            mcast: mcast::RxMcast::default(),
         }
     }
 }
@@ -990,6 +1058,7 @@ impl Engine {
             bufs,
             meta,
             prefixes,
+            ..
         } = rx;
         for _ in 0..rounds {
             let n = match self.sock.recv_batch(bufs, meta) {
@@ -1122,6 +1191,9 @@ impl Engine {
         };
         with_tx(|tx| {
             self.receive_rounds(&mut rx, tx, 4);
+            if self.mcast_socks.load(Ordering::Acquire) != 0 || rx.mcast.holds_sockets() {
+                self.poll_mcast(&mut rx, tx, 4);
+            }
         });
     }
 }
@@ -1129,6 +1201,11 @@ impl Engine {
 fn progress(weak: Weak<Engine>) {
     let mut tx = TxBatch::new();
     let mut last_rx = Instant::now();
+    // The groups polled (the receive state's snapshot, which keeps their sockets open) and
+    // its generation.
+    let mut groups = Arc::new(mcast::View::default());
+    let mut groups_gen = 0;
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(2);
     loop {
         let Some(engine) = weak.upgrade() else {
             return;
@@ -1152,24 +1229,28 @@ fn progress(weak: Weak<Engine>) {
             .sleep_until
             .store(engine.nanos(next), Ordering::Release);
         let timeout = next.saturating_duration_since(now);
-        let mut fds = [
-            libc::pollfd {
-                fd: engine.sock.raw(),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-            libc::pollfd {
-                fd: std::os::fd::AsRawFd::as_raw_fd(&engine.wake),
-                events: libc::POLLIN,
-                revents: 0,
-            },
-        ];
+        let gen = engine.mcast_gen.load(Ordering::Acquire);
+        if gen != groups_gen {
+            // Refreshing the receive state's snapshot too lets a closed group's socket go.
+            let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
+            groups = engine.mcast_refresh(&mut rx.mcast);
+            groups_gen = gen;
+        }
+        let pollfd = |fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        fds.clear();
+        fds.push(pollfd(engine.sock.raw()));
+        fds.push(pollfd(std::os::fd::AsRawFd::as_raw_fd(&engine.wake)));
+        fds.extend(groups.groups.iter().map(|g| pollfd(g.sock.raw())));
         let mut ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         if !engine.busy_poll.is_zero() && now.duration_since(last_rx) < engine.busy_poll {
             ms = 0;
         }
-        // SAFETY: two valid pollfds.
-        unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+        // SAFETY: `fds` holds fds.len() valid pollfds, whose sockets `groups` keeps open.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
         if fds[1].revents & libc::POLLIN != 0 {
             while engine.wake.try_wait() {}
         }
@@ -1178,6 +1259,12 @@ fn progress(weak: Weak<Engine>) {
         if fds[0].revents & libc::POLLIN != 0 {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
             if engine.receive_rounds(&mut rx, &mut tx, 64) > 0 {
+                last_rx = Instant::now();
+            }
+        }
+        if fds[2..].iter().any(|fd| fd.revents & libc::POLLIN != 0) {
+            let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
+            if engine.poll_mcast(&mut rx, &mut tx, 64) > 0 {
                 last_rx = Instant::now();
             }
         }
