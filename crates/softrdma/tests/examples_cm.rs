@@ -132,3 +132,59 @@ fn rdma_client_to_a_port_nobody_listens_on_fails_with_connection_refused() {
         "{t}"
     );
 }
+
+/// udaddy: two SIDR lookups, ten 100-byte datagrams each way per connection, replies through
+/// address handles made from the received work completions.
+#[test]
+fn udaddy_server_and_client_exchange_datagrams_over_sidr() {
+    let s = server("udaddy", &["-b", "127.0.0.84", "-c", "2"], "listening");
+    let c = finish(
+        spawn(
+            "udaddy",
+            &[
+                "-s",
+                "127.0.0.84",
+                "-b",
+                "127.0.0.85",
+                "-c",
+                "2",
+                "-C",
+                "10",
+                "-S",
+                "100",
+            ],
+        ),
+        LIMIT,
+    );
+    assert!(c.status.success(), "client: {}", text(&c));
+    let s = finish(s, LIMIT);
+    assert!(s.status.success(), "server: {}", text(&s));
+    // (The server's stdout is read by `server`; its exit status says it completed.)
+    let t = text(&c);
+    assert!(
+        t.contains("data transfers complete") && t.contains("return status 0"),
+        "{t}"
+    );
+}
+
+/// A udaddy client with no server behind the port: the SIDR lookup fails (status 1).
+#[test]
+fn udaddy_client_without_a_server_reports_unreachable() {
+    let mut s = server(
+        "rdma_server",
+        &["-a", "127.0.0.86", "-p", "7486"],
+        "listening",
+    );
+    let c = finish(
+        spawn("udaddy", &["-s", "127.0.0.86", "-b", "127.0.0.87"]),
+        LIMIT,
+    );
+    let _ = s.kill();
+    let _ = s.wait();
+    assert!(!c.status.success());
+    let t = text(&c);
+    assert!(
+        t.contains("rdma_cm_event_unreachable, error: 1") && t.contains("return status -1"),
+        "{t}"
+    );
+}
