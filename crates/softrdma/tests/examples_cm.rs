@@ -188,3 +188,88 @@ fn udaddy_client_without_a_server_reports_unreachable() {
         "{t}"
     );
 }
+
+/// mckey: two receivers in two processes join a group; a sender (a send-only member, not
+/// attached) sends ten datagrams to it; each receiver gets all ten, byte-exact.
+#[test]
+fn mckey_receivers_in_two_processes_get_every_datagram_a_sender_multicasts() {
+    let g = "239.255.88.1";
+    let r1 = server(
+        "mckey",
+        &["-m", g, "-b", "127.0.0.88", "-C", "10"],
+        "joined",
+    );
+    let r2 = server(
+        "mckey",
+        &["-m", g, "-b", "127.0.0.92", "-C", "10"],
+        "joined",
+    );
+    let s = finish(
+        spawn(
+            "mckey",
+            &[
+                "-m",
+                g,
+                "-b",
+                "127.0.0.89",
+                "-s",
+                "-o",
+                "-C",
+                "10",
+                "-S",
+                "200",
+            ],
+        ),
+        LIMIT,
+    );
+    assert!(s.status.success(), "sender: {}", text(&s));
+    assert!(text(&s).contains("return status 0"));
+    // The receivers post 100-byte buffers by default: 200-byte datagrams do not fit
+    // (IBV_WC_LOC_LEN_ERR), as on a real device.
+    for r in [r1, r2] {
+        let o = finish(r, LIMIT);
+        assert!(
+            !o.status.success(),
+            "a size mismatch is an error: {}",
+            text(&o)
+        );
+        assert!(text(&o).contains("local length error"), "{}", text(&o));
+    }
+    let r1 = server(
+        "mckey",
+        &["-m", g, "-b", "127.0.0.88", "-C", "10", "-S", "200"],
+        "joined",
+    );
+    let r2 = server(
+        "mckey",
+        &["-m", g, "-b", "127.0.0.92", "-C", "10", "-S", "200"],
+        "joined",
+    );
+    let s = finish(
+        spawn(
+            "mckey",
+            &["-m", g, "-b", "127.0.0.89", "-s", "-C", "10", "-S", "200"],
+        ),
+        LIMIT,
+    );
+    assert!(s.status.success(), "sender: {}", text(&s));
+    for r in [r1, r2] {
+        let o = finish(r, LIMIT);
+        assert!(o.status.success(), "receiver: {}", text(&o));
+    }
+}
+
+#[test]
+fn mckey_refuses_bad_arguments() {
+    let o = finish(spawn("mckey", &["-b", "127.0.0.89"]), LIMIT);
+    assert!(!o.status.success() && text(&o).contains("-m multicast_address"));
+    let o = finish(
+        spawn("mckey", &["-m", "127.0.0.1", "-b", "127.0.0.89"]),
+        LIMIT,
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("rdma_join_multicast"),
+        "{}",
+        text(&o)
+    );
+}
