@@ -1130,3 +1130,77 @@ fn rdma_resolve_addrinfo_and_query_addrinfo() {
     ev.ack();
     id.destroy();
 }
+
+/// A removed device: every id bound to it gets DEVICE_REMOVAL, its QP flushes, the device's
+/// context reports IBV_EVENT_DEVICE_FATAL; ids of other devices are untouched.
+#[test]
+fn rdma_cm_event_device_removal_reaches_every_id_of_the_device() {
+    let sch = EventChannel::new().unwrap();
+    let l = listener(&sch, PortSpace::Tcp, "127.0.0.54:7312");
+    let cch = EventChannel::new().unwrap();
+    let c = resolved(&cch, PortSpace::Tcp, "127.0.0.54:7312");
+    c.create_qp(None, &mut cap()).unwrap();
+    c.connect(&ConnParam::default()).unwrap();
+    let req = expect(&sch, CmEventType::ConnectRequest);
+    let s = req.id.clone();
+    req.ack();
+    let sqp = s.create_qp(None, &mut cap()).unwrap();
+    s.accept(&ConnParam::default()).unwrap();
+    expect(&cch, CmEventType::Established).ack();
+    expect(&sch, CmEventType::Established).ack();
+    let n = rdma_cm::inject_device_removal("127.0.0.54".parse().unwrap());
+    assert_eq!(n, 2, "the listener and the accepted id");
+    let mut got = vec![
+        expect(&sch, CmEventType::DeviceRemoval).id.clone(),
+        expect(&sch, CmEventType::DeviceRemoval).id.clone(),
+    ];
+    got.sort_by_key(|i| i.context());
+    assert!(got.contains(&l) && got.contains(&s));
+    assert_eq!(sqp.query_qp().unwrap().0.qp_state, QpState::Err);
+    let ev = s.verbs().unwrap().get_async_event().unwrap();
+    assert_eq!(ev.event_type(), EventType::DeviceFatal);
+    ev.ack();
+    // The client's device is another one: nothing for it.
+    cch.set_nonblocking(true).unwrap();
+    assert_eq!(cch.get_cm_event().unwrap_err().errno(), libc::EAGAIN);
+    for id in [s, l, c] {
+        id.destroy();
+    }
+}
+
+/// A join whose attach fails (here the 57th QP of one device on one group, beyond
+/// max_mcast_qp_attach) arrives as MULTICAST_ERROR with the errno; leaving it works.
+#[test]
+fn rdma_join_multicast_reports_multicast_error_when_the_attach_fails() {
+    let ch = EventChannel::new().unwrap();
+    let g: IpAddr = "239.255.30.9".parse().unwrap();
+    let mut ids = Vec::new();
+    let limit = Device::from_addr("127.0.0.55".parse().unwrap())
+        .unwrap()
+        .open()
+        .unwrap()
+        .query_device()
+        .unwrap()
+        .max_mcast_qp_attach as usize;
+    for i in 0..=limit {
+        let id = CmId::create(Some(&ch), i as u64, PortSpace::Udp).unwrap();
+        id.bind_addr(addr("127.0.0.55:0")).unwrap();
+        id.create_qp(None, &mut cap()).unwrap();
+        id.join_multicast(g, i as u64).unwrap();
+        let ev = ch.get_cm_event().unwrap();
+        if i < limit {
+            assert_eq!(ev.event, CmEventType::MulticastJoin, "{ev:?}");
+        } else {
+            assert_eq!(ev.event, CmEventType::MulticastError);
+            assert_eq!(ev.status, -libc::ENOMEM);
+            assert_eq!(ev.arg, i as u64, "the join context");
+        }
+        ev.ack();
+        ids.push(id);
+    }
+    for id in ids {
+        id.leave_multicast(g).unwrap();
+        id.destroy_qp();
+        id.destroy();
+    }
+}

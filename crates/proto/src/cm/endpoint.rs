@@ -748,6 +748,14 @@ impl Cm {
         }
     }
 
+    /// Drops communication `id` without a word to the peer, as when the device behind it is
+    /// removed: no REJ, DREQ or timewait, and no event. Unknown IDs are ignored.
+    pub fn abandon(&mut self, id: ConnId) {
+        if let Ok(conn) = self.take(id) {
+            self.forget(id.0, conn);
+        }
+    }
+
     // ------------------------------------------------------------------------------------
     // SIDR
     // ------------------------------------------------------------------------------------

@@ -304,6 +304,64 @@ fn ports() -> &'static Mutex<PortTable> {
     P.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// Every live id, for device-wide events (DEVICE_REMOVAL).
+fn all_ids() -> &'static Mutex<Vec<Weak<IdInner>>> {
+    static A: OnceLock<Mutex<Vec<Weak<IdInner>>>> = OnceLock::new();
+    A.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Simulates the removal of the device at `addr` (a NIC unplugged, an rxe link deleted),
+/// for testing how an application handles it: every rdma_cm id bound to the device gets
+/// RDMA_CM_EVENT_DEVICE_REMOVAL (after which it must be destroyed), its connection is
+/// dropped without a DREQ and its QP moved to the error state (flushing its work), and every
+/// context of the device opened by the connection manager gets `IBV_EVENT_DEVICE_FATAL`.
+/// Wildcard listeners are not bound to one device and get nothing, as in Linux. The device
+/// itself stays usable for new ids: this is an injected fault, not a real removal. Returns
+/// the number of ids notified.
+pub fn inject_device_removal(addr: IpAddr) -> usize {
+    let ids: Vec<CmId> = {
+        let mut a = all_ids().lock().unwrap_or_else(|p| p.into_inner());
+        a.retain(|w| w.strong_count() > 0);
+        a.iter()
+            .filter_map(Weak::upgrade)
+            .map(|inner| CmId { inner })
+            .collect()
+    };
+    let mut n = 0;
+    for id in ids {
+        let (qp, conn, engine) = {
+            let mut s = id.inner.lock();
+            let bound = s.ctx.as_ref().is_some_and(|c| c.device().addr() == addr);
+            if !bound || s.state == IdState::Gone {
+                continue;
+            }
+            s.state = IdState::Disconnected;
+            s.conn_error = true;
+            (s.qp.clone(), s.conn, s.engine.clone())
+        };
+        if let Some(qp) = qp {
+            qp_to_err(&qp);
+        }
+        if let (Some(conn), Some(engine)) = (conn, engine) {
+            // The device is gone: its CM forgets the connection (no DREQ reaches the peer
+            // from a removed device; the peer's QP times out or its CM sees nothing).
+            registry().conns.remove(&(addr, conn.0));
+            id.inner.lock().conn = None;
+            engine.with_cm(|g, _| g.cm.abandon(conn));
+        }
+        id.post(CmEventType::DeviceRemoval, 0, ConnParam::default(), None);
+        n += 1;
+    }
+    if let Ok((ctx, _)) = device_res(addr) {
+        ctx.inner.async_events.raise(
+            crate::EventType::DeviceFatal,
+            crate::AsyncElement::Device,
+            None,
+        );
+    }
+    n
+}
+
 /// Wildcard listeners by service ID: engines started after `rdma_listen` listen for them too.
 type Wildcards = Mutex<Vec<(u64, Weak<IdInner>)>>;
 
@@ -411,7 +469,7 @@ impl CmId {
             None => EventChannel::new()?,
         };
         channel.inner.ids.fetch_add(1, Ordering::AcqRel);
-        Ok(CmId {
+        let id = CmId {
             inner: Arc::new(IdInner {
                 ps,
                 qp_type,
@@ -452,7 +510,12 @@ impl CmId {
                 acked_cv: Condvar::new(),
                 addrinfo: Mutex::new(None),
             }),
-        })
+        };
+        all_ids()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::downgrade(&id.inner));
+        Ok(id)
     }
 
     /// The context given at creation (`id->context`).
