@@ -1,6 +1,14 @@
-//! softrdma: RDMA verbs (the programming model of libibverbs) and, in time, the connection
-//! manager (librdmacm), over a software RDMA device that speaks RoCEv2 on ordinary UDP
+//! softrdma: RDMA verbs (the programming model of libibverbs) and the connection manager
+//! (librdmacm, in [`rdma_cm`]), over a software RDMA device that speaks RoCEv2 on ordinary UDP
 //! sockets in userspace — no RDMA NIC, no kernel module, no root.
+//!
+//! | librdmacm | softrdma |
+//! |---|---|
+//! | `rdma_create_event_channel`, `rdma_get_cm_event`, `rdma_ack_cm_event` | [`rdma_cm::EventChannel`], [`rdma_cm::CmEvent::ack`] |
+//! | `rdma_create_id`, `rdma_create_ep`, `rdma_getaddrinfo` | [`rdma_cm::CmId::create`], [`rdma_cm::CmId::create_ep`], [`rdma_cm::getaddrinfo`] |
+//! | `rdma_resolve_addr/route`, `rdma_listen`, `rdma_connect`, `rdma_accept` | [`rdma_cm::CmId`] methods of the same names |
+//! | `rdma_create_qp`, `rdma_post_send`, `rdma_get_send_comp` | [`rdma_cm::CmId::create_qp`], [`rdma_cm::CmId::post_send`], [`rdma_cm::CmId::get_send_comp`] |
+//! | `rdma_join_multicast`, `rdma_leave_multicast` | [`rdma_cm::CmId::join_multicast`], [`rdma_cm::CmId::leave_multicast`] |
 //!
 //! # The objects
 //! Names follow the man pages, so a reader who knows rdma-core is at home:

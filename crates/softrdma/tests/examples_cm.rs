@@ -261,10 +261,10 @@ fn mckey_receivers_in_two_processes_get_every_datagram_a_sender_multicasts() {
 
 #[test]
 fn mckey_refuses_bad_arguments() {
-    let o = finish(spawn("mckey", &["-b", "127.0.0.89"]), LIMIT);
+    let o = finish(spawn("mckey", &["-b", "127.0.0.93"]), LIMIT);
     assert!(!o.status.success() && text(&o).contains("-m multicast_address"));
     let o = finish(
-        spawn("mckey", &["-m", "127.0.0.1", "-b", "127.0.0.89"]),
+        spawn("mckey", &["-m", "127.0.0.1", "-b", "127.0.0.93"]),
         LIMIT,
     );
     assert!(
