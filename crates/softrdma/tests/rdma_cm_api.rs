@@ -28,6 +28,14 @@ fn cap() -> QpCap {
     }
 }
 
+fn cap2() -> QpCap {
+    QpCap {
+        max_send_sge: 2,
+        max_recv_sge: 2,
+        ..cap()
+    }
+}
+
 fn wait_wc(cq: &Cq) -> WorkCompletion {
     let t = Instant::now();
     let mut wc = [WorkCompletion::default(); 1];
@@ -1200,6 +1208,214 @@ fn rdma_join_multicast_reports_multicast_error_when_the_attach_fails() {
     for id in ids {
         id.leave_multicast(g).unwrap();
         id.destroy_qp();
+        id.destroy();
+    }
+}
+
+/// Synchronous ids on both sides, the data moved with the rdma_verbs.h helpers: sendv/recvv
+/// with two-entry lists, write and writev into the peer's rdma_reg_write region, read and
+/// readv from its rdma_reg_read region, dereg_mr.
+#[test]
+fn rdma_post_read_write_and_the_vector_helpers() {
+    let l = CmId::create(None, 0, PortSpace::Tcp).unwrap();
+    l.bind_addr(addr("127.0.0.56:7313")).unwrap();
+    l.listen(1).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, u32, u64, u32)>();
+    let server = std::thread::spawn(move || {
+        let id = l.get_request().unwrap();
+        id.create_qp(None, &mut cap2()).unwrap();
+        let target = Arc::new(Buffer::new(64));
+        let source = Arc::new(Buffer::from_slice(&[0x5a; 64]));
+        let wmr = id.reg_write(&target).unwrap();
+        let rmr = id.reg_read(&source).unwrap();
+        let msg = Arc::new(Buffer::new(16));
+        let mmr = id.reg_msgs(&msg).unwrap();
+        id.post_recvv(
+            1,
+            &[
+                Sge {
+                    addr: msg.addr(),
+                    length: 8,
+                    lkey: mmr.lkey(),
+                },
+                Sge {
+                    addr: msg.addr() + 8,
+                    length: 8,
+                    lkey: mmr.lkey(),
+                },
+            ],
+        )
+        .unwrap();
+        id.accept(&ConnParam {
+            responder_resources: 1,
+            initiator_depth: 1,
+            ..Default::default()
+        })
+        .unwrap();
+        tx.send((target.addr(), wmr.rkey(), source.addr(), rmr.rkey()))
+            .unwrap();
+        let wc = id.get_recv_comp().unwrap();
+        assert_eq!((wc.wr_id, wc.byte_len), (1, 16));
+        let mut got = [0u8; 16];
+        msg.read(0, &mut got).unwrap();
+        assert_eq!(&got, b"done: wrote 64 B");
+        let mut t = [0u8; 64];
+        target.read(0, &mut t).unwrap();
+        assert_eq!(&t[..32], &[1u8; 32][..]);
+        assert_eq!(&t[32..], &[2u8; 32][..]);
+        id.disconnect().unwrap();
+        for mr in [wmr, rmr, mmr] {
+            CmId::dereg_mr(mr).unwrap();
+        }
+        id.destroy_ep();
+        l.destroy();
+    });
+    let id = CmId::create(None, 0, PortSpace::Tcp).unwrap();
+    id.resolve_addr(Some(addr("127.0.0.57:0")), addr("127.0.0.56:7313"), 2000)
+        .unwrap();
+    id.resolve_route(2000).unwrap();
+    id.create_qp(None, &mut cap2()).unwrap();
+    id.connect(&ConnParam {
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..Default::default()
+    })
+    .unwrap();
+    let (taddr, wkey, saddr, rkey) = rx.recv().unwrap();
+    let buf = Arc::new(Buffer::new(128));
+    buf.write(0, &[1u8; 32]).unwrap();
+    buf.write(32, &[2u8; 16]).unwrap();
+    buf.write(48, &[2u8; 16]).unwrap();
+    let mr = id.reg_msgs(&buf).unwrap();
+    let s = SendFlags::SIGNALED;
+    id.post_write(1, buf.addr(), 32, &mr, s, taddr, wkey)
+        .unwrap();
+    id.post_writev(
+        2,
+        &[
+            Sge {
+                addr: buf.addr() + 32,
+                length: 16,
+                lkey: mr.lkey(),
+            },
+            Sge {
+                addr: buf.addr() + 48,
+                length: 16,
+                lkey: mr.lkey(),
+            },
+        ],
+        s,
+        taddr + 32,
+        wkey,
+    )
+    .unwrap();
+    id.post_read(3, buf.addr() + 64, 32, &mr, s, saddr, rkey)
+        .unwrap();
+    id.post_readv(
+        4,
+        &[Sge {
+            addr: buf.addr() + 96,
+            length: 32,
+            lkey: mr.lkey(),
+        }],
+        s,
+        saddr + 32,
+        rkey,
+    )
+    .unwrap();
+    for want in 1..=4 {
+        let wc = id.get_send_comp().unwrap();
+        assert_eq!((wc.wr_id, wc.status), (want, WcStatus::Success));
+    }
+    let mut r = [0u8; 64];
+    buf.read(64, &mut r).unwrap();
+    assert_eq!(r, [0x5a; 64]);
+    // A buffer outside the region is refused before anything is posted.
+    assert_eq!(
+        id.post_write(9, buf.addr() + 100, 64, &mr, s, taddr, wkey)
+            .unwrap_err()
+            .errno(),
+        libc::EINVAL
+    );
+    buf.write(0, b"done: wrote 64 B").unwrap();
+    id.post_sendv(
+        5,
+        &[
+            Sge {
+                addr: buf.addr(),
+                length: 6,
+                lkey: mr.lkey(),
+            },
+            Sge {
+                addr: buf.addr() + 6,
+                length: 10,
+                lkey: mr.lkey(),
+            },
+        ],
+        s,
+    )
+    .unwrap();
+    assert_eq!(id.get_send_comp().unwrap().wr_id, 5);
+    id.disconnect().unwrap();
+    server.join().unwrap();
+    drop(mr);
+    id.destroy_ep();
+}
+
+/// rdma_notify(COMM_EST): the passive side is established without waiting for the RTU.
+#[test]
+fn rdma_notify_comm_est_establishes_the_passive_side() {
+    let sch = EventChannel::new().unwrap();
+    let l = listener(&sch, PortSpace::Tcp, "127.0.0.58:7314");
+    let cch = EventChannel::new().unwrap();
+    let c = resolved(&cch, PortSpace::Tcp, "127.0.0.58:7314");
+    c.create_qp(None, &mut cap()).unwrap();
+    c.connect(&ConnParam::default()).unwrap();
+    let req = expect(&sch, CmEventType::ConnectRequest);
+    let s = req.id.clone();
+    req.ack();
+    assert_eq!(
+        s.notify(EventType::CommEst).unwrap_err().errno(),
+        libc::EINVAL,
+        "not accepted yet"
+    );
+    s.create_qp(None, &mut cap()).unwrap();
+    s.accept(&ConnParam::default()).unwrap();
+    // Either the RTU or the notification establishes; the other is EISCONN or harmless.
+    match s.notify(EventType::CommEst) {
+        Ok(()) => {}
+        Err(e) => assert_eq!(e.errno(), libc::EISCONN),
+    }
+    expect(&sch, CmEventType::Established).ack();
+    expect(&cch, CmEventType::Established).ack();
+    assert_eq!(
+        s.notify(EventType::CommEst).unwrap_err().errno(),
+        libc::EISCONN
+    );
+    s.notify(EventType::SqDrained).unwrap();
+    for id in [c, s, l] {
+        id.destroy();
+    }
+}
+
+/// An id dropped without rdma_destroy_id (say its thread panicked) still answers: the
+/// pending request is rejected, so the peer learns at once instead of after its retries.
+#[test]
+fn rdma_destroy_id_is_implied_when_the_last_handle_goes() {
+    let sch = EventChannel::new().unwrap();
+    let l = listener(&sch, PortSpace::Tcp, "127.0.0.59:7315");
+    let cch = EventChannel::new().unwrap();
+    let c = resolved(&cch, PortSpace::Tcp, "127.0.0.59:7315");
+    c.create_qp(None, &mut cap()).unwrap();
+    c.connect(&ConnParam::default()).unwrap();
+    let req = expect(&sch, CmEventType::ConnectRequest);
+    drop(req); // acknowledges the event and drops the last handle of the new id
+    let ev = expect(&cch, CmEventType::Rejected);
+    assert_eq!(ev.status, 28);
+    ev.ack();
+    for id in [c, l] {
         id.destroy();
     }
 }

@@ -230,6 +230,31 @@ impl IdInner {
     }
 }
 
+/// An id dropped without [`CmId::destroy`] (a panicking thread, a forgotten handle) still
+/// leaves cleanly: its connection is destroyed in the CM (REJ or DREQ to the peer, so the
+/// peer is not left waiting for its retries to run out) and its QP goes to ERR.
+impl Drop for IdInner {
+    fn drop(&mut self) {
+        let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        if s.state == IdState::Gone {
+            return;
+        }
+        if let Some(qp) = &s.qp {
+            qp_to_err(qp);
+        }
+        if let (Some(conn), Some(engine)) = (s.conn.take(), s.engine.clone()) {
+            engine.with_cm(|g, now| g.cm.destroy(now, conn));
+        }
+        for g in s.mcast.drain(..) {
+            if let Some(qp) = &g.attached {
+                let _ = qp.detach_mcast(&g.gid, 0);
+            }
+        }
+        let c = self.chan.get_mut().unwrap_or_else(|p| p.into_inner());
+        c.channel.inner.ids.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// An `rdma_cm_id`: a communication endpoint of the connection manager. Handles are cheap to
 /// clone (events carry one); [`CmId::destroy`] releases the id.
 #[derive(Clone)]
@@ -1658,6 +1683,39 @@ impl CmId {
         s.state = IdState::Disconnected;
         drop(s);
         self.complete(CmEventType::Disconnected)
+    }
+
+    /// Tells the connection manager about a QP event (`rdma_notify`): with
+    /// `IBV_EVENT_COMM_EST` (data arrived on the passive side's QP before the RTU), the
+    /// connection is established at once and ESTABLISHED follows. Other events are ignored,
+    /// as in librdmacm.
+    ///
+    /// Fails with `EISCONN` when the connection is already established, `EINVAL` when the
+    /// id is not a passive connection waiting for its RTU.
+    pub fn notify(&self, event: crate::EventType) -> Result<()> {
+        if event != crate::EventType::CommEst {
+            return Ok(());
+        }
+        let (conn, engine, state) = {
+            let s = self.inner.lock();
+            (s.conn, s.engine.clone(), s.state)
+        };
+        if state == IdState::Established {
+            return Err(errno_err(libc::EISCONN, "the connection is established"));
+        }
+        let (Some(conn), Some(engine), IdState::Connect) = (conn, engine, state) else {
+            return Err(Error::invalid(
+                "rdma_notify on an id that is not connecting",
+            ));
+        };
+        engine
+            .with_cm(|g, now| g.cm.notify_established(now, conn))
+            .map_err(|e| match e {
+                softrdma_proto::cm::CmError::AlreadyEstablished => {
+                    errno_err(libc::EISCONN, "the connection is established")
+                }
+                e => Error::invalid(format!("rdma_notify: {e:?}")),
+            })
     }
 
     /// Joins the multicast group `addr` as a full member (`rdma_join_multicast`);
