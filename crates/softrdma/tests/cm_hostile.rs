@@ -1037,3 +1037,72 @@ fn a_req_with_a_garbage_cma_header_is_rejected_with_reason_8() {
     t.assert_no_event();
     t.listener.destroy();
 }
+
+/// A REQ from anywhere that names an established connection's remote QPN and CA GUID is
+/// stale: the CM answers it with REJ 10 and, as Linux's `cm_match_req` does, sends a DREQ on
+/// the established connection — so a host that knows (or guesses) the client's QPN (random,
+/// 24 bits) and CA GUID (derived from its IP address) can tear a connection down. Pinned
+/// here so that a change to it is deliberate.
+#[test]
+fn a_req_reusing_an_established_connections_qpn_and_guid_is_stale_and_disconnects_it() {
+    let t = Target::new("127.0.0.115", 7115);
+    let mut a = Attacker::new("127.0.0.117", "127.0.0.115");
+    let client_ip = "127.0.0.116";
+    let cch = EventChannel::new().unwrap();
+    cch.set_nonblocking(true).unwrap();
+    let c = CmId::create(Some(&cch), 7, PortSpace::Tcp).unwrap();
+    c.resolve_addr(
+        Some(SocketAddr::new(client_ip.parse().unwrap(), 0)),
+        t.addr,
+        2000,
+    )
+    .unwrap();
+    expect(&cch, CmEventType::AddrResolved).ack();
+    c.resolve_route(2000).unwrap();
+    expect(&cch, CmEventType::RouteResolved).ack();
+    let cqp = c.create_qp(None, &mut cap()).unwrap();
+    c.connect(&ConnParam {
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..Default::default()
+    })
+    .unwrap();
+    let req = expect(&t.ch, CmEventType::ConnectRequest);
+    let s = req.id.clone();
+    req.ack();
+    s.create_qp(None, &mut cap()).unwrap();
+    s.accept(&ConnParam::default()).unwrap();
+    expect(&cch, CmEventType::Established).ack();
+    expect(&t.ch, CmEventType::Established).ack();
+
+    // The attacker's REQ: its own comm ID and source, the client's QPN and CA GUID.
+    let guid = Device::from_addr(client_ip.parse().unwrap())
+        .unwrap()
+        .guid();
+    let pd = a.cma_private_data(1);
+    let mut m = a.req(0x4242, cqp.qp_num(), t.service_id(), pd);
+    if let Message::Req(r) = &mut m {
+        r.local_ca_guid = guid;
+    }
+    let tid = a.next_tid();
+    a.send_msg(tid, &m);
+    match &a.probe()[..] {
+        [(got, Message::Rej(r))] => {
+            assert_eq!(
+                (*got, r.reason, r.remote_comm_id),
+                (tid, RejectReason::StaleConn, 0x4242)
+            )
+        }
+        other => panic!("expected REJ 10, got {other:?}"),
+    }
+    assert_eq!(t.ctx.cm_stats().cm.stale, 1);
+    // The established connection is gone on both sides.
+    expect(&cch, CmEventType::Disconnected).ack();
+    expect(&t.ch, CmEventType::Disconnected).ack();
+    t.assert_no_event();
+    c.destroy();
+    s.destroy();
+
+    t.connects_normally("127.0.0.118");
+    t.listener.destroy();
+}
