@@ -160,6 +160,17 @@ impl Context {
             .unwrap_or_default()
     }
 
+    /// The counters of the device's connection manager (QP 1) and how many communications
+    /// and unanswered requests it holds, against its bounds (zero until the device has
+    /// carried traffic). Read-only; see [`crate::GsiStats`].
+    pub fn cm_stats(&self) -> crate::GsiStats {
+        self.inner
+            .shared
+            .engine_if_started()
+            .map(|e| e.gsi.lock().unwrap_or_else(|p| p.into_inner()).stats())
+            .unwrap_or_default()
+    }
+
     /// Makes the device inject faults into every packet it sends from now on (`None`
     /// stops it), for tests of loss and corruption; see [`crate::FaultConfig`].
     ///

@@ -6,7 +6,7 @@
 //! runs its timers, and queues its events for the connection-manager layer, which takes them
 //! with [`Gsi::take_events`].
 
-use softrdma_proto::cm::{Cm, CmConfig, CmEvent};
+use softrdma_proto::cm::{Cm, CmConfig, CmEvent, CmStats};
 use softrdma_wire::{bth, deth, mad, opcode::Opcode, roce};
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -20,6 +20,32 @@ pub(crate) const GSI_QKEY: u32 = mad::GSI_QKEY;
 pub(crate) struct GsiCounters {
     /// MAD packets dropped before the CM saw them (wrong opcode, Q_Key or length).
     pub(crate) dropped: u64,
+}
+
+/// A snapshot of a device's general services interface (QP 1) and its connection manager,
+/// read with [`crate::Context::cm_stats`]: what hostile or broken CM traffic did to it, and
+/// how much state it holds against its bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GsiStats {
+    /// The connection manager's counters (MADs sent, received, and dropped by cause).
+    pub cm: CmStats,
+    /// Packets to QP 1 dropped before the connection manager saw them: not a UD SEND_ONLY
+    /// (e.g. an RC or UC SEND to QP 1, no DETH), a Q_Key other than 0x80010000, headers
+    /// that do not parse, or a payload shorter than a 256-byte MAD. (Packets too short for
+    /// their opcode's headers, or with a bad ICRC, are dropped earlier and counted in
+    /// [`crate::DeviceCounters`].)
+    pub dropped: u64,
+    /// Communication records the connection manager holds now (any state, timewait
+    /// included); never more than `max_connections`.
+    pub connections: usize,
+    /// Passive requests (REQ, SIDR_REQ) not answered yet; never more than
+    /// `max_pending_reqs`.
+    pub pending_reqs: usize,
+    /// The bound on `connections`: beyond it incoming REQs are rejected (reason 3).
+    pub max_connections: usize,
+    /// The bound on `pending_reqs`: beyond it incoming REQs are rejected (reason 3) and
+    /// SIDR_REQs dropped.
+    pub max_pending_reqs: usize,
 }
 
 /// QP 1 of one device.
@@ -42,6 +68,19 @@ impl Gsi {
             psn: crate::resources::random_u32() & 0xff_ffff,
             events: VecDeque::new(),
             counters: GsiCounters::default(),
+        }
+    }
+
+    /// The counters and occupancy of QP 1 and its CM.
+    pub(crate) fn stats(&self) -> GsiStats {
+        let cfg = self.cm.config();
+        GsiStats {
+            cm: self.cm.stats(),
+            dropped: self.counters.dropped,
+            connections: self.cm.connection_count(),
+            pending_reqs: self.cm.pending_count(),
+            max_connections: cfg.max_connections,
+            max_pending_reqs: cfg.max_pending_reqs,
         }
     }
 

@@ -94,6 +94,7 @@ pub use engine::{DeviceCounters, FaultConfig};
 pub use error::{DestroyError, Error, ErrorKind, Result};
 pub use event::{AsyncElement, AsyncEvent, EventType};
 pub use gid::{Gid, GidType};
+pub use gsi::GsiStats;
 pub use mem::Buffer;
 pub use mr::{AccessFlags, Mr};
 pub use pd::Pd;
