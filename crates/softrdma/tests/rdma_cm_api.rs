@@ -1419,3 +1419,52 @@ fn rdma_destroy_id_is_implied_when_the_last_handle_goes() {
         id.destroy();
     }
 }
+
+/// rdma_listen's backlog: a request beyond the untaken ones the backlog allows is dropped
+/// unanswered; the peer's CM retries it, and once the application took the first, the
+/// retried request comes through.
+#[test]
+fn rdma_listen_backlog_drops_requests_beyond_it_until_the_peer_retries() {
+    let sch = EventChannel::new().unwrap();
+    let l = CmId::create(Some(&sch), 1, PortSpace::Tcp).unwrap();
+    l.bind_addr(addr("127.0.0.34:7316")).unwrap();
+    l.listen(1).unwrap();
+    let ctx = l.verbs().unwrap();
+    let cch = EventChannel::new().unwrap();
+    let a = resolved(&cch, PortSpace::Tcp, "127.0.0.34:7316");
+    let b = resolved(&cch, PortSpace::Tcp, "127.0.0.34:7316");
+    for id in [&a, &b] {
+        id.create_qp(None, &mut cap()).unwrap();
+        id.connect(&ConnParam::default()).unwrap();
+    }
+    // Both REQs reached the server's CM; one waits for the application, one was dropped.
+    let t = Instant::now();
+    while ctx.cm_stats().cm.received.req < 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "the REQs did not arrive"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(ctx.cm_stats().pending_reqs, 1);
+    sch.set_nonblocking(true).unwrap();
+    let first = sch.get_cm_event().unwrap();
+    assert_eq!(first.event, CmEventType::ConnectRequest);
+    assert_eq!(sch.get_cm_event().unwrap_err().errno(), libc::EAGAIN);
+    sch.set_nonblocking(false).unwrap();
+    // The dropped one is retried by its CM and now fits.
+    let second = expect(&sch, CmEventType::ConnectRequest);
+    assert_ne!(first.id, second.id);
+    for ev in [first, second] {
+        ev.id.reject(&[]).unwrap();
+        let id = ev.id.clone();
+        ev.ack();
+        id.destroy();
+    }
+    for _ in 0..2 {
+        assert_eq!(expect(&cch, CmEventType::Rejected).status, 28);
+    }
+    for id in [a, b, l] {
+        id.destroy();
+    }
+}

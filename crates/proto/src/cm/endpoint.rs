@@ -1140,7 +1140,9 @@ impl Cm {
             }
             return;
         }
-        // A new REQ from a QP that still has a connection here: stale.
+        // A new REQ from a QP that still has a connection here: stale. Only the connection's
+        // own peer can end it so (as Linux does); a REQ from another address naming that QP
+        // and CA GUID is refused and leaves the connection alone.
         if let Some(&old) = self.remote_qpns.get(&(req.local_qpn, req.local_ca_guid)) {
             self.stats.stale += 1;
             self.issue_rej(
@@ -1151,7 +1153,9 @@ impl Cm {
                 MessageRejected::Req,
                 RejectReason::StaleConn,
             );
-            self.dreq_stale(now, old);
+            if self.conns.get(&old).is_some_and(|c| c.peer == src) {
+                self.dreq_stale(now, old);
+            }
             return;
         }
         if !self.listens.contains(&req.service_id) {

@@ -224,6 +224,11 @@ impl EventChannel {
                     g.reported.fetch_add(1, Ordering::AcqRel);
                 }
                 ev.delivered = true;
+                if ev.event == CmEventType::ConnectRequest {
+                    if let Some(l) = &ev.listen_id {
+                        l.inner.backlog_used.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
                 return Ok(ev);
             }
         }

@@ -50,6 +50,9 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 pub const RDMA_MAX_RESP_RES: u8 = 0xff;
 /// `RDMA_MAX_INIT_DEPTH`: "use the device maximum".
 pub const RDMA_MAX_INIT_DEPTH: u8 = 0xff;
+/// The largest listen backlog, and the one a backlog of 0 or less means (Linux's
+/// `net.rdma_ucm.max_backlog` default).
+pub const MAX_BACKLOG: usize = 1024;
 /// `RDMA_UDP_QKEY`: the Q_Key of every UD QP and multicast group the CM sets up.
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 /// The QP number that addresses a multicast group.
@@ -187,6 +190,8 @@ struct IdData {
     req: Option<Box<ReqInfo>>,
     neg: Option<Neg>,
     listening: Option<u64>,
+    /// A listener's backlog: most CONNECT_REQUESTs waiting to be taken.
+    backlog: usize,
     tos: u8,
     reuseaddr: bool,
     afonly: bool,
@@ -218,6 +223,8 @@ struct IdInner {
     acked_cv: Condvar,
     /// The result of `rdma_resolve_addrinfo`.
     addrinfo: Mutex<Option<Vec<AddrInfo>>>,
+    /// A listener's CONNECT_REQUEST events not yet taken by the application.
+    backlog_used: AtomicUsize,
 }
 
 impl IdInner {
@@ -521,6 +528,7 @@ impl CmId {
                     req: None,
                     neg: None,
                     listening: None,
+                    backlog: MAX_BACKLOG,
                     tos: 0,
                     reuseaddr: false,
                     afonly: false,
@@ -534,6 +542,7 @@ impl CmId {
                 acked: AtomicUsize::new(0),
                 acked_cv: Condvar::new(),
                 addrinfo: Mutex::new(None),
+                backlog_used: AtomicUsize::new(0),
             }),
         };
         all_ids()
@@ -1276,14 +1285,16 @@ impl CmId {
     }
 
     /// Listens for connection requests (`rdma_listen`); CONNECT_REQUEST events follow, each
-    /// with a new id. An id bound to a specific address listens on that device, one bound to
+    /// with a new id. At most `backlog` requests (0 or less, or above [`MAX_BACKLOG`]: that
+    /// maximum) wait to be taken with [`EventChannel::get_cm_event`]; one beyond is dropped
+    /// unanswered, as Linux drops it, so that the peer's CM retries it later. An id bound to a specific address listens on that device, one bound to
     /// the wildcard on every device (including those started later by this process, once
     /// they exist when the request arrives).
     ///
     /// Fails with `EINVAL` in the wrong state (an unbound id is bound to the wildcard address
     /// and an ephemeral port first, as the kernel does) and `EADDRINUSE` when another id
     /// listens on the same address and port.
-    pub fn listen(&self, _backlog: i32) -> Result<()> {
+    pub fn listen(&self, backlog: i32) -> Result<()> {
         if self.inner.lock().state == IdState::Idle {
             self.bind_addr(SocketAddr::from(([0, 0, 0, 0], 0)))?;
         }
@@ -1353,6 +1364,10 @@ impl CmId {
         }
         drop(r);
         s.listening = Some(sid);
+        s.backlog = match usize::try_from(backlog) {
+            Ok(b) if b > 0 && b <= MAX_BACKLOG => b,
+            _ => MAX_BACKLOG,
+        };
         s.state = IdState::Listen;
         Ok(())
     }
@@ -1880,6 +1895,11 @@ impl CmId {
         let ch = self.channel();
         let queued = ch.remove_queued(|ev| ev.id == me || ev.listen_id.as_ref() == Some(&me));
         for ev in queued {
+            if ev.event == CmEventType::ConnectRequest {
+                if let Some(l) = &ev.listen_id {
+                    l.inner.backlog_used.fetch_sub(1, Ordering::AcqRel);
+                }
+            }
             if ev.listen_id.as_ref() == Some(&me) && ev.event == CmEventType::ConnectRequest {
                 let child = ev.id.clone();
                 drop(ev);
@@ -2051,6 +2071,24 @@ fn find_listener(local: IpAddr, service_id: u64, dst_addr: IpAddr) -> Option<CmI
         .map(|inner| CmId { inner })
 }
 
+/// Whether `listener` has as many untaken CONNECT_REQUESTs as its backlog allows: then the
+/// request `id` is forgotten without an answer (the peer's CM retries it), as Linux drops it.
+fn over_backlog(listener: &CmId, engine: &Arc<Engine>, id: ConnId) -> bool {
+    let full = listener.inner.backlog_used.load(Ordering::Acquire) >= listener.inner.lock().backlog;
+    if full {
+        engine.with_cm(|g, _| g.cm.abandon(id));
+        tracing::debug!(%id, "a connection request beyond the listen backlog is dropped");
+    }
+    full
+}
+
+/// Posts a CONNECT_REQUEST for `child` on `listener`'s channel, counting it in the backlog.
+fn post_request(listener: &CmId, mut ev: CmEvent) {
+    listener.inner.backlog_used.fetch_add(1, Ordering::AcqRel);
+    ev.listen_id = Some(listener.clone());
+    listener.channel().post(ev);
+}
+
 /// A new id for an incoming request on `listener`, bound to this device.
 fn child_of(listener: &CmId, engine: &Arc<Engine>, conn: ConnId, peer: SocketAddr) -> Option<CmId> {
     let local = engine.local.ip();
@@ -2131,6 +2169,9 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
                 reject(SidrStatus::Unsupported);
                 return None;
             };
+            if over_backlog(&listener, engine, id) {
+                return None;
+            }
             let Some(child) = child_of(&listener, engine, id, SocketAddr::new(src, hdr.src_port))
             else {
                 reject(SidrStatus::NoQp);
@@ -2142,7 +2183,15 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
                 qp_num: 0,
                 qkey: 0,
             };
-            child.post_ud(CmEventType::ConnectRequest, 0, ud, Some(&listener));
+            let mut ev = CmEvent::new(
+                CmEventType::ConnectRequest,
+                0,
+                child.clone(),
+                None,
+                ConnParam::default(),
+            );
+            ev.ud = Some(ud);
+            post_request(&listener, ev);
         }
         ProtoEvent::SidrRepReceived {
             id,
@@ -2290,6 +2339,9 @@ fn on_req(engine: &Arc<Engine>, id: ConnId, src: IpAddr, req: Box<ReqInfo>) {
         reject(RejectReason::InvalidServiceId);
         return;
     }
+    if over_backlog(&listener, engine, id) {
+        return;
+    }
     let Some(child) = child_of(&listener, engine, id, SocketAddr::new(src, hdr.src_port)) else {
         reject(RejectReason::NoResources);
         return;
@@ -2319,7 +2371,8 @@ fn on_req(engine: &Arc<Engine>, id: ConnId, src: IpAddr, req: Box<ReqInfo>) {
         req.srq,
         req.remote_qpn,
     );
-    child.post(CmEventType::ConnectRequest, 0, p, Some(listener));
+    let ev = CmEvent::new(CmEventType::ConnectRequest, 0, child.clone(), None, p);
+    post_request(&listener, ev);
 }
 
 fn on_rep(engine: &Arc<Engine>, id: ConnId, rep: &RepInfo) -> Option<ProtoEvent> {
