@@ -37,7 +37,7 @@
 
 use softrdma::rdma_cm::{self, CmEvent, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use softrdma::{Context, Cq, Pd, Qp, QpCap, QpInitAttr, QpState, QpType};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
@@ -311,10 +311,18 @@ impl Test {
         (u64::from(self.round) << 32) | i as u64
     }
 
-    fn next_qpn(&self) -> Option<u32> {
-        self.use_qpn
-            .as_ref()
-            .map(|q| q.fetch_add(1, Ordering::AcqRel) & 0xff_ffff)
+    /// The next made-up QP number of a round without QPs, skipping the numbers of real QPs
+    /// this process had: their connections may still be in timewait at the peer, whose CM
+    /// would reject a REQ or REP from the same QP number as stale (reason 10), as Linux's
+    /// does. (softrdma's QP numbers are random, so `base_qpn..` may meet one.)
+    fn next_qpn(&self, used: &HashSet<u32>) -> Option<u32> {
+        let q = self.use_qpn.as_ref()?;
+        loop {
+            let n = q.fetch_add(1, Ordering::AcqRel) & 0xff_ffff;
+            if n != 0 && !used.contains(&n) {
+                return Some(n);
+            }
+        }
     }
 }
 
@@ -323,6 +331,8 @@ struct Shared {
     opts: Opts,
     channel: EventChannel,
     verbs: Mutex<Option<Arc<Verbs>>>,
+    /// The numbers of every QP this process created.
+    used_qpns: Mutex<HashSet<u32>>,
 }
 
 impl Shared {
@@ -372,10 +382,14 @@ fn create_qp(sh: &Shared, t: &Test, i: usize) -> Result<(), String> {
             qp_type: QpType::Rc,
             sq_sig_all: true,
         };
-        n.qp = Some(
+        let qp =
             v.pd.create_qp(&mut attr)
-                .map_err(|e| format!("ibv_create_qp: {e}"))?,
-        );
+                .map_err(|e| format!("ibv_create_qp: {e}"))?;
+        sh.used_qpns
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(qp.qp_num());
+        n.qp = Some(qp);
     }
     n.end(STEP_CREATE_QP);
     Ok(())
@@ -402,10 +416,12 @@ fn modify_qp(t: &Test, i: usize, state: QpState, attr_step: usize) -> Result<(),
 
 /// cmtime's `init_conn_param`: one READ each way, no retries, the QP's number (or the next
 /// made-up one).
-fn conn_param(t: &Test, i: usize) -> ConnParam {
+fn conn_param(sh: &Shared, t: &Test, i: usize) -> ConnParam {
     let qp_num = match &t.node(i).qp {
         Some(qp) => qp.qp_num(),
-        None => t.next_qpn().unwrap_or(0),
+        None => t
+            .next_qpn(&sh.used_qpns.lock().unwrap_or_else(|p| p.into_inner()))
+            .unwrap_or(0),
     };
     ConnParam {
         responder_resources: 1,
@@ -844,7 +860,7 @@ fn client_connect(sh: &Arc<Shared>, round: u32, connections: u32, no_qp: bool) -
     println!("\tConnecting");
     t.start_time(STEP_CONNECT);
     for i in 0..n {
-        let param = conn_param(&t, i);
+        let param = conn_param(sh, &t, i);
         let id = {
             let mut node = t.node(i);
             node.start(STEP_CONNECT);
@@ -903,7 +919,7 @@ fn accept_one(sh: &Shared, t: &Test, i: usize) -> Result<(), String> {
     modify_qp(t, i, QpState::Init, STEP_INIT_QP_ATTR)?;
     modify_qp(t, i, QpState::Rtr, STEP_RTR_QP_ATTR)?;
     modify_qp(t, i, QpState::Rts, STEP_RTS_QP_ATTR)?;
-    let param = conn_param(t, i);
+    let param = conn_param(sh, t, i);
     let id = t.node(i).id.clone().ok_or("no id")?;
     id.accept(&param)
         .map_err(|e| format!("failure accepting: {e}"))
@@ -1023,6 +1039,7 @@ fn main() {
         opts,
         channel,
         verbs: Mutex::new(None),
+        used_qpns: Mutex::default(),
     });
     now_us();
     if sh.opts.dst.is_some() {
