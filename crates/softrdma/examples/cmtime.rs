@@ -6,7 +6,9 @@
 //! ```
 //!
 //! Run the server first (no `-s`; it listens on `-b`, or on every device, port `-p`, default
-//! 7471), then the client with `-s`; both with the same `-c` (default 100). As rdma-core's
+//! 7471), then the client with `-s`; both with the same `-c` (default 100). On one machine
+//! give each its own `-b` address (e.g. 127.0.0.90 and .91): a softrdma device address is
+//! one process's, and a server without `-b` opens them all. As rdma-core's
 //! `cmtime` (the two-process form with these flags), each side runs three rounds: a warm-up
 //! with one connection, `-c` connections with RC QPs, and `-c` connections without QPs (the
 //! QP numbers `base_qpn`, `base_qpn + 1`, … are announced but no QP exists). In each round
@@ -158,6 +160,9 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         let (Some('-'), Some(c)) = (chars.next(), chars.next()) else {
             return Err(format!("unexpected argument {arg:?}"));
         };
+        if !"sbcpqrt".contains(c) {
+            return Err(format!("unknown option -{c}"));
+        }
         let rest: String = chars.collect();
         let v = if !rest.is_empty() {
             rest
