@@ -16,15 +16,22 @@
 //! connection-manager thread, and one completion channel per connection, read by a CQ
 //! thread, as rping does.
 //!
+//! With `-q` the QP is the application's own, as in rping: created with `ibv_create_qp` and
+//! moved to INIT by hand, then through INIT, RTR and RTS with the attributes of
+//! `rdma_init_qp_attr` — by the server before `rdma_accept` (which carries the QP number),
+//! by the client on CONNECT_RESPONSE (its `rdma_connect` carried the QP number), followed by
+//! `rdma_establish`; before `rdma_disconnect` the QP is moved to ERR.
+//!
 //! ```text
-//! rping -s [-vVd] [-S size] [-C count] [-a addr] [-p port] [-P]
-//! rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]
+//! rping -s [-vVdq] [-S size] [-C count] [-a addr] [-p port] [-P]
+//! rping -c [-vVdq] [-S size] [-C count] [-I addr] -a addr [-p port]
 //! ```
 
 use softrdma::rdma_cm::{self, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use softrdma::{
-    AccessFlags, Buffer, CompChannel, Context, Cq, Mr, Pd, Qp, QpCap, RecvWr, SendFlags, SendWr,
-    Sge, WcOpcode, WcStatus, WorkCompletion, WrOpcode,
+    AccessFlags, Buffer, CompChannel, Context, Cq, Mr, Pd, Qp, QpAttr, QpAttrMask, QpCap,
+    QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendWr, Sge, WcOpcode, WcStatus,
+    WorkCompletion, WrOpcode,
 };
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -436,6 +443,27 @@ fn post_recv(qp: &Qp, buf: &Buffer, lkey: u32) -> Result<(), String> {
     .map_err(|e| format!("post recv error: {e:?}"))
 }
 
+/// rping_create_qp with `-q`: an RC QP of our own on the connection's PD and CQ
+/// (`ibv_create_qp`), moved to INIT by hand on the id's port with no remote access yet
+/// (rping_self_modify_qp sets the access flags later).
+fn self_created_qp(id: &CmId, pd: &Pd, cq: &Cq, cap: QpCap) -> Result<Arc<Qp>, String> {
+    let qp = pd
+        .create_qp(&mut QpInitAttr::new(QpType::Rc, cq, cap))
+        .map_err(|e| format!("ibv_create_qp: {e}"))?;
+    let attr = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: id.port_num(),
+        qp_access_flags: 0,
+        ..Default::default()
+    };
+    let mask =
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+    qp.modify_qp(&attr, mask.bits())
+        .map_err(|e| format!("ibv_modify_qp: {e}"))?;
+    Ok(Arc::new(qp))
+}
+
 /// The verbs resources of one connection (rping's control block without the CM part).
 struct Conn {
     id: CmId,
@@ -458,6 +486,10 @@ struct Conn {
     stop: Arc<AtomicBool>,
     cq_thread: Option<JoinHandle<()>>,
     established: bool,
+    /// `-q`: the QP is ours, not the id's.
+    self_create_qp: bool,
+    /// `-q` client: CONNECT_RESPONSE arrived.
+    responded: bool,
 }
 
 /// What ended a wait.
@@ -482,6 +514,7 @@ impl Conn {
         id: CmId,
         size: usize,
         client: bool,
+        self_create_qp: bool,
         rx: Receiver<Ev>,
         tx: Sender<Ev>,
     ) -> Result<Conn, String> {
@@ -508,9 +541,12 @@ impl Conn {
             max_recv_sge: 1,
             max_inline_data: 0,
         };
-        let qp = id
-            .create_qp_with_cq(Some(&pd), &cq, &mut cap)
-            .map_err(|e| format!("rdma_create_qp: {e}"))?;
+        let qp = if self_create_qp {
+            self_created_qp(&id, &pd, &cq, cap)?
+        } else {
+            id.create_qp_with_cq(Some(&pd), &cq, &mut cap)
+                .map_err(|e| format!("rdma_create_qp: {e}"))?
+        };
         debug_log!("created qp {}", qp.qp_num());
 
         let reg = |buf: &Arc<Buffer>, access: AccessFlags, what: &str| {
@@ -568,7 +604,52 @@ impl Conn {
             stop,
             cq_thread: Some(cq_thread),
             established: false,
+            self_create_qp,
+            responded: false,
         })
+    }
+
+    /// rping_self_modify_qp (`-q`): the QP through INIT, RTR and RTS with the attributes the
+    /// connection manager gives for this id.
+    fn self_modify_qp(&self) -> Result<(), String> {
+        for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            let (attr, mask) = self
+                .id
+                .init_qp_attr(state)
+                .map_err(|e| format!("rdma_init_qp_attr({state:?}): {e}"))?;
+            self.qp
+                .modify_qp(&attr, mask.bits())
+                .map_err(|e| format!("ibv_modify_qp({state:?}): {e}"))?;
+        }
+        debug_log!("qp {} moved to RTS", self.qp.qp_num());
+        Ok(())
+    }
+
+    /// rping_disconnect: with `-q` our QP goes to ERR first (the connection manager does
+    /// not know it), then rdma_disconnect.
+    fn disconnect(&self) -> Result<(), String> {
+        if self.self_create_qp {
+            let attr = QpAttr {
+                qp_state: QpState::Err,
+                ..Default::default()
+            };
+            self.qp
+                .modify_qp(&attr, QpAttrMask::STATE.bits())
+                .map_err(|e| format!("ibv_modify_qp(ERR): {e}"))?;
+        }
+        self.id
+            .disconnect()
+            .map_err(|e| format!("rdma_disconnect: {e}"))
+    }
+
+    /// The `-q` client's wait for CONNECT_RESPONSE (the server accepted).
+    fn wait_connect_response(&mut self) -> Result<(), Stop> {
+        while !self.responded {
+            if let Some(ev) = self.take_one()? {
+                self.pending.push_back(ev);
+            }
+        }
+        Ok(())
     }
 
     /// Takes one event: Ok(Some) for a completion, Ok(None) for ESTABLISHED (noted) and
@@ -585,6 +666,14 @@ impl Conn {
             } => {
                 debug_log!("ESTABLISHED");
                 self.established = true;
+                Ok(None)
+            }
+            Ev::Cm {
+                kind: CmEventType::ConnectResponse,
+                ..
+            } if self.self_create_qp => {
+                debug_log!("CONNECT_RESPONSE");
+                self.responded = true;
                 Ok(None)
             }
             Ev::Cm {
@@ -812,7 +901,7 @@ fn test_server(c: &mut Conn, size: usize, verbose: bool) -> Result<(), Stop> {
 /// Runs one accepted connection on the server: QP, buffers, accept, pings, disconnect.
 fn serve(child: CmId, o: &Opts, rx: Receiver<Ev>, tx: Sender<Ev>) -> Result<(), String> {
     let peer = child.peer_addr();
-    let mut c = match Conn::setup(child.clone(), o.size, false, rx, tx) {
+    let mut c = match Conn::setup(child.clone(), o.size, false, o.self_create_qp, rx, tx) {
         Ok(c) => c,
         Err(e) => {
             let _ = child.reject(&[]);
@@ -828,8 +917,21 @@ fn serve(child: CmId, o: &Opts, rx: Receiver<Ev>, tx: Sender<Ev>) -> Result<(), 
         rnr_retry_count: 7,
         ..Default::default()
     };
-    let r = match c.id.accept(&accept) {
-        Err(e) => Err(format!("rdma_accept: {e}")),
+    let accepted = if o.self_create_qp {
+        // rping_accept with -q: our QP to RTS first, its number in the accept.
+        c.self_modify_qp().and_then(|()| {
+            c.id.accept(&ConnParam {
+                qp_num: c.qp.qp_num(),
+                ..client_param()
+            })
+            .map_err(|e| format!("rdma_accept: {e}"))
+        })
+    } else {
+        c.id.accept(&accept)
+            .map_err(|e| format!("rdma_accept: {e}"))
+    };
+    let r = match accepted {
+        Err(e) => Err(e),
         Ok(()) => match c
             .wait_established()
             .and_then(|()| test_server(&mut c, o.size, o.verbose))
@@ -839,8 +941,8 @@ fn serve(child: CmId, o: &Opts, rx: Receiver<Ev>, tx: Sender<Ev>) -> Result<(), 
         },
     };
     // rping_disconnect: the client usually went first, then this fails harmlessly.
-    if let Err(e) = c.id.disconnect() {
-        debug_log!("rdma_disconnect: {e}");
+    if let Err(e) = c.disconnect() {
+        debug_log!("{e}");
     }
     c.teardown();
     child.destroy();
@@ -1038,6 +1140,17 @@ fn test_client(c: &mut Conn, o: &Opts) -> Result<(), Stop> {
     Ok(())
 }
 
+/// rping_init_conn_param: one READ each way, retries 7 (the QP number is added with -q).
+fn client_param() -> ConnParam {
+    ConnParam {
+        responder_resources: 1,
+        initiator_depth: 1,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..Default::default()
+    }
+}
+
 fn run_client(o: &Opts) -> Result<(), String> {
     let rt = CmRuntime::start(false)?;
     let id = CmId::create(Some(&rt.ch), 0, PortSpace::Tcp)
@@ -1072,26 +1185,35 @@ fn client_session(o: &Opts, rt: &CmRuntime, id: &CmId, dst: SocketAddr) -> Resul
 
     // From here on the id's events go to the connection's queue.
     let (tx, rx) = rt.route(Some(dst));
-    let mut c = Conn::setup(id.clone(), o.size, true, rx, tx)
+    let mut c = Conn::setup(id.clone(), o.size, true, o.self_create_qp, rx, tx)
         .map_err(|e| format!("setup_qp failed: {e}"))?;
     let param = ConnParam {
-        responder_resources: 1,
-        initiator_depth: 1,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        ..Default::default()
+        qp_num: if o.self_create_qp { c.qp.qp_num() } else { 0 },
+        ..client_param()
     };
     let r = (|| {
         c.id.connect(&param)
             .map_err(|e| Stop::Failed(format!("rdma_connect: {e}")))?;
-        c.wait_established()?;
+        if o.self_create_qp {
+            // The server accepted: our QP to RTS, then the RTU (rdma_establish).
+            c.wait_connect_response()?;
+            c.self_modify_qp()
+                .map_err(|e| Stop::Failed(format!("rping_modify_qp: {e}")))?;
+            c.id.establish()
+                .map_err(|e| Stop::Failed(format!("rdma_establish: {e}")))?;
+            c.established = true;
+        } else {
+            c.wait_established()?;
+        }
         debug_log!("rdma_connect successful");
         test_client(&mut c, o)
     })();
     let r = match r {
         Ok(()) => {
             // rping_disconnect, then the DISCONNECTED that follows.
-            let _ = c.id.disconnect();
+            if let Err(e) = c.disconnect() {
+                debug_log!("{e}");
+            }
             loop {
                 match c.rx.recv_timeout(Duration::from_secs(30)) {
                     Ok(Ev::Cm {
@@ -1111,7 +1233,7 @@ fn client_session(o: &Opts, rt: &CmRuntime, id: &CmId, dst: SocketAddr) -> Resul
         }
         Err(Stop::Failed(e)) => {
             if c.established {
-                let _ = c.id.disconnect();
+                let _ = c.disconnect();
             }
             Err(format!("client failed: {e}"))
         }
@@ -1131,12 +1253,6 @@ fn main() {
             std::process::exit(libc::EINVAL);
         }
     };
-    if o.self_create_qp {
-        eprintln!(
-            "rping: -q (a self-created QP moved through rdma_init_qp_attr and rdma_establish) is \
-             not supported by softrdma's connection manager; using rdma_create_qp instead"
-        );
-    }
     let r = if o.server {
         run_server(&o)
     } else {

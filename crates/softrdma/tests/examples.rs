@@ -1,7 +1,7 @@
 //! The examples as programs: `examples/rping` runs as server and client in two processes on
 //! loopback addresses of their own (127.0.0.70–.75), pings with verification at several
-//! sizes, serves two clients in a row as a persistent server, and fails clearly against a
-//! port nobody listens on.
+//! sizes and with self-created QPs (`-q`), serves two clients in a row as a persistent
+//! server, and fails clearly against a port nobody listens on.
 //!
 //! `cargo test -p softrdma` builds the examples into target/<profile>/examples/ next to
 //! this test's deps/ directory; when only this test target is built (`--test examples`),
@@ -213,8 +213,17 @@ fn ping_ok(name: &str, args: &[&str], size: usize, count: u32) {
     }
 }
 
+/// Tests that use the devices 127.0.0.70 and .71 take turns (a device address is one UDP
+/// socket: two processes cannot run it at once).
+static DEVICES_70_71: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn devices_70_71() -> std::sync::MutexGuard<'static, ()> {
+    DEVICES_70_71.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[test]
 fn rping_pings_with_verification_at_several_sizes() {
+    let _devices = devices_70_71();
     // Small, the minimum, around the 4096-byte path MTU, and the largest rping allows
     // (RPING_BUFSIZE - 1 = 65535). Default port (7174).
     for size in [64usize, 26, 4095, 4096, 4097, 65535] {
@@ -257,6 +266,75 @@ fn rping_pings_with_verification_at_several_sizes() {
                 **l,
                 expected_line("server ping data: ", n as u32, size),
                 "server -S {size}"
+            );
+        }
+    }
+}
+
+/// `-q`: the QPs are the applications' own, moved through INIT/RTR/RTS with
+/// rdma_init_qp_attr (the server before rdma_accept, the client on CONNECT_RESPONSE, then
+/// rdma_establish). Both sides with -q, and each side with -q against a peer without it
+/// (the wire is the same).
+#[test]
+fn rping_with_self_created_qps_pings_with_verification() {
+    let _devices = devices_70_71();
+    for (server_q, client_q) in [(true, true), (false, true), (true, false)] {
+        let name = format!("server -q {server_q}, client -q {client_q}");
+        let mut sargs = vec![
+            "-s",
+            "-a",
+            "127.0.0.70",
+            "-p",
+            "7320",
+            "-S",
+            "1000",
+            "-v",
+            "-d",
+        ];
+        let mut cargs = vec![
+            "-c",
+            "-a",
+            "127.0.0.70",
+            "-p",
+            "7320",
+            "-I",
+            "127.0.0.71",
+            "-S",
+            "1000",
+            "-C",
+            "20",
+            "-v",
+            "-V",
+        ];
+        if server_q {
+            sargs.push("-q");
+        }
+        if client_q {
+            cargs.push("-q");
+        }
+        let srv = server(&format!("{name}: server"), &sargs);
+        ping_ok(&format!("{name}: client"), &cargs, 1000, 20);
+        let (st, out, err) = srv.finish();
+        assert!(
+            st.is_some_and(|s| s.success()),
+            "{name}: server {st:?}\nstderr: {err}"
+        );
+        let lines: Vec<&String> = out
+            .iter()
+            .filter(|l| l.starts_with("server ping data: "))
+            .collect();
+        assert_eq!(lines.len(), 20, "{name}");
+        for (n, l) in lines.iter().enumerate() {
+            assert_eq!(
+                **l,
+                expected_line("server ping data: ", n as u32, 1000),
+                "{name}"
+            );
+        }
+        if server_q {
+            assert!(
+                out.iter().any(|l| l.ends_with("moved to RTS")),
+                "{name}: {out:?}"
             );
         }
     }

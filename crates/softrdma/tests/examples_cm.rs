@@ -273,3 +273,61 @@ fn mckey_refuses_bad_arguments() {
         text(&o)
     );
 }
+
+/// The number after `"key":` in a `cmtime-json {...}` line.
+fn json_number(line: &str, key: &str) -> f64 {
+    let pat = format!("\"{key}\":");
+    let at = line
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key} in {line}"))
+        + pat.len();
+    let end = line[at..].find([',', '}']).map_or(line.len(), |e| at + e);
+    line[at..end]
+        .parse()
+        .unwrap_or_else(|_| panic!("{key} is not a number in {line}"))
+}
+
+/// cmtime: 50 connections with RC QPs set up concurrently over one event channel (own QPs
+/// moved with rdma_init_qp_attr, completed with rdma_establish), torn down, then 50 without
+/// QPs; the client's machine-readable line carries the rates and the memory per QP.
+#[test]
+fn cmtime_server_and_client_connect_and_disconnect_fifty_connections() {
+    let s = server(
+        "cmtime",
+        &["-b", "127.0.0.90", "-p", "7490", "-c", "50"],
+        "Server warmup",
+    );
+    let c = finish(
+        spawn(
+            "cmtime",
+            &[
+                "-s",
+                "127.0.0.90",
+                "-b",
+                "127.0.0.91",
+                "-p",
+                "7490",
+                "-c",
+                "50",
+            ],
+        ),
+        LIMIT,
+    );
+    assert!(c.status.success(), "client: {}", text(&c));
+    let s = finish(s, LIMIT);
+    assert!(s.status.success(), "server: {}", text(&s));
+    let t = text(&c);
+    assert!(t.contains("Connect (50) QPs test"), "{t}");
+    assert!(t.contains("Connect (50) test - no QPs"), "{t}");
+    assert!(t.contains("cm connect   :"), "{t}");
+    let json = t
+        .lines()
+        .find(|l| l.starts_with("cmtime-json {"))
+        .unwrap_or_else(|| panic!("no cmtime-json line: {t}"));
+    assert_eq!(json_number(json, "connections"), 50.0, "{json}");
+    assert!(json_number(json, "connect_per_sec") > 0.0, "{json}");
+    assert!(json_number(json, "disconnect_per_sec") > 0.0, "{json}");
+    assert!(json.contains("\"role\":\"client\""), "{json}");
+    // Memory per QP is reported (its value depends on the allocator: no bound here).
+    json_number(json, "rss_per_qp_bytes");
+}

@@ -1675,14 +1675,19 @@ impl CmId {
     /// out, and both sides get DISCONNECTED. On a synchronous id it returns once
     /// DISCONNECTED arrived — at once if the peer disconnected first.
     ///
-    /// Fails with `EINVAL` when the id is not connected (UD ids never are).
+    /// Fails with `EINVAL` when the id never connected (UD ids never do).
     pub fn disconnect(&self) -> Result<()> {
         let mut s = self.inner.lock();
         if self.inner.qp_type == QpType::Ud {
             return Err(Error::invalid("rdma_disconnect on a UD id"));
         }
-        if self.is_sync() && s.state == IdState::Disconnected && s.conn.is_some() {
-            // The peer disconnected first: its DISCONNECTED event is (or will be) ours.
+        if s.state == IdState::Disconnected && s.conn.is_some() {
+            // The peer disconnected first (its DREQ was answered by the CM): our side only
+            // has to stop its QP, as the kernel's rdma_disconnect answering a DREQ does. A
+            // synchronous id returns once that DISCONNECTED is (or was) its event.
+            if let Some(qp) = &s.qp {
+                qp_to_err(qp);
+            }
             drop(s);
             return self.complete(CmEventType::Disconnected);
         }
