@@ -187,6 +187,11 @@ pub struct Cm {
     /// (source IP, request ID) → local ID of incoming SIDR requests.
     sidr_in: BTreeMap<(IpAddr, u32), u32>,
     pending: usize,
+    /// Deadlines (retransmission, expiry) by time, so that the next one is found without a
+    /// scan of every communication. Entries may be stale (the communication went, or its
+    /// deadline moved): [`Cm::handle_timeout`] checks each against the communication, so a
+    /// stale entry costs at most one early wake-up.
+    deadlines: BTreeSet<(Instant, u32)>,
     tx: VecDeque<(IpAddr, MadBuf)>,
     events: VecDeque<CmEvent>,
     stats: CmStats,
@@ -211,6 +216,7 @@ impl Cm {
             remote_qpns: BTreeMap::new(),
             sidr_in: BTreeMap::new(),
             pending: 0,
+            deadlines: BTreeSet::new(),
             tx: VecDeque::new(),
             events: VecDeque::new(),
             stats: CmStats::default(),
@@ -294,10 +300,22 @@ impl Cm {
     }
 
     fn take(&mut self, id: ConnId) -> Result<Conn, CmError> {
-        self.conns.remove(&id.0).ok_or(CmError::UnknownId)
+        self.unput(id.0).ok_or(CmError::UnknownId)
+    }
+
+    /// Takes communication `id` out, with its deadline entry.
+    fn unput(&mut self, id: u32) -> Option<Conn> {
+        let conn = self.conns.remove(&id)?;
+        if let Some(d) = conn.next_deadline() {
+            self.deadlines.remove(&(d, id));
+        }
+        Some(conn)
     }
 
     fn put(&mut self, id: u32, conn: Conn) {
+        if let Some(d) = conn.next_deadline() {
+            self.deadlines.insert((d, id));
+        }
         self.conns.insert(id, conn);
     }
 
@@ -479,9 +497,10 @@ impl Cm {
             private_data: pd,
         });
         let buf = self.send(peer, tid, &msg);
-        if let Some(conn) = self.conns.get_mut(&id.0) {
+        if let Some(mut conn) = self.unput(id.0) {
             conn.state = State::Established;
             conn.reply = Some(Box::new(buf));
+            self.put(id.0, conn);
         }
         Ok(())
     }
@@ -626,12 +645,14 @@ impl Cm {
     /// Fails with [`CmError::UnknownId`], [`CmError::AlreadyEstablished`] or
     /// [`CmError::InvalidState`] (no REP outstanding).
     pub fn notify_established(&mut self, _now: Instant, id: ConnId) -> Result<(), CmError> {
-        let conn = self.conns.get_mut(&id.0).ok_or(CmError::UnknownId)?;
-        match conn.state {
+        let state = self.conns.get(&id.0).ok_or(CmError::UnknownId)?.state;
+        match state {
             State::RepSent | State::MraRepRcvd => {
+                let mut conn = self.take(id)?;
                 conn.state = State::Established;
                 conn.retx = None;
                 conn.reply = None;
+                self.put(id.0, conn);
                 self.event(CmEvent::Established {
                     id,
                     private_data: Vec::new(),
@@ -1009,7 +1030,7 @@ impl Cm {
 
     /// When [`handle_timeout`](Cm::handle_timeout) should next be called, if ever.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.conns.values().filter_map(Conn::next_deadline).min()
+        self.deadlines.first().map(|&(t, _)| t)
     }
 
     /// Runs the timers due at `now`: retransmissions (the identical MAD, same TID), expiry
@@ -1017,16 +1038,25 @@ impl Cm {
     /// [`CmEvent::Disconnected`] and timewait), and timewait exits
     /// ([`CmEvent::TimewaitExit`]). Calling it early or twice is harmless.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let due: Vec<u32> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.next_deadline().is_some_and(|d| d <= now))
-            .map(|(&id, _)| id)
-            .collect();
+        let mut due: Vec<u32> = Vec::new();
+        while let Some(&(t, id)) = self.deadlines.first() {
+            if t > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            due.push(id);
+        }
+        due.sort_unstable();
+        due.dedup();
         for id in due {
-            let Some(mut conn) = self.conns.remove(&id) else {
+            let Some(mut conn) = self.unput(id) else {
                 continue;
             };
+            if conn.next_deadline().is_none_or(|d| d > now) {
+                // A stale entry: the deadline went or moved (put files the current one).
+                self.put(id, conn);
+                continue;
+            }
             if conn.expiry.is_some_and(|d| d <= now) {
                 // Timewait over, or an answered SIDR request no longer remembered.
                 let exit = conn.state == State::Timewait && !conn.destroyed;
@@ -1257,7 +1287,7 @@ impl Cm {
     /// Linux sends a DREQ on the old connection when a stale REQ/REP shows up.
     fn dreq_stale(&mut self, now: Instant, old: u32) {
         if self.conns.get(&old).map(|c| c.state) == Some(State::Established) {
-            if let Some(mut conn) = self.conns.remove(&old) {
+            if let Some(mut conn) = self.unput(old) {
                 self.send_dreq(now, old, &mut conn, [0; wcm::DREQ_PRIVATE_DATA_LEN], true);
                 self.put(old, conn);
             }
@@ -1285,7 +1315,7 @@ impl Cm {
             self.stats.dropped_invalid_state += 1;
             return;
         }
-        let Some(conn) = self.conns.get_mut(&mra.remote_comm_id) else {
+        let Some(mut conn) = self.unput(mra.remote_comm_id) else {
             return;
         };
         let timeout = cm_timeout_to_ms(mra.service_timeout) + cm_timeout_to_ms(conn.av_timeout);
@@ -1294,6 +1324,7 @@ impl Cm {
             r.deadline = after(now, timeout);
         }
         conn.state = next;
+        self.put(mra.remote_comm_id, conn);
         self.event(CmEvent::MraReceived {
             id: ConnId(mra.remote_comm_id),
             service_timeout: mra.service_timeout,
@@ -1319,7 +1350,7 @@ impl Cm {
             self.stats.dropped_unknown_id += 1;
             return;
         };
-        let Some(mut conn) = self.conns.remove(&lid) else {
+        let Some(mut conn) = self.unput(lid) else {
             return;
         };
         let timewait = match conn.state {
@@ -1397,7 +1428,7 @@ impl Cm {
             self.dreq_stale(now, old);
             return;
         }
-        let Some(mut conn) = self.conns.remove(&lid) else {
+        let Some(mut conn) = self.unput(lid) else {
             return;
         };
         conn.state = State::RepRcvd;
@@ -1440,10 +1471,11 @@ impl Cm {
         let lid = rtu.remote_comm_id;
         match self.lookup(src, lid, Some(rtu.local_comm_id)) {
             Some(State::RepSent | State::MraRepRcvd) => {
-                if let Some(conn) = self.conns.get_mut(&lid) {
+                if let Some(mut conn) = self.unput(lid) {
                     conn.state = State::Established;
                     conn.retx = None;
                     conn.reply = None;
+                    self.put(lid, conn);
                 }
                 self.event(CmEvent::Established {
                     id: ConnId(lid),
@@ -1464,7 +1496,7 @@ impl Cm {
             self.send_drep(src, tid, lid, dreq.local_comm_id);
             return;
         };
-        let Some(mut conn) = self.conns.remove(&lid) else {
+        let Some(mut conn) = self.unput(lid) else {
             return;
         };
         if conn.local_qpn != dreq.remote_qpn_eecn {
@@ -1501,7 +1533,7 @@ impl Cm {
         let lid = drep.remote_comm_id;
         match self.lookup(src, lid, Some(drep.local_comm_id)) {
             Some(State::DreqSent) => {
-                let Some(mut conn) = self.conns.remove(&lid) else {
+                let Some(mut conn) = self.unput(lid) else {
                     return;
                 };
                 self.enter_timewait(now, &mut conn);
@@ -1570,7 +1602,7 @@ impl Cm {
         let lid = rep.request_id;
         match self.lookup(src, lid, None) {
             Some(State::SidrReqSent) => {
-                if let Some(conn) = self.conns.remove(&lid) {
+                if let Some(conn) = self.unput(lid) {
                     let destroyed = conn.destroyed;
                     self.forget(lid, conn);
                     if !destroyed {
