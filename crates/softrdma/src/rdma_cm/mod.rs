@@ -1486,7 +1486,7 @@ impl CmId {
                 Ok::<_, softrdma_proto::cm::CmError>(id)
             })
         }
-        .map_err(|e| Error::invalid(format!("connect: {e:?}")))?;
+        .map_err(|e| cm_error("connect", e))?;
         s.conn = Some(id);
         s.conn_param = param.clone();
         s.state = IdState::Connect;
@@ -1511,7 +1511,7 @@ impl CmId {
         };
         engine
             .with_cm(|g, now| g.cm.send_rtu(now, conn, &[]))
-            .map_err(|e| Error::invalid(format!("establish: {e:?}")))?;
+            .map_err(|e| cm_error("establish", e))?;
         s.state = IdState::Established;
         Ok(())
     }
@@ -1552,7 +1552,7 @@ impl CmId {
                         &param.private_data,
                     )
                 })
-                .map_err(|e| Error::invalid(format!("accept: {e:?}")))?;
+                .map_err(|e| cm_error("accept", e))?;
             s.state = IdState::Established;
             return Ok(());
         }
@@ -1666,7 +1666,7 @@ impl CmId {
             }
             engine.with_cm(|g, now| g.cm.reject(now, conn, reason, private_data))
         };
-        r.map_err(|e| Error::invalid(format!("reject: {e:?}")))?;
+        r.map_err(|e| cm_error("reject", e))?;
         s.state = IdState::Disconnected;
         Ok(())
     }
@@ -1702,7 +1702,7 @@ impl CmId {
         }
         engine
             .with_cm(|g, now| g.cm.disconnect(now, conn, &[]))
-            .map_err(|e| Error::invalid(format!("disconnect: {e:?}")))?;
+            .map_err(|e| cm_error("disconnect", e))?;
         s.state = IdState::Disconnected;
         drop(s);
         self.complete(CmEventType::Disconnected)
@@ -1825,6 +1825,18 @@ impl CmId {
         drop(g);
         i.chan().channel.inner.ids.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// The errno of a failure of the device's CM, as the kernel's rdma_cm would report it.
+fn cm_error(call: &str, e: softrdma_proto::cm::CmError) -> Error {
+    use softrdma_proto::cm::CmError as E;
+    let errno = match e {
+        E::TooManyConnections => libc::ENOMEM,
+        E::AlreadyEstablished => libc::EISCONN,
+        E::AlreadyListening => libc::EADDRINUSE,
+        E::UnknownId | E::InvalidState | E::PrivateDataTooLong | E::InvalidParam(_) => libc::EINVAL,
+    };
+    errno_err(errno, format!("rdma_{call}: {e:?}"))
 }
 
 /// The errno librdmacm reports for an event a synchronous call did not want.
