@@ -229,15 +229,7 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
             private_data,
         } => {
             if let Some(cid) = find_conn(local, id) {
-                let (qp, swallow) = {
-                    let mut s = cid.inner.lock();
-                    s.state = IdState::Disconnected;
-                    (s.qp.clone(), s.conn_error)
-                };
-                if let Some(qp) = qp {
-                    qp_to_err(&qp);
-                }
-                if !swallow {
+                if !end_connection(&cid) {
                     let p = param_from(&private_data, 0, 0, 0, 0, false, 0);
                     cid.post(CmEventType::Rejected, i32::from(reason.to_u16()), p, None);
                 }
@@ -276,15 +268,7 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
         }
         ProtoEvent::DisconnectRequested { id, .. } | ProtoEvent::Disconnected { id } => {
             if let Some(cid) = find_conn(local, id) {
-                let (qp, swallow) = {
-                    let mut s = cid.inner.lock();
-                    s.state = IdState::Disconnected;
-                    (s.qp.clone(), s.conn_error)
-                };
-                if let Some(qp) = qp {
-                    qp_to_err(&qp);
-                }
-                if !swallow {
+                if !end_connection(&cid) {
                     cid.post(CmEventType::Disconnected, 0, ConnParam::default(), None);
                 }
             }
@@ -297,6 +281,21 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
         ProtoEvent::MraReceived { .. } => {}
     }
     None
+}
+
+/// The connection of `cid` ended (rejected, or disconnected by either side): its QP goes to
+/// ERR. Returns whether the event is to be swallowed (a local CONNECT_ERROR came first, as
+/// librdmacm swallows it).
+fn end_connection(cid: &CmId) -> bool {
+    let (qp, swallow) = {
+        let mut s = cid.inner.lock();
+        s.state = IdState::Disconnected;
+        (s.qp.clone(), s.conn_error)
+    };
+    if let Some(qp) = qp {
+        qp_to_err(&qp);
+    }
+    swallow
 }
 
 fn on_req(engine: &Arc<Engine>, id: ConnId, src: IpAddr, req: Box<ReqInfo>) {

@@ -185,10 +185,22 @@ impl CmId {
         remote_addr: u64,
         rkey: u32,
     ) -> Result<()> {
+        self.post_rdma(WrOpcode::RdmaRead, context, sgl, flags, remote_addr, rkey)
+    }
+
+    fn post_rdma(
+        &self,
+        opcode: WrOpcode,
+        context: u64,
+        sgl: &[Sge],
+        flags: SendFlags,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<()> {
         self.post_one(SendWr {
             wr_id: context,
             sg_list: sgl,
-            opcode: WrOpcode::RdmaRead,
+            opcode,
             send_flags: flags,
             remote_addr,
             rkey,
@@ -226,15 +238,7 @@ impl CmId {
         remote_addr: u64,
         rkey: u32,
     ) -> Result<()> {
-        self.post_one(SendWr {
-            wr_id: context,
-            sg_list: sgl,
-            opcode: WrOpcode::RdmaWrite,
-            send_flags: flags,
-            remote_addr,
-            rkey,
-            ..Default::default()
-        })
+        self.post_rdma(WrOpcode::RdmaWrite, context, sgl, flags, remote_addr, rkey)
     }
 
     fn get_comp(&self, send: bool) -> Result<WorkCompletion> {
