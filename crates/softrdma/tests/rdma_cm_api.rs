@@ -1468,3 +1468,27 @@ fn rdma_listen_backlog_drops_requests_beyond_it_until_the_peer_retries() {
         id.destroy();
     }
 }
+
+/// Nobody answers the REQ (no device behind the address): the CM retries it as rdma_cm does
+/// (15 retries of the 4-second CM response timeout), then UNREACHABLE with -ETIMEDOUT, the
+/// QP in ERR. This test takes that long, on purpose: it is the real timer.
+#[test]
+fn rdma_connect_to_an_address_nobody_answers_ends_unreachable() {
+    let ch = EventChannel::new().unwrap();
+    let c = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
+    c.resolve_addr(Some(addr("127.0.0.28:0")), addr("127.0.0.29:7317"), 2000)
+        .unwrap();
+    expect(&ch, CmEventType::AddrResolved).ack();
+    c.resolve_route(2000).unwrap();
+    expect(&ch, CmEventType::RouteResolved).ack();
+    let qp = c.create_qp(None, &mut cap()).unwrap();
+    c.connect(&ConnParam::default()).unwrap();
+    let ev = expect(&ch, CmEventType::Unreachable);
+    assert_eq!(ev.status, -libc::ETIMEDOUT);
+    ev.ack();
+    assert_eq!(qp.query_qp().unwrap().0.qp_state, QpState::Err);
+    let stats = c.verbs().unwrap().cm_stats();
+    // The first REQ and its 15 retransmissions (sent counts them all).
+    assert_eq!((stats.cm.sent.req, stats.cm.retransmitted.req), (16, 15));
+    c.destroy();
+}
