@@ -229,10 +229,8 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
             private_data,
         } => {
             if let Some(cid) = find_conn(local, id) {
-                if !end_connection(&cid) {
-                    let p = param_from(&private_data, 0, 0, 0, 0, false, 0);
-                    cid.post(CmEventType::Rejected, i32::from(reason.to_u16()), p, None);
-                }
+                let p = param_from(&private_data, 0, 0, 0, 0, false, 0);
+                end_connection(&cid, CmEventType::Rejected, i32::from(reason.to_u16()), p);
             }
         }
         ProtoEvent::Unreachable { id } => {
@@ -268,9 +266,7 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
         }
         ProtoEvent::DisconnectRequested { id, .. } | ProtoEvent::Disconnected { id } => {
             if let Some(cid) = find_conn(local, id) {
-                if !end_connection(&cid) {
-                    cid.post(CmEventType::Disconnected, 0, ConnParam::default(), None);
-                }
+                end_connection(&cid, CmEventType::Disconnected, 0, ConnParam::default());
             }
         }
         ProtoEvent::TimewaitExit { id } => {
@@ -284,18 +280,18 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
 }
 
 /// The connection of `cid` ended (rejected, or disconnected by either side): its QP goes to
-/// ERR. Returns whether the event is to be swallowed (a local CONNECT_ERROR came first, as
-/// librdmacm swallows it).
-fn end_connection(cid: &CmId) -> bool {
-    let (qp, swallow) = {
-        let mut s = cid.inner.lock();
-        s.state = IdState::Disconnected;
-        (s.qp.clone(), s.conn_error)
-    };
-    if let Some(qp) = qp {
-        qp_to_err(&qp);
+/// ERR and `event` is posted — unless a local CONNECT_ERROR came first, as librdmacm swallows
+/// it. The event is posted under the id's lock, with the state change, so that
+/// `rdma_disconnect` finds either a connected id or one whose event is already queued.
+fn end_connection(cid: &CmId, event: CmEventType, status: i32, param: ConnParam) {
+    let mut s = cid.inner.lock();
+    s.state = IdState::Disconnected;
+    if let Some(qp) = &s.qp {
+        qp_to_err(qp);
     }
-    swallow
+    if !s.conn_error {
+        cid.post(event, status, param, None);
+    }
 }
 
 fn on_req(engine: &Arc<Engine>, id: ConnId, src: IpAddr, req: Box<ReqInfo>) {

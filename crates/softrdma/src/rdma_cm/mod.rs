@@ -693,9 +693,12 @@ impl CmId {
     /// event's error when something else than a connection request arrives, and like
     /// [`CmId::create_qp_ex`].
     pub fn get_request(&self) -> Result<CmId> {
+        // (The channel lock is never held while the state lock is taken: the event path
+        // takes them the other way round.)
+        let listening = self.inner.lock().state == IdState::Listen;
         let ch = {
             let c = self.inner.chan();
-            if !c.sync || self.inner.lock().state != IdState::Listen {
+            if !c.sync || !listening {
                 return Err(Error::invalid(
                     "rdma_get_request needs a synchronous, listening id",
                 ));
@@ -831,15 +834,16 @@ impl CmId {
     /// Fails with `EINVAL` when a synchronous id is migrated to `None`, and with the errno
     /// of `eventfd` when a private channel cannot be made.
     pub fn migrate_id(&self, channel: Option<&EventChannel>) -> Result<()> {
-        let mut c = self.inner.chan();
-        if c.sync && channel.is_none() {
+        if self.is_sync() && channel.is_none() {
             return Err(Error::invalid("the id is already synchronous"));
         }
         let new = match channel {
             Some(ch) => ch.clone(),
             None => EventChannel::new()?,
         };
+        // Before the channel lock: the event path takes the state lock, then the channel's.
         self.wait_acked();
+        let mut c = self.inner.chan();
         let me = self.clone();
         let moved = c.channel.remove_queued(|ev| ev.id == me);
         for ev in moved {
@@ -1684,12 +1688,22 @@ impl CmId {
         if s.state == IdState::Disconnected && s.conn.is_some() {
             // The peer disconnected first (its DREQ was answered by the CM): our side only
             // has to stop its QP, as the kernel's rdma_disconnect answering a DREQ does. A
-            // synchronous id returns once that DISCONNECTED is (or was) its event.
+            // synchronous id keeps the DISCONNECTED that is queued for it as its event (the
+            // application may also have taken it from the id's channel already).
             if let Some(qp) = &s.qp {
                 qp_to_err(qp);
             }
             drop(s);
-            return self.complete(CmEventType::Disconnected);
+            if self.is_sync() {
+                let me = self.clone();
+                let queued = self
+                    .channel()
+                    .remove_queued(|ev| ev.id == me && ev.event == CmEventType::Disconnected);
+                if let Some(ev) = queued.first() {
+                    self.set_last_event(ev.info());
+                }
+            }
+            return Ok(());
         }
         let (Some(conn), Some(engine), IdState::Established) = (s.conn, s.engine.clone(), s.state)
         else {
