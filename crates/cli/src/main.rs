@@ -31,7 +31,8 @@ enum Command {
         device: Option<String>,
     },
     /// Measure bandwidth and message rate, or latency, like perftest (ib_write_bw,
-    /// ib_send_lat, ...), between two loopback devices in this process.
+    /// ib_send_lat, ...): between two loopback devices in this process, or between a server
+    /// (--server) and a client (--connect) in two processes.
     Perf {
         /// The operation: write, read, send or atomic.
         #[arg(value_enum)]
@@ -63,9 +64,20 @@ enum Command {
         /// Address of the client device.
         #[arg(long, default_value = "127.0.0.1")]
         client_addr: std::net::IpAddr,
-        /// Address of the server device.
+        /// Address of the server device (both sides in this process).
         #[arg(long, default_value = "127.0.0.2")]
         server_addr: std::net::IpAddr,
+        /// Be the server only: listen on the device ADDR (default: --server-addr) for one
+        /// client, whose request sets the test; exit when it disconnects.
+        #[arg(long, value_name = "ADDR", num_args = 0..=1, conflicts_with = "connect")]
+        server: Option<Option<std::net::IpAddr>>,
+        /// Be the client only: connect to a `softrdma perf --server` at ADDR (from the
+        /// device --client-addr).
+        #[arg(short = 'c', long, value_name = "ADDR")]
+        connect: Option<std::net::IpAddr>,
+        /// The server's port (with --server / --connect).
+        #[arg(short = 'p', long, default_value_t = perf::DEFAULT_PORT)]
+        port: u16,
         /// Print one JSON object with the results as the last line.
         #[arg(long)]
         json: bool,
@@ -95,6 +107,9 @@ fn main() -> ExitCode {
             tx_depth,
             client_addr,
             server_addr,
+            server,
+            connect,
+            port,
             json,
         } => (|| {
             let mtu = softrdma::Mtu::from_bytes(mtu).ok_or_else(|| {
@@ -116,6 +131,11 @@ fn main() -> ExitCode {
                     "sizes above 1 GiB are not supported",
                 ));
             }
+            let mode = match (server, connect) {
+                (Some(addr), _) => perf::Mode::Server(addr.unwrap_or(server_addr)),
+                (None, Some(addr)) => perf::Mode::Client(addr),
+                (None, None) => perf::Mode::Local,
+            };
             let args = perf::PerfArgs {
                 op,
                 sizes,
@@ -128,8 +148,13 @@ fn main() -> ExitCode {
                 client: client_addr,
                 server: server_addr,
                 json,
+                mode,
+                port: if mode == perf::Mode::Local { 0 } else { port },
             };
-            run_perf(&args)
+            match mode {
+                perf::Mode::Server(addr) => run_perf_server(&args, addr),
+                _ => run_perf(&args),
+            }
         })(),
     };
     match result {
@@ -264,10 +289,13 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
     };
     println!("{}", "-".repeat(88));
     println!("                    {name}");
+    let server = match args.mode {
+        perf::Mode::Client(addr) => format!("{addr} port {} (another process)", args.port),
+        _ => args.server.to_string(),
+    };
     println!(
-        " Devices        : {} -> {}   Transport: RC over RoCEv2/UDP   MTU: {}",
+        " Devices        : {} -> {server}   Transport: RC over RoCEv2/UDP   MTU: {}",
         args.client,
-        args.server,
         args.mtu.bytes()
     );
     println!(
@@ -282,7 +310,7 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
             " #bytes     #iterations    BW average[Gb/sec]    BW average[GB/s]    MsgRate[Mpps]"
         );
     }
-    let (points, cc, sc) = perf::run(args, |p| {
+    let outcome = perf::run(args, |p| {
         if args.lat {
             let avg = p.lat_us.iter().sum::<f64>() / p.lat_us.len().max(1) as f64;
             println!(
@@ -307,16 +335,20 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
         }
     })?;
     println!("{}", "-".repeat(88));
-    for (who, c) in [("client", cc), ("server", sc)] {
-        println!(
-            " {who} device: tx {} pkts / {} B, rx {} pkts / {} B, ICRC errors {}, malformed {}, unknown QP {}, tx errors {}",
-            c.tx_packets, c.tx_bytes, c.rx_packets, c.rx_bytes, c.icrc_errors, c.malformed, c.unknown_qp, c.tx_errors
-        );
+    for side in &outcome.sides {
+        print_counters(side);
     }
+    let points = outcome.points;
     if args.json {
         let last = points.last().cloned().unwrap_or_default();
+        let mode = match args.mode {
+            perf::Mode::Local => "local",
+            perf::Mode::Client(_) => "client",
+            perf::Mode::Server(_) => "server",
+        };
         let mut items = vec![
-            format!("\"op\":\"{:?}\"", args.op).to_lowercase(),
+            format!("\"op\":\"{}\"", args.op.name()),
+            format!("\"mode\":\"{mode}\""),
             format!("\"size\":{}", last.size),
             format!("\"iters\":{}", last.iters),
             format!("\"secs\":{:.4}", last.secs),
@@ -358,6 +390,57 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
             .collect();
         items.push(format!("\"points\":[{}]", all.join(",")));
         println!("{{{}}}", items.join(","));
+    }
+    Ok(())
+}
+
+/// The device and QP counters of one side, at the end of `perf`.
+fn print_counters(side: &perf::SideCounters) {
+    let (who, d, q) = (side.who, &side.device, &side.qp);
+    println!(
+        " {who} device {}: tx {} pkts / {} B, rx {} pkts / {} B, ICRC errors {}, malformed {}, unknown QP {}, wrong source {}, tx errors {}",
+        side.addr, d.tx_packets, d.tx_bytes, d.rx_packets, d.rx_bytes, d.icrc_errors, d.malformed, d.unknown_qp, d.wrong_source, d.tx_errors
+    );
+    println!(
+        " {who} QP: tx {} pkts / {} B, rx {} pkts / {} B, retransmitted {} (retries {}, timeouts {}), duplicates {}, \
+         RNR NAKs {}/{}, sequence NAKs {}/{}, error NAKs {}/{} (sent/received)",
+        q.tx_packets, q.tx_bytes, q.rx_packets, q.rx_bytes, q.retransmitted_packets, q.retries, q.timeouts, q.duplicates,
+        q.rnr_naks_sent, q.rnr_naks_received, q.seq_naks_sent, q.seq_naks_received, q.err_naks_sent, q.err_naks_received
+    );
+}
+
+/// `softrdma perf --server`: one client's test, then the server's counters.
+fn run_perf_server(args: &perf::PerfArgs, addr: std::net::IpAddr) -> softrdma::Result<()> {
+    use std::io::Write;
+    let side = perf::serve(
+        args,
+        addr,
+        |local| {
+            println!(
+                "waiting for a client on {local} (softrdma perf ... --connect {})",
+                local.ip()
+            );
+            let _ = std::io::stdout().flush();
+        },
+        |peer, req| {
+            println!(
+                "client {peer}: {} {}, messages up to {} B, {} outstanding, inline {}",
+                req.op.name(),
+                if req.lat { "latency" } else { "bandwidth" },
+                req.max_size,
+                req.tx_depth,
+                req.inline
+            );
+            let _ = std::io::stdout().flush();
+        },
+    )?;
+    println!("{}", "-".repeat(88));
+    print_counters(&side);
+    if args.json {
+        println!(
+            "{{\"mode\":\"server\",\"qp_rx_packets\":{},\"qp_tx_packets\":{}}}",
+            side.qp.rx_packets, side.qp.tx_packets
+        );
     }
     Ok(())
 }
