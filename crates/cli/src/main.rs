@@ -1,8 +1,10 @@
 //! `softrdma`: the command-line face of softrdma.
 //!
-//! `softrdma devices` lists the software RDMA devices as `ibv_devinfo` does.
+//! `softrdma devices` lists the software RDMA devices as `ibv_devinfo` does, `softrdma perf`
+//! measures like perftest, `softrdma ping` pings like rping.
 
 mod perf;
+mod ping;
 
 use clap::{Parser, Subcommand};
 use softrdma::{Context, Device};
@@ -82,6 +84,50 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Ping-pong over RDMA like rping (its engine and protocol): the client SENDs its
+    /// buffer's address, the server RDMA READs it and RDMA WRITEs it back.
+    Ping {
+        #[command(flatten)]
+        role: PingRole,
+        /// The client's source address (its device).
+        #[arg(short = 'I', long, value_name = "ADDR")]
+        src: Option<std::net::IpAddr>,
+        /// The server's port.
+        #[arg(short = 'p', long, default_value_t = ping::DEFAULT_PORT)]
+        port: u16,
+        /// Pings to make (0: until the server goes away).
+        #[arg(short = 'C', long, default_value_t = 0)]
+        count: u32,
+        /// Bytes per ping (26 to 65535).
+        #[arg(short = 'S', long, default_value_t = 64)]
+        size: usize,
+        /// Print each ping's data.
+        #[arg(short, long)]
+        verbose: bool,
+        /// Check that the data came back unchanged (fails at the first difference).
+        #[arg(short = 'V', long)]
+        validate: bool,
+        /// Server: serve clients one after another until killed.
+        #[arg(short = 'P', long)]
+        persistent: bool,
+        /// Own QPs moved through INIT/RTR/RTS by the application (rping -q).
+        #[arg(short = 'q', long)]
+        own_qp: bool,
+        /// rping's debug prints.
+        #[arg(short, long)]
+        debug: bool,
+    },
+}
+
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+struct PingRole {
+    /// Be the server: listen on ADDR (default: every device, as rping) and answer pings.
+    #[arg(short = 's', long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "0.0.0.0")]
+    server: Option<std::net::IpAddr>,
+    /// Be the client: ping the server at ADDR.
+    #[arg(short = 'c', long, value_name = "ADDR")]
+    connect: Option<std::net::IpAddr>,
 }
 
 fn main() -> ExitCode {
@@ -94,6 +140,39 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Ping {
+            role,
+            src,
+            port,
+            count,
+            size,
+            verbose,
+            validate,
+            persistent,
+            own_qp,
+            debug,
+        } => {
+            let args = ping::PingArgs {
+                server: role.server,
+                connect: role.connect,
+                src,
+                port,
+                count,
+                size,
+                verbose,
+                validate,
+                persistent,
+                own_qp,
+                debug,
+            };
+            return match run_ping(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("softrdma: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Devices { verbose, device } => devices(verbose, device.as_deref()),
         Command::Perf {
             op,
@@ -396,11 +475,18 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
 
 /// The device and QP counters of one side, at the end of `perf`.
 fn print_counters(side: &perf::SideCounters) {
-    let (who, d, q) = (side.who, &side.device, &side.qp);
+    print_device_counters(side.who, side.addr, &side.device);
+    print_qp_counters(side.who, &side.qp);
+}
+
+fn print_device_counters(who: &str, addr: std::net::IpAddr, d: &softrdma::DeviceCounters) {
     println!(
-        " {who} device {}: tx {} pkts / {} B, rx {} pkts / {} B, ICRC errors {}, malformed {}, unknown QP {}, wrong source {}, tx errors {}",
-        side.addr, d.tx_packets, d.tx_bytes, d.rx_packets, d.rx_bytes, d.icrc_errors, d.malformed, d.unknown_qp, d.wrong_source, d.tx_errors
+        " {who} device {addr}: tx {} pkts / {} B, rx {} pkts / {} B, ICRC errors {}, malformed {}, unknown QP {}, wrong source {}, tx errors {}",
+        d.tx_packets, d.tx_bytes, d.rx_packets, d.rx_bytes, d.icrc_errors, d.malformed, d.unknown_qp, d.wrong_source, d.tx_errors
     );
+}
+
+fn print_qp_counters(who: &str, q: &softrdma::QpCounters) {
     println!(
         " {who} QP: tx {} pkts / {} B, rx {} pkts / {} B, retransmitted {} (retries {}, timeouts {}), duplicates {}, \
          RNR NAKs {}/{}, sequence NAKs {}/{}, error NAKs {}/{} (sent/received)",
@@ -441,6 +527,31 @@ fn run_perf_server(args: &perf::PerfArgs, addr: std::net::IpAddr) -> softrdma::R
             "{{\"mode\":\"server\",\"qp_rx_packets\":{},\"qp_tx_packets\":{}}}",
             side.qp.rx_packets, side.qp.tx_packets
         );
+    }
+    Ok(())
+}
+
+/// `softrdma ping`: rping's run, then the counters (the device's when known, each QP's).
+fn run_ping(args: &ping::PingArgs) -> Result<(), String> {
+    let out = ping::run(args)?;
+    let who = if args.server.is_some() {
+        "server"
+    } else {
+        "client"
+    };
+    if who == "client" && args.count > 0 {
+        println!(
+            "{} pings of {} B{}",
+            args.count,
+            args.size,
+            if args.validate { ", data verified" } else { "" }
+        );
+    }
+    if let Some((addr, d)) = &out.device {
+        print_device_counters(who, *addr, d);
+    }
+    for q in &out.qps {
+        print_qp_counters(who, q);
     }
     Ok(())
 }

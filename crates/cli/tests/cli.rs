@@ -130,7 +130,8 @@ fn perf_send_latency_local_over_every_size() {
     assert!(json_field(json, "lat_us_p99").parse::<f64>().unwrap() > 0.0);
 }
 
-/// A `softrdma perf --server` process, started and waited for until it listens.
+/// A `softrdma perf --server` or `softrdma ping --server` process, started and waited for
+/// until it listens.
 struct Server {
     child: std::process::Child,
     out: std::io::BufReader<std::process::ChildStdout>,
@@ -139,6 +140,17 @@ struct Server {
 
 impl Server {
     fn start(args: &[&str]) -> Server {
+        let s = Server::start_until(args, "waiting for a client on ");
+        assert!(
+            s.first.starts_with("waiting for a client on "),
+            "{}",
+            s.first
+        );
+        s
+    }
+
+    /// Starts it and reads its stdout up to the first line containing `marker`.
+    fn start_until(args: &[&str], marker: &str) -> Server {
         use std::io::BufRead;
         let mut child = Command::new(env!("CARGO_BIN_EXE_softrdma"))
             .args(args)
@@ -148,8 +160,14 @@ impl Server {
             .expect("start the server");
         let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
         let mut first = String::new();
-        out.read_line(&mut first).unwrap();
-        assert!(first.starts_with("waiting for a client on "), "{first:?}");
+        while !first.contains(marker) {
+            let mut line = String::new();
+            if out.read_line(&mut line).unwrap() == 0 {
+                let _ = child.kill();
+                panic!("the server ended before printing {marker:?}: {first}");
+            }
+            first.push_str(&line);
+        }
         Server { child, out, first }
     }
 
@@ -317,4 +335,101 @@ fn perf_server_rejects_a_stranger_then_serves_a_client() {
         "{serr}"
     );
     assert!(sout.contains("read latency"), "{sout}");
+}
+
+#[test]
+fn ping_two_processes_verifies_and_prints_the_data_and_counters() {
+    // -d: rping's debug lines, to know when the server listens.
+    let server = Server::start_until(
+        &[
+            "ping",
+            "--server",
+            "127.0.0.146",
+            "-p",
+            "7302",
+            "-S",
+            "100",
+            "-d",
+        ],
+        "rdma_listen successful",
+    );
+    let (ok, out, err) = softrdma(&[
+        "ping",
+        "-c",
+        "127.0.0.146",
+        "-I",
+        "127.0.0.147",
+        "-p",
+        "7302",
+        "-C",
+        "5",
+        "-S",
+        "100",
+        "-v",
+        "-V",
+    ]);
+    assert!(ok, "{err}");
+    let (sok, sout, serr) = server.finish();
+    assert!(sok, "server: {serr}");
+    // rping's pattern: "rdma-ping-N: " then letters from 'A' + N, NUL-terminated.
+    let data: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("ping data: "))
+        .collect();
+    assert_eq!(data.len(), 5, "{out}");
+    for (n, line) in data.iter().enumerate() {
+        let head = format!("ping data: rdma-ping-{n}: ");
+        assert!(line.starts_with(&head), "{line}");
+        let first = line.as_bytes()[head.len()];
+        assert_eq!(first, b'A' + n as u8, "{line}");
+        assert_eq!(line.len(), "ping data: ".len() + 99, "{line}");
+    }
+    assert!(out.contains("5 pings of 100 B, data verified"), "{out}");
+    // Counters: five pings are 3 SENDs, a READ and a WRITE each, on both QPs.
+    assert!(out.contains(" client device 127.0.0.147: tx "), "{out}");
+    assert!(sout.contains(" server device 127.0.0.146: tx "), "{sout}");
+    let (ctx, crx) = qp_packets(&out, "client");
+    let (stx, srx) = qp_packets(&sout, "server");
+    assert!(
+        ctx >= 15 && srx >= 15 && stx >= 10 && crx >= 10,
+        "{out}\n{sout}"
+    );
+    if !out.contains("retransmitted 0") || !sout.contains("retransmitted 0") {
+        return;
+    }
+    assert_eq!((ctx, crx), (srx, stx), "{out}\n{sout}");
+}
+
+#[test]
+fn ping_refused_and_bad_sizes_fail_clearly() {
+    // A live device with nobody on the port: the server's CM rejects the request.
+    let server = Server::start_until(
+        &["ping", "--server", "127.0.0.148", "-p", "7303", "-d"],
+        "rdma_listen successful",
+    );
+    let (ok, _, err) = softrdma(&[
+        "ping",
+        "-c",
+        "127.0.0.148",
+        "-p",
+        "7304",
+        "-I",
+        "127.0.0.149",
+        "-C",
+        "1",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("nobody listens"), "{err}");
+    let mut child = server.child;
+    let _ = child.kill();
+    let _ = child.wait();
+    let (ok, _, err) = softrdma(&["ping", "-c", "127.0.0.1", "-S", "10"]);
+    assert!(!ok);
+    assert!(err.contains("size 10 is out of range"), "{err}");
+    let (ok, _, err) = softrdma(&["ping", "-C", "1"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--server") && err.contains("--connect"),
+        "{err}"
+    );
 }
