@@ -21,6 +21,7 @@
 
 use softrdma::rdma_cm::{CmEventType, CmId, ConnParam, PortSpace};
 use softrdma::*;
+use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -502,6 +503,64 @@ pub fn serve(
     Ok(end.counters("server"))
 }
 
+/// The live progress line of a long run: on stderr, at most once a second from the first
+/// second on, only when stderr is a terminal (`SOFTRDMA_PROGRESS=1` or `0` forces it on or
+/// off); erased when the size is done, so the table stays clean.
+struct Progress {
+    on: bool,
+    next: Instant,
+    printed: bool,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        let on = match std::env::var("SOFTRDMA_PROGRESS").as_deref() {
+            Ok("1") => true,
+            Ok("0") => false,
+            _ => std::io::stderr().is_terminal(),
+        };
+        Progress {
+            on,
+            next: Instant::now() + Duration::from_secs(1),
+            printed: false,
+        }
+    }
+
+    /// Prints `line()` if a second passed since the last one; cheap otherwise.
+    fn tick(&mut self, line: impl FnOnce() -> String) {
+        if !self.on {
+            return;
+        }
+        let now = Instant::now();
+        if now < self.next {
+            return;
+        }
+        self.next = now + Duration::from_secs(1);
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "\r\x1b[K{}", line());
+        let _ = err.flush();
+        self.printed = true;
+    }
+
+    fn done(&mut self) {
+        if self.printed {
+            eprint!("\r\x1b[K");
+            self.printed = false;
+        }
+    }
+}
+
+/// "done of total" for the progress line (the total is unknown in duration runs).
+fn of(done: u64, total: Option<u64>) -> String {
+    match total {
+        Some(t) => format!(
+            "{done}/{t} ({:.0} %)",
+            done as f64 * 100.0 / t.max(1) as f64
+        ),
+        None => done.to_string(),
+    }
+}
+
 fn check(wc: &WorkCompletion) -> Result<()> {
     if wc.status != WcStatus::Success {
         return Err(Error::new(
@@ -608,7 +667,21 @@ fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point>
     let mut completed = 0u64;
     let mut wc = [WorkCompletion::default(); 64];
     let mut limit = iters;
+    let mut progress = Progress::new();
+    let mut rounds = 0u32;
     while completed < limit {
+        rounds = rounds.wrapping_add(1);
+        if rounds % 1024 == 0 {
+            progress.tick(|| {
+                let secs = t0.elapsed().as_secs_f64();
+                format!(
+                    "{size} B: {} messages, {:.3} GB/s, {:.3} M/s",
+                    of(completed, args.duration.is_none().then_some(iters)),
+                    completed as f64 * size as f64 / secs / 1e9,
+                    completed as f64 / secs / 1e6
+                )
+            });
+        }
         while posted < limit && posted - completed < depth {
             let sge = [c.sge(0, size)];
             let signaled = (posted + 1) % cq_mod == 0 || posted + 1 == limit;
@@ -653,6 +726,7 @@ fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point>
         }
     }
     let secs = t0.elapsed().as_secs_f64();
+    progress.done();
     let n = completed;
     Ok(Point {
         size,
@@ -669,6 +743,19 @@ fn latency(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point> {
     let size = size.max(1);
     let inline = size as u32 <= args.inline;
     let mut samples = Vec::with_capacity(iters as usize);
+    let mut progress = Progress::new();
+    let mut tick = |samples: &Vec<f64>| {
+        if samples.len() % 256 == 0 {
+            progress.tick(|| {
+                let last = &samples[samples.len().saturating_sub(256)..];
+                let avg = last.iter().sum::<f64>() / last.len().max(1) as f64;
+                format!(
+                    "{size} B: {} round trips, {avg:.2} us one way (last 256)",
+                    of(samples.len() as u64, Some(iters))
+                )
+            });
+        }
+    };
     match args.op {
         Op::Send => {
             // Ping-pong of SENDs; both sides busy-poll their CQs. The receives (of the whole
@@ -699,6 +786,7 @@ fn latency(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point> {
                     }
                 }
                 samples.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
+                tick(&samples);
             }
         }
         _ => {
@@ -733,9 +821,11 @@ fn latency(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point> {
                     }
                 }
                 samples.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
+                tick(&samples);
             }
         }
     }
+    progress.done();
     samples.sort_by(|a, b| a.total_cmp(b));
     let total: f64 = samples.iter().sum::<f64>() * 2.0 / 1e6;
     Ok(Point {

@@ -433,3 +433,43 @@ fn ping_refused_and_bad_sizes_fail_clearly() {
         "{err}"
     );
 }
+
+#[test]
+fn perf_progress_line_only_on_a_terminal_or_when_asked() {
+    // A run of 1.5 s: long enough for the progress line (from the first second on).
+    let run = |progress: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_softrdma"));
+        cmd.args([
+            "perf",
+            "write",
+            "-s",
+            "4096",
+            "-D",
+            "1.5",
+            "--client-addr",
+            "127.0.0.144",
+            "--server-addr",
+            "127.0.0.145",
+        ]);
+        match progress {
+            Some(v) => cmd.env("SOFTRDMA_PROGRESS", v),
+            None => cmd.env_remove("SOFTRDMA_PROGRESS"),
+        };
+        let out = cmd.output().unwrap();
+        assert!(out.status.success());
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    // stderr is a pipe here: no progress line unless asked for.
+    let (out, err) = run(None);
+    assert!(!err.contains('\r'), "{err:?}");
+    assert!(!out.contains('\r'), "{out:?}");
+    let (out, err) = run(Some("1"));
+    assert!(err.contains("\r\x1b[K4096 B: "), "{err:?}");
+    assert!(err.contains(" GB/s, "), "{err:?}");
+    // Erased at the end, and never on stdout (the table and the JSON stay clean).
+    assert!(err.ends_with("\r\x1b[K"), "{err:?}");
+    assert!(!out.contains('\r'), "{out:?}");
+}
