@@ -1,8 +1,10 @@
 //! `softrdma`: the command-line face of softrdma.
 //!
-//! `softrdma devices` lists the software RDMA devices as `ibv_devinfo` does.
+//! `softrdma devices` lists the software RDMA devices as `ibv_devinfo` does, `softrdma perf`
+//! measures like perftest, `softrdma ping` pings like rping.
 
 mod perf;
+mod ping;
 
 use clap::{Parser, Subcommand};
 use softrdma::{Context, Device};
@@ -31,7 +33,8 @@ enum Command {
         device: Option<String>,
     },
     /// Measure bandwidth and message rate, or latency, like perftest (ib_write_bw,
-    /// ib_send_lat, ...), between two loopback devices in this process.
+    /// ib_send_lat, ...): between two loopback devices in this process, or between a server
+    /// (--server) and a client (--connect) in two processes.
     Perf {
         /// The operation: write, read, send or atomic.
         #[arg(value_enum)]
@@ -63,13 +66,68 @@ enum Command {
         /// Address of the client device.
         #[arg(long, default_value = "127.0.0.1")]
         client_addr: std::net::IpAddr,
-        /// Address of the server device.
+        /// Address of the server device (both sides in this process).
         #[arg(long, default_value = "127.0.0.2")]
         server_addr: std::net::IpAddr,
+        /// Be the server only: listen on the device ADDR (default: --server-addr) for one
+        /// client, whose request sets the test; exit when it disconnects.
+        #[arg(long, value_name = "ADDR", num_args = 0..=1, conflicts_with = "connect")]
+        server: Option<Option<std::net::IpAddr>>,
+        /// Be the client only: connect to a `softrdma perf --server` at ADDR (from the
+        /// device --client-addr).
+        #[arg(short = 'c', long, value_name = "ADDR")]
+        connect: Option<std::net::IpAddr>,
+        /// The server's port (with --server / --connect).
+        #[arg(short = 'p', long, default_value_t = perf::DEFAULT_PORT)]
+        port: u16,
         /// Print one JSON object with the results as the last line.
         #[arg(long)]
         json: bool,
     },
+    /// Ping-pong over RDMA like rping (its engine and protocol): the client SENDs its
+    /// buffer's address, the server RDMA READs it and RDMA WRITEs it back.
+    Ping {
+        #[command(flatten)]
+        role: PingRole,
+        /// The client's source address (its device).
+        #[arg(short = 'I', long, value_name = "ADDR")]
+        src: Option<std::net::IpAddr>,
+        /// The server's port.
+        #[arg(short = 'p', long, default_value_t = ping::DEFAULT_PORT)]
+        port: u16,
+        /// Pings to make (0: until the server goes away).
+        #[arg(short = 'C', long, default_value_t = 0)]
+        count: u32,
+        /// Bytes per ping (26 to 65535).
+        #[arg(short = 'S', long, default_value_t = 64)]
+        size: usize,
+        /// Print each ping's data.
+        #[arg(short, long)]
+        verbose: bool,
+        /// Check that the data came back unchanged (fails at the first difference).
+        #[arg(short = 'V', long)]
+        validate: bool,
+        /// Server: serve clients one after another until killed.
+        #[arg(short = 'P', long)]
+        persistent: bool,
+        /// Own QPs moved through INIT/RTR/RTS by the application (rping -q).
+        #[arg(short = 'q', long)]
+        own_qp: bool,
+        /// rping's debug prints.
+        #[arg(short, long)]
+        debug: bool,
+    },
+}
+
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+struct PingRole {
+    /// Be the server: listen on ADDR (default: every device, as rping) and answer pings.
+    #[arg(short = 's', long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "0.0.0.0")]
+    server: Option<std::net::IpAddr>,
+    /// Be the client: ping the server at ADDR.
+    #[arg(short = 'c', long, value_name = "ADDR")]
+    connect: Option<std::net::IpAddr>,
 }
 
 fn main() -> ExitCode {
@@ -82,6 +140,39 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Ping {
+            role,
+            src,
+            port,
+            count,
+            size,
+            verbose,
+            validate,
+            persistent,
+            own_qp,
+            debug,
+        } => {
+            let args = ping::PingArgs {
+                server: role.server,
+                connect: role.connect,
+                src,
+                port,
+                count,
+                size,
+                verbose,
+                validate,
+                persistent,
+                own_qp,
+                debug,
+            };
+            return match run_ping(&args) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("softrdma: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
         Command::Devices { verbose, device } => devices(verbose, device.as_deref()),
         Command::Perf {
             op,
@@ -95,6 +186,9 @@ fn main() -> ExitCode {
             tx_depth,
             client_addr,
             server_addr,
+            server,
+            connect,
+            port,
             json,
         } => (|| {
             let mtu = softrdma::Mtu::from_bytes(mtu).ok_or_else(|| {
@@ -116,6 +210,11 @@ fn main() -> ExitCode {
                     "sizes above 1 GiB are not supported",
                 ));
             }
+            let mode = match (server, connect) {
+                (Some(addr), _) => perf::Mode::Server(addr.unwrap_or(server_addr)),
+                (None, Some(addr)) => perf::Mode::Client(addr),
+                (None, None) => perf::Mode::Local,
+            };
             let args = perf::PerfArgs {
                 op,
                 sizes,
@@ -128,8 +227,13 @@ fn main() -> ExitCode {
                 client: client_addr,
                 server: server_addr,
                 json,
+                mode,
+                port: if mode == perf::Mode::Local { 0 } else { port },
             };
-            run_perf(&args)
+            match mode {
+                perf::Mode::Server(addr) => run_perf_server(&args, addr),
+                _ => run_perf(&args),
+            }
         })(),
     };
     match result {
@@ -264,10 +368,13 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
     };
     println!("{}", "-".repeat(88));
     println!("                    {name}");
+    let server = match args.mode {
+        perf::Mode::Client(addr) => format!("{addr} port {} (another process)", args.port),
+        _ => args.server.to_string(),
+    };
     println!(
-        " Devices        : {} -> {}   Transport: RC over RoCEv2/UDP   MTU: {}",
+        " Devices        : {} -> {server}   Transport: RC over RoCEv2/UDP   MTU: {}",
         args.client,
-        args.server,
         args.mtu.bytes()
     );
     println!(
@@ -282,7 +389,7 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
             " #bytes     #iterations    BW average[Gb/sec]    BW average[GB/s]    MsgRate[Mpps]"
         );
     }
-    let (points, cc, sc) = perf::run(args, |p| {
+    let outcome = perf::run(args, |p| {
         if args.lat {
             let avg = p.lat_us.iter().sum::<f64>() / p.lat_us.len().max(1) as f64;
             println!(
@@ -307,16 +414,20 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
         }
     })?;
     println!("{}", "-".repeat(88));
-    for (who, c) in [("client", cc), ("server", sc)] {
-        println!(
-            " {who} device: tx {} pkts / {} B, rx {} pkts / {} B, ICRC errors {}, malformed {}, unknown QP {}, tx errors {}",
-            c.tx_packets, c.tx_bytes, c.rx_packets, c.rx_bytes, c.icrc_errors, c.malformed, c.unknown_qp, c.tx_errors
-        );
+    for side in &outcome.sides {
+        print_counters(side);
     }
+    let points = outcome.points;
     if args.json {
         let last = points.last().cloned().unwrap_or_default();
+        let mode = match args.mode {
+            perf::Mode::Local => "local",
+            perf::Mode::Client(_) => "client",
+            perf::Mode::Server(_) => "server",
+        };
         let mut items = vec![
-            format!("\"op\":\"{:?}\"", args.op).to_lowercase(),
+            format!("\"op\":\"{}\"", args.op.name()),
+            format!("\"mode\":\"{mode}\""),
             format!("\"size\":{}", last.size),
             format!("\"iters\":{}", last.iters),
             format!("\"secs\":{:.4}", last.secs),
@@ -358,6 +469,89 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
             .collect();
         items.push(format!("\"points\":[{}]", all.join(",")));
         println!("{{{}}}", items.join(","));
+    }
+    Ok(())
+}
+
+/// The device and QP counters of one side, at the end of `perf`.
+fn print_counters(side: &perf::SideCounters) {
+    print_device_counters(side.who, side.addr, &side.device);
+    print_qp_counters(side.who, &side.qp);
+}
+
+fn print_device_counters(who: &str, addr: std::net::IpAddr, d: &softrdma::DeviceCounters) {
+    println!(
+        " {who} device {addr}: tx {} pkts / {} B, rx {} pkts / {} B, ICRC errors {}, malformed {}, unknown QP {}, wrong source {}, tx errors {}",
+        d.tx_packets, d.tx_bytes, d.rx_packets, d.rx_bytes, d.icrc_errors, d.malformed, d.unknown_qp, d.wrong_source, d.tx_errors
+    );
+}
+
+fn print_qp_counters(who: &str, q: &softrdma::QpCounters) {
+    println!(
+        " {who} QP: tx {} pkts / {} B, rx {} pkts / {} B, retransmitted {} (retries {}, timeouts {}), duplicates {}, \
+         RNR NAKs {}/{}, sequence NAKs {}/{}, error NAKs {}/{} (sent/received)",
+        q.tx_packets, q.tx_bytes, q.rx_packets, q.rx_bytes, q.retransmitted_packets, q.retries, q.timeouts, q.duplicates,
+        q.rnr_naks_sent, q.rnr_naks_received, q.seq_naks_sent, q.seq_naks_received, q.err_naks_sent, q.err_naks_received
+    );
+}
+
+/// `softrdma perf --server`: one client's test, then the server's counters.
+fn run_perf_server(args: &perf::PerfArgs, addr: std::net::IpAddr) -> softrdma::Result<()> {
+    use std::io::Write;
+    let side = perf::serve(
+        args,
+        addr,
+        |local| {
+            println!(
+                "waiting for a client on {local} (softrdma perf ... --connect {})",
+                local.ip()
+            );
+            let _ = std::io::stdout().flush();
+        },
+        |peer, req| {
+            println!(
+                "client {peer}: {} {}, messages up to {} B, {} outstanding, inline {}",
+                req.op.name(),
+                if req.lat { "latency" } else { "bandwidth" },
+                req.max_size,
+                req.tx_depth,
+                req.inline
+            );
+            let _ = std::io::stdout().flush();
+        },
+    )?;
+    println!("{}", "-".repeat(88));
+    print_counters(&side);
+    if args.json {
+        println!(
+            "{{\"mode\":\"server\",\"qp_rx_packets\":{},\"qp_tx_packets\":{}}}",
+            side.qp.rx_packets, side.qp.tx_packets
+        );
+    }
+    Ok(())
+}
+
+/// `softrdma ping`: rping's run, then the counters (the device's when known, each QP's).
+fn run_ping(args: &ping::PingArgs) -> Result<(), String> {
+    let out = ping::run(args)?;
+    let who = if args.server.is_some() {
+        "server"
+    } else {
+        "client"
+    };
+    if who == "client" && args.count > 0 {
+        println!(
+            "{} pings of {} B{}",
+            args.count,
+            args.size,
+            if args.validate { ", data verified" } else { "" }
+        );
+    }
+    if let Some((addr, d)) = &out.device {
+        print_device_counters(who, *addr, d);
+    }
+    for q in &out.qps {
+        print_qp_counters(who, q);
     }
     Ok(())
 }

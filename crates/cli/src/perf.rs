@@ -1,14 +1,34 @@
 //! `softrdma perf`: perftest's measurements (ib_write_bw, ib_read_bw, ib_send_bw,
-//! ib_atomic_bw, ib_send_lat, ib_write_lat) between two softrdma devices on loopback, both
-//! sides in this process.
+//! ib_atomic_bw, ib_send_lat, ib_write_lat) over an RC connection made by the connection
+//! manager: both sides in this process over two loopback devices, or a server
+//! (`--server [ADDR]`) and a client (`--connect ADDR`) in two processes or on two machines.
+//!
+//! # What the two sides exchange
+//! The client decides everything; the server follows. The client's connection request
+//! carries 24 bytes of private data (big-endian): `"SRPF"`, version 1, the operation (0 write,
+//! 1 read, 2 send, 3 atomic), flags (bit 0: latency test), 0, the largest message size (u32),
+//! the outstanding work requests (u32), the inline size (u32), 0 (u32). The server creates its
+//! QP (that many work requests, that inline size) and a buffer of that size, registered for
+//! remote write, read and atomics, posts as many receives as work requests for SEND tests,
+//! and accepts with 24 bytes of private data: `"SRPF"`, version 1, 0, 0, 0, the buffer's
+//! address (u64), its rkey (u32) and its length (u32). Anything else is rejected (server) or
+//! refused (client) with a message saying so.
+//!
+//! The client then measures. For SEND tests the server busy-polls its CQ, reposting each
+//! receive and, for latency, answering each message with one of the same length; for the
+//! other operations it only waits (its device's progress thread does the work, as a target of
+//! one-sided operations should). The client's disconnect ends the test on both sides.
 
-use softrdma::rdma_cm::{CmId, ConnParam, PortSpace};
+use softrdma::rdma_cm::{CmEventType, CmId, ConnParam, PortSpace};
 use softrdma::*;
-use std::net::IpAddr;
-use std::net::SocketAddr;
+use std::io::{IsTerminal, Write};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The port a server listens on unless told otherwise (perftest's).
+pub const DEFAULT_PORT: u16 = 18515;
 
 /// The operation measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -21,6 +41,48 @@ pub enum Op {
     Send,
     /// FETCH_AND_ADD (ib_atomic_bw).
     Atomic,
+}
+
+impl Op {
+    fn code(self) -> u8 {
+        match self {
+            Op::Write => 0,
+            Op::Read => 1,
+            Op::Send => 2,
+            Op::Atomic => 3,
+        }
+    }
+
+    fn from_code(c: u8) -> Option<Op> {
+        Some(match c {
+            0 => Op::Write,
+            1 => Op::Read,
+            2 => Op::Send,
+            3 => Op::Atomic,
+            _ => return None,
+        })
+    }
+
+    /// The lower-case name, as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Write => "write",
+            Op::Read => "read",
+            Op::Send => "send",
+            Op::Atomic => "atomic",
+        }
+    }
+}
+
+/// Which sides this process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Both, over two devices (`client` and `server` addresses).
+    Local,
+    /// The server, listening on this device address.
+    Server(IpAddr),
+    /// The client, connecting to a server at this address.
+    Client(IpAddr),
 }
 
 /// What to run.
@@ -37,6 +99,9 @@ pub struct PerfArgs {
     pub client: IpAddr,
     pub server: IpAddr,
     pub json: bool,
+    pub mode: Mode,
+    /// The server's port (0 in local mode: an ephemeral one).
+    pub port: u16,
 }
 
 /// One measured point.
@@ -49,6 +114,110 @@ pub struct Point {
     pub msg_rate_mps: f64,
     /// One-way latencies in microseconds, sorted.
     pub lat_us: Vec<f64>,
+}
+
+/// The counters of one side at the end of a run.
+#[derive(Debug, Clone)]
+pub struct SideCounters {
+    /// "client" or "server".
+    pub who: &'static str,
+    /// The device's address.
+    pub addr: IpAddr,
+    pub device: DeviceCounters,
+    pub qp: QpCounters,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub points: Vec<Point>,
+    /// The client first, then (local runs) the server.
+    pub sides: Vec<SideCounters>,
+}
+
+const MAGIC: &[u8; 4] = b"SRPF";
+const VERSION: u8 = 1;
+const MSG_LEN: usize = 24;
+/// The most outstanding work requests a server agrees to.
+const MAX_DEPTH: u32 = 16384;
+
+/// The client's connection request: what the server must prepare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub op: Op,
+    pub lat: bool,
+    pub max_size: u32,
+    pub tx_depth: u32,
+    pub inline: u32,
+}
+
+impl Request {
+    fn to_bytes(self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(MSG_LEN);
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&[VERSION, self.op.code(), u8::from(self.lat), 0]);
+        b.extend_from_slice(&self.max_size.to_be_bytes());
+        b.extend_from_slice(&self.tx_depth.to_be_bytes());
+        b.extend_from_slice(&self.inline.to_be_bytes());
+        b.extend_from_slice(&0u32.to_be_bytes());
+        b
+    }
+
+    fn parse(b: &[u8]) -> Result<Request> {
+        let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        if b.len() < MSG_LEN || &b[..4] != MAGIC || b[4] != VERSION {
+            return Err(Error::invalid(
+                "the connection request is not from `softrdma perf --connect` (version 1)",
+            ));
+        }
+        let op = Op::from_code(b[5])
+            .ok_or_else(|| Error::invalid(format!("unknown operation {} requested", b[5])))?;
+        let r = Request {
+            op,
+            lat: b[6] & 1 != 0,
+            max_size: u32_at(8),
+            tx_depth: u32_at(12),
+            inline: u32_at(16),
+        };
+        if r.max_size > 1 << 30 || r.tx_depth == 0 || r.tx_depth > MAX_DEPTH {
+            return Err(Error::invalid(format!(
+                "the client asked for {} bytes and {} work requests (at most 1 GiB and {MAX_DEPTH})",
+                r.max_size, r.tx_depth
+            )));
+        }
+        Ok(r)
+    }
+}
+
+/// The server's answer: the buffer the client's WRITEs, READs and atomics target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Target {
+    pub addr: u64,
+    pub rkey: u32,
+    pub len: u32,
+}
+
+impl Target {
+    fn to_bytes(self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(MSG_LEN);
+        b.extend_from_slice(MAGIC);
+        b.extend_from_slice(&[VERSION, 0, 0, 0]);
+        b.extend_from_slice(&self.addr.to_be_bytes());
+        b.extend_from_slice(&self.rkey.to_be_bytes());
+        b.extend_from_slice(&self.len.to_be_bytes());
+        b
+    }
+
+    fn parse(b: &[u8]) -> Option<Target> {
+        if b.len() < MSG_LEN || &b[..4] != MAGIC || b[4] != VERSION {
+            return None;
+        }
+        Some(Target {
+            addr: u64::from_be_bytes(b[8..16].try_into().expect("8 bytes")),
+            rkey: u32::from_be_bytes(b[16..20].try_into().expect("4 bytes")),
+            len: u32::from_be_bytes(b[20..24].try_into().expect("4 bytes")),
+        })
+    }
 }
 
 struct End {
@@ -103,68 +272,293 @@ impl End {
         }
     }
 
-    fn post_recvs(&self, n: usize, size: usize) -> Result<()> {
-        for i in 0..n {
-            let sge = [self.sge(0, size.max(1))];
-            self.qp.post_recv(&[RecvWr {
-                wr_id: i as u64,
-                sg_list: &sge,
-            }])?;
-        }
+    /// A receive of the whole buffer.
+    fn post_recv(&self, wr_id: u64) -> Result<()> {
+        let sge = [self.sge(0, self.buf.len())];
+        self.qp.post_recv(&[RecvWr {
+            wr_id,
+            sg_list: &sge,
+        }])?;
         Ok(())
+    }
+
+    fn counters(&self, who: &'static str) -> SideCounters {
+        SideCounters {
+            who,
+            addr: self.ctx.device().addr(),
+            device: self.ctx.counters(),
+            qp: self.qp.counters(),
+        }
     }
 }
 
-/// Connects a client on `client` to a server on `server` through the connection manager
-/// (synchronous ids, as perftest's `-R` does with librdmacm), with the path MTU capped at
-/// `mtu`.
-fn connect(args: &PerfArgs, buf_len: usize) -> Result<(End, End)> {
-    let depth = args.tx_depth as u32;
-    let listen = CmId::create(None, 0, PortSpace::Tcp)?;
-    listen.bind_addr(SocketAddr::new(args.server, 0))?;
-    listen.listen(1)?;
-    let port = listen
-        .local_addr()
-        .map(|a| a.port())
-        .ok_or_else(|| Error::invalid("the listener has no port"))?;
-    let param = ConnParam {
+fn conn_param(private_data: Vec<u8>) -> ConnParam {
+    ConnParam {
+        private_data,
         responder_resources: 16,
         initiator_depth: 16,
         retry_count: 7,
         rnr_retry_count: 7,
         ..Default::default()
-    };
-    let (client, server) = std::thread::scope(|scope| -> Result<(End, End)> {
-        let srv = scope.spawn(|| -> Result<End> {
-            let id = listen.get_request()?;
-            let end = End::new(id, buf_len, depth, args.inline)?;
-            end.id.accept(&param)?;
-            Ok(end)
-        });
-        let id = CmId::create(None, 0, PortSpace::Tcp)?;
-        id.resolve_addr(
-            Some(SocketAddr::new(args.client, 0)),
-            SocketAddr::new(args.server, port),
-            2000,
-        )?;
-        id.resolve_route(2000)?;
-        let client = End::new(id, buf_len, depth, args.inline)?;
-        client.id.connect(&param)?;
-        let server = srv.join().expect("server thread")?;
-        Ok((client, server))
+    }
+}
+
+/// A synchronous listener on `addr:port` (port 0: an ephemeral one).
+fn listen(addr: IpAddr, port: u16) -> Result<CmId> {
+    let l = CmId::create(None, 0, PortSpace::Tcp)?;
+    l.bind_addr(SocketAddr::new(addr, port)).map_err(|e| {
+        Error::new(
+            e.kind(),
+            format!(
+                "cannot listen on {addr} port {port}: {} (give another address with \
+                 --server ADDR, e.g. 127.0.0.2, or another --port)",
+                e.message()
+            ),
+        )
     })?;
-    listen.destroy();
-    let got = client.qp.query_qp()?.0.path_mtu;
+    l.listen(1)?;
+    Ok(l)
+}
+
+/// Takes connection requests until one is a valid `softrdma perf` request, prepares the
+/// server's side for it and accepts it (synchronously: returns once ESTABLISHED).
+fn accept_one(listener: &CmId) -> Result<(End, Request)> {
+    loop {
+        let id = listener.get_request()?;
+        let data = id.event().map(|e| e.param.private_data).unwrap_or_default();
+        let req = match Request::parse(&data) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!(
+                    "softrdma: rejected a connection request from {}: {}",
+                    id.peer_addr().map_or("?".into(), |a| a.to_string()),
+                    e.message()
+                );
+                let _ = id.reject(&[]);
+                id.destroy();
+                continue;
+            }
+        };
+        let end = End::new(
+            id,
+            (req.max_size as usize).max(64),
+            req.tx_depth,
+            req.inline,
+        )?;
+        if req.op == Op::Send {
+            for i in 0..req.tx_depth {
+                end.post_recv(u64::from(i))?;
+            }
+        }
+        let t = Target {
+            addr: end.buf.addr(),
+            rkey: end.mr.rkey(),
+            len: end.buf.len() as u32,
+        };
+        end.id.accept(&conn_param(t.to_bytes()))?;
+        return Ok((end, req));
+    }
+}
+
+/// The client's side: connects from `args.client` to `server` through the connection
+/// manager (synchronous ids, as perftest's `-R` does with librdmacm) and reads the server's
+/// buffer from the accept's private data.
+fn dial(args: &PerfArgs, server: SocketAddr, max: usize) -> Result<(End, Target)> {
+    let id = CmId::create(None, 0, PortSpace::Tcp)?;
+    id.resolve_addr(Some(SocketAddr::new(args.client, 0)), server, 2000)?;
+    id.resolve_route(2000)?;
+    let end = End::new(id, max.max(64), args.tx_depth as u32, args.inline)?;
+    if args.op == Op::Send && args.lat {
+        for i in 0..args.tx_depth.min(64) {
+            end.post_recv(i as u64)?;
+        }
+    }
+    let req = Request {
+        op: args.op,
+        lat: args.lat,
+        max_size: max as u32,
+        tx_depth: args.tx_depth as u32,
+        inline: args.inline,
+    };
+    end.id.connect(&conn_param(req.to_bytes())).map_err(|e| {
+        Error::new(
+            e.kind(),
+            format!(
+                "connecting from {} to {server}: {} (is `softrdma perf --server {}` running there, on port {}?)",
+                args.client,
+                e.message(),
+                server.ip(),
+                server.port()
+            ),
+        )
+    })?;
+    let data = end
+        .id
+        .event()
+        .map(|e| e.param.private_data)
+        .unwrap_or_default();
+    let t = Target::parse(&data).ok_or_else(|| {
+        Error::invalid(format!(
+            "{server} accepted but is not a `softrdma perf` server (no buffer in its answer)"
+        ))
+    })?;
+    if (t.len as usize) < max {
+        return Err(Error::invalid(format!(
+            "the server's buffer has {} bytes, {max} are needed",
+            t.len
+        )));
+    }
+    let got = end.qp.query_qp()?.0.path_mtu;
     if got.bytes() > args.mtu.bytes() {
-        // The CM negotiated the port's MTU; a smaller one was asked for: apply it to both
-        // QPs (RTS→RTS cannot change the path MTU, so this is reported, not forced).
+        // The CM negotiated the port's MTU; RTS→RTS cannot change the path MTU, so a smaller
+        // one asked for is reported, not forced.
         eprintln!(
             "note: the connection manager negotiated path MTU {} (asked {})",
             got.bytes(),
             args.mtu.bytes()
         );
     }
-    Ok((client, server))
+    Ok((end, t))
+}
+
+/// The server's part of a SEND test until `stop` is set or the connection ends (its
+/// receives are flushed): reposts each receive and, for latency, answers each message with
+/// one of the same length.
+fn serve_sends(end: &End, req: &Request, stop: &AtomicBool) -> Result<u64> {
+    let mut wc = [WorkCompletion::default(); 64];
+    let mut got = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let n = end.cq.poll(&mut wc)?;
+        for w in &wc[..n] {
+            if w.status == WcStatus::WrFlushErr {
+                return Ok(got);
+            }
+            check(w)?;
+            if w.opcode != WcOpcode::Recv {
+                continue;
+            }
+            got += 1;
+            end.post_recv(w.wr_id)?;
+            if req.lat {
+                let mut flags = SendFlags::SIGNALED;
+                if w.byte_len <= req.inline {
+                    flags |= SendFlags::INLINE;
+                }
+                let l = [end.sge(0, w.byte_len as usize)];
+                end.qp.post_send(&[SendWr {
+                    wr_id: 1,
+                    sg_list: &l,
+                    send_flags: flags,
+                    ..Default::default()
+                }])?;
+            }
+        }
+        if n == 0 {
+            std::hint::spin_loop();
+        }
+    }
+    Ok(got)
+}
+
+/// `softrdma perf --server`: waits for one client, serves its test and returns the
+/// server's counters once the client disconnected. `ready` is called with the address
+/// listened on before the first request is awaited.
+pub fn serve(
+    args: &PerfArgs,
+    addr: IpAddr,
+    ready: impl FnOnce(SocketAddr),
+    connected: impl FnOnce(SocketAddr, &Request),
+) -> Result<SideCounters> {
+    let listener = listen(addr, args.port)?;
+    let local = listener
+        .local_addr()
+        .ok_or_else(|| Error::invalid("the listener has no address"))?;
+    ready(local);
+    let (end, req) = accept_one(&listener)?;
+    listener.destroy();
+    let peer = end
+        .id
+        .peer_addr()
+        .unwrap_or_else(|| SocketAddr::new(addr, 0));
+    connected(peer, &req);
+    if req.op == Op::Send {
+        serve_sends(&end, &req, &AtomicBool::new(false))?;
+    }
+    // Wait for the client's disconnect (a SEND test saw its receives flushed already).
+    let ch = end.id.channel();
+    loop {
+        let ev = ch.get_cm_event()?;
+        let kind = ev.event;
+        ev.ack();
+        if matches!(
+            kind,
+            CmEventType::Disconnected | CmEventType::DeviceRemoval | CmEventType::TimewaitExit
+        ) {
+            break;
+        }
+    }
+    // The peer's DREQ moved the QP to ERR already; no rdma_disconnect here (on a
+    // synchronous id whose DISCONNECTED was taken from its channel it would wait ~2 s for
+    // one more event). Dropping the end destroys the id.
+    Ok(end.counters("server"))
+}
+
+/// The live progress line of a long run: on stderr, at most once a second from the first
+/// second on, only when stderr is a terminal (`SOFTRDMA_PROGRESS=1` or `0` forces it on or
+/// off); erased when the size is done, so the table stays clean.
+struct Progress {
+    on: bool,
+    next: Instant,
+    printed: bool,
+}
+
+impl Progress {
+    fn new() -> Progress {
+        let on = match std::env::var("SOFTRDMA_PROGRESS").as_deref() {
+            Ok("1") => true,
+            Ok("0") => false,
+            _ => std::io::stderr().is_terminal(),
+        };
+        Progress {
+            on,
+            next: Instant::now() + Duration::from_secs(1),
+            printed: false,
+        }
+    }
+
+    /// Prints `line()` if a second passed since the last one; cheap otherwise.
+    fn tick(&mut self, line: impl FnOnce() -> String) {
+        if !self.on {
+            return;
+        }
+        let now = Instant::now();
+        if now < self.next {
+            return;
+        }
+        self.next = now + Duration::from_secs(1);
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "\r\x1b[K{}", line());
+        let _ = err.flush();
+        self.printed = true;
+    }
+
+    fn done(&mut self) {
+        if self.printed {
+            eprint!("\r\x1b[K");
+            self.printed = false;
+        }
+    }
+}
+
+/// "done of total" for the progress line (the total is unknown in duration runs).
+fn of(done: u64, total: Option<u64>) -> String {
+    match total {
+        Some(t) => format!(
+            "{done}/{t} ({:.0} %)",
+            done as f64 * 100.0 / t.max(1) as f64
+        ),
+        None => done.to_string(),
+    }
 }
 
 fn check(wc: &WorkCompletion) -> Result<()> {
@@ -186,27 +580,70 @@ fn libc_eio() -> i32 {
     5
 }
 
-/// Runs the measurement for every size.
-/// Returns the points and the counters of the client and server devices.
-pub fn run(
-    args: &PerfArgs,
-    mut progress: impl FnMut(&Point),
-) -> Result<(Vec<Point>, DeviceCounters, DeviceCounters)> {
-    let max = *args.sizes.iter().max().unwrap_or(&8);
-    let depth = args.tx_depth as u32;
-    let (client, server) = connect(args, max.max(64))?;
-    let _ = depth;
-    let mut out = Vec::new();
-    for &size in &args.sizes {
-        let p = if args.lat {
-            latency(args, &client, &server, size)?
-        } else {
-            bandwidth(args, &client, &server, size)?
-        };
-        progress(&p);
-        out.push(p);
+/// Runs the measurement for every size, both sides in this process ([`Mode::Local`]) or
+/// the client against a server process ([`Mode::Client`]).
+pub fn run(args: &PerfArgs, mut on_point: impl FnMut(&Point)) -> Result<Outcome> {
+    let max = args.sizes.iter().copied().max().unwrap_or(8).max(8);
+    let mut measure = |c: &End, t: &Target| -> Result<Vec<Point>> {
+        let mut out = Vec::new();
+        for &size in &args.sizes {
+            let p = if args.lat {
+                latency(args, c, t, size)?
+            } else {
+                bandwidth(args, c, t, size)?
+            };
+            on_point(&p);
+            out.push(p);
+        }
+        Ok(out)
+    };
+    match args.mode {
+        Mode::Client(server) => {
+            let (client, t) = dial(args, SocketAddr::new(server, args.port), max)?;
+            let points = measure(&client, &t)?;
+            let sides = vec![client.counters("client")];
+            client.id.disconnect()?;
+            Ok(Outcome { points, sides })
+        }
+        Mode::Local => {
+            let listener = listen(args.server, 0)?;
+            let port = listener
+                .local_addr()
+                .map(|a| a.port())
+                .ok_or_else(|| Error::invalid("the listener has no port"))?;
+            let stop = AtomicBool::new(false);
+            let out = std::thread::scope(|scope| -> Result<Outcome> {
+                let srv = scope.spawn(|| -> Result<End> {
+                    let (end, req) = accept_one(&listener)?;
+                    if req.op == Op::Send {
+                        serve_sends(&end, &req, &stop)?;
+                    }
+                    Ok(end)
+                });
+                let client = match dial(args, SocketAddr::new(args.server, port), max) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Wake the server thread out of rdma_get_request.
+                        let _ = listener.write_cm_event(CmEventType::User, 0, 0);
+                        let _ = srv.join();
+                        return Err(e);
+                    }
+                };
+                let points = measure(&client.0, &client.1);
+                stop.store(true, Ordering::Relaxed);
+                let server = srv.join().expect("server thread");
+                let points = points?;
+                let server = server?;
+                Ok(Outcome {
+                    points,
+                    sides: vec![client.0.counters("client"), server.counters("server")],
+                })
+            })?;
+            listener.destroy();
+            Ok(out)
+        }
+        Mode::Server(_) => Err(Error::invalid("perf::run is for clients; use perf::serve")),
     }
-    Ok((out, client.ctx.counters(), server.ctx.counters()))
 }
 
 fn iters_for(args: &PerfArgs, size: usize) -> u64 {
@@ -217,189 +654,140 @@ fn iters_for(args: &PerfArgs, size: usize) -> u64 {
     ((1usize << 30) / size.max(1)).clamp(2_000, 200_000) as u64
 }
 
-fn bandwidth(args: &PerfArgs, c: &End, s: &End, size: usize) -> Result<Point> {
+fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point> {
     let op = args.op;
     let size = if op == Op::Atomic { 8 } else { size };
     let iters = iters_for(args, size);
     let depth = args.tx_depth as u64;
     let cq_mod = (depth / 4).max(1);
-    // The receiver of SENDs reposts receives from its own thread, as ib_send_bw's server.
-    let stop = AtomicBool::new(false);
-    if op == Op::Send {
-        s.post_recvs(args.tx_depth, size)?;
+    let inline = size as u32 <= args.inline && matches!(op, Op::Write | Op::Send);
+    let t0 = Instant::now();
+    let deadline = args.duration.map(|d| t0 + d);
+    let mut posted = 0u64;
+    let mut completed = 0u64;
+    let mut wc = [WorkCompletion::default(); 64];
+    let mut limit = iters;
+    let mut progress = Progress::new();
+    let mut rounds = 0u32;
+    while completed < limit {
+        rounds = rounds.wrapping_add(1);
+        if rounds % 1024 == 0 {
+            progress.tick(|| {
+                let secs = t0.elapsed().as_secs_f64();
+                format!(
+                    "{size} B: {} messages, {:.3} GB/s, {:.3} M/s",
+                    of(completed, args.duration.is_none().then_some(iters)),
+                    completed as f64 * size as f64 / secs / 1e9,
+                    completed as f64 / secs / 1e6
+                )
+            });
+        }
+        while posted < limit && posted - completed < depth {
+            let sge = [c.sge(0, size)];
+            let signaled = (posted + 1) % cq_mod == 0 || posted + 1 == limit;
+            let mut flags = if signaled {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::empty()
+            };
+            if inline {
+                flags |= SendFlags::INLINE;
+            }
+            let mut wr = SendWr {
+                wr_id: posted,
+                sg_list: &sge,
+                send_flags: flags,
+                remote_addr: t.addr,
+                rkey: t.rkey,
+                ..Default::default()
+            };
+            wr.opcode = match op {
+                Op::Write => WrOpcode::RdmaWrite,
+                Op::Read => WrOpcode::RdmaRead,
+                Op::Send => WrOpcode::Send,
+                Op::Atomic => {
+                    wr.compare_add = 1;
+                    WrOpcode::AtomicFetchAndAdd
+                }
+            };
+            c.qp.post_send(&[wr])?;
+            posted += 1;
+        }
+        let n = c.cq.poll(&mut wc)?;
+        for w in &wc[..n] {
+            check(w)?;
+            // Each signaled completion stands for every request since the previous one.
+            completed = w.wr_id + 1;
+        }
+        if let Some(d) = deadline {
+            if limit == iters && Instant::now() >= d {
+                limit = posted;
+            }
+        }
     }
-    std::thread::scope(|scope| {
-        let server_thread = if op == Op::Send {
-            let stop = &stop;
-            let sqp = &s.qp;
-            let scq = &s.cq;
-            let sge = s.sge(0, size.max(1));
-            Some(scope.spawn(move || -> Result<u64> {
-                let mut got = 0u64;
-                let mut wc = [WorkCompletion::default(); 64];
-                while got < iters && !stop.load(Ordering::Relaxed) {
-                    let n = scq.poll(&mut wc)?;
-                    for w in &wc[..n] {
-                        check(w)?;
-                        let l = [sge];
-                        sqp.post_recv(&[RecvWr {
-                            wr_id: w.wr_id,
-                            sg_list: &l,
-                        }])?;
-                    }
-                    got += n as u64;
-                    if n == 0 {
-                        std::hint::spin_loop();
-                    }
-                }
-                Ok(got)
-            }))
-        } else {
-            None
-        };
-        let inline = size as u32 <= args.inline && matches!(op, Op::Write | Op::Send);
-        let t0 = Instant::now();
-        let deadline = args.duration.map(|d| t0 + d);
-        let mut posted = 0u64;
-        let mut completed = 0u64;
-        let mut wc = [WorkCompletion::default(); 64];
-        let mut limit = iters;
-        while completed < limit {
-            while posted < limit && posted - completed < depth {
-                let sge = [c.sge(0, size)];
-                let signaled = (posted + 1) % cq_mod == 0 || posted + 1 == limit;
-                let mut flags = if signaled {
-                    SendFlags::SIGNALED
-                } else {
-                    SendFlags::empty()
-                };
-                if inline {
-                    flags |= SendFlags::INLINE;
-                }
-                let mut wr = SendWr {
-                    wr_id: posted,
-                    sg_list: &sge,
-                    send_flags: flags,
-                    remote_addr: s.buf.addr(),
-                    rkey: s.mr.rkey(),
-                    ..Default::default()
-                };
-                wr.opcode = match op {
-                    Op::Write => WrOpcode::RdmaWrite,
-                    Op::Read => WrOpcode::RdmaRead,
-                    Op::Send => WrOpcode::Send,
-                    Op::Atomic => {
-                        wr.compare_add = 1;
-                        WrOpcode::AtomicFetchAndAdd
-                    }
-                };
-                c.qp.post_send(&[wr])?;
-                posted += 1;
-            }
-            let n = c.cq.poll(&mut wc)?;
-            for w in &wc[..n] {
-                check(w)?;
-                // Each signaled completion stands for every request since the previous one.
-                completed = w.wr_id + 1;
-            }
-            if let Some(d) = deadline {
-                if limit == iters && Instant::now() >= d {
-                    limit = posted;
-                }
-            }
-        }
-        let secs = t0.elapsed().as_secs_f64();
-        stop.store(true, Ordering::Relaxed);
-        if let Some(t) = server_thread {
-            t.join().expect("server thread")?;
-        }
-        let n = completed;
-        Ok(Point {
-            size,
-            iters: n,
-            secs,
-            bw_gbps: (n as f64 * size as f64) / secs / 1e9,
-            msg_rate_mps: n as f64 / secs / 1e6,
-            lat_us: Vec::new(),
-        })
+    let secs = t0.elapsed().as_secs_f64();
+    progress.done();
+    let n = completed;
+    Ok(Point {
+        size,
+        iters: n,
+        secs,
+        bw_gbps: (n as f64 * size as f64) / secs / 1e9,
+        msg_rate_mps: n as f64 / secs / 1e6,
+        lat_us: Vec::new(),
     })
 }
 
-fn latency(args: &PerfArgs, c: &End, s: &End, size: usize) -> Result<Point> {
+fn latency(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point> {
     let iters = if args.iters > 0 { args.iters } else { 20_000 };
     let size = size.max(1);
     let inline = size as u32 <= args.inline;
     let mut samples = Vec::with_capacity(iters as usize);
+    let mut progress = Progress::new();
+    let mut tick = |samples: &Vec<f64>| {
+        if samples.len() % 256 == 0 {
+            progress.tick(|| {
+                let last = &samples[samples.len().saturating_sub(256)..];
+                let avg = last.iter().sum::<f64>() / last.len().max(1) as f64;
+                format!(
+                    "{size} B: {} round trips, {avg:.2} us one way (last 256)",
+                    of(samples.len() as u64, Some(iters))
+                )
+            });
+        }
+    };
     match args.op {
         Op::Send => {
-            // ping-pong of SENDs; both sides busy-poll their CQs.
-            c.post_recvs(args.tx_depth.min(64), size)?;
-            s.post_recvs(args.tx_depth.min(64), size)?;
-            let sqp = &s.qp;
-            let scq = &s.cq;
-            let ssge = s.sge(0, size);
-            std::thread::scope(|scope| -> Result<()> {
-                let pong = scope.spawn(move || -> Result<()> {
-                    let mut wc = [WorkCompletion::default(); 16];
-                    let mut done = 0;
-                    while done < iters {
-                        let n = scq.poll(&mut wc)?;
-                        for w in &wc[..n] {
-                            check(w)?;
-                            if w.opcode == WcOpcode::Recv {
-                                let l = [ssge];
-                                sqp.post_recv(&[RecvWr {
-                                    wr_id: 0,
-                                    sg_list: &l,
-                                }])?;
-                                let mut flags = SendFlags::SIGNALED;
-                                if inline {
-                                    flags |= SendFlags::INLINE;
-                                }
-                                sqp.post_send(&[SendWr {
-                                    wr_id: 1,
-                                    sg_list: &l,
-                                    send_flags: flags,
-                                    ..Default::default()
-                                }])?;
-                                done += 1;
-                            }
-                        }
-                    }
-                    Ok(())
-                });
-                let csge = c.sge(0, size);
-                let mut wc = [WorkCompletion::default(); 16];
-                for _ in 0..iters {
-                    let t = Instant::now();
-                    let mut flags = SendFlags::SIGNALED;
-                    if inline {
-                        flags |= SendFlags::INLINE;
-                    }
-                    let l = [csge];
-                    c.qp.post_send(&[SendWr {
-                        wr_id: 1,
-                        sg_list: &l,
-                        send_flags: flags,
-                        ..Default::default()
-                    }])?;
-                    'wait: loop {
-                        let n = c.cq.poll(&mut wc)?;
-                        for w in &wc[..n] {
-                            check(w)?;
-                            if w.opcode == WcOpcode::Recv {
-                                c.qp.post_recv(&[RecvWr {
-                                    wr_id: 0,
-                                    sg_list: &l,
-                                }])?;
-                                break 'wait;
-                            }
-                        }
-                    }
-                    samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+            // Ping-pong of SENDs; both sides busy-poll their CQs. The receives (of the whole
+            // buffer) were posted at connection time; each is reposted once consumed.
+            let csge = c.sge(0, size);
+            let mut wc = [WorkCompletion::default(); 16];
+            for _ in 0..iters {
+                let started = Instant::now();
+                let mut flags = SendFlags::SIGNALED;
+                if inline {
+                    flags |= SendFlags::INLINE;
                 }
-                pong.join().expect("pong thread")
-            })?;
+                let l = [csge];
+                c.qp.post_send(&[SendWr {
+                    wr_id: 1,
+                    sg_list: &l,
+                    send_flags: flags,
+                    ..Default::default()
+                }])?;
+                'wait: loop {
+                    let n = c.cq.poll(&mut wc)?;
+                    for w in &wc[..n] {
+                        check(w)?;
+                        if w.opcode == WcOpcode::Recv {
+                            c.post_recv(w.wr_id)?;
+                            break 'wait;
+                        }
+                    }
+                }
+                samples.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
+                tick(&samples);
+            }
         }
         _ => {
             // Round trips of one operation: WRITE/READ/atomic latency as the requester sees it
@@ -411,8 +799,8 @@ fn latency(args: &PerfArgs, c: &End, s: &End, size: usize) -> Result<Point> {
                     wr_id: i,
                     sg_list: &l,
                     send_flags: SendFlags::SIGNALED,
-                    remote_addr: s.buf.addr(),
-                    rkey: s.mr.rkey(),
+                    remote_addr: t.addr,
+                    rkey: t.rkey,
                     ..Default::default()
                 };
                 wr.opcode = match args.op {
@@ -423,7 +811,7 @@ fn latency(args: &PerfArgs, c: &End, s: &End, size: usize) -> Result<Point> {
                         WrOpcode::AtomicFetchAndAdd
                     }
                 };
-                let t = Instant::now();
+                let started = Instant::now();
                 c.qp.post_send(&[wr])?;
                 loop {
                     let n = c.cq.poll(&mut wc)?;
@@ -432,10 +820,12 @@ fn latency(args: &PerfArgs, c: &End, s: &End, size: usize) -> Result<Point> {
                         break;
                     }
                 }
-                samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+                samples.push(started.elapsed().as_secs_f64() * 1e6 / 2.0);
+                tick(&samples);
             }
         }
     }
+    progress.done();
     samples.sort_by(|a, b| a.total_cmp(b));
     let total: f64 = samples.iter().sum::<f64>() * 2.0 / 1e6;
     Ok(Point {

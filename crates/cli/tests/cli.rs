@@ -46,3 +46,430 @@ fn devices_with_an_unknown_device_fails_with_a_clear_message() {
     assert!(!ok);
     assert!(err.contains("EADDRNOTAVAIL"), "{err}");
 }
+
+/// The value of `"key":` in a one-line JSON object (numbers and strings only).
+fn json_field<'a>(json: &'a str, key: &str) -> &'a str {
+    let pat = format!("\"{key}\":");
+    let start = json
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key} in {json}"))
+        + pat.len();
+    let rest = &json[start..];
+    let end = rest.find([',', '}']).unwrap();
+    rest[..end].trim_matches('"')
+}
+
+/// The QP counters line of one side: (tx packets, rx packets).
+fn qp_packets(out: &str, who: &str) -> (u64, u64) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!(" {who} QP: ")))
+        .unwrap_or_else(|| panic!("no {who} QP line in {out}"));
+    let nums: Vec<u64> = line
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (nums[0], nums[2])
+}
+
+#[test]
+fn perf_write_local_prints_the_table_counters_and_json() {
+    let (ok, out, err) = softrdma(&[
+        "perf",
+        "write",
+        "-n",
+        "300",
+        "--client-addr",
+        "127.0.0.132",
+        "--server-addr",
+        "127.0.0.133",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("RDMA_Write BW Test"), "{out}");
+    assert!(out.contains(" 65536      300 "), "{out}");
+    assert!(out.contains(" client device 127.0.0.132: tx "), "{out}");
+    assert!(out.contains(" server device 127.0.0.133: tx "), "{out}");
+    // 300 WRITEs of 64 KiB are 16 packets each at MTU 4096; the server got them all.
+    let (ctx, _) = qp_packets(&out, "client");
+    let (_, srx) = qp_packets(&out, "server");
+    assert!(ctx >= 300 * 16 && srx >= 300 * 16, "{out}");
+    let json = out.lines().last().unwrap();
+    assert_eq!(json_field(json, "mode"), "local");
+    assert_eq!(json_field(json, "op"), "write");
+    assert_eq!(json_field(json, "iters"), "300");
+    assert!(json_field(json, "bw_gbps").parse::<f64>().unwrap() > 0.0);
+    assert!(json_field(json, "msg_rate_mps").parse::<f64>().unwrap() > 0.0);
+}
+
+#[test]
+fn perf_send_latency_local_over_every_size() {
+    let (ok, out, err) = softrdma(&[
+        "perf",
+        "send",
+        "--lat",
+        "--all",
+        "-n",
+        "20",
+        "--client-addr",
+        "127.0.0.134",
+        "--server-addr",
+        "127.0.0.135",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("Send Latency Test"), "{out}");
+    // One row per size, 8 B .. 64 KiB.
+    for p in 3..=16 {
+        let row = format!(" {:<7} 20 ", 1usize << p);
+        assert!(out.contains(&row), "no row {row:?} in {out}");
+    }
+    let json = out.lines().last().unwrap();
+    assert_eq!(json_field(json, "size"), "65536");
+    assert!(json_field(json, "lat_us_p50").parse::<f64>().unwrap() > 0.0);
+    assert!(json_field(json, "lat_us_p99").parse::<f64>().unwrap() > 0.0);
+}
+
+/// A `softrdma perf --server` or `softrdma ping --server` process, started and waited for
+/// until it listens.
+struct Server {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+    first: String,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let s = Server::start_until(args, "waiting for a client on ");
+        assert!(
+            s.first.starts_with("waiting for a client on "),
+            "{}",
+            s.first
+        );
+        s
+    }
+
+    /// Starts it and reads its stdout up to the first line containing `marker`.
+    fn start_until(args: &[&str], marker: &str) -> Server {
+        use std::io::BufRead;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the server");
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        while !first.contains(marker) {
+            let mut line = String::new();
+            if out.read_line(&mut line).unwrap() == 0 {
+                let _ = child.kill();
+                panic!("the server ended before printing {marker:?}: {first}");
+            }
+            first.push_str(&line);
+        }
+        Server { child, out, first }
+    }
+
+    /// Waits for the server to exit: (success, stdout, stderr).
+    fn finish(mut self) -> (bool, String, String) {
+        use std::io::Read;
+        let mut out = self.first;
+        self.out.read_to_string(&mut out).unwrap();
+        let mut err = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        (self.child.wait().unwrap().success(), out, err)
+    }
+}
+
+#[test]
+fn perf_two_processes_write_bandwidth() {
+    let server = Server::start(&[
+        "perf",
+        "write",
+        "--server",
+        "127.0.0.136",
+        "--port",
+        "18611",
+    ]);
+    assert!(
+        server.first.contains("127.0.0.136:18611"),
+        "{}",
+        server.first
+    );
+    let (ok, out, err) = softrdma(&[
+        "perf",
+        "write",
+        "-n",
+        "200",
+        "--connect",
+        "127.0.0.136",
+        "--port",
+        "18611",
+        "--client-addr",
+        "127.0.0.137",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let (sok, sout, serr) = server.finish();
+    assert!(sok, "server: {serr}");
+    assert!(out.contains("RDMA_Write BW Test"), "{out}");
+    assert!(
+        out.contains("127.0.0.137 -> 127.0.0.136 port 18611"),
+        "{out}"
+    );
+    assert!(out.contains(" client device 127.0.0.137: "), "{out}");
+    assert!(!out.contains(" server device"), "{out}");
+    let json = out.lines().last().unwrap();
+    assert_eq!(json_field(json, "mode"), "client");
+    assert_eq!(json_field(json, "iters"), "200");
+    assert!(json_field(json, "bw_gbps").parse::<f64>().unwrap() > 0.0);
+    // The server learnt the test from the request and saw every packet of it.
+    assert!(
+        sout.contains("client 127.0.0.137:")
+            && sout.contains("write bandwidth, messages up to 65536 B"),
+        "{sout}"
+    );
+    let (ctx, _) = qp_packets(&out, "client");
+    let (_, srx) = qp_packets(&sout, "server");
+    assert!(ctx >= 200 * 16, "{out}");
+    assert!(srx >= 200 * 16, "{sout}");
+}
+
+#[test]
+fn perf_two_processes_send_bandwidth_and_latency_over_every_size() {
+    for (lat, port, client) in [
+        (false, "18612", "127.0.0.139"),
+        (true, "18613", "127.0.0.140"),
+    ] {
+        let server = Server::start(&["perf", "send", "--server", "127.0.0.138", "-p", port]);
+        let mut args = vec![
+            "perf",
+            "send",
+            "--all",
+            "-n",
+            "20",
+            "-c",
+            "127.0.0.138",
+            "-p",
+            port,
+            "--client-addr",
+            client,
+        ];
+        if lat {
+            args.push("--lat");
+        }
+        let (ok, out, err) = softrdma(&args);
+        assert!(ok, "{err}");
+        let (sok, sout, serr) = server.finish();
+        assert!(sok, "server: {serr}");
+        let top = if lat { 65536 } else { 1 << 20 };
+        assert!(sout.contains(&format!("messages up to {top} B")), "{sout}");
+        assert!(
+            out.lines().any(|l| l.starts_with(&format!(" {top} "))),
+            "{out}"
+        );
+        // Every message arrived (bandwidth) or came back (latency): at least one packet per
+        // message each way for latency, and as many packets as the client sent for both.
+        let (ctx, crx) = qp_packets(&out, "client");
+        let (stx, srx) = qp_packets(&sout, "server");
+        assert!(srx >= 14 * 20 && srx <= ctx, "{out}\n{sout}");
+        if lat {
+            assert!(crx >= 14 * 20 && crx <= stx, "{out}\n{sout}");
+        }
+    }
+}
+
+#[test]
+fn perf_server_rejects_a_stranger_then_serves_a_client() {
+    use softrdma::rdma_cm::{CmId, ConnParam, PortSpace};
+    let server = Server::start(&["perf", "read", "--server", "127.0.0.141", "-p", "18614"]);
+    // A connection request without perf's private data is rejected...
+    let id = CmId::create(None, 0, PortSpace::Tcp).unwrap();
+    id.resolve_addr(
+        Some("127.0.0.142:0".parse().unwrap()),
+        "127.0.0.141:18614".parse().unwrap(),
+        2000,
+    )
+    .unwrap();
+    id.resolve_route(2000).unwrap();
+    let ctx = id.verbs().unwrap();
+    let pd = std::sync::Arc::new(ctx.alloc_pd().unwrap());
+    let cq = std::sync::Arc::new(ctx.create_cq(4, 0, None, 0).unwrap());
+    let mut cap = softrdma::QpCap {
+        max_send_wr: 1,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    id.create_qp_with_cq(Some(&pd), &cq, &mut cap).unwrap();
+    let e = id.connect(&ConnParam::default()).unwrap_err();
+    assert_eq!(e.errno(), 111, "{e}"); // ECONNREFUSED
+    id.destroy();
+    // ... and the server goes on to serve a real client.
+    let (ok, out, err) = softrdma(&[
+        "perf",
+        "read",
+        "--lat",
+        "-n",
+        "50",
+        "-c",
+        "127.0.0.141",
+        "-p",
+        "18614",
+        "--client-addr",
+        "127.0.0.143",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("RDMA_Read Latency Test"), "{out}");
+    let (sok, sout, serr) = server.finish();
+    assert!(sok, "server: {serr}");
+    assert!(
+        serr.contains("rejected a connection request from 127.0.0.142"),
+        "{serr}"
+    );
+    assert!(sout.contains("read latency"), "{sout}");
+}
+
+#[test]
+fn ping_two_processes_verifies_and_prints_the_data_and_counters() {
+    // -d: rping's debug lines, to know when the server listens.
+    let server = Server::start_until(
+        &[
+            "ping",
+            "--server",
+            "127.0.0.146",
+            "-p",
+            "7302",
+            "-S",
+            "100",
+            "-d",
+        ],
+        "rdma_listen successful",
+    );
+    let (ok, out, err) = softrdma(&[
+        "ping",
+        "-c",
+        "127.0.0.146",
+        "-I",
+        "127.0.0.147",
+        "-p",
+        "7302",
+        "-C",
+        "5",
+        "-S",
+        "100",
+        "-v",
+        "-V",
+    ]);
+    assert!(ok, "{err}");
+    let (sok, sout, serr) = server.finish();
+    assert!(sok, "server: {serr}");
+    // rping's pattern: "rdma-ping-N: " then letters from 'A' + N, NUL-terminated.
+    let data: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("ping data: "))
+        .collect();
+    assert_eq!(data.len(), 5, "{out}");
+    for (n, line) in data.iter().enumerate() {
+        let head = format!("ping data: rdma-ping-{n}: ");
+        assert!(line.starts_with(&head), "{line}");
+        let first = line.as_bytes()[head.len()];
+        assert_eq!(first, b'A' + n as u8, "{line}");
+        assert_eq!(line.len(), "ping data: ".len() + 99, "{line}");
+    }
+    assert!(out.contains("5 pings of 100 B, data verified"), "{out}");
+    // Counters: five pings are 3 SENDs, a READ and a WRITE each, on both QPs.
+    assert!(out.contains(" client device 127.0.0.147: tx "), "{out}");
+    assert!(sout.contains(" server device 127.0.0.146: tx "), "{sout}");
+    let (ctx, crx) = qp_packets(&out, "client");
+    let (stx, srx) = qp_packets(&sout, "server");
+    assert!(
+        ctx >= 15 && srx >= 15 && stx >= 10 && crx >= 10,
+        "{out}\n{sout}"
+    );
+    if !out.contains("retransmitted 0") || !sout.contains("retransmitted 0") {
+        return;
+    }
+    assert_eq!((ctx, crx), (srx, stx), "{out}\n{sout}");
+}
+
+#[test]
+fn ping_refused_and_bad_sizes_fail_clearly() {
+    // A live device with nobody on the port: the server's CM rejects the request.
+    let server = Server::start_until(
+        &["ping", "--server", "127.0.0.148", "-p", "7303", "-d"],
+        "rdma_listen successful",
+    );
+    let (ok, _, err) = softrdma(&[
+        "ping",
+        "-c",
+        "127.0.0.148",
+        "-p",
+        "7304",
+        "-I",
+        "127.0.0.149",
+        "-C",
+        "1",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("nobody listens"), "{err}");
+    let mut child = server.child;
+    let _ = child.kill();
+    let _ = child.wait();
+    let (ok, _, err) = softrdma(&["ping", "-c", "127.0.0.1", "-S", "10"]);
+    assert!(!ok);
+    assert!(err.contains("size 10 is out of range"), "{err}");
+    let (ok, _, err) = softrdma(&["ping", "-C", "1"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--server") && err.contains("--connect"),
+        "{err}"
+    );
+}
+
+#[test]
+fn perf_progress_line_only_on_a_terminal_or_when_asked() {
+    // A run of 1.5 s: long enough for the progress line (from the first second on).
+    let run = |progress: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_softrdma"));
+        cmd.args([
+            "perf",
+            "write",
+            "-s",
+            "4096",
+            "-D",
+            "1.5",
+            "--client-addr",
+            "127.0.0.144",
+            "--server-addr",
+            "127.0.0.145",
+        ]);
+        match progress {
+            Some(v) => cmd.env("SOFTRDMA_PROGRESS", v),
+            None => cmd.env_remove("SOFTRDMA_PROGRESS"),
+        };
+        let out = cmd.output().unwrap();
+        assert!(out.status.success());
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    // stderr is a pipe here: no progress line unless asked for.
+    let (out, err) = run(None);
+    assert!(!err.contains('\r'), "{err:?}");
+    assert!(!out.contains('\r'), "{out:?}");
+    let (out, err) = run(Some("1"));
+    assert!(err.contains("\r\x1b[K4096 B: "), "{err:?}");
+    assert!(err.contains(" GB/s, "), "{err:?}");
+    // Erased at the end, and never on stdout (the table and the JSON stay clean).
+    assert!(err.ends_with("\r\x1b[K"), "{err:?}");
+    assert!(!out.contains('\r'), "{out:?}");
+}

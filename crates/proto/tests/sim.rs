@@ -455,6 +455,21 @@ fn bad_rkey_remote_access_error_then_flush() {
         assert!(sim.nodes[0].qp.is_error() && sim.nodes[1].qp.is_error());
         assert!(sim.nodes[1].events.contains(&QpEvent::AccessErr));
         assert_eq!(sim.nodes[1].qp.stats().err_naks_sent, 1);
+        // By kind, on both sides: one remote-access NAK, nothing else.
+        let (tx, rx) = (sim.nodes[1].qp.stats(), sim.nodes[0].qp.stats());
+        assert_eq!(
+            (tx.access_naks_sent, tx.inv_req_naks_sent, tx.op_naks_sent),
+            (1, 0, 0)
+        );
+        assert_eq!(
+            (
+                rx.err_naks_received,
+                rx.access_naks_received,
+                rx.inv_req_naks_received,
+                rx.op_naks_received
+            ),
+            (1, 1, 0, 0)
+        );
     }
 }
 

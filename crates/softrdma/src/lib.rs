@@ -102,5 +102,8 @@ pub use qp::{
     MigState, PostError, Qp, QpAttr, QpCap, QpInitAttr, QpInitInfo, RecvWr, SendFlags, SendWr, Sge,
     WrOpcode,
 };
+/// The transport counters of one QP, as [`Qp::counters`] returns them (the sans-IO
+/// transport's `QpStats`: every field only grows).
+pub use softrdma_proto::transport::QpStats as QpCounters;
 pub use softrdma_proto::{Mtu, QpAttrMask, QpState, QpType};
 pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqInitAttr};

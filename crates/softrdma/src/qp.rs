@@ -917,6 +917,36 @@ impl Qp {
         ))
     }
 
+    /// The QP's transport counters: packets and bytes each way, retransmitted packets and
+    /// go-back-N retries, retransmit timeouts, ACKs, NAKs by kind (PSN sequence, RNR, and
+    /// the error NAKs: invalid request, remote access, remote operational), duplicate
+    /// requests, READ/atomic replays, out-of-sequence and malformed packets, Q_Key
+    /// violations and drops for want of a receive request. See [`crate::QpCounters`] for each.
+    ///
+    /// They count from the QP's move to RTR (all zero before) and only grow, through ERR
+    /// too; a move to RESET starts them again from zero. Packets the device drops before
+    /// they reach a QP (bad ICRC, unknown QP, wrong source) are in
+    /// [`crate::Context::counters`] instead.
+    ///
+    /// ```
+    /// # use softrdma::*;
+    /// let ctx = Device::from_addr("127.0.0.1".parse().unwrap()).unwrap().open().unwrap();
+    /// let pd = ctx.alloc_pd().unwrap();
+    /// let cq = ctx.create_cq(4, 0, None, 0).unwrap();
+    /// let qp = pd
+    ///     .create_qp(&mut QpInitAttr::new(QpType::Rc, &cq, QpCap::default()))
+    ///     .unwrap();
+    /// assert_eq!(qp.counters(), QpCounters::default());
+    /// ```
+    pub fn counters(&self) -> crate::QpCounters {
+        self.inner
+            .lock()
+            .transport
+            .as_ref()
+            .map(|t| *t.stats())
+            .unwrap_or_default()
+    }
+
     /// Posts send work requests (`ibv_post_send`), in order, stopping at the first that
     /// cannot be posted. In ERR, requests are accepted and completed at once with
     /// `WR_FLUSH_ERR`.

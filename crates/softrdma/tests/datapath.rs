@@ -36,6 +36,21 @@ fn rc_send_recv_every_size_arrives_byte_exact() {
         b.buf.read(0, &mut got).unwrap();
         assert_eq!(got, data, "size {len}");
     }
+    // Qp::counters: every byte of the payloads is in the byte counts, each message was
+    // acknowledged, and, when loopback lost nothing (no retransmission), what one side sent
+    // is exactly what the other received.
+    let (ca, cb) = (a.qp.counters(), b.qp.counters());
+    let payload: u64 = [0u64, 1, 3, 1023, 1024, 1025, 4096, 65536, 300_000]
+        .iter()
+        .sum();
+    assert!(ca.tx_bytes > payload && cb.rx_bytes > payload, "{ca:?}");
+    assert!(cb.acks_sent >= 9 && ca.acks_received >= 9, "{ca:?} {cb:?}");
+    assert!(ca.rx_packets >= ca.acks_received, "{ca:?}");
+    if ca.retransmitted_packets == 0 {
+        assert_eq!((ca.tx_packets, ca.tx_bytes), (cb.rx_packets, cb.rx_bytes));
+        assert_eq!((cb.tx_packets, cb.tx_bytes), (ca.rx_packets, ca.rx_bytes));
+        assert_eq!((ca.retries, cb.duplicates), (0, 0));
+    }
 }
 
 #[test]
@@ -211,6 +226,18 @@ fn rc_bad_rkey_out_of_bounds_and_wrong_access_are_rem_access_err_then_flush() {
             "case {case}"
         );
         assert_eq!(a.qp.state(), QpState::Err);
+        // Counted by kind on both sides (Qp::counters).
+        let (ca, cb) = (a.qp.counters(), b.qp.counters());
+        assert_eq!(
+            (ca.err_naks_received, ca.access_naks_received),
+            (1, 1),
+            "case {case}"
+        );
+        assert_eq!(
+            (cb.err_naks_sent, cb.access_naks_sent, cb.inv_req_naks_sent),
+            (1, 1, 0),
+            "case {case}"
+        );
     }
 }
 
@@ -221,10 +248,15 @@ fn rc_no_receive_posted_is_rnr_retry_exc_err() {
         min_rnr_timer: 1,
         ..Opts::default()
     };
-    let (a, _b) = pair(QpType::Rc, 4096, &o);
+    let (a, b) = pair(QpType::Rc, 4096, &o);
     send(&a, 1, WrOpcode::Send, &[a.sge(0, 10)], |_| {});
     let c = a.wait(1);
     assert_eq!(c[0].status, WcStatus::RnrRetryExcErr);
+    // The first try and two retries, each answered with an RNR NAK.
+    let (ca, cb) = (a.qp.counters(), b.qp.counters());
+    assert_eq!(ca.rnr_naks_received, 3);
+    assert_eq!(cb.rnr_naks_sent, 3);
+    assert!(ca.retransmitted_packets >= 2, "{ca:?}");
 }
 
 #[test]
@@ -262,6 +294,13 @@ fn rc_receive_too_small_is_loc_len_err_and_rem_inv_req_err() {
     send(&a, 1, WrOpcode::Send, &[a.sge(0, 100)], |_| {});
     assert_eq!(a.wait(1)[0].status, WcStatus::RemInvReqErr);
     assert_eq!(b.wait(1)[0].status, WcStatus::LocLenErr);
+    assert_eq!(
+        (
+            a.qp.counters().inv_req_naks_received,
+            b.qp.counters().inv_req_naks_sent
+        ),
+        (1, 1)
+    );
 }
 
 #[test]

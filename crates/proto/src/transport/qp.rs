@@ -7,6 +7,7 @@ use super::responder::Responder;
 use super::*;
 use crate::psn::Psn;
 use crate::qp::QpType;
+use softrdma_wire::aeth::NakCode;
 use softrdma_wire::opcode::{Class, Opcode, Transport as WireTransport};
 use softrdma_wire::{bth, roce};
 use std::collections::VecDeque;
@@ -45,6 +46,18 @@ pub struct QpStats {
     pub err_naks_sent: u64,
     /// Invalid-request / remote-access / remote-operational NAKs received.
     pub err_naks_received: u64,
+    /// Of `err_naks_sent`: invalid-request NAKs (`0x61`: opcode or length not allowed).
+    pub inv_req_naks_sent: u64,
+    /// Of `err_naks_received`: invalid-request NAKs.
+    pub inv_req_naks_received: u64,
+    /// Of `err_naks_sent`: remote-access NAKs (`0x62`: bad rkey, bounds or access rights).
+    pub access_naks_sent: u64,
+    /// Of `err_naks_received`: remote-access NAKs.
+    pub access_naks_received: u64,
+    /// Of `err_naks_sent`: remote-operational NAKs (`0x63`).
+    pub op_naks_sent: u64,
+    /// Of `err_naks_received`: remote-operational NAKs.
+    pub op_naks_received: u64,
     /// Duplicate requests seen by the responder (PSN below the expected PSN).
     pub duplicates: u64,
     /// READ requests answered again from the responder resources.
@@ -63,6 +76,35 @@ pub struct QpStats {
     pub no_recv_drops: u64,
     /// UD sends longer than the MTU, completed without emitting anything (as rxe does).
     pub ud_oversize: u64,
+}
+
+impl QpStats {
+    /// Counts an error NAK (not a PSN-sequence or RNR NAK) sent or received, in the total
+    /// and by kind.
+    pub(super) fn note_err_nak(&mut self, code: NakCode, sent: bool) {
+        let (total, inv, access, op) = if sent {
+            (
+                &mut self.err_naks_sent,
+                &mut self.inv_req_naks_sent,
+                &mut self.access_naks_sent,
+                &mut self.op_naks_sent,
+            )
+        } else {
+            (
+                &mut self.err_naks_received,
+                &mut self.inv_req_naks_received,
+                &mut self.access_naks_received,
+                &mut self.op_naks_received,
+            )
+        };
+        *total += 1;
+        match code {
+            NakCode::InvalidRequest => *inv += 1,
+            NakCode::RemoteAccessError => *access += 1,
+            NakCode::RemoteOperationalError => *op += 1,
+            NakCode::PsnSequenceError | NakCode::InvalidRdRequest => {}
+        }
+    }
 }
 
 /// One queue pair's transport: see the [module documentation](super).

@@ -670,7 +670,7 @@ impl Qp {
                     }
                 }
                 Syndrome::Nak(code) => {
-                    self.stats.err_naks_received += 1;
+                    self.stats.note_err_nak(code, false);
                     if psn.is_before(self.sq.comp_psn) {
                         return;
                     }

@@ -184,7 +184,7 @@ impl Qp {
     /// RC class C error: NAK `code` for `psn`, ERR with `event`.
     fn rc_fail(&mut self, psn: Psn, code: NakCode, event: QpEvent) {
         self.rsp.push_nak(psn, Syndrome::Nak(code));
-        self.stats.err_naks_sent += 1;
+        self.stats.note_err_nak(code, true);
         self.enter_error(Some(event));
     }
 
@@ -839,7 +839,7 @@ impl Qp {
                             syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
                             msn,
                         });
-                        self.stats.err_naks_sent += 1;
+                        self.stats.note_err_nak(NakCode::RemoteAccessError, true);
                         self.enter_error(Some(QpEvent::AccessErr));
                         continue;
                     }

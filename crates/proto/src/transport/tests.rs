@@ -566,6 +566,10 @@ fn responder_opcode_sequence_and_length_errors() {
     );
     assert!(qp.is_error());
     assert!(std::iter::from_fn(|| qp.poll_event()).any(|e| e == QpEvent::ReqErr));
+    assert_eq!(
+        (qp.stats().err_naks_sent, qp.stats().inv_req_naks_sent),
+        (1, 1)
+    );
     // FIRST shorter than the MTU → invalid request.
     let mut qp = Qp::new(cfg());
     let first = pkt(

@@ -1,31 +1,9 @@
-//! rping: the RDMA ping-pong of rdma-core's librdmacm examples, over softrdma.
+//! rping's engine (see `main.rs` for what rping does): the connection-manager and CQ
+//! threads, the connection's verbs resources, and the server and client sessions.
 //!
-//! Same flags, same wire protocol, same output as `rping(1)`, so that it can talk to a Linux
-//! `rping` over RoCEv2:
-//!
-//! * the client connects (responder resources 1, initiator depth 1, retry 7, RNR retry 7,
-//!   no private data) and, for every ping, fills its source buffer with the ping pattern
-//!   (`rdma-ping-N: ` and then the letters `A`..`z` rotating, NUL-terminated) and SENDs a
-//!   16-byte `rping_rdma_info` (buffer address, rkey, size; big-endian);
-//! * the server RDMA READs the source buffer, SENDs a go-ahead, receives the client's sink
-//!   buffer advertisement, RDMA WRITEs the data back into it, and SENDs another go-ahead;
-//! * after `-C` pings the client disconnects; `-V` compares source and sink, `-v` prints
-//!   `ping data: ...` (client) / `server ping data: ...` (server).
-//!
-//! The connection manager is used through asynchronous ids: one event channel, read by a
-//! connection-manager thread, and one completion channel per connection, read by a CQ
-//! thread, as rping does.
-//!
-//! With `-q` the QP is the application's own, as in rping: created with `ibv_create_qp` and
-//! moved to INIT by hand, then through INIT, RTR and RTS with the attributes of
-//! `rdma_init_qp_attr` — by the server before `rdma_accept` (which carries the QP number),
-//! by the client on CONNECT_RESPONSE (its `rdma_connect` carried the QP number), followed by
-//! `rdma_establish`; before `rdma_disconnect` the QP is moved to ERR.
-//!
-//! ```text
-//! rping -s [-vVdq] [-S size] [-C count] [-a addr] [-p port] [-P]
-//! rping -c [-vVdq] [-S size] [-C count] [-I addr] -a addr [-p port]
-//! ```
+//! `softrdma ping` (crates/cli) runs this same file as its engine (`#[path]` module), so it
+//! depends on `softrdma` and `libc` only and is driven through [`Opts`], [`run_server`] and
+//! [`run_client`].
 
 use softrdma::rdma_cm::{self, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use softrdma::{
@@ -42,17 +20,17 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// `RPING_BUFSIZE`: sizes must stay below it.
-const RPING_BUFSIZE: usize = 64 * 1024;
+pub const RPING_BUFSIZE: usize = 64 * 1024;
 /// `RPING_MIN_BUFSIZE`: room for "rdma-ping-2147483647: " and its NUL, as rping computes it
 /// (`sizeof "2147483647"` + `sizeof "rdma-ping-%d: "`).
-const RPING_MIN_BUFSIZE: usize = 11 + 15;
+pub const RPING_MIN_BUFSIZE: usize = 11 + 15;
 /// `RPING_SQ_DEPTH`.
 const RPING_SQ_DEPTH: u32 = 16;
 /// `sizeof(struct rping_rdma_info)`.
 const INFO_LEN: usize = 16;
-const DEFAULT_PORT: u16 = 7174;
+pub const DEFAULT_PORT: u16 = 7174;
 
-static DEBUG: AtomicBool = AtomicBool::new(false);
+pub static DEBUG: AtomicBool = AtomicBool::new(false);
 
 macro_rules! debug_log {
     ($($t:tt)*) => {
@@ -62,143 +40,32 @@ macro_rules! debug_log {
     };
 }
 
-/// The command line.
-#[derive(Debug, Clone)]
-struct Opts {
-    server: bool,
-    addr: Option<IpAddr>,
-    src: Option<IpAddr>,
-    port: u16,
+/// What to run: rping's command line.
+#[derive(Debug, Clone, Default)]
+pub struct Opts {
+    pub server: bool,
+    pub addr: Option<IpAddr>,
+    pub src: Option<IpAddr>,
+    pub port: u16,
     /// 0: ping until the peer goes away.
-    count: u32,
-    size: usize,
-    verbose: bool,
-    validate: bool,
-    persistent: bool,
-    self_create_qp: bool,
+    pub count: u32,
+    pub size: usize,
+    pub verbose: bool,
+    pub validate: bool,
+    pub persistent: bool,
+    pub self_create_qp: bool,
+    /// When set, each connection's QP counters are added here as it ends.
+    pub qp_counters: Option<Arc<Mutex<Vec<softrdma::QpCounters>>>>,
 }
 
-fn usage() {
-    println!("rping -s [-vVd] [-S size] [-C count] [-a addr] [-p port]");
-    println!("rping -c [-vVd] [-S size] [-C count] [-I addr] -a addr [-p port]");
-    println!("\t-c\t\tclient side");
-    println!("\t-I\t\tSource address to bind to for client.");
-    println!("\t-s\t\tserver side.  To bind to any address with IPv6 use -a ::0");
-    println!("\t-v\t\tdisplay ping data to stdout");
-    println!("\t-V\t\tvalidate ping data");
-    println!("\t-d\t\tdebug printfs");
-    println!("\t-S size \tping data size");
-    println!("\t-C count\tping count times");
-    println!("\t-a addr\t\taddress");
-    println!("\t-p port\t\tport");
-    println!("\t-P\t\tpersistent server mode allowing multiple connections");
-    println!("\t-q\t\tuse self-created, self-modified QP");
-}
-
-/// Resolves a host name or address as rping's `get_addr` does (with rdma_getaddrinfo).
-fn get_addr(s: &str) -> Result<IpAddr, String> {
-    match rdma_cm::getaddrinfo(Some(s), None, None) {
-        Ok(v) => v
-            .first()
-            .and_then(|a| a.ai_dst_addr)
-            .map(|a| a.ip())
-            .ok_or_else(|| format!("getaddrinfo gave no address for {s}")),
-        Err(e) => Err(format!(
-            "getaddrinfo failed ({e}) - invalid hostname or IP address"
-        )),
-    }
-}
-
-/// Parses the flags as getopt("a:I:Pp:C:S:scvVdq") does: bundled flags (`-vV`), values
-/// attached (`-C20`) or separate (`-C 20`). Usage errors return the message to print.
-fn parse_args(args: &[String]) -> Result<Opts, String> {
-    let mut server: Option<bool> = None;
-    let mut o = Opts {
-        server: false,
-        addr: None,
-        src: None,
-        port: DEFAULT_PORT,
-        count: 0,
-        size: 64,
-        verbose: false,
-        validate: false,
-        persistent: false,
-        self_create_qp: false,
-    };
-    let mut i = 0;
-    while i < args.len() {
-        let arg = &args[i];
-        i += 1;
-        let Some(flags) = arg.strip_prefix('-').filter(|f| !f.is_empty()) else {
-            return Err(format!("unexpected argument {arg:?}"));
-        };
-        for (pos, c) in flags.char_indices() {
-            let takes_value = matches!(c, 'a' | 'I' | 'p' | 'C' | 'S');
-            let value = if takes_value {
-                let rest = &flags[pos + c.len_utf8()..];
-                let v = if !rest.is_empty() {
-                    rest.to_string()
-                } else if i < args.len() {
-                    i += 1;
-                    args[i - 1].clone()
-                } else {
-                    return Err(format!("option -{c} needs a value"));
-                };
-                Some(v)
-            } else {
-                None
-            };
-            match (c, value) {
-                ('a', Some(v)) => o.addr = Some(get_addr(&v)?),
-                ('I', Some(v)) => o.src = Some(get_addr(&v)?),
-                ('p', Some(v)) => {
-                    o.port = v.parse().map_err(|_| format!("invalid port {v:?}"))?;
-                    debug_log!("port {}", o.port);
-                }
-                ('C', Some(v)) => {
-                    let n: i64 = v.parse().map_err(|_| format!("Invalid count {v:?}"))?;
-                    if !(0..=i64::from(i32::MAX)).contains(&n) {
-                        return Err(format!("Invalid count {n}"));
-                    }
-                    o.count = n as u32;
-                    debug_log!("count {}", o.count);
-                }
-                ('S', Some(v)) => {
-                    let n: i64 = v.parse().unwrap_or(0);
-                    if n < RPING_MIN_BUFSIZE as i64 || n > (RPING_BUFSIZE - 1) as i64 {
-                        return Err(format!(
-                            "Invalid size {v} (valid range is {RPING_MIN_BUFSIZE} to {})",
-                            RPING_BUFSIZE - 1
-                        ));
-                    }
-                    o.size = n as usize;
-                    debug_log!("size {}", o.size);
-                }
-                ('P', None) => o.persistent = true,
-                ('s', None) => {
-                    server = Some(true);
-                    debug_log!("server");
-                }
-                ('c', None) => {
-                    server = Some(false);
-                    debug_log!("client");
-                }
-                ('v', None) => o.verbose = true,
-                ('V', None) => o.validate = true,
-                ('d', None) => DEBUG.store(true, Ordering::Relaxed),
-                ('q', None) => o.self_create_qp = true,
-                _ => return Err(format!("unknown option -{c}")),
-            }
-            if takes_value {
-                break;
-            }
+impl Opts {
+    fn record_counters(&self, qp: &Qp) {
+        if let Some(v) = &self.qp_counters {
+            v.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(qp.counters());
         }
     }
-    o.server = server.ok_or("one of -s (server) or -c (client) is required")?;
-    if !o.server && o.addr.is_none() {
-        return Err("the client needs the server's address (-a addr)".into());
-    }
-    Ok(o)
 }
 
 /// `struct rping_rdma_info`: a buffer the peer may access (big-endian on the wire).
@@ -944,6 +811,7 @@ fn serve(child: CmId, o: &Opts, rx: Receiver<Ev>, tx: Sender<Ev>) -> Result<(), 
     if let Err(e) = c.disconnect() {
         debug_log!("{e}");
     }
+    o.record_counters(&c.qp);
     c.teardown();
     child.destroy();
     debug_log!("connection from {peer:?} done");
@@ -1021,7 +889,7 @@ impl CmRuntime {
     }
 }
 
-fn run_server(o: &Opts) -> Result<(), String> {
+pub fn run_server(o: &Opts) -> Result<(), String> {
     let rt = CmRuntime::start(true)?;
     let listen = CmId::create(Some(&rt.ch), 0, PortSpace::Tcp)
         .map_err(|e| format!("rdma_create_id: {e}"))?;
@@ -1151,7 +1019,7 @@ fn client_param() -> ConnParam {
     }
 }
 
-fn run_client(o: &Opts) -> Result<(), String> {
+pub fn run_client(o: &Opts) -> Result<(), String> {
     let rt = CmRuntime::start(false)?;
     let id = CmId::create(Some(&rt.ch), 0, PortSpace::Tcp)
         .map_err(|e| format!("rdma_create_id: {e}"))?;
@@ -1239,27 +1107,7 @@ fn client_session(o: &Opts, rt: &CmRuntime, id: &CmId, dst: SocketAddr) -> Resul
         }
     };
     CmRuntime::unroute(&rt.routes, Some(dst));
+    o.record_counters(&c.qp);
     c.teardown();
     r
-}
-
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let o = match parse_args(&args) {
-        Ok(o) => o,
-        Err(e) => {
-            eprintln!("rping: {e}");
-            usage();
-            std::process::exit(libc::EINVAL);
-        }
-    };
-    let r = if o.server {
-        run_server(&o)
-    } else {
-        run_client(&o)
-    };
-    if let Err(e) = r {
-        eprintln!("rping: {e}");
-        std::process::exit(1);
-    }
 }
