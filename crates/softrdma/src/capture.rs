@@ -97,6 +97,12 @@ fn mac_for(ip: IpAddr) -> [u8; 6] {
 
 /// Writes one RoCEv2 datagram (`payload` is the UDP payload) as an Ethernet frame.
 pub(crate) fn record(src: SocketAddr, dst: SocketAddr, payload: &[u8]) {
+    record_ident(src, dst, payload, 0);
+}
+
+/// [`record`] with the IPv4 identification `ident` in the frame's header (the one the
+/// packet's ICRC was computed with; ignored for IPv6).
+pub(crate) fn record_ident(src: SocketAddr, dst: SocketAddr, payload: &[u8], ident: u16) {
     let mut g = slot().lock().unwrap_or_else(|p| p.into_inner());
     let Some(c) = g.as_mut() else { return };
     let ip_len = if src.is_ipv4() {
@@ -130,7 +136,7 @@ pub(crate) fn record(src: SocketAddr, dst: SocketAddr, payload: &[u8]) {
             payload_len: udp_payload,
             ttl: 64,
             tos: 0,
-            ident: 0,
+            ident,
             dont_frag: true,
         }
         .emit(&mut Ipv4Packet::new_unchecked(ip))

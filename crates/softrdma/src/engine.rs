@@ -17,7 +17,13 @@
 //! Every packet received is verified against the headers it must have had: for IPv6 that is
 //! exact; for IPv4 the Identification field cannot be read from a UDP socket, so the check
 //! assumes 0 — which is what every softrdma peer, and any sender using the same socket
-//! recipe, sends. Packets that fail are counted (`icrc_errors`) and dropped.
+//! recipe, sends, and then the full 32-bit check applies. Other stacks (the Linux kernel's
+//! rxe, for one) give their packets varying identifications; for an IPv4 packet that fails
+//! the check with identification 0, the receiver solves for the identification that makes
+//! the ICRC match ([`softrdma_wire::icrc::ident`]) and accepts the packet if there is one,
+//! counting it in `icrc_ident_solved`. Such packets get a 16-bit check: a corrupted packet
+//! passes it with probability about 2^-16, from any sender (the wire crate documents the
+//! details). Packets that fail both are counted (`icrc_errors`) and dropped.
 
 use crate::cq::WorkCompletion;
 use crate::error::Result;
@@ -32,7 +38,7 @@ use crate::srq::SrqInner;
 use softrdma_proto::transport::{
     AccessError, AtomicOp, Completion, Env, QpEvent, RecvRequest, RxMeta, Sge,
 };
-use softrdma_wire::icrc::IcrcPrefix;
+use softrdma_wire::icrc::{IcrcPrefix, IdentSolver};
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -55,6 +61,7 @@ pub(crate) struct Counters {
     pub(crate) rx_packets: AtomicU64,
     pub(crate) rx_bytes: AtomicU64,
     pub(crate) icrc_errors: AtomicU64,
+    pub(crate) icrc_ident_solved: AtomicU64,
     pub(crate) malformed: AtomicU64,
     pub(crate) unknown_qp: AtomicU64,
     pub(crate) wrong_source: AtomicU64,
@@ -80,6 +87,11 @@ pub struct DeviceCounters {
     pub rx_bytes: u64,
     /// Packets dropped for a bad ICRC.
     pub icrc_errors: u64,
+    /// IPv4 packets (counted in `rx_packets` too) whose ICRC matched not with
+    /// identification 0, as softrdma peers send, but with the identification solved from it:
+    /// packets from another stack, such as Linux rxe. They got a 16-bit check instead of a
+    /// 32-bit one (see the engine's ICRC notes).
+    pub icrc_ident_solved: u64,
     /// Packets dropped as malformed (too short, bad headers, unknown opcode).
     pub malformed: u64,
     /// Packets for a QP that does not exist or is not ready.
@@ -109,6 +121,7 @@ impl Counters {
             rx_packets: g(&self.rx_packets),
             rx_bytes: g(&self.rx_bytes),
             icrc_errors: g(&self.icrc_errors),
+            icrc_ident_solved: g(&self.icrc_ident_solved),
             malformed: g(&self.malformed),
             unknown_qp: g(&self.unknown_qp),
             wrong_source: g(&self.wrong_source),
@@ -908,6 +921,7 @@ fn check_packet(
     pkt: &[u8],
     src: SocketAddr,
     prefixes: &mut HashMap<SocketAddr, IcrcPrefix>,
+    solver: &mut IdentSolver,
 ) -> Option<u32> {
     let c = &engine.counters;
     let Ok(view) = softrdma_wire::roce::Packet::new_checked(pkt) else {
@@ -917,19 +931,43 @@ fn check_packet(
     let prefix = prefixes
         .entry(src)
         .or_insert_with(|| rx_flow(src, engine.local.ip()));
-    match prefix.compute(view.icrc_covered()) {
-        Ok(crc) if crc == view.icrc() => {}
-        _ => {
-            c.icrc_errors.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-    }
+    let ident = verify_icrc(c, prefix, solver, &view)?;
     c.rx_packets.fetch_add(1, Ordering::Relaxed);
     c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
     if crate::capture::active() && !crate::device::is_local_engine(src) {
-        crate::capture::record(src, engine.local, pkt);
+        crate::capture::record_ident(src, engine.local, pkt, ident);
     }
     Some(view.bth().dest_qp())
+}
+
+/// Verifies the ICRC of a received packet against its flow's prefix: first as sent with
+/// IPv4 identification 0 (softrdma peers; the full 32-bit check, and all the work done when
+/// it passes), then, for IPv4, with the identification solved from the ICRC (other stacks).
+/// Returns the identification that matched; counts and returns `None` when none does.
+pub(crate) fn verify_icrc(
+    c: &Counters,
+    prefix: &IcrcPrefix,
+    solver: &mut IdentSolver,
+    view: &softrdma_wire::roce::Packet<&[u8]>,
+) -> Option<u16> {
+    let covered = view.icrc_covered();
+    match prefix.compute(covered) {
+        Ok(crc) if crc == view.icrc() => Some(0),
+        Ok(crc) => match prefix.solve_ident(solver, covered.len(), crc, view.icrc()) {
+            Some(ident) => {
+                c.icrc_ident_solved.fetch_add(1, Ordering::Relaxed);
+                Some(ident)
+            }
+            None => {
+                c.icrc_errors.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        },
+        Err(_) => {
+            c.icrc_errors.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
 }
 
 /// Hands a run of good packets, all for QP `qpn` and from `src`, to that QP's transport
@@ -1034,6 +1072,8 @@ pub(crate) struct RxState {
     bufs: Vec<Vec<u8>>,
     meta: Vec<RxMsg>,
     prefixes: HashMap<SocketAddr, IcrcPrefix>,
+    /// Solves for the IPv4 identification of packets from other stacks.
+    ident: IdentSolver,
     /// The multicast side: group snapshot, ICRC flows, and the copy a member receives.
     mcast: mcast::RxMcast,
 }
@@ -1044,6 +1084,7 @@ impl RxState {
             bufs: (0..BATCH).map(|_| vec![0u8; 65536]).collect(),
             meta: vec![RxMsg::default(); BATCH],
             prefixes: HashMap::new(),
+            ident: IdentSolver::new(),
             mcast: mcast::RxMcast::default(),
         }
     }
@@ -1058,6 +1099,7 @@ impl Engine {
             bufs,
             meta,
             prefixes,
+            ident,
             ..
         } = rx;
         for _ in 0..rounds {
@@ -1085,7 +1127,7 @@ impl Engine {
                 let mut run: Vec<&[u8]> = Vec::new();
                 let mut run_qpn = None;
                 for pkt in bufs[i][..len].chunks(seg) {
-                    let Some(qpn) = check_packet(self, pkt, src, prefixes) else {
+                    let Some(qpn) = check_packet(self, pkt, src, prefixes, ident) else {
                         continue;
                     };
                     if qpn == softrdma_wire::mad::GSI_QPN {

@@ -20,6 +20,15 @@ const UDP_NO_CHECK6_RX: libc::c_int = 102;
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
 
+/// Whether datagrams to `dst` may be sent as a UDP GSO super-datagram without their IPv4
+/// identifications differing from 0 on the wire (see [`UdpSock::send_batch`]).
+fn gso_keeps_ident(dst: SocketAddr) -> bool {
+    match dst.ip() {
+        IpAddr::V4(a) => a.is_loopback(),
+        IpAddr::V6(a) => a.to_ipv4_mapped().is_none_or(|m| m.is_loopback()),
+    }
+}
+
 /// `setsockopt` with an option value of any plain type.
 fn setopt_val<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, val: &T) -> Result<()> {
     // SAFETY: passes a pointer to a live `T` and its exact size.
@@ -329,7 +338,14 @@ impl UdpSock {
     /// consecutive packets of the same length to the same destination (the last of a run may
     /// be shorter) go out as one UDP GSO "super-datagram" that the kernel cuts into datagrams
     /// (or, on loopback, hands whole to a GRO receiver), and up to 64 such messages go into
-    /// one `sendmmsg`. Datagrams the kernel refuses (`EMSGSIZE`, unreachable) are dropped and
+    /// one `sendmmsg`.
+    ///
+    /// UDP GSO is used only where it cannot change the IPv4 identification the ICRC was
+    /// computed with (0): toward loopback addresses and over IPv6 (which has none). When the
+    /// kernel cuts a super-datagram into IPv4 datagrams it numbers them 0, 1, 2, … (even with
+    /// DF), so every datagram but the first would carry an identification its ICRC was not
+    /// computed with; a peer that verifies against the header it receives (Linux rxe, a
+    /// RoCE NIC) drops them. Toward other IPv4 addresses each packet is its own datagram. Datagrams the kernel refuses (`EMSGSIZE`, unreachable) are dropped and
     /// counted in the second field of the result, as a NIC drops what it cannot send.
     pub(crate) fn send_batch(&self, pkts: &[(&[u8], SocketAddr)]) -> (usize, usize) {
         const MAX: usize = 64;
@@ -344,7 +360,7 @@ impl UdpSock {
             let seg = first.len();
             let mut n = 1;
             let mut total = seg;
-            if gso {
+            if gso && gso_keeps_ident(dst) {
                 while i + n < pkts.len() && n < MAX_SEGS {
                     let (p, d) = pkts[i + n];
                     if d != dst || p.len() > seg || total + p.len() > MAX_GSO_BYTES || p.is_empty()

@@ -18,12 +18,23 @@
 //! the length fields from each packet's length, so per packet only a few dozen header bytes
 //! and the transport bytes are hashed; [`IcrcHasher`] accepts the transport bytes in pieces
 //! (headers from one buffer, payload from another).
+//!
+//! A receiver cannot see the IPv4 identification of a packet through a UDP socket; [`ident`]
+//! verifies such packets by solving for the identification (a 16-bit check, see there), and
+//! [`IcrcPrefix::solve_ident`] and [`recover_ident`] apply it.
 
 use crate::ip::{self, IPV4_HEADER_LEN, IPV6_HEADER_LEN, UDP_HEADER_LEN};
 use crate::roce::{self, ICRC_LEN};
 use crate::{Error, Result};
 use crc32fast::Hasher;
 use std::net::{Ipv4Addr, Ipv6Addr};
+
+pub mod ident;
+pub use ident::{IdentBasis, IdentSolver};
+
+/// Offset of the IPv4 identification in the IPv4 header, and its length.
+const IPV4_IDENT_AT: usize = 4;
+const IPV4_IDENT_END: usize = 6;
 
 /// OR-masks applied to the leading bytes of each covered header.
 const LRH: [u8; 8] = [0xff; 8];
@@ -117,6 +128,35 @@ pub fn verify(ip_packet: &[u8]) -> Result<()> {
     } else {
         Err(Error::BadIcrc)
     }
+}
+
+/// The IPv4 identification with which the RoCEv2 packet inside the IPv4 packet `ip_packet`
+/// verifies, whatever identification its header shows (see [`ident`]): the one its sender
+/// used, when the packet is intact. For a packet captured on the wire that is the
+/// identification in its header.
+///
+/// Fails with [`Error::BadIcrc`] when no identification makes the ICRC match, with
+/// [`Error::Malformed`] for IPv6 (which has no identification), otherwise like [`icrc`].
+pub fn recover_ident(ip_packet: &[u8]) -> Result<u16> {
+    let d = ip::parse_ip_udp(ip_packet)?;
+    if !d.src_addr.is_ipv4() {
+        return Err(Error::Malformed);
+    }
+    let ib = d.payload;
+    if ib.len() < roce::MIN_LEN || d.ip_header.len() < IPV4_IDENT_END {
+        return Err(Error::Truncated);
+    }
+    let packet = roce::Packet::new_unchecked(ib);
+    let covered = packet.icrc_covered();
+    let mut header = [0u8; IPV4_MAX_HEADER_LEN];
+    let n = d.ip_header.len().min(IPV4_MAX_HEADER_LEN);
+    header[..n].copy_from_slice(&d.ip_header[..n]);
+    header[IPV4_IDENT_AT..IPV4_IDENT_END].fill(0);
+    let crc0 = icrc_ipv4(&header[..n], d.udp_header, covered);
+    let after = n - IPV4_IDENT_END + d.udp_header.len() + covered.len();
+    IdentBasis::new(after)
+        .solve(crc0 ^ packet.icrc())
+        .ok_or(Error::BadIcrc)
 }
 
 /// The masked IP and UDP headers of one flow (addresses, ports, IPv4 identification and
@@ -263,6 +303,36 @@ impl IcrcPrefix {
         let mut hasher = self.seed.clone();
         hasher.update(&buf[len_at..end]);
         Ok(IcrcHasher { hasher, pos: 0 })
+    }
+
+    /// For an IPv4 flow, the identification with which a packet of this flow whose
+    /// BTH-through-pad part is `ib_len` bytes long verifies, given `computed`, the ICRC this
+    /// prefix computed for it (with the identification the prefix was built with, 0 for
+    /// [`IcrcPrefix::ipv4`]), and `carried`, the one in the packet. `None` when no
+    /// identification fits, and always for IPv6.
+    ///
+    /// A packet accepted this way got a 16-bit check, not a 32-bit one (see [`ident`]); try
+    /// `computed == carried` first.
+    pub fn solve_ident(
+        &self,
+        solver: &mut IdentSolver,
+        ib_len: usize,
+        computed: u32,
+        carried: u32,
+    ) -> Option<u16> {
+        if self.ipv6 {
+            return None;
+        }
+        let after = (self.ip_len - IPV4_IDENT_END)
+            .checked_add(UDP_HEADER_LEN)?
+            .checked_add(ib_len)?;
+        let base = u16::from_be_bytes([
+            self.template[IPV4_IDENT_AT],
+            self.template[IPV4_IDENT_AT + 1],
+        ]);
+        solver
+            .solve(after, computed ^ carried)
+            .map(|delta| base ^ delta)
     }
 
     /// The ICRC of `ib_without_icrc` (BTH through pad) sent in this flow. Fails like

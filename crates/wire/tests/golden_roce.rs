@@ -95,6 +95,27 @@ fn decode_all(name: &str) -> Vec<Decoded> {
             IpAddr::V4(_) => Some(ip::Ipv4Packet::new_checked(ip_packet).unwrap().ident()),
             IpAddr::V6(_) => None,
         };
+        // A receiver that cannot see the identification finds it from the ICRC: every good
+        // frame yields exactly the identification in its header, and the solver reached
+        // through the data path's prefix (built with identification 0) agrees.
+        if let (Some(id), Ok(())) = (ip_ident, icrc_ok) {
+            assert_eq!(
+                icrc::recover_ident(ip_packet),
+                Ok(id),
+                "{ctx}: recovered ident"
+            );
+            let mut h0 = d.ip_header.to_vec();
+            h0[4..6].fill(0);
+            let p0 = icrc::IcrcPrefix::from_headers(&h0, d.udp_header).unwrap();
+            let covered = packet.icrc_covered();
+            let crc0 = p0.compute(covered).unwrap();
+            let mut solver = icrc::IdentSolver::new();
+            assert_eq!(
+                p0.solve_ident(&mut solver, covered.len(), crc0, packet.icrc()),
+                Some(id),
+                "{ctx}: solved ident"
+            );
+        }
         out.push(Decoded {
             repr,
             payload: packet.payload().to_vec(),

@@ -381,3 +381,183 @@ proptest! {
         prop_assert_eq!(crc(&tail), before);
     }
 }
+
+// ------------------------------------------------------------------------------------------
+// (4) Solving for an unseen IPv4 identification (icrc::ident).
+
+/// The ICRC a receiver computes for an IPv4 packet from its data-path prefix (addresses and
+/// ports of the flow, identification 0), and the one the packet carries.
+/// `None` when the (corrupted) packet does not parse.
+fn receiver_view(pkt: &[u8]) -> Option<(icrc::IcrcPrefix, usize, u32, u32)> {
+    let d = ip::parse_ip_udp(pkt).ok()?;
+    let (std::net::IpAddr::V4(s), std::net::IpAddr::V4(t)) = (d.src_addr, d.dst_addr) else {
+        return None;
+    };
+    let prefix = icrc::IcrcPrefix::ipv4(s, t, d.src_port, d.dst_port);
+    let packet = roce::Packet::new_checked(d.payload).ok()?;
+    let covered = packet.icrc_covered();
+    let computed = prefix.compute(covered).ok()?;
+    Some((prefix, covered.len(), computed, packet.icrc()))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn any_ident_verifies_and_is_found((repr, payload) in arb_packet(), ident in any::<u16>()) {
+        let pkt = build_ip_packet(&repr, &payload, false, ident);
+        prop_assert_eq!(icrc::recover_ident(&pkt), Ok(ident));
+        let (prefix, len, computed, carried) = receiver_view(&pkt).unwrap();
+        // Identification 0 passes the full check; any other needs the solver.
+        prop_assert_eq!(computed == carried, ident == 0);
+        let mut solver = icrc::IdentSolver::new();
+        prop_assert_eq!(prefix.solve_ident(&mut solver, len, computed, carried), Some(ident));
+        // Twice, from the cache.
+        prop_assert_eq!(prefix.solve_ident(&mut solver, len, computed, carried), Some(ident));
+    }
+
+    #[test]
+    fn ident_solving_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200),
+                                  len in any::<usize>(), a in any::<u32>(), b in any::<u32>()) {
+        let _ = icrc::recover_ident(&bytes);
+        let prefix = icrc::IcrcPrefix::ipv4(
+            Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2), 1, 4791);
+        let mut solver = icrc::IdentSolver::new();
+        let _ = prefix.solve_ident(&mut solver, len, a, b);
+        let v6 = icrc::IcrcPrefix::ipv6(Ipv6Addr::LOCALHOST, Ipv6Addr::LOCALHOST, 1, 4791);
+        prop_assert_eq!(v6.solve_ident(&mut solver, len % 5000, a, b), None);
+    }
+
+    #[test]
+    fn corrupting_the_ident_or_anything_covered_is_noticed_with_ident_zero(
+        (repr, payload) in arb_packet(),
+        at in any::<usize>(),
+        x in 1..=255u8,
+    ) {
+        // A softrdma peer (identification 0): the full 32-bit check still catches every
+        // change of one unmasked byte. (Bytes 2-3 and 24-25 are lengths and 4-5 the
+        // identification, which the receiver does not see: it takes the lengths from the
+        // datagram and assumes identification 0.)
+        let mut pkt = build_ip_packet(&repr, &payload, false, 0);
+        let i = at % (pkt.len() - 4);
+        let masked = matches!(i, 1..=5 | 8 | 10 | 11 | 24..=27 | 32);
+        pkt[i] ^= x;
+        if let (false, Some((_, _, computed, carried))) = (masked, receiver_view(&pkt)) {
+            prop_assert_ne!(computed, carried, "byte {}", i);
+        }
+    }
+}
+
+/// A fixed-seed generator, so that the rate test below is deterministic.
+struct XorShift(u64);
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Corrupted packets from a sender with an unknown identification are accepted at the
+/// documented rate, about 2^-16, and no more: random corruptions (1 to 4 bytes anywhere in
+/// the covered, unmasked bytes other than the identification) of IPv4 packets of many
+/// lengths with random identifications.
+#[test]
+fn corruptions_pass_the_ident_solver_at_about_two_to_the_minus_16() {
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut solver = icrc::IdentSolver::new();
+    let trials: u64 = 200_000;
+    let mut accepted = 0u64;
+    let mut missed_full_check = 0u64;
+    let mut unparsed = 0u64;
+    for t in 0..trials {
+        let payload_len = (rng.next() % 1100) as usize;
+        let ident = rng.next() as u16;
+        let payload: Vec<u8> = (0..payload_len).map(|_| rng.next() as u8).collect();
+        let repr = roce::Repr {
+            bth: bth::Repr {
+                opcode: softrdma_wire::opcode::Opcode::RC_SEND_ONLY,
+                solicited_event: false,
+                mig_req: false,
+                pad_count: ((4 - payload_len % 4) % 4) as u8,
+                pkey: 0xffff,
+                fecn: false,
+                becn: false,
+                dest_qp: (t as u32) & 0xff_ffff,
+                ack_req: true,
+                psn: 0,
+            },
+            payload_len,
+            ..roce::Repr::default()
+        };
+        let mut pkt = build_ip_packet(&repr, &payload, false, ident);
+        let covered = pkt.len() - 4;
+        let mut flips = Vec::new();
+        for _ in 0..1 + rng.next() % 4 {
+            let i = loop {
+                let i = (rng.next() as usize) % covered;
+                // Not masked, not what the receiver cannot see (identification, flags) nor a
+                // length field (it takes those from the datagram), a byte once only (two
+                // flips of one byte may cancel).
+                if !matches!(i, 1..=8 | 10 | 11 | 24..=27 | 32)
+                    && !flips.iter().any(|&(j, _)| j == i)
+                {
+                    break i;
+                }
+            };
+            let x = 1 + (rng.next() % 255) as u8;
+            pkt[i] ^= x;
+            flips.push((i, x));
+        }
+        let Some((prefix, len, computed, carried)) = receiver_view(&pkt) else {
+            unparsed += 1;
+            continue;
+        };
+        if computed == carried {
+            missed_full_check += 1;
+        }
+        if prefix
+            .solve_ident(&mut solver, len, computed, carried)
+            .is_some()
+        {
+            accepted += 1;
+            eprintln!("accepted: {} bytes, flips {flips:?}", pkt.len());
+        }
+    }
+    // 200,000 / 65,536 ~ 3 expected; the 32-bit check should see ~0.
+    assert!(
+        accepted <= 15,
+        "{accepted} of {trials} corrupted packets accepted"
+    );
+    assert_eq!(missed_full_check, 0);
+    assert!(unparsed < trials / 10, "{unparsed} unparseable");
+    eprintln!(
+        "{accepted} of {} corrupted packets accepted by the ident solver",
+        trials - unparsed
+    );
+}
+
+/// The acceptance rate of random syndromes is 2^-16: exactly the 65,536 syndromes of the
+/// identifications pass, whatever the length.
+#[test]
+fn exactly_the_ident_syndromes_pass() {
+    let mut rng = XorShift(12345);
+    for after in [22usize, 50, 1100, 4200] {
+        let b = icrc::IdentBasis::new(after);
+        let mut seen = std::collections::HashSet::new();
+        for id in 0..=u16::MAX {
+            let s = b.syndrome(id);
+            assert!(seen.insert(s));
+            assert_eq!(b.solve(s), Some(id));
+        }
+        let n = 1u64 << 20;
+        let ok = (0..n)
+            .filter(|_| b.solve(rng.next() as u32).is_some())
+            .count();
+        assert!(
+            ok <= 64,
+            "{ok} of {n} random syndromes accepted (expect ~16)"
+        );
+    }
+}

@@ -76,7 +76,8 @@ pub struct ConnectRequest {
     pub service_id: u64,
     /// Local QP number (24 bits).
     pub local_qpn: u32,
-    /// Starting PSN of the local send queue (24 bits; rdma_cm: random).
+    /// Starting PSN (24 bits; rdma_cm: random): as Linux's CM uses it, the PSN the local QP
+    /// receives first (its `rq_psn`), which the peer sends with.
     pub starting_psn: u32,
     /// RC or UC (RD and XRC are refused with [`CmError::InvalidParam`]).
     pub transport: TransportServiceType,
@@ -113,7 +114,8 @@ pub struct ConnectRequest {
 pub struct AcceptParams {
     /// Local QP number (24 bits).
     pub local_qpn: u32,
-    /// Starting PSN of the local send queue (24 bits).
+    /// Starting PSN (24 bits): the PSN the local QP receives first (its `rq_psn`), as Linux's
+    /// CM uses it.
     pub starting_psn: u32,
     /// Responder resources we grant (≤ the requester's initiator depth, normally).
     pub responder_resources: u8,
@@ -144,7 +146,7 @@ pub struct ReqInfo {
     pub remote_qpn: u32,
     /// The requester's Q_Key field (0 for RC/UC).
     pub remote_qkey: u32,
-    /// The requester's starting PSN: our receive queue's expected PSN (`rq_psn`).
+    /// The requester's starting PSN: what its QP receives first, our `sq_psn` (Linux cm.c).
     pub starting_psn: u32,
     /// Responder resources for us (= the REQ's initiator depth): `max_dest_rd_atomic`.
     pub responder_resources: u8,
@@ -205,7 +207,7 @@ pub struct RepInfo {
     pub remote_qpn: u32,
     /// The responder's Q_Key field.
     pub remote_qkey: u32,
-    /// The responder's starting PSN: our `rq_psn`.
+    /// The responder's starting PSN: what its QP receives first, our `sq_psn` (Linux cm.c).
     pub starting_psn: u32,
     /// Responder resources for us (= REP initiator depth): `max_dest_rd_atomic`.
     pub responder_resources: u8,

@@ -904,6 +904,7 @@ pub fn run_server(o: &Opts) -> Result<(), String> {
             .bind_addr(SocketAddr::new(ip, o.port))
             .map_err(|e| format!("rdma_bind_addr: {e}"))?;
         debug_log!("rdma_bind_addr successful");
+        spawn_stats_printer(listen.verbs().into_iter().collect());
         debug_log!("rdma_listen");
         listen.listen(3).map_err(|e| format!("rdma_listen: {e}"))?;
         debug_log!("rdma_listen successful");
@@ -1050,6 +1051,7 @@ fn client_session(o: &Opts, rt: &CmRuntime, id: &CmId, dst: SocketAddr) -> Resul
         .map_err(|e| format!("rdma_resolve_route: {e}"))?;
     wait_cm(CmEventType::RouteResolved)?;
     debug_log!("rdma_resolve_addr - rdma_resolve_route successful");
+    spawn_stats_printer(id.verbs().into_iter().collect());
 
     // From here on the id's events go to the connection's queue.
     let (tx, rx) = rt.route(Some(dst));
@@ -1110,4 +1112,26 @@ fn client_session(o: &Opts, rt: &CmRuntime, id: &CmId, dst: SocketAddr) -> Resul
     o.record_counters(&c.qp);
     c.teardown();
     r
+}
+
+/// With `-d`: every two seconds, the packet counters and CM statistics of every device that
+/// carried traffic (ICRC errors, packets from other stacks verified by solving for their IPv4
+/// identification, messages the CM dropped), to see why a peer gets no answer.
+fn spawn_stats_printer(devices: Vec<Arc<Context>>) {
+    if !DEBUG.load(Ordering::Relaxed) {
+        return;
+    }
+    let _ = std::thread::Builder::new()
+        .name("rping-stats".into())
+        .spawn(move || loop {
+            std::thread::sleep(Duration::from_secs(2));
+            for c in &devices {
+                let n = c.counters();
+                if n.rx_packets + n.tx_packets + n.icrc_errors + n.malformed == 0 {
+                    continue;
+                }
+                println!("stats {}: {n:?}", c.device().name());
+                println!("stats {}: {:?}", c.device().name(), c.cm_stats());
+            }
+        });
 }

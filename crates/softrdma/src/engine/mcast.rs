@@ -24,12 +24,12 @@
 //! [`crate::Qp::detach_mcast`] has returned. A group joined while the progress thread sleeps
 //! wakes it up; datagrams that arrive before it polls the new socket wait in that socket.
 
-use super::{feed, rx_flow, Engine, RxState, TxBatch};
+use super::{feed, rx_flow, verify_icrc, Engine, RxState, TxBatch};
 use crate::error::Result;
 use crate::gid::Gid;
 use crate::resources::MULTICAST_QPN;
 use crate::sock::{RxMsg, UdpSock, ROCE_PORT};
-use softrdma_wire::icrc::IcrcPrefix;
+use softrdma_wire::icrc::{IcrcPrefix, IdentSolver};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -98,6 +98,8 @@ pub(crate) struct RxMcast {
     view_gen: u64,
     /// ICRC flows by (source, group).
     prefixes: HashMap<(SocketAddr, IpAddr), IcrcPrefix>,
+    /// Solves for the IPv4 identification of packets from other stacks.
+    ident: IdentSolver,
     /// The copy of a datagram handed to one member (with its QP number in the BTH).
     copy: Vec<u8>,
 }
@@ -291,19 +293,15 @@ impl Engine {
             .prefixes
             .entry((src, g.ip))
             .or_insert_with(|| rx_flow(src, g.ip));
-        match prefix.compute(view.icrc_covered()) {
-            Ok(crc) if crc == view.icrc() => {}
-            _ => {
-                c.icrc_errors.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-        }
+        let Some(ident) = verify_icrc(c, prefix, &mut m.ident, &view) else {
+            return;
+        };
         c.rx_packets.fetch_add(1, Ordering::Relaxed);
         c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
         c.mcast_rx_packets.fetch_add(1, Ordering::Relaxed);
         let group_addr = SocketAddr::new(g.ip, ROCE_PORT);
         if crate::capture::active() && !crate::device::is_local_engine(src) {
-            crate::capture::record(src, group_addr, pkt);
+            crate::capture::record_ident(src, group_addr, pkt, ident);
         }
         // Only UD SENDs to the multicast QP number are multicast (IBA 10.5.2.5).
         let (Some(deth), MULTICAST_QPN) = (view.deth(), view.bth().dest_qp()) else {

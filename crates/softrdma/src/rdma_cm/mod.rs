@@ -1252,7 +1252,9 @@ impl CmId {
                 a.ah_attr.grh.traffic_class = s.tos;
                 a.path_mtu = n.mtu;
                 a.dest_qp_num = n.remote_qpn;
-                a.rq_psn = n.remote_psn;
+                // Linux's CM (cm.c): the Starting PSN a side puts in its REQ/REP is the one
+                // its own QP receives first (`rq_psn`); the peer sends with it.
+                a.rq_psn = s.starting_psn;
                 a.max_dest_rd_atomic = n.resp;
                 a.min_rnr_timer = 0;
                 m |= QpAttrMask::AV
@@ -1266,7 +1268,7 @@ impl CmId {
                 let Some(n) = s.neg else {
                     return Err(Error::invalid("the peer's parameters are not known yet"));
                 };
-                a.sq_psn = s.starting_psn;
+                a.sq_psn = n.remote_psn;
                 a.timeout = s.ack_timeout.unwrap_or(n.timeout).clamp(1, 31);
                 a.retry_cnt = n.retry.min(7);
                 a.rnr_retry = n.rnr.min(7);
