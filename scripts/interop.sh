@@ -1,0 +1,215 @@
+#!/bin/bash
+# softrdma against Linux Soft-RoCE (rdma_rxe + the kernel's IB CM / rdma_cm) in a VM.
+#
+# Builds softrdma's examples, builds the VM of ../shared/interop if needed (build.sh), starts
+# it in serve mode (198.18.0.2 in network namespace rxe-ns; softrdma runs on the host side,
+# 198.18.0.1, inside that namespace), runs every case while capturing the bridge, prints
+# "PASS name" or "FAIL name" per case and then "N passed, N failed" alone on the last line,
+# stops the VM, and exits non-zero if anything failed (or the VM could not start: that is a
+# failure, never a skip).
+#
+# Every case also requires that every RoCEv2 frame captured on the bridge during it has a
+# valid ICRC against its IP header as captured, and that solving for the IPv4 identification
+# (what softrdma does for the kernel's packets) finds the one in the header.
+#
+# Needs root, qemu-system-x86_64, tcpdump and tshark. Environment:
+#   INTEROP_DIR   the VM kit (default: ../shared/interop from the project root)
+#   RXE_VM_DIR    where the kit keeps its files (the kit's default: $TMPDIR/softrdma-rxe-vm)
+#   INTEROP_OUT   logs and captures of this run (default: target/interop)
+#   SIZES         rping sizes (default: "26 1024 1025 4096 65535"; 65535 is the largest the
+#                 kernel's rping takes, although its message says 65536)
+#   COUNT         rping iterations (default 20)
+set -u
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+KIT=${INTEROP_DIR:-$ROOT/../shared/interop}
+OUT=${INTEROP_OUT:-$ROOT/target/interop}
+SIZES=${SIZES:-26 1024 1025 4096 65535}
+COUNT=${COUNT:-20}
+NS=rxe-ns
+HOST=198.18.0.1
+VMIP=198.18.0.2
+RPING=$ROOT/target/release/examples/rping
+PCAP_ICRC=$ROOT/target/release/examples/pcap_icrc
+PASSED=0
+FAILED=0
+T0=$(date +%s)
+
+die() { echo "interop: $*" >&2; echo "FAIL setup"; echo "0 passed, 1 failed"; exit 1; }
+NSX="ip netns exec $NS"   # a command prefix, not a function: timeout and & need a program
+# vmsh CMD: run CMD in the VM (stderr included), print its output.
+vmsh() { T=${T:-60} "$KIT/run.sh" sh "{ $1; } 2>&1"; }
+log() { echo "  $*"; }
+
+[ "$(id -u)" = 0 ] || die "needs root (network namespace, tap devices)"
+for t in qemu-system-x86_64 tcpdump tshark ip; do
+  command -v $t >/dev/null || die "$t is not installed"
+done
+[ -x "$KIT/run.sh" ] || die "no VM kit at $KIT (set INTEROP_DIR)"
+mkdir -p "$OUT"
+rm -f "$OUT"/*.pcap "$OUT"/*.log
+
+echo "building softrdma (release)"
+(cd "$ROOT" && cargo build --release -q -p softrdma --examples &&
+  cargo build --release -q -p softrdma-wire --example pcap_icrc) || die "cargo build failed"
+
+W=${RXE_VM_DIR:-${TMPDIR:-/tmp}/softrdma-rxe-vm}
+if [ ! -s "$W/vmlinuz" ] || [ ! -s "$W/initrd.img" ]; then
+  echo "building the VM ($KIT/build.sh)"
+  "$KIT/build.sh" >"$OUT/vm-build.log" 2>&1 || die "VM build failed; see $OUT/vm-build.log"
+fi
+"$KIT/run.sh" stop >/dev/null 2>&1
+echo "starting the VM"
+"$KIT/run.sh" serve >"$OUT/vm-start.log" 2>&1 || {
+  cat "$OUT/vm-start.log" >&2
+  die "the VM did not start; see $OUT/vm-start.log and $W/logs/vm0.log"
+}
+trap '"$KIT/run.sh" stop >/dev/null 2>&1' EXIT
+[ "$(vmsh 'cat /tmp/gidx')" = 1 ] || die "the VM's RoCEv2 GID index is not 1"
+
+CAP_PID=
+cap_start() {
+  $NSX tcpdump --immediate-mode -i br-rxe -s 0 -U -w "$OUT/$1.pcap" udp port 4791 2>"$OUT/$1.tcpdump.log" &
+  CAP_PID=$!   # ip netns exec execs tcpdump: this is tcpdump's pid
+  local n=0    # until it captures ("listening on ..."), at most 10 s
+  until grep -q 'listening on' "$OUT/$1.tcpdump.log" 2>/dev/null || [ $n -ge 100 ]; do
+    sleep 0.1; n=$((n + 1))
+  done
+}
+cap_stop() {
+  sleep 1   # (tcpdump also reads what is still in its buffer when it stops)
+  [ -n "$CAP_PID" ] && kill "$CAP_PID" 2>/dev/null && wait "$CAP_PID" 2>/dev/null
+  CAP_PID=
+}
+vm_kill_rping() { vmsh 'kill -9 $(pidof rping) 2>/dev/null; true' >/dev/null; }
+
+# run_case NAME FUNCTION ARGS...: capture, run, check the capture's ICRCs (and, when a
+# function FUNCTION_capture exists, call it with NAME once the capture is complete), report.
+run_case() {
+  local name=$1 fn=$2
+  shift
+  vm_kill_rping
+  cap_start "$name"
+  local ok=0
+  "$@" || ok=1
+  cap_stop
+  if declare -F "${fn}_capture" >/dev/null; then
+    "${fn}_capture" "$name" || ok=1
+  fi
+  if ! "$PCAP_ICRC" "$OUT/$name.pcap" >"$OUT/$name.icrc.log" 2>&1; then
+    log "bad ICRC on the bridge:"; sed 's/^/    /' "$OUT/$name.icrc.log" | tail -5
+    ok=1
+  fi
+  if [ $ok = 0 ]; then
+    echo "PASS $name"; PASSED=$((PASSED + 1))
+  else
+    echo "FAIL $name (logs and capture: $OUT/$name.*)"; FAILED=$((FAILED + 1))
+  fi
+}
+
+# softrdma's rping client against the kernel's rping server.
+rping_to_kernel() {
+  local size=$1 name=$2
+  vmsh "(setsid sh -c 'rping -s -a $VMIP -v -V -C $COUNT -S $size; echo rc=\$?' </dev/null >/tmp/rs.log 2>&1 &); sleep 1" >/dev/null
+  timeout 120 $NSX "$RPING" -c -a $VMIP -I $HOST -v -V -C "$COUNT" -S "$size" >"$OUT/$name.client.log" 2>&1
+  local rc=$?
+  sleep 1
+  vmsh 'cat /tmp/rs.log' >"$OUT/$name.server.log"
+  local got srv
+  got=$(grep -c '^ping data: ' "$OUT/$name.client.log")
+  srv=$(grep -c '^server ping data: ' "$OUT/$name.server.log")
+  log "softrdma client rc=$rc, $got pings verified; kernel server: $srv pings"
+  [ $rc = 0 ] && [ "$got" = "$COUNT" ] && [ "$srv" = "$COUNT" ] &&
+    ! grep -qiE 'mismatch|error' "$OUT/$name.server.log" "$OUT/$name.client.log"
+}
+
+# The kernel's rping client against softrdma's rping server.
+rping_from_kernel() {
+  local size=$1 name=$2
+  timeout 120 $NSX "$RPING" -s -a $HOST -v -V -C "$COUNT" -S "$size" >"$OUT/$name.server.log" 2>&1 &
+  local spid=$!
+  sleep 1
+  vmsh "rping -c -a $HOST -v -V -C $COUNT -S $size; echo rc=\$?" >"$OUT/$name.client.log"
+  wait $spid
+  local rc=$?
+  local got srv
+  got=$(grep -c '^ping data: ' "$OUT/$name.client.log")
+  srv=$(grep -c '^server ping data: ' "$OUT/$name.server.log")
+  log "kernel client: $(grep '^rc=' "$OUT/$name.client.log"), $got pings verified; softrdma server rc=$rc, $srv pings"
+  [ $rc = 0 ] && [ "$got" = "$COUNT" ] && [ "$srv" = "$COUNT" ] &&
+    grep -q '^rc=0$' "$OUT/$name.client.log" &&
+    ! grep -qiE 'mismatch|error' "$OUT/$name.server.log" "$OUT/$name.client.log"
+}
+
+# Nobody listens in the VM: the kernel's CM rejects our REQ (reason 8, invalid service ID)
+# and our client gets RDMA_CM_EVENT_REJECTED with status 8.
+rejected_by_kernel() {
+  local name=$1
+  timeout 60 $NSX "$RPING" -c -a $VMIP -I $HOST -C 1 -S 100 >"$OUT/$name.client.log" 2>&1
+  local rc=$?
+  log "softrdma client rc=$rc: $(grep -m1 'cma event' "$OUT/$name.client.log")"
+  [ $rc != 0 ] && grep -q 'RDMA_CM_EVENT_REJECTED, error 8' "$OUT/$name.client.log"
+}
+rejected_by_kernel_capture() {
+  local rej
+  rej=$(tshark -r "$OUT/$1.pcap" -Y 'infiniband.mad.attributeid == 0x0012' -T fields -e ip.src 2>/dev/null)
+  log "REJ on the bridge from: ${rej:-nobody}"
+  [ "$rej" = $VMIP ]
+}
+
+# softrdma listens on port 7174; the kernel's rping connects to 7175: our CM rejects it
+# (reason 8) and the kernel's rping reports RDMA_CM_EVENT_REJECTED, error 8.
+rejected_by_softrdma() {
+  local name=$1
+  timeout 60 $NSX "$RPING" -s -a $HOST -p 7174 -C 1 -S 100 >"$OUT/$name.server.log" 2>&1 &
+  local spid=$!
+  sleep 1
+  vmsh "rping -c -a $HOST -p 7175 -C 1 -S 100; echo rc=\$?" >"$OUT/$name.client.log"
+  kill $spid 2>/dev/null
+  wait $spid 2>/dev/null
+  log "kernel client: $(grep -m1 'cma event' "$OUT/$name.client.log"), $(grep '^rc=' "$OUT/$name.client.log")"
+  grep -q 'RDMA_CM_EVENT_REJECTED, error 8' "$OUT/$name.client.log" &&
+    ! grep -q '^rc=0$' "$OUT/$name.client.log"
+}
+rejected_by_softrdma_capture() {
+  local rej
+  rej=$(tshark -r "$OUT/$1.pcap" -Y 'infiniband.mad.attributeid == 0x0012' -T fields -e ip.src 2>/dev/null)
+  log "REJ on the bridge from: ${rej:-nobody}"
+  [ "$rej" = $HOST ]
+}
+
+# Path MTU: in the 64 KiB rping captures of both directions, the REQs offer 1024 (wire
+# value 3) and every middle packet (SEND, WRITE, READ response) carries exactly 1024 bytes,
+# from softrdma and from the kernel.
+path_mtu_1024() {
+  local name=$1 f ok=0
+  for f in "$OUT/rping_to_kernel_65535.pcap" "$OUT/rping_from_kernel_65535.pcap"; do
+    [ -s "$f" ] || { log "missing $f"; return 1; }
+    local mtus mids
+    mtus=$(tshark -r "$f" -Y 'infiniband.cm.req.pppmtu' -T fields -e infiniband.cm.req.pppmtu 2>/dev/null | sort -u | tr '\n' ' ')
+    # UDP length of a middle packet: 8 + BTH 12 + 1024 + ICRC 4 = 1048.
+    mids=$(tshark -r "$f" -Y 'infiniband.bth.opcode == 1 || infiniband.bth.opcode == 7 || infiniband.bth.opcode == 14' \
+      -T fields -e ip.src -e udp.length 2>/dev/null | sort | uniq -c | tr '\t\n' ' ;')
+    log "$(basename "$f"): REQ path MTU field: $mtus; middle packets (count, source, UDP length): $mids"
+    [ "$mtus" = "0x03 " ] || ok=1
+    echo "$mids" | grep -q "$HOST 1048" || ok=1
+    echo "$mids" | grep -q "$VMIP 1048" || ok=1
+    echo "$mids" | tr ';' '\n' | grep -v '^$' | grep -qv ' 1048$' && ok=1
+  done
+  return $ok
+}
+
+for s in $SIZES; do run_case "rping_to_kernel_$s" rping_to_kernel "$s" "rping_to_kernel_$s"; done
+for s in $SIZES; do run_case "rping_from_kernel_$s" rping_from_kernel "$s" "rping_from_kernel_$s"; done
+run_case rejected_by_kernel rejected_by_kernel rejected_by_kernel
+run_case rejected_by_softrdma rejected_by_softrdma rejected_by_softrdma
+if path_mtu_1024 path_mtu_1024; then
+  echo "PASS path_mtu_1024"; PASSED=$((PASSED + 1))
+else
+  echo "FAIL path_mtu_1024"; FAILED=$((FAILED + 1))
+fi
+
+"$KIT/run.sh" stop >/dev/null 2>&1
+trap - EXIT
+echo "  (interop took $(( $(date +%s) - T0 )) s; logs and captures in $OUT)"
+echo "$PASSED passed, $FAILED failed"
+[ $FAILED = 0 ]
