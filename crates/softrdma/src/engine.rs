@@ -1091,6 +1091,23 @@ impl RxState {
 }
 
 impl Engine {
+    /// The RoCEv2 packets of one received message (one datagram, or a GRO batch of
+    /// `segment`-byte datagrams) and their sender; `None` (counted as malformed when empty)
+    /// when there is nothing to process.
+    pub(crate) fn datagrams<'a>(
+        &self,
+        buf: &'a [u8],
+        m: RxMsg,
+    ) -> Option<(SocketAddr, std::slice::Chunks<'a, u8>)> {
+        let src = m.src?;
+        if m.len == 0 {
+            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let seg = if m.segment == 0 { m.len } else { m.segment };
+        Some((src, buf[..m.len].chunks(seg)))
+    }
+
     /// Receives and processes what is waiting on the socket, up to `rounds` batches, with the
     /// receive state held. Returns the number of messages received.
     fn receive_rounds(&self, rx: &mut RxState, tx: &mut TxBatch, rounds: usize) -> usize {
@@ -1116,17 +1133,13 @@ impl Engine {
             total += n;
             let now = Instant::now();
             for i in 0..n {
-                let RxMsg { len, src, segment } = meta[i];
-                let Some(src) = src else { continue };
-                if len == 0 {
-                    self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                let Some((src, pkts)) = self.datagrams(&bufs[i], meta[i]) else {
                     continue;
-                }
-                let seg = if segment == 0 { len } else { segment };
+                };
                 // Runs of packets for the same QP are delivered under one lock.
                 let mut run: Vec<&[u8]> = Vec::new();
                 let mut run_qpn = None;
-                for pkt in bufs[i][..len].chunks(seg) {
+                for pkt in pkts {
                     let Some(qpn) = check_packet(self, pkt, src, prefixes, ident) else {
                         continue;
                     };

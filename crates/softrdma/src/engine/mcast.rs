@@ -28,7 +28,7 @@ use super::{feed, rx_flow, verify_icrc, Engine, RxState, TxBatch};
 use crate::error::Result;
 use crate::gid::Gid;
 use crate::resources::MULTICAST_QPN;
-use crate::sock::{RxMsg, UdpSock, ROCE_PORT};
+use crate::sock::{UdpSock, ROCE_PORT};
 use softrdma_wire::icrc::{IcrcPrefix, IdentSolver};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -254,14 +254,10 @@ impl Engine {
             };
             let now = Instant::now();
             for i in 0..n {
-                let RxMsg { len, src, segment } = meta[i];
-                let Some(src) = src else { continue };
-                if len == 0 {
-                    self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+                let Some((src, pkts)) = self.datagrams(&bufs[i], meta[i]) else {
                     continue;
-                }
-                let seg = if segment == 0 { len } else { segment };
-                for pkt in bufs[i][..len].chunks(seg) {
+                };
+                for pkt in pkts {
                     self.mcast_packet(mcast, g, pkt, src, now, tx);
                 }
             }
