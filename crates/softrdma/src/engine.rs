@@ -831,6 +831,10 @@ pub(crate) fn drive(
     }
     while let Some(e) = t.poll_event() {
         events.push(match e {
+            // The first packet of the connection: "communication established" is the event
+            // of a QP that receives while still in RTR (the passive side of a connection
+            // before the RTU). A QP already in RTS gets no event.
+            QpEvent::CommEst if attr.qp_state != softrdma_proto::QpState::Rtr => continue,
             QpEvent::CommEst => EventType::CommEst,
             QpEvent::Fatal => EventType::QpFatal,
             QpEvent::ReqErr => EventType::QpReqErr,
