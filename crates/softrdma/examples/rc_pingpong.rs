@@ -27,6 +27,9 @@
 //! loopback (rdma-core takes the first device; softrdma's first is usually 127.0.0.1, which
 //! no other machine can reach), or the first one if all are.
 //!
+//! `--stats` (softrdma's own) prints the QP's transport counters (retransmissions, NAKs) and
+//! the device's packet counters after the summary.
+//!
 //! `-o` (on-demand paging) and `-t` (completion timestamps) are refused: softrdma devices
 //! offer neither, as a device without the capability makes the rdma-core program refuse.
 //!
@@ -67,6 +70,7 @@ struct Opts {
     gidx: i32,
     odp: bool,
     ts: bool,
+    stats: bool,
     server_name: Option<String>,
 }
 
@@ -88,6 +92,7 @@ fn usage(argv0: &str) {
     println!("  -g, --gid-idx=<index>  local GID index (softrdma: 0)");
     println!("  -o, --odp              on-demand paging (not supported by softrdma)");
     println!("  -t, --ts               completion timestamps (not supported by softrdma)");
+    println!("      --stats            at the end, print softrdma's QP and device counters");
 }
 
 /// A number as `strtoul(s, NULL, 0)` reads it: decimal, `0x` hex or leading-`0` octal.
@@ -133,9 +138,10 @@ fn parse_args(args: &[String]) -> Result<Opts, ()> {
         gidx: -1,
         odp: false,
         ts: false,
+        stats: false,
         server_name: None,
     };
-    const LONG: [(&str, char); 12] = [
+    const LONG: [(&str, char); 13] = [
         ("port", 'p'),
         ("ib-dev", 'd'),
         ("ib-port", 'i'),
@@ -148,9 +154,10 @@ fn parse_args(args: &[String]) -> Result<Opts, ()> {
         ("gid-idx", 'g'),
         ("odp", 'o'),
         ("ts", 't'),
+        ("stats", 'S'),
     ];
     let takes_value = |c: char| "pdismrnlg".contains(c);
-    let mut opts: Vec<(char, Option<String>)> = Vec::new();
+    let mut opts: Vec<(char, Option<String>, bool)> = Vec::new();
     let mut positional = Vec::new();
     let mut i = 0;
     while i < args.len() {
@@ -185,7 +192,7 @@ fn parse_args(args: &[String]) -> Result<Opts, ()> {
             } else {
                 None
             };
-            opts.push((c, v));
+            opts.push((c, v, true));
             continue;
         }
         match arg.strip_prefix('-').filter(|f| !f.is_empty()) {
@@ -202,15 +209,15 @@ fn parse_args(args: &[String]) -> Result<Opts, ()> {
                         } else {
                             return Err(());
                         };
-                        opts.push((c, Some(v)));
+                        opts.push((c, Some(v), false));
                         break;
                     }
-                    opts.push((c, None));
+                    opts.push((c, None, false));
                 }
             }
         }
     }
-    for (c, v) in opts {
+    for (c, v, from_long) in opts {
         let num = || v.as_deref().and_then(parse_num).ok_or(());
         match c {
             'p' => o.port = u16::try_from(num()?).map_err(|_| ())?,
@@ -231,6 +238,7 @@ fn parse_args(args: &[String]) -> Result<Opts, ()> {
             'g' => o.gidx = i32::try_from(num()?).map_err(|_| ())?,
             'o' => o.odp = true,
             't' => o.ts = true,
+            'S' if from_long => o.stats = true,
             _ => return Err(()),
         }
     }
@@ -709,6 +717,31 @@ fn run(o: &Opts) -> Result<(), String> {
         usec / 1e6,
         usec / f64::from(o.iters.max(1))
     );
+    if o.stats {
+        let q = pp.qp.counters();
+        let d = pp.ctx.counters();
+        println!(
+            "softrdma QP counters: tx_packets {} rx_packets {} retransmitted_packets {} \
+             retries {} timeouts {} seq_naks_received {} seq_naks_sent {} \
+             rnr_naks_received {} rnr_naks_sent {} duplicates {} out_of_sequence {}",
+            q.tx_packets,
+            q.rx_packets,
+            q.retransmitted_packets,
+            q.retries,
+            q.timeouts,
+            q.seq_naks_received,
+            q.seq_naks_sent,
+            q.rnr_naks_received,
+            q.rnr_naks_sent,
+            q.duplicates,
+            q.out_of_sequence
+        );
+        println!(
+            "softrdma device counters: tx_packets {} rx_packets {} fault_drops {} \
+             icrc_errors {} icrc_ident_solved {}",
+            d.tx_packets, d.rx_packets, d.fault_drops, d.icrc_errors, d.icrc_ident_solved
+        );
+    }
     pp.cq.ack_cq_events(num_cq_events);
     pp.close()
 }
