@@ -323,7 +323,10 @@ impl Engine {
         e.wake.set_nonblocking(true)?;
         // SOFTRDMA_FAULTS: fault injection from the start (see FaultConfig::parse), for
         // programs that have no call for it, such as the examples against another stack.
-        if let Ok(spec) = std::env::var("SOFTRDMA_FAULTS") {
+        if let Some(spec) = std::env::var("SOFTRDMA_FAULTS")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+        {
             let cfg = FaultConfig::parse(&spec)?;
             tracing::info!(?cfg, "SOFTRDMA_FAULTS: injecting faults");
             e.set_faults(Some(cfg));
