@@ -19,6 +19,7 @@
 #   SIZES         rping sizes (default: "26 1024 1025 4096 65535"; 65535 is the largest the
 #                 kernel's rping takes, although its message says 65536)
 #   COUNT         rping iterations (default 20)
+#   PP_ITERS      rc_pingpong iterations (default 300, 4096-byte messages)
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 KIT=${INTEROP_DIR:-$ROOT/../shared/interop}
@@ -29,6 +30,8 @@ NS=rxe-ns
 HOST=198.18.0.1
 VMIP=198.18.0.2
 RPING=$ROOT/target/release/examples/rping
+PINGPONG=$ROOT/target/release/examples/rc_pingpong
+PP_ITERS=${PP_ITERS:-300}
 PCAP_ICRC=$ROOT/target/release/examples/pcap_icrc
 PASSED=0
 FAILED=0
@@ -80,7 +83,7 @@ cap_stop() {
   [ -n "$CAP_PID" ] && kill "$CAP_PID" 2>/dev/null && wait "$CAP_PID" 2>/dev/null
   CAP_PID=
 }
-vm_kill_rping() { vmsh 'kill -9 $(pidof rping) 2>/dev/null; true' >/dev/null; }
+vm_kill_rping() { vmsh 'kill -9 $(pidof rping ibv_rc_pingpong) 2>/dev/null; true' >/dev/null; }
 
 # run_case NAME FUNCTION ARGS...: capture, run, check the capture's ICRCs (and, when a
 # function FUNCTION_capture exists, call it with NAME once the capture is complete), report.
@@ -198,6 +201,103 @@ path_mtu_1024() {
   return $ok
 }
 
+# pp_ok LOG ITERS: an rc_pingpong / ibv_rc_pingpong log with both summary lines for ITERS
+# iterations of 4096 bytes, a remote address line, and rc=0 if the log records one.
+pp_ok() {
+  local bytes=$((4096 * $2 * 2))
+  grep -qE "^$bytes bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec$" "$1" &&
+    grep -qE "^$2 iters in [0-9.]+ seconds = [0-9.]+ usec/iter$" "$1" &&
+    grep -q '^  remote address: LID 0x0000, QPN 0x' "$1" &&
+    ! grep -q '^rc=[1-9]' "$1"
+}
+# The kernel's hardware counters of rxe0 as "name value" lines.
+vm_hw_counters() { vmsh 'cd /sys/class/infiniband/rxe0/ports/1/hw_counters && for f in *; do echo "$f $(cat $f)"; done'; }
+# counter_delta BEFORE AFTER NAME
+counter_delta() {
+  echo $(( $(awk -v n="$3" '$1 == n {print $2}' "$2") - $(awk -v n="$3" '$1 == n {print $2}' "$1") ))
+}
+
+# softrdma's rc_pingpong client against the kernel's ibv_rc_pingpong server (the out-of-band
+# exchange over TCP 18515, QPs connected by hand, SENDs of 4096 bytes back and forth). With
+# FAULTS, softrdma drops that share of the packets it sends (SOFTRDMA_FAULTS): the run must
+# still complete, softrdma's QP counters must show retransmissions, and the kernel's hardware
+# counters must show what it saw of them (out-of-sequence requests it NAKed, duplicates).
+rc_pingpong_to_kernel() {
+  local name=$1 faults=${2:-}
+  [ -n "$faults" ] && vm_hw_counters >"$OUT/$name.hw_before"
+  vmsh "(setsid sh -c 'ibv_rc_pingpong -g 1 -n $PP_ITERS; echo rc=\$?' </dev/null >/tmp/pp.log 2>&1 &); sleep 1" >/dev/null
+  SOFTRDMA_FAULTS=$faults timeout 120 $NSX "$PINGPONG" -d $HOST -g 0 -n "$PP_ITERS" --stats $VMIP \
+    >"$OUT/$name.client.log" 2>&1
+  local rc=$?
+  sleep 1
+  vmsh 'cat /tmp/pp.log' >"$OUT/$name.server.log"
+  log "softrdma client rc=$rc: $(grep 'usec/iter' "$OUT/$name.client.log"); kernel server: $(grep 'usec/iter' "$OUT/$name.server.log"), $(grep '^rc=' "$OUT/$name.server.log")"
+  [ $rc = 0 ] && pp_ok "$OUT/$name.client.log" "$PP_ITERS" && pp_ok "$OUT/$name.server.log" "$PP_ITERS" &&
+    grep -q '^rc=0$' "$OUT/$name.server.log" || return 1
+  [ -z "$faults" ] && return 0
+  vm_hw_counters >"$OUT/$name.hw_after"
+  local drops retx oos dup
+  drops=$(grep -o 'fault_drops [0-9]*' "$OUT/$name.client.log" | cut -d' ' -f2)
+  retx=$(grep -o 'retransmitted_packets [0-9]*' "$OUT/$name.client.log" | cut -d' ' -f2)
+  oos=$(counter_delta "$OUT/$name.hw_before" "$OUT/$name.hw_after" out_of_seq_request)
+  dup=$(counter_delta "$OUT/$name.hw_before" "$OUT/$name.hw_after" duplicate_request)
+  log "SOFTRDMA_FAULTS=$faults: softrdma dropped ${drops:-?} of its packets and retransmitted ${retx:-?}; kernel: $oos out-of-sequence requests, $dup duplicate requests"
+  log "$(grep '^softrdma QP counters' "$OUT/$name.client.log")"
+  [ "${drops:-0}" -gt 0 ] && [ "${retx:-0}" -gt 0 ] && [ "$oos" -gt 0 ]
+}
+
+# The kernel's ibv_rc_pingpong client against softrdma's rc_pingpong server.
+rc_pingpong_from_kernel() {
+  local name=$1
+  timeout 120 $NSX "$PINGPONG" -d $HOST -g 0 -n "$PP_ITERS" --stats >"$OUT/$name.server.log" 2>&1 &
+  local spid=$!
+  sleep 1
+  vmsh "ibv_rc_pingpong -g 1 -n $PP_ITERS $HOST; echo rc=\$?" >"$OUT/$name.client.log"
+  wait $spid
+  local rc=$?
+  log "kernel client: $(grep 'usec/iter' "$OUT/$name.client.log"), $(grep '^rc=' "$OUT/$name.client.log"); softrdma server rc=$rc: $(grep 'usec/iter' "$OUT/$name.server.log")"
+  [ $rc = 0 ] && pp_ok "$OUT/$name.client.log" "$PP_ITERS" && pp_ok "$OUT/$name.server.log" "$PP_ITERS" &&
+    grep -q '^rc=0$' "$OUT/$name.client.log"
+}
+
+# softrdma's rping client (-V) against the kernel's rping server while softrdma drops 3% of
+# the data packets it sends (SOFTRDMA_FAULTS, sparing the CM's MADs): every ping is still
+# verified on both sides; the capture shows softrdma's packets sent again (its SENDs
+# retransmitted, its READ responses sent again for the kernel's READs re-issued) and the
+# kernel's counters its retries. 4096 bytes: the kernel recovers a lost READ response only
+# by its retransmission timer (~2.3 s here), not on the PSN gap, so large READs under loss
+# take seconds per ping.
+rping_lossy_to_kernel() {
+  local name=$1
+  vm_hw_counters >"$OUT/$name.hw_before"
+  vmsh "(setsid sh -c 'rping -s -a $VMIP -v -V -C $COUNT -S 4096; echo rc=\$?' </dev/null >/tmp/rs.log 2>&1 &); sleep 1" >/dev/null
+  SOFTRDMA_FAULTS=drop=0.03,seed=9,spare_cm=1 timeout 120 $NSX "$RPING" -c -a $VMIP -I $HOST -v -V -C "$COUNT" -S 4096 \
+    >"$OUT/$name.client.log" 2>&1
+  local rc=$?
+  sleep 1
+  vmsh 'cat /tmp/rs.log' >"$OUT/$name.server.log"
+  vm_hw_counters >"$OUT/$name.hw_after"
+  local got srv retry
+  got=$(grep -c '^ping data: ' "$OUT/$name.client.log")
+  srv=$(grep -c '^server ping data: ' "$OUT/$name.server.log")
+  retry=$(counter_delta "$OUT/$name.hw_before" "$OUT/$name.hw_after" completer_retry_err)
+  log "softrdma client rc=$rc, $got pings verified; kernel server: $srv pings, $(grep '^rc=' "$OUT/$name.server.log"), $retry retries (completer_retry_err)"
+  [ $rc = 0 ] && [ "$got" = "$COUNT" ] && [ "$srv" = "$COUNT" ] && grep -q '^rc=0$' "$OUT/$name.server.log" &&
+    ! grep -qiE 'mismatch|error' "$OUT/$name.server.log" "$OUT/$name.client.log"
+}
+rping_lossy_to_kernel_capture() {
+  local again
+  # Non-ACK packets from softrdma (not to QP 1) whose PSN was already on the wire.
+  again=$(tshark -r "$OUT/$1.pcap" -Y "ip.src == $HOST && infiniband.bth.opcode != 17 && infiniband.bth.destqp != 1" \
+    -T fields -e infiniband.bth.destqp -e infiniband.bth.psn 2>/dev/null | sort | uniq -d | wc -l)
+  log "softrdma packets sent again on the bridge (distinct PSNs): $again"
+  [ "$again" -gt 0 ]
+}
+
+run_case rc_pingpong_to_kernel rc_pingpong_to_kernel rc_pingpong_to_kernel
+run_case rc_pingpong_from_kernel rc_pingpong_from_kernel rc_pingpong_from_kernel
+run_case rc_pingpong_lossy_to_kernel rc_pingpong_to_kernel rc_pingpong_lossy_to_kernel "drop=0.05,seed=5"
+run_case rping_lossy_to_kernel rping_lossy_to_kernel rping_lossy_to_kernel
 for s in $SIZES; do run_case "rping_to_kernel_$s" rping_to_kernel "$s" "rping_to_kernel_$s"; done
 for s in $SIZES; do run_case "rping_from_kernel_$s" rping_from_kernel "$s" "rping_from_kernel_$s"; done
 run_case rejected_by_kernel rejected_by_kernel rejected_by_kernel

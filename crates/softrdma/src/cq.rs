@@ -461,6 +461,7 @@ impl Cq {
             format!("{async_unacked} asynchronous event(s) about the CQ are not acknowledged")
         } else {
             self.purge_channel();
+            i.ctx.async_events.discard(&i.async_unacked);
             return Ok(());
         };
         Err(DestroyError {

@@ -155,6 +155,65 @@ pub struct FaultConfig {
     pub delay_prob: f64,
     /// The delay.
     pub delay: Duration,
+    /// Leave the connection manager's packets (QP 1's MADs) alone, so that a lossy data path
+    /// does not also wait out the CM's retransmission timeouts (seconds, against Linux).
+    pub spare_cm: bool,
+}
+
+impl FaultConfig {
+    /// Reads a fault specification as `SOFTRDMA_FAULTS` takes it: comma-separated
+    /// `key=value` pairs among `drop`, `dup` (or `duplicate`), `corrupt`, `reorder`,
+    /// `delay_prob` (probabilities, 0 to 1), `delay` (milliseconds), `seed` (a number) and
+    /// `spare_cm` (0 or 1); anything not given is zero. `drop=0.05,seed=7,spare_cm=1`.
+    ///
+    /// Fails with `EINVAL` naming the first key or value it cannot read.
+    ///
+    /// ```
+    /// let f = softrdma::FaultConfig::parse("drop=0.05,seed=7").unwrap();
+    /// assert_eq!((f.drop, f.seed, f.spare_cm), (0.05, 7, false));
+    /// assert!(softrdma::FaultConfig::parse("drop=2").is_err());
+    /// ```
+    pub fn parse(spec: &str) -> Result<FaultConfig> {
+        let mut f = FaultConfig::default();
+        for item in spec.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let bad =
+                || crate::Error::invalid(format!("fault specification: cannot read {item:?}"));
+            let (k, v) = item.split_once('=').ok_or_else(bad)?;
+            let (k, v) = (k.trim(), v.trim());
+            let prob = || {
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|p| (0.0..=1.0).contains(p))
+                    .ok_or_else(bad)
+            };
+            match k {
+                "drop" => f.drop = prob()?,
+                "dup" | "duplicate" => f.duplicate = prob()?,
+                "corrupt" => f.corrupt = prob()?,
+                "reorder" => f.reorder = prob()?,
+                "delay_prob" => f.delay_prob = prob()?,
+                "delay" => {
+                    let ms = v.parse::<f64>().ok().filter(|m| *m >= 0.0 && m.is_finite());
+                    f.delay = Duration::from_secs_f64(ms.ok_or_else(bad)? / 1000.0);
+                }
+                "seed" => f.seed = v.parse().map_err(|_| bad())?,
+                "spare_cm" => {
+                    f.spare_cm = match v {
+                        "1" | "true" | "yes" => true,
+                        "0" | "false" | "no" => false,
+                        _ => return Err(bad()),
+                    }
+                }
+                _ => return Err(bad()),
+            }
+        }
+        Ok(f)
+    }
+}
+
+/// Whether a RoCEv2 packet (UDP payload) is for QP 1, the connection manager's.
+fn is_for_qp1(pkt: &[u8]) -> bool {
+    pkt.len() >= 8 && pkt[5..8] == [0, 0, 1]
 }
 
 struct Faults {
@@ -262,6 +321,16 @@ impl Engine {
             ),
         });
         e.wake.set_nonblocking(true)?;
+        // SOFTRDMA_FAULTS: fault injection from the start (see FaultConfig::parse), for
+        // programs that have no call for it, such as the examples against another stack.
+        if let Some(spec) = std::env::var("SOFTRDMA_FAULTS")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+        {
+            let cfg = FaultConfig::parse(&spec)?;
+            tracing::info!(?cfg, "SOFTRDMA_FAULTS: injecting faults");
+            e.set_faults(Some(cfg));
+        }
         let _ = e.me.set(Arc::downgrade(&e));
         let weak = Arc::downgrade(&e);
         std::thread::Builder::new()
@@ -376,6 +445,10 @@ impl Engine {
                 let mut pkt = tx.bufs[i][..tx.lens[i]].to_vec();
                 let dst = tx.dests[i];
                 let cfg = f.cfg;
+                if cfg.spare_cm && is_for_qp1(&pkt) {
+                    out.push((pkt, dst));
+                    continue;
+                }
                 if f.next() < cfg.drop {
                     c.fault_drops.fetch_add(1, Ordering::Relaxed);
                     continue;
@@ -831,6 +904,10 @@ pub(crate) fn drive(
     }
     while let Some(e) = t.poll_event() {
         events.push(match e {
+            // The first packet of the connection: "communication established" is the event
+            // of a QP that receives while still in RTR (the passive side of a connection
+            // before the RTU). A QP already in RTS gets no event.
+            QpEvent::CommEst if attr.qp_state != softrdma_proto::QpState::Rtr => continue,
             QpEvent::CommEst => EventType::CommEst,
             QpEvent::Fatal => EventType::QpFatal,
             QpEvent::ReqErr => EventType::QpReqErr,

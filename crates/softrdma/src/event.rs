@@ -117,11 +117,15 @@ pub enum AsyncElement {
 /// An asynchronous event (`struct ibv_async_event`) from [`Context::get_async_event`].
 ///
 /// Every event must be acknowledged ([`AsyncEvent::ack`], `ibv_ack_async_event`) before the
-/// QP, CQ or SRQ it is about can be destroyed; dropping the event acknowledges it too.
+/// QP, CQ or SRQ it is about can be destroyed; dropping the event acknowledges it too. Events
+/// nobody has read hold nothing: destroying the object discards them, as in rdma-core.
 pub struct AsyncEvent {
     event_type: EventType,
     element: AsyncElement,
     target: Option<Arc<dyn EventTarget>>,
+    /// Whether [`Context::get_async_event`] handed it out (only then does it count against
+    /// its object until acknowledged).
+    reported: bool,
 }
 
 impl AsyncEvent {
@@ -142,7 +146,9 @@ impl AsyncEvent {
 impl Drop for AsyncEvent {
     fn drop(&mut self) {
         if let Some(t) = self.target.take() {
-            t.unacked_events().fetch_sub(1, Ordering::AcqRel);
+            if self.reported {
+                t.unacked_events().fetch_sub(1, Ordering::AcqRel);
+            }
         }
     }
 }
@@ -174,17 +180,16 @@ impl AsyncQueue {
         &self.fd
     }
 
-    /// Queues an event about `element`; `target` (the QP, CQ or SRQ) counts it as
-    /// unacknowledged until the program acknowledges it.
+    /// Queues an event about `element`. Once the program has read it, `target` (the QP, CQ
+    /// or SRQ) counts it as unacknowledged until the program acknowledges it; an event
+    /// nobody read holds nothing, and is discarded when its object is destroyed
+    /// ([`AsyncQueue::discard`]), as the kernel's uverbs counts only the events it reported.
     pub(crate) fn raise(
         &self,
         event_type: EventType,
         element: AsyncElement,
         target: Option<Arc<dyn EventTarget>>,
     ) {
-        if let Some(t) = &target {
-            t.unacked_events().fetch_add(1, Ordering::AcqRel);
-        }
         self.queue
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -192,6 +197,7 @@ impl AsyncQueue {
                 event_type,
                 element,
                 target,
+                reported: false,
             });
         self.fd.signal();
         tracing::debug!(?event_type, ?element, "asynchronous event");
@@ -200,15 +206,33 @@ impl AsyncQueue {
     fn pop(&self) -> Result<AsyncEvent> {
         loop {
             self.fd.wait()?;
-            if let Some(ev) = self
-                .queue
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .pop_front()
-            {
+            let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(mut ev) = q.pop_front() {
+                if let Some(t) = &ev.target {
+                    t.unacked_events().fetch_add(1, Ordering::AcqRel);
+                }
+                ev.reported = true;
                 return Ok(ev);
             }
         }
+    }
+
+    /// Drops the unread events about the object whose event counter is `counter` (it is
+    /// being destroyed).
+    pub(crate) fn discard(&self, counter: &AtomicUsize) {
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let (gone, kept): (VecDeque<_>, VecDeque<_>) = q.drain(..).partition(|e| {
+            e.target
+                .as_ref()
+                .is_some_and(|t| std::ptr::eq(t.unacked_events(), counter))
+        });
+        *q = kept;
+        drop(q);
+        for _ in &gone {
+            self.fd.try_wait();
+        }
+        // (The events, and their references to the object, go once the queue is unlocked.)
+        drop(gone);
     }
 }
 

@@ -1309,6 +1309,11 @@ impl Qp {
         } else if events != 0 {
             format!("{events} asynchronous event(s) about the QP are not acknowledged")
         } else {
+            self.inner
+                .pd
+                .ctx
+                .async_events
+                .discard(&self.inner.async_unacked);
             return Ok(());
         };
         Err(DestroyError {

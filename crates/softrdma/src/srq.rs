@@ -218,6 +218,11 @@ impl Srq {
         } else if ev != 0 {
             format!("{ev} asynchronous event(s) about the SRQ are not acknowledged")
         } else {
+            self.inner
+                .pd
+                .ctx
+                .async_events
+                .discard(&self.inner.async_unacked);
             return Ok(());
         };
         Err(DestroyError {

@@ -350,6 +350,7 @@ fn rc_delivers_exactly_once_in_order_under_loss_duplication_reordering_and_corru
                 reorder: 0.05,
                 delay_prob: 0.02,
                 delay: Duration::from_millis(2),
+                spare_cm: false,
             }))
             .unwrap();
     }

@@ -331,3 +331,63 @@ fn cmtime_server_and_client_connect_and_disconnect_fifty_connections() {
     // Memory per QP is reported (its value depends on the allocator: no bound here).
     json_number(json, "rss_per_qp_bytes");
 }
+
+/// rc_pingpong (libibverbs' ibv_rc_pingpong): server and client exchange their QP number,
+/// PSN and GID over TCP, connect their QPs by hand and SEND 300 messages each way, polling
+/// (first run) and sleeping on completion events (second run); both print the summary.
+#[test]
+fn rc_pingpong_server_and_client_ping_pong_over_their_own_exchange() {
+    for (port, extra) in [("18750", None), ("18751", Some("-e"))] {
+        let mut args = vec![
+            "-d",
+            "127.0.0.150",
+            "-g",
+            "0",
+            "-p",
+            port,
+            "-n",
+            "300",
+            "-s",
+            "2000",
+        ];
+        args.extend(extra);
+        let s = server("rc_pingpong", &args, "local address:");
+        args[1] = "127.0.0.151";
+        args.push("127.0.0.150");
+        let c = finish(spawn("rc_pingpong", &args), LIMIT);
+        assert!(c.status.success(), "client: {}", text(&c));
+        let s = finish(s, LIMIT);
+        assert!(s.status.success(), "server: {}", text(&s));
+        let t = text(&c);
+        assert!(
+            t.contains("remote address: LID 0x0000, QPN 0x")
+                && t.contains("GID ::ffff:127.0.0.150"),
+            "{t}"
+        );
+        assert!(t.contains("1200000 bytes in "), "{t}");
+        assert!(t.contains("300 iters in "), "{t}");
+        assert!(t.contains(" usec/iter") && t.contains(" Mbit/sec"), "{t}");
+    }
+}
+
+/// Without -g the GID sent is zero, and a RoCE QP cannot be connected without a GRH: both
+/// sides fail, as ibv_rc_pingpong does on RoCE without -g.
+#[test]
+fn rc_pingpong_without_a_gid_index_cannot_connect() {
+    let s = server(
+        "rc_pingpong",
+        &["-d", "127.0.0.150", "-p", "18752"],
+        "local address:",
+    );
+    let c = finish(
+        spawn(
+            "rc_pingpong",
+            &["-d", "127.0.0.151", "-p", "18752", "127.0.0.150"],
+        ),
+        LIMIT,
+    );
+    let s = finish(s, LIMIT);
+    assert!(!s.status.success(), "server: {}", text(&s));
+    assert!(text(&s).contains("RTR"), "server: {}", text(&s));
+    assert!(!c.status.success(), "client: {}", text(&c));
+}

@@ -1,0 +1,790 @@
+//! rc_pingpong: the RC ping-pong of libibverbs' examples (`ibv_rc_pingpong`), over softrdma.
+//!
+//! Same flags, same out-of-band exchange and same output as the rdma-core program, so that
+//! either side can be a Linux `ibv_rc_pingpong` (over rxe or a RoCE NIC):
+//!
+//! * no host argument: the server; a host name or address: the client. The two exchange
+//!   their addresses over TCP (port 18515 unless `-p`): each sends one 52-byte message,
+//!   `LLLL:QQQQQQ:PPPPPP:GGGG…` — LID (4 hex digits), QP number and start PSN (6 each), GID
+//!   (its 16 bytes as 32 hex digits, in wire order) — NUL-terminated. The client sends first;
+//!   the server moves its QP to RTR and RTS before it answers; the client then sends `done`
+//!   (with its NUL) and moves its QP;
+//! * both sides post `-r` receives of `-s` bytes, then SEND `-s` bytes back and forth `-n`
+//!   times (the client sends first); a side sends again once both its previous send and
+//!   the matching receive have completed;
+//! * at the end each side prints `N bytes in X seconds = Y Mbit/sec` and
+//!   `N iters in X seconds = Y usec/iter` (N bytes = size × iterations × 2).
+//!
+//! The QP moves to RTR with path MTU `-m`, max_dest_rd_atomic 1 and min_rnr_timer 12, and to
+//! RTS with timeout 14, retry count 7, RNR retry 7 and max_rd_atomic 1; the address vector
+//! carries a GRH (hop limit 1, source GID index `-g`) when the peer's GID is not zero. As on
+//! any RoCE device, `-g` is needed: without it the GID sent is zero and the QP cannot be
+//! connected. softrdma devices have one GID, at index 0 (`-g 0`).
+//!
+//! The device: `-d` takes a softrdma device name (`srdma0`, `srdma_<address>`) or simply a
+//! local IP address. Without `-d` the client takes the device of the source address the
+//! kernel would use toward the server, and the server the first device that is not on
+//! loopback (rdma-core takes the first device; softrdma's first is usually 127.0.0.1, which
+//! no other machine can reach), or the first one if all are.
+//!
+//! `--stats` (softrdma's own) prints the QP's transport counters (retransmissions, NAKs) and
+//! the device's packet counters after the summary.
+//!
+//! `-o` (on-demand paging) and `-t` (completion timestamps) are refused: softrdma devices
+//! offer neither, as a device without the capability makes the rdma-core program refuse.
+//!
+//! ```text
+//! rc_pingpong [-p port] [-d dev] [-i ib_port] [-s size] [-m mtu] [-r rx_depth] [-n iters]
+//!             [-l sl] [-e] [-g gid_idx] [host]
+//! ```
+
+use softrdma::{
+    AccessFlags, AhAttr, Buffer, CompChannel, Context, Cq, Device, Gid, GlobalRoute, LinkLayer, Mr,
+    Mtu, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendWr,
+    Sge, WcStatus, WorkCompletion, WrOpcode,
+};
+use std::io::{Read, Write};
+use std::net::{IpAddr, TcpListener, TcpStream, ToSocketAddrs, UdpSocket};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+const RECV_WRID: u64 = 1;
+const SEND_WRID: u64 = 2;
+
+/// The length of the address message with its NUL: "0000:000000:000000:" + 32 hex digits.
+const MSG_LEN: usize = 4 + 1 + 6 + 1 + 6 + 1 + 32 + 1;
+/// The client's final word, NUL included.
+const DONE: &[u8] = b"done\0";
+
+struct Opts {
+    port: u16,
+    dev: Option<String>,
+    ib_port: u8,
+    size: usize,
+    mtu: Mtu,
+    rx_depth: u32,
+    iters: u32,
+    sl: u8,
+    events: bool,
+    gidx: i32,
+    odp: bool,
+    ts: bool,
+    stats: bool,
+    server_name: Option<String>,
+}
+
+fn usage(argv0: &str) {
+    println!("Usage:");
+    println!("  {argv0}            start a server and wait for connection");
+    println!("  {argv0} <host>     connect to server at <host>");
+    println!();
+    println!("Options:");
+    println!("  -p, --port=<port>      TCP port of the address exchange (default 18515)");
+    println!("  -d, --ib-dev=<dev>     device name (srdma0, srdma_<addr>) or local address");
+    println!("  -i, --ib-port=<port>   port of the device (default 1)");
+    println!("  -s, --size=<size>      message size (default 4096)");
+    println!("  -m, --mtu=<size>       path MTU (default 1024)");
+    println!("  -r, --rx-depth=<dep>   receives posted at a time (default 500)");
+    println!("  -n, --iters=<iters>    number of exchanges (default 1000)");
+    println!("  -l, --sl=<sl>          service level");
+    println!("  -e, --events           wait for completion events instead of polling");
+    println!("  -g, --gid-idx=<index>  local GID index (softrdma: 0)");
+    println!("  -o, --odp              on-demand paging (not supported by softrdma)");
+    println!("  -t, --ts               completion timestamps (not supported by softrdma)");
+    println!("      --stats            at the end, print softrdma's QP and device counters");
+}
+
+/// A number as `strtoul(s, NULL, 0)` reads it: decimal, `0x` hex or leading-`0` octal.
+fn parse_num(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let (neg, s) = match s.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, s.strip_prefix('+').unwrap_or(s)),
+    };
+    let v = if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        i64::from_str_radix(h, 16).ok()?
+    } else if s.len() > 1 && s.starts_with('0') {
+        i64::from_str_radix(&s[1..], 8).ok()?
+    } else {
+        s.parse().ok()?
+    };
+    Some(if neg { -v } else { v })
+}
+
+fn mtu_from_bytes(n: i64) -> Option<Mtu> {
+    Some(match n {
+        256 => Mtu::Mtu256,
+        512 => Mtu::Mtu512,
+        1024 => Mtu::Mtu1024,
+        2048 => Mtu::Mtu2048,
+        4096 => Mtu::Mtu4096,
+        _ => return None,
+    })
+}
+
+/// Parses the flags as getopt_long("p:d:i:s:m:r:n:l:eg:ot") does. `Err(())`: print usage.
+fn parse_args(args: &[String]) -> Result<Opts, ()> {
+    let mut o = Opts {
+        port: 18515,
+        dev: None,
+        ib_port: 1,
+        size: 4096,
+        mtu: Mtu::Mtu1024,
+        rx_depth: 500,
+        iters: 1000,
+        sl: 0,
+        events: false,
+        gidx: -1,
+        odp: false,
+        ts: false,
+        stats: false,
+        server_name: None,
+    };
+    const LONG: [(&str, char); 13] = [
+        ("port", 'p'),
+        ("ib-dev", 'd'),
+        ("ib-port", 'i'),
+        ("size", 's'),
+        ("mtu", 'm'),
+        ("rx-depth", 'r'),
+        ("iters", 'n'),
+        ("sl", 'l'),
+        ("events", 'e'),
+        ("gid-idx", 'g'),
+        ("odp", 'o'),
+        ("ts", 't'),
+        ("stats", 'S'),
+    ];
+    let takes_value = |c: char| "pdismrnlg".contains(c);
+    let mut opts: Vec<(char, Option<String>, bool)> = Vec::new();
+    let mut positional = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        let arg = &args[i];
+        i += 1;
+        if arg == "--" {
+            positional.extend(args[i..].iter().cloned());
+            break;
+        }
+        if let Some(long) = arg.strip_prefix("--") {
+            let (name, inline) = match long.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (long, None),
+            };
+            // getopt_long accepts unambiguous prefixes.
+            let hits: Vec<_> = LONG.iter().filter(|(l, _)| l.starts_with(name)).collect();
+            let c = match hits.iter().find(|(l, _)| *l == name).or(hits.first()) {
+                Some((_, c)) if hits.len() == 1 || hits.iter().any(|(l, _)| *l == name) => *c,
+                _ => return Err(()),
+            };
+            let v = if takes_value(c) {
+                match inline {
+                    Some(v) => Some(v),
+                    None if i < args.len() => {
+                        i += 1;
+                        Some(args[i - 1].clone())
+                    }
+                    None => return Err(()),
+                }
+            } else if inline.is_some() {
+                return Err(());
+            } else {
+                None
+            };
+            opts.push((c, v, true));
+            continue;
+        }
+        match arg.strip_prefix('-').filter(|f| !f.is_empty()) {
+            None => positional.push(arg.clone()),
+            Some(flags) => {
+                for (pos, c) in flags.char_indices() {
+                    if takes_value(c) {
+                        let rest = &flags[pos + c.len_utf8()..];
+                        let v = if !rest.is_empty() {
+                            rest.to_string()
+                        } else if i < args.len() {
+                            i += 1;
+                            args[i - 1].clone()
+                        } else {
+                            return Err(());
+                        };
+                        opts.push((c, Some(v), false));
+                        break;
+                    }
+                    opts.push((c, None, false));
+                }
+            }
+        }
+    }
+    for (c, v, from_long) in opts {
+        let num = || v.as_deref().and_then(parse_num).ok_or(());
+        match c {
+            'p' => o.port = u16::try_from(num()?).map_err(|_| ())?,
+            'd' => o.dev = v,
+            'i' => {
+                let p = num()?;
+                if p < 1 {
+                    return Err(());
+                }
+                o.ib_port = u8::try_from(p).unwrap_or(u8::MAX);
+            }
+            's' => o.size = usize::try_from(num()?).map_err(|_| ())?,
+            'm' => o.mtu = mtu_from_bytes(num()?).ok_or(())?,
+            'r' => o.rx_depth = u32::try_from(num()?).map_err(|_| ())?,
+            'n' => o.iters = u32::try_from(num()?).map_err(|_| ())?,
+            'l' => o.sl = u8::try_from(num()?).map_err(|_| ())?,
+            'e' => o.events = true,
+            'g' => o.gidx = i32::try_from(num()?).map_err(|_| ())?,
+            'o' => o.odp = true,
+            't' => o.ts = true,
+            'S' if from_long => o.stats = true,
+            _ => return Err(()),
+        }
+    }
+    match positional.len() {
+        0 => {}
+        1 => o.server_name = positional.pop(),
+        _ => return Err(()),
+    }
+    Ok(o)
+}
+
+/// One side's address: what the 52-byte message carries.
+#[derive(Clone, Copy)]
+struct Dest {
+    lid: u32,
+    qpn: u32,
+    psn: u32,
+    gid: Gid,
+}
+
+impl Dest {
+    /// The message: the four fields as hex text, colon-separated, NUL-padded to 52 bytes.
+    fn to_msg(self) -> [u8; MSG_LEN] {
+        let hex: String = self.gid.raw.iter().map(|b| format!("{b:02x}")).collect();
+        let text = format!(
+            "{:04x}:{:06x}:{:06x}:{hex}",
+            self.lid & 0xffff,
+            self.qpn & 0xff_ffff,
+            self.psn & 0xff_ffff
+        );
+        let mut msg = [0u8; MSG_LEN];
+        msg[..text.len()].copy_from_slice(text.as_bytes());
+        msg
+    }
+
+    /// Reads a message as the C program's sscanf("%x:%x:%x:%s") and its GID decoding do.
+    fn from_msg(msg: &[u8]) -> Option<Dest> {
+        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+        let text = std::str::from_utf8(&msg[..end]).ok()?;
+        let mut parts = text.splitn(4, ':');
+        let mut field = || u32::from_str_radix(parts.next()?.trim(), 16).ok();
+        let (lid, qpn, psn) = (field()?, field()?, field()?);
+        let g = parts.next()?;
+        let mut raw = [0u8; 16];
+        for (i, b) in raw.iter_mut().enumerate() {
+            *b = u8::from_str_radix(g.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(Dest {
+            lid,
+            qpn,
+            psn,
+            gid: Gid { raw },
+        })
+    }
+
+    fn print(&self, what: &str) {
+        println!(
+            "  {what} LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}",
+            self.lid, self.qpn, self.psn, self.gid
+        );
+    }
+}
+
+struct Pingpong {
+    ctx: Context,
+    channel: Option<CompChannel>,
+    pd: Pd,
+    buf: Arc<Buffer>,
+    mr: Mr,
+    cq: Cq,
+    qp: Qp,
+    size: usize,
+    send_flags: SendFlags,
+    rx_depth: u32,
+    pending: u64,
+}
+
+impl Pingpong {
+    fn new(dev: &Device, o: &Opts) -> Result<Pingpong, String> {
+        let buf = Arc::new(Buffer::new(o.size.max(1)));
+        buf.fill(0x7b);
+        let ctx = dev
+            .open()
+            .map_err(|e| format!("cannot open {}: {e}", dev.name()))?;
+        let channel = if o.events {
+            Some(
+                ctx.create_comp_channel()
+                    .map_err(|e| format!("cannot create a completion channel: {e}"))?,
+            )
+        } else {
+            None
+        };
+        let pd = ctx
+            .alloc_pd()
+            .map_err(|e| format!("cannot allocate a PD: {e}"))?;
+        if o.odp {
+            return Err("on-demand paging (-o): the device does not support it".into());
+        }
+        if o.ts {
+            return Err("completion timestamps (-t): the device does not support them".into());
+        }
+        let mr = pd
+            .reg_buffer(&buf, AccessFlags::LOCAL_WRITE.bits())
+            .map_err(|e| format!("cannot register the buffer: {e}"))?;
+        let cq = ctx
+            .create_cq(o.rx_depth + 1, 0, channel.as_ref(), 0)
+            .map_err(|e| format!("cannot create a CQ: {e}"))?;
+        let mut init = QpInitAttr::new(
+            QpType::Rc,
+            &cq,
+            QpCap {
+                max_send_wr: 1,
+                max_recv_wr: o.rx_depth,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
+        );
+        let qp = pd
+            .create_qp(&mut init)
+            .map_err(|e| format!("cannot create the QP: {e}"))?;
+        let mut send_flags = SendFlags::SIGNALED;
+        if let Ok((_, info)) = qp.query_qp() {
+            if info.cap.max_inline_data as usize >= o.size {
+                send_flags |= SendFlags::INLINE;
+            }
+        }
+        let attr = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: o.ib_port,
+            qp_access_flags: 0,
+            ..Default::default()
+        };
+        let mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
+        qp.modify_qp(&attr, (mask | QpAttrMask::ACCESS_FLAGS).bits())
+            .map_err(|e| format!("cannot move the QP to INIT: {e}"))?;
+        Ok(Pingpong {
+            ctx,
+            channel,
+            pd,
+            buf,
+            mr,
+            cq,
+            qp,
+            size: o.size,
+            send_flags,
+            rx_depth: o.rx_depth,
+            pending: 0,
+        })
+    }
+
+    fn sge(&self) -> Sge {
+        Sge {
+            addr: self.buf.addr(),
+            length: self.size as u32,
+            lkey: self.mr.lkey(),
+        }
+    }
+
+    /// Posts up to `n` receives of the whole buffer; returns how many were posted.
+    fn post_recv(&self, n: u32) -> u32 {
+        let sge = [self.sge()];
+        let wr = RecvWr {
+            wr_id: RECV_WRID,
+            sg_list: &sge,
+        };
+        (0..n)
+            .take_while(|_| self.qp.post_recv(std::slice::from_ref(&wr)).is_ok())
+            .count() as u32
+    }
+
+    fn post_send(&self) -> Result<(), String> {
+        let sge = [self.sge()];
+        let wr = SendWr {
+            wr_id: SEND_WRID,
+            sg_list: &sge,
+            opcode: WrOpcode::Send,
+            send_flags: self.send_flags,
+            ..Default::default()
+        };
+        self.qp
+            .post_send(&[wr])
+            .map_err(|e| format!("cannot post a send: {}", e.error))
+    }
+
+    /// RTR then RTS toward `dest`.
+    fn connect(&self, o: &Opts, my_psn: u32, dest: &Dest) -> Result<(), String> {
+        let mut attr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: o.mtu,
+            dest_qp_num: dest.qpn,
+            rq_psn: dest.psn,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            ah_attr: AhAttr {
+                is_global: false,
+                dlid: dest.lid as u16,
+                sl: o.sl,
+                src_path_bits: 0,
+                port_num: o.ib_port,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        if dest.gid.interface_id() != 0 {
+            attr.ah_attr.is_global = true;
+            attr.ah_attr.grh = GlobalRoute {
+                dgid: dest.gid,
+                hop_limit: 1,
+                sgid_index: o.gidx as u8,
+                ..Default::default()
+            };
+        }
+        let m = QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER;
+        self.qp
+            .modify_qp(&attr, m.bits())
+            .map_err(|e| format!("cannot move the QP to RTR: {e}"))?;
+        attr.qp_state = QpState::Rts;
+        attr.timeout = 14;
+        attr.retry_cnt = 7;
+        attr.rnr_retry = 7;
+        attr.sq_psn = my_psn;
+        attr.max_rd_atomic = 1;
+        let m = QpAttrMask::STATE
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::MAX_QP_RD_ATOMIC;
+        self.qp
+            .modify_qp(&attr, m.bits())
+            .map_err(|e| format!("cannot move the QP to RTS: {e}"))
+    }
+
+    /// Destroys everything, in the order of the C program.
+    fn close(self) -> Result<(), String> {
+        let Pingpong {
+            ctx,
+            channel,
+            pd,
+            buf,
+            mr,
+            cq,
+            qp,
+            ..
+        } = self;
+        qp.destroy()
+            .map_err(|e| format!("cannot destroy the QP: {e}"))?;
+        cq.destroy()
+            .map_err(|e| format!("cannot destroy the CQ: {e}"))?;
+        mr.dereg()
+            .map_err(|e| format!("cannot deregister the MR: {e}"))?;
+        pd.dealloc()
+            .map_err(|e| format!("cannot deallocate the PD: {e}"))?;
+        if let Some(ch) = channel {
+            ch.destroy()
+                .map_err(|e| format!("cannot destroy the completion channel: {e}"))?;
+        }
+        ctx.close()
+            .map_err(|e| format!("cannot close the device: {e}"))?;
+        drop(buf);
+        Ok(())
+    }
+}
+
+/// The device to use: `-d` (a name or a local address), else see the module comment.
+fn pick_device(o: &Opts) -> Result<Device, String> {
+    if let Some(d) = &o.dev {
+        if let Ok(addr) = d.parse::<IpAddr>() {
+            return Device::from_addr(addr).map_err(|e| format!("device {d}: {e}"));
+        }
+        return Device::by_name(d).map_err(|_| format!("device {d} not found"));
+    }
+    let list = softrdma::get_device_list().map_err(|e| format!("cannot list the devices: {e}"))?;
+    if let Some(host) = &o.server_name {
+        // The source address the kernel picks toward the server.
+        let src = (host.as_str(), o.port)
+            .to_socket_addrs()
+            .ok()
+            .into_iter()
+            .flatten()
+            .find_map(|peer| {
+                let any: IpAddr = if peer.is_ipv4() {
+                    [0u8; 4].into()
+                } else {
+                    [0u16; 8].into()
+                };
+                let s = UdpSocket::bind((any, 0)).ok()?;
+                s.connect(peer).ok()?;
+                Some(s.local_addr().ok()?.ip())
+            });
+        if let Some(src) = src {
+            if let Ok(d) = Device::from_addr(src) {
+                return Ok(d);
+            }
+        }
+    }
+    list.iter()
+        .find(|d| !d.addr().is_loopback())
+        .or(list.first())
+        .cloned()
+        .ok_or_else(|| "no RDMA devices found".to_string())
+}
+
+/// The client's half of the exchange: send ours, read theirs, say done.
+fn client_exchange(host: &str, port: u16, me: &Dest) -> Result<Dest, String> {
+    let addrs = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("{e} for {host}:{port}"))?;
+    let mut s = addrs
+        .into_iter()
+        .find_map(|a| TcpStream::connect(a).ok())
+        .ok_or_else(|| format!("cannot connect to {host}:{port}"))?;
+    s.write_all(&me.to_msg())
+        .map_err(|e| format!("cannot send the local address: {e}"))?;
+    let mut msg = [0u8; MSG_LEN];
+    s.read_exact(&mut msg)
+        .and_then(|()| s.write_all(DONE))
+        .map_err(|e| format!("cannot read the remote address / send done: {e}"))?;
+    Dest::from_msg(&msg).ok_or_else(|| "the remote address is malformed".to_string())
+}
+
+/// The server's half: wait for one client, read its address, connect the QP, answer.
+fn server_exchange(pp: &Pingpong, o: &Opts, me: &Dest) -> Result<Dest, String> {
+    // Every address, as the C program's passive getaddrinfo gives: IPv6 (dual stack) first,
+    // then IPv4.
+    let listener = TcpListener::bind(("::", o.port))
+        .or_else(|_| TcpListener::bind(("0.0.0.0", o.port)))
+        .map_err(|e| format!("cannot listen on port {}: {e}", o.port))?;
+    let (mut s, _) = listener
+        .accept()
+        .map_err(|e| format!("accept failed: {e}"))?;
+    drop(listener);
+    let mut msg = [0u8; MSG_LEN];
+    s.read_exact(&mut msg)
+        .map_err(|e| format!("cannot read the remote address: {e}"))?;
+    let rem = Dest::from_msg(&msg).ok_or_else(|| "the remote address is malformed".to_string())?;
+    pp.connect(o, me.psn, &rem)
+        .map_err(|e| format!("{e}\ncannot connect to the remote QP"))?;
+    s.write_all(&me.to_msg())
+        .map_err(|e| format!("cannot send the local address: {e}"))?;
+    // The client answers "done" (5 bytes) and closes.
+    let mut done = Vec::new();
+    let _ = (&mut s).take(MSG_LEN as u64).read_to_end(&mut done);
+    if done.len() != DONE.len() {
+        return Err(format!(
+            "expected done from the client, got {} bytes",
+            done.len()
+        ));
+    }
+    Ok(rem)
+}
+
+fn run(o: &Opts) -> Result<(), String> {
+    let dev = pick_device(o)?;
+    let mut pp = Pingpong::new(&dev, o)?;
+    let mut routs = pp.post_recv(pp.rx_depth);
+    if routs < pp.rx_depth {
+        return Err(format!("could post only {routs} receives"));
+    }
+    if o.events {
+        pp.cq
+            .req_notify_cq(false)
+            .map_err(|e| format!("cannot arm the CQ: {e}"))?;
+    }
+    let port = pp
+        .ctx
+        .query_port(o.ib_port)
+        .map_err(|e| format!("cannot query port {}: {e}", o.ib_port))?;
+    if port.link_layer != LinkLayer::Ethernet && port.lid == 0 {
+        return Err("the port has no LID".into());
+    }
+    let gid = if o.gidx >= 0 {
+        pp.ctx
+            .query_gid(o.ib_port, o.gidx as u32)
+            .map_err(|_| format!("cannot read the GID at index {}", o.gidx))?
+    } else {
+        Gid::ZERO
+    };
+    let mut psn = [0u8; 4];
+    getrandom::fill(&mut psn).map_err(|e| format!("getrandom: {e}"))?;
+    let me = Dest {
+        lid: u32::from(port.lid),
+        qpn: pp.qp.qp_num(),
+        psn: u32::from_le_bytes(psn) & 0xff_ffff,
+        gid,
+    };
+    me.print("local address: ");
+    let rem = match &o.server_name {
+        Some(host) => client_exchange(host, o.port, &me)?,
+        None => server_exchange(&pp, o, &me)?,
+    };
+    rem.print("remote address:");
+    if o.server_name.is_some() {
+        pp.connect(o, me.psn, &rem)?;
+    }
+    pp.pending = RECV_WRID;
+    if o.server_name.is_some() {
+        pp.post_send()?;
+        pp.pending |= SEND_WRID;
+    }
+
+    let start = Instant::now();
+    let (mut rcnt, mut scnt) = (0u32, 0u32);
+    let mut num_cq_events = 0u32;
+    let mut wc = [WorkCompletion::default(); 2];
+    while rcnt < o.iters || scnt < o.iters {
+        if let Some(ch) = &pp.channel {
+            let ev = ch
+                .get_cq_event()
+                .map_err(|e| format!("cannot get a CQ event: {e}"))?;
+            num_cq_events += 1;
+            if !ev.is_for(&pp.cq) {
+                return Err("a CQ event for an unknown CQ".into());
+            }
+            pp.cq
+                .req_notify_cq(false)
+                .map_err(|e| format!("cannot arm the CQ: {e}"))?;
+        }
+        let ne = loop {
+            let ne = pp
+                .cq
+                .poll(&mut wc)
+                .map_err(|e| format!("polling the CQ failed: {e}"))?;
+            if ne > 0 || o.events {
+                break ne;
+            }
+        };
+        for w in &wc[..ne] {
+            if w.status != WcStatus::Success {
+                return Err(format!(
+                    "completion with status {} ({}) for wr_id {}",
+                    w.status.as_str(),
+                    w.status as u32,
+                    w.wr_id
+                ));
+            }
+            match w.wr_id {
+                SEND_WRID => scnt += 1,
+                RECV_WRID => {
+                    routs -= 1;
+                    if routs <= 1 {
+                        routs += pp.post_recv(pp.rx_depth - routs);
+                        if routs < pp.rx_depth {
+                            return Err(format!("could post only {routs} receives"));
+                        }
+                    }
+                    rcnt += 1;
+                }
+                other => return Err(format!("a completion for unknown wr_id {other}")),
+            }
+            pp.pending &= !w.wr_id;
+            if scnt < o.iters && pp.pending == 0 {
+                pp.post_send()?;
+                pp.pending = RECV_WRID | SEND_WRID;
+            }
+        }
+    }
+    let usec = start.elapsed().as_micros().max(1) as f64;
+    let bytes = o.size as u64 * u64::from(o.iters) * 2;
+    println!(
+        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    );
+    println!(
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        o.iters,
+        usec / 1e6,
+        usec / f64::from(o.iters.max(1))
+    );
+    if o.stats {
+        let q = pp.qp.counters();
+        let d = pp.ctx.counters();
+        println!(
+            "softrdma QP counters: tx_packets {} rx_packets {} retransmitted_packets {} \
+             retries {} timeouts {} seq_naks_received {} seq_naks_sent {} \
+             rnr_naks_received {} rnr_naks_sent {} duplicates {} out_of_sequence {}",
+            q.tx_packets,
+            q.rx_packets,
+            q.retransmitted_packets,
+            q.retries,
+            q.timeouts,
+            q.seq_naks_received,
+            q.seq_naks_sent,
+            q.rnr_naks_received,
+            q.rnr_naks_sent,
+            q.duplicates,
+            q.out_of_sequence
+        );
+        println!(
+            "softrdma device counters: tx_packets {} rx_packets {} fault_drops {} \
+             icrc_errors {} icrc_ident_solved {}",
+            d.tx_packets, d.rx_packets, d.fault_drops, d.icrc_errors, d.icrc_ident_solved
+        );
+    }
+    pp.cq.ack_cq_events(num_cq_events);
+    pp.close()
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    let argv0 = args
+        .first()
+        .cloned()
+        .unwrap_or_else(|| "rc_pingpong".into());
+    let Ok(o) = parse_args(&args[1..]) else {
+        usage(&argv0);
+        return ExitCode::FAILURE;
+    };
+    match run(&o) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_is_52_bytes_and_round_trips() {
+        let d = Dest {
+            lid: 0,
+            qpn: 0x11,
+            psn: 0xabcdef,
+            gid: Gid::from_ip("198.18.0.1".parse().unwrap()),
+        };
+        let m = d.to_msg();
+        assert_eq!(m.len(), 52);
+        assert_eq!(
+            &m[..51],
+            b"0000:000011:abcdef:00000000000000000000ffffc6120001"
+        );
+        assert_eq!(m[51], 0);
+        let r = Dest::from_msg(&m).unwrap();
+        assert_eq!((r.lid, r.qpn, r.psn, r.gid), (0, 0x11, 0xabcdef, d.gid));
+    }
+}
