@@ -260,6 +260,29 @@ rc_pingpong_from_kernel() {
     grep -q '^rc=0$' "$OUT/$name.client.log"
 }
 
+# RNR across the stacks: softrdma's rc_pingpong server posts its receives only 500 ms after
+# the connection is up (--late-recv), so the kernel's first SENDs meet an empty receive queue:
+# softrdma answers RNR NAKs, the kernel waits its RNR timer and retries (ibv_rc_pingpong's
+# rnr_retry 7 is "forever"), and the run completes once the receives are there. Both sides'
+# counters must show it: softrdma's rnr_naks_sent and the kernel's rcvd_rnr_err.
+rnr_from_kernel() {
+  local name=$1
+  vm_hw_counters >"$OUT/$name.hw_before"
+  timeout 120 $NSX "$PINGPONG" -d $HOST -g 0 -n "$PP_ITERS" --stats --late-recv 500 >"$OUT/$name.server.log" 2>&1 &
+  local spid=$!
+  sleep 1
+  vmsh "ibv_rc_pingpong -g 1 -n $PP_ITERS $HOST; echo rc=\$?" >"$OUT/$name.client.log"
+  wait $spid
+  local rc=$?
+  vm_hw_counters >"$OUT/$name.hw_after"
+  local sent rcvd
+  sent=$(grep -o 'rnr_naks_sent [0-9]*' "$OUT/$name.server.log" | awk '{print $2}')
+  rcvd=$(counter_delta "$OUT/$name.hw_before" "$OUT/$name.hw_after" rcvd_rnr_err)
+  log "kernel client: $(grep '^rc=' "$OUT/$name.client.log"); softrdma server rc=$rc; RNR NAKs sent by softrdma: ${sent:-?}, received by the kernel (rcvd_rnr_err): $rcvd"
+  [ $rc = 0 ] && pp_ok "$OUT/$name.client.log" "$PP_ITERS" && pp_ok "$OUT/$name.server.log" "$PP_ITERS" &&
+    grep -q '^rc=0$' "$OUT/$name.client.log" && [ "${sent:-0}" -gt 0 ] && [ "$rcvd" -gt 0 ]
+}
+
 # softrdma's rping client (-V) against the kernel's rping server while softrdma drops 3% of
 # the data packets it sends (SOFTRDMA_FAULTS, sparing the CM's MADs): every ping is still
 # verified on both sides; the capture shows softrdma's packets sent again (its SENDs
@@ -298,6 +321,7 @@ run_case rc_pingpong_to_kernel rc_pingpong_to_kernel rc_pingpong_to_kernel
 run_case rc_pingpong_from_kernel rc_pingpong_from_kernel rc_pingpong_from_kernel
 run_case rc_pingpong_lossy_to_kernel rc_pingpong_to_kernel rc_pingpong_lossy_to_kernel "drop=0.05,seed=5"
 run_case rping_lossy_to_kernel rping_lossy_to_kernel rping_lossy_to_kernel
+run_case rnr_from_kernel rnr_from_kernel rnr_from_kernel
 for s in $SIZES; do run_case "rping_to_kernel_$s" rping_to_kernel "$s" "rping_to_kernel_$s"; done
 for s in $SIZES; do run_case "rping_from_kernel_$s" rping_from_kernel "$s" "rping_from_kernel_$s"; done
 run_case rejected_by_kernel rejected_by_kernel rejected_by_kernel

@@ -71,6 +71,9 @@ struct Opts {
     odp: bool,
     ts: bool,
     stats: bool,
+    /// `--late-recv MS` (softrdma's own): post the receives only MS milliseconds after the
+    /// connection is up, so that the peer's first SENDs meet an empty receive queue (RNR).
+    late_recv_ms: u64,
     server_name: Option<String>,
 }
 
@@ -93,6 +96,9 @@ fn usage(argv0: &str) {
     println!("  -o, --odp              on-demand paging (not supported by softrdma)");
     println!("  -t, --ts               completion timestamps (not supported by softrdma)");
     println!("      --stats            at the end, print softrdma's QP and device counters");
+    println!(
+        "      --late-recv=MS     post the receives MS ms after connecting (provokes RNR NAKs)"
+    );
 }
 
 /// A number as `strtoul(s, NULL, 0)` reads it: decimal, `0x` hex or leading-`0` octal.
@@ -139,9 +145,10 @@ fn parse_args(args: &[String]) -> Result<Opts, ()> {
         odp: false,
         ts: false,
         stats: false,
+        late_recv_ms: 0,
         server_name: None,
     };
-    const LONG: [(&str, char); 13] = [
+    const LONG: [(&str, char); 14] = [
         ("port", 'p'),
         ("ib-dev", 'd'),
         ("ib-port", 'i'),
@@ -155,8 +162,9 @@ fn parse_args(args: &[String]) -> Result<Opts, ()> {
         ("odp", 'o'),
         ("ts", 't'),
         ("stats", 'S'),
+        ("late-recv", 'L'),
     ];
-    let takes_value = |c: char| "pdismrnlg".contains(c);
+    let takes_value = |c: char| "pdismrnlgL".contains(c);
     let mut opts: Vec<(char, Option<String>, bool)> = Vec::new();
     let mut positional = Vec::new();
     let mut i = 0;
@@ -239,6 +247,7 @@ fn parse_args(args: &[String]) -> Result<Opts, ()> {
             'o' => o.odp = true,
             't' => o.ts = true,
             'S' if from_long => o.stats = true,
+            'L' if from_long => o.late_recv_ms = u64::try_from(num()?).map_err(|_| ())?,
             _ => return Err(()),
         }
     }
@@ -602,8 +611,12 @@ fn server_exchange(pp: &Pingpong, o: &Opts, me: &Dest) -> Result<Dest, String> {
 fn run(o: &Opts) -> Result<(), String> {
     let dev = pick_device(o)?;
     let mut pp = Pingpong::new(&dev, o)?;
-    let mut routs = pp.post_recv(pp.rx_depth);
-    if routs < pp.rx_depth {
+    let mut routs = if o.late_recv_ms == 0 {
+        pp.post_recv(pp.rx_depth)
+    } else {
+        0
+    };
+    if o.late_recv_ms == 0 && routs < pp.rx_depth {
         return Err(format!("could post only {routs} receives"));
     }
     if o.events {
@@ -641,6 +654,14 @@ fn run(o: &Opts) -> Result<(), String> {
     rem.print("remote address:");
     if o.server_name.is_some() {
         pp.connect(o, me.psn, &rem)?;
+    }
+    if o.late_recv_ms > 0 {
+        // The peer may send already: until these receives are posted it gets RNR NAKs.
+        std::thread::sleep(std::time::Duration::from_millis(o.late_recv_ms));
+        routs = pp.post_recv(pp.rx_depth);
+        if routs < pp.rx_depth {
+            return Err(format!("could post only {routs} receives"));
+        }
     }
     pp.pending = RECV_WRID;
     if o.server_name.is_some() {
