@@ -83,6 +83,10 @@ enum Command {
         /// Print one JSON object with the results as the last line.
         #[arg(long)]
         json: bool,
+        /// Capture every packet of this process's devices into FILE (pcap, with the IP and
+        /// UDP headers they have on the wire; Wireshark decodes them as RoCEv2).
+        #[arg(long, value_name = "FILE")]
+        pcap: Option<std::path::PathBuf>,
     },
     /// Ping-pong over RDMA like rping (its engine and protocol): the client SENDs its
     /// buffer's address, the server RDMA READs it and RDMA WRITEs it back.
@@ -190,7 +194,11 @@ fn main() -> ExitCode {
             connect,
             port,
             json,
+            pcap,
         } => (|| {
+            if let Some(path) = &pcap {
+                softrdma::start_capture(path)?;
+            }
             let mtu = softrdma::Mtu::from_bytes(mtu).ok_or_else(|| {
                 softrdma::Error::invalid(format!(
                     "MTU {mtu} is not one of 256, 512, 1024, 2048, 4096"
@@ -230,10 +238,14 @@ fn main() -> ExitCode {
                 mode,
                 port: if mode == perf::Mode::Local { 0 } else { port },
             };
-            match mode {
+            let r = match mode {
                 perf::Mode::Server(addr) => run_perf_server(&args, addr),
                 _ => run_perf(&args),
+            };
+            if pcap.is_some() {
+                softrdma::stop_capture()?;
             }
+            r
         })(),
     };
     match result {
@@ -417,6 +429,7 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
     for side in &outcome.sides {
         print_counters(side);
     }
+    let outcome_sides = outcome.sides;
     let points = outcome.points;
     if args.json {
         let last = points.last().cloned().unwrap_or_default();
@@ -468,9 +481,48 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
             })
             .collect();
         items.push(format!("\"points\":[{}]", all.join(",")));
+        let sides: Vec<String> = outcome_sides_json(&outcome_sides);
+        items.push(format!("\"counters\":[{}]", sides.join(",")));
         println!("{{{}}}", items.join(","));
     }
     Ok(())
+}
+
+/// The counters of each side as JSON objects: `who`, `addr`, and the device's and the QP's
+/// packet, byte, retransmission and NAK counts.
+fn outcome_sides_json(sides: &[perf::SideCounters]) -> Vec<String> {
+    sides
+        .iter()
+        .map(|s| {
+            let (d, q) = (&s.device, &s.qp);
+            format!(
+                "{{\"who\":\"{}\",\"addr\":\"{}\",\"device\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"icrc_errors\":{},\"malformed\":{},\"tx_errors\":{}}},\"qp\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"retransmitted_packets\":{},\"retries\":{},\"timeouts\":{},\"duplicates\":{},\"rnr_naks_sent\":{},\"rnr_naks_received\":{},\"seq_naks_sent\":{},\"seq_naks_received\":{},\"err_naks_sent\":{},\"err_naks_received\":{}}}}}",
+                s.who,
+                s.addr,
+                d.tx_packets,
+                d.tx_bytes,
+                d.rx_packets,
+                d.rx_bytes,
+                d.icrc_errors,
+                d.malformed,
+                d.tx_errors,
+                q.tx_packets,
+                q.tx_bytes,
+                q.rx_packets,
+                q.rx_bytes,
+                q.retransmitted_packets,
+                q.retries,
+                q.timeouts,
+                q.duplicates,
+                q.rnr_naks_sent,
+                q.rnr_naks_received,
+                q.seq_naks_sent,
+                q.seq_naks_received,
+                q.err_naks_sent,
+                q.err_naks_received
+            )
+        })
+        .collect()
 }
 
 /// The device and QP counters of one side, at the end of `perf`.
