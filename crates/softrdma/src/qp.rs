@@ -1314,6 +1314,18 @@ impl Qp {
                 .ctx
                 .async_events
                 .discard(&self.inner.async_unacked);
+            // As ibv_destroy_qp returns only once the device is done with the QP: take it off
+            // the engine, then wait for the engine thread to let go of a reference it may be
+            // using right now (packet or timer processing; never long), so that the QP's
+            // hold on its CQs, SRQ and PD is gone when this returns and they can be destroyed.
+            let engine = self.inner.lock().engine.take();
+            if let Some(e) = engine {
+                e.unregister(self.inner.qp_num);
+            }
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            while Arc::strong_count(&self.inner) > 1 && std::time::Instant::now() < deadline {
+                std::thread::yield_now();
+            }
             return Ok(());
         };
         Err(DestroyError {

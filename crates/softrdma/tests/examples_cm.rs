@@ -1,7 +1,7 @@
-//! The librdmacm example programs (examples/rdma_server, rdma_client, udaddy, mckey,
-//! cmtime) run as their rdma-core originals do: server and client in two processes on
-//! loopback "devices" 127.0.0.80 – 127.0.0.99, each bounded by a deadline so that a hang fails
-//! the test instead of hanging CI.
+//! The librdmacm and libibverbs example programs (examples/rdma_server, rdma_client, udaddy,
+//! mckey, cmtime, rc_pingpong) run as their rdma-core originals do: server and client in two
+//! processes on loopback "devices" (127.0.0.80 – 127.0.0.99, 127.0.0.150 – 127.0.0.153), each
+//! bounded by a deadline so that a hang fails the test instead of hanging CI.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -376,13 +376,13 @@ fn rc_pingpong_server_and_client_ping_pong_over_their_own_exchange() {
 fn rc_pingpong_without_a_gid_index_cannot_connect() {
     let s = server(
         "rc_pingpong",
-        &["-d", "127.0.0.150", "-p", "18752"],
+        &["-d", "127.0.0.152", "-p", "18752"],
         "local address:",
     );
     let c = finish(
         spawn(
             "rc_pingpong",
-            &["-d", "127.0.0.151", "-p", "18752", "127.0.0.150"],
+            &["-d", "127.0.0.153", "-p", "18752", "127.0.0.152"],
         ),
         LIMIT,
     );
