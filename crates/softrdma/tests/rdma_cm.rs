@@ -55,7 +55,10 @@ fn wait_wc(cq: &Cq) -> WorkCompletion {
         if cq.poll(&mut wc).unwrap() == 1 {
             return wc[0];
         }
-        assert!(t.elapsed() < Duration::from_secs(30), "no completion");
+        if t.elapsed() > Duration::from_secs(60) {
+            // A hang guard, not a speed check: only something that never happens trips it.
+            panic!("no completion");
+        }
         std::thread::sleep(Duration::from_micros(100));
     }
 }

@@ -117,7 +117,10 @@ fn wait_one(cq: &Cq) -> WorkCompletion {
             assert_eq!(wc[0].status, WcStatus::Success, "{:?}", wc[0]);
             return wc[0];
         }
-        assert!(Instant::now() < deadline, "no completion");
+        if Instant::now() > deadline {
+            // A hang guard, not a speed check.
+            panic!("no completion");
+        }
         std::thread::sleep(Duration::from_micros(100));
     }
 }
