@@ -213,7 +213,8 @@ impl FaultConfig {
 
 /// Whether a RoCEv2 packet (UDP payload) is for QP 1, the connection manager's.
 fn is_for_qp1(pkt: &[u8]) -> bool {
-    pkt.len() >= 8 && pkt[5..8] == [0, 0, 1]
+    softrdma_wire::bth::Packet::new_checked(pkt)
+        .is_ok_and(|b| b.dest_qp() == softrdma_wire::mad::GSI_QPN)
 }
 
 struct Faults {

@@ -50,22 +50,7 @@ fn setopt_val<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, val: &T) -> R
 }
 
 fn setopt(fd: RawFd, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> Result<()> {
-    // SAFETY: passes a pointer to a live c_int of the right size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&val as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(Error::last_os_error(format!(
-            "setsockopt(level {level}, option {name})"
-        )));
-    }
-    Ok(())
+    setopt_val(fd, level, name, &val)
 }
 
 pub(crate) fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -345,8 +330,10 @@ impl UdpSock {
     /// kernel cuts a super-datagram into IPv4 datagrams it numbers them 0, 1, 2, … (even with
     /// DF), so every datagram but the first would carry an identification its ICRC was not
     /// computed with; a peer that verifies against the header it receives (Linux rxe, a
-    /// RoCE NIC) drops them. Toward other IPv4 addresses each packet is its own datagram. Datagrams the kernel refuses (`EMSGSIZE`, unreachable) are dropped and
-    /// counted in the second field of the result, as a NIC drops what it cannot send.
+    /// RoCE NIC) drops them. Toward other IPv4 addresses each packet is its own datagram.
+    ///
+    /// Datagrams the kernel refuses (`EMSGSIZE`, unreachable) are dropped and counted in the
+    /// second field of the result, as a NIC drops what it cannot send.
     pub(crate) fn send_batch(&self, pkts: &[(&[u8], SocketAddr)]) -> (usize, usize) {
         const MAX: usize = 64;
         const MAX_SEGS: usize = 64;
