@@ -35,16 +35,20 @@ fn find_conn(local: IpAddr, id: ConnId) -> Option<CmId> {
 
 /// The listener for a request to `dst_addr` on (device `local`, `service_id`).
 fn find_listener(local: IpAddr, service_id: u64, dst_addr: IpAddr) -> Option<CmId> {
-    registry()
+    // The candidates are taken out under the registry lock and looked at after it: the last
+    // handle of an id may go with a candidate, and its drop uses the CM.
+    let candidates: Vec<Arc<IdInner>> = registry()
         .listeners
         .get(&(local, service_id))
-        .and_then(|v| {
-            v.iter().filter_map(Weak::upgrade).find(|l| {
-                l.lock().src.is_some_and(|a| {
-                    a.ip() == dst_addr
-                        || (a.ip().is_unspecified()
-                            && (a.is_ipv4() == dst_addr.is_ipv4() || !l.lock().afonly))
-                })
+        .map(|v| v.iter().filter_map(Weak::upgrade).collect())
+        .unwrap_or_default();
+    candidates
+        .into_iter()
+        .find(|l| {
+            let s = l.lock();
+            s.src.is_some_and(|a| {
+                a.ip() == dst_addr
+                    || (a.ip().is_unspecified() && (a.is_ipv4() == dst_addr.is_ipv4() || !s.afonly))
             })
         })
         .map(|inner| CmId { inner })

@@ -245,6 +245,7 @@ impl IdInner {
 /// peer is not left waiting for its retries to run out) and its QP goes to ERR.
 impl Drop for IdInner {
     fn drop(&mut self) {
+        let me: *const IdInner = self;
         let s = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         if s.state == IdState::Gone {
             return;
@@ -262,6 +263,18 @@ impl Drop for IdInner {
         }
         let c = self.chan.get_mut().unwrap_or_else(|p| p.into_inner());
         c.channel.inner.ids.fetch_sub(1, Ordering::AcqRel);
+        // Out of the port table, so that its weak reference does not keep this allocation
+        // (a drop under that lock, say of a handle upgraded there, leaves it to the next
+        // reservation of the port, which prunes dead entries).
+        if let (Some(src), Ok(mut t)) = (s.src, ports().try_lock()) {
+            let key = (self.ps.to_u16(), src.port());
+            if let Some(v) = t.get_mut(&key) {
+                v.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), me));
+                if v.is_empty() {
+                    t.remove(&key);
+                }
+            }
+        }
     }
 }
 
@@ -548,10 +561,13 @@ impl CmId {
                 backlog_used: AtomicUsize::new(0),
             }),
         };
-        all_ids()
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Arc::downgrade(&id.inner));
+        let mut a = all_ids().lock().unwrap_or_else(|p| p.into_inner());
+        if a.len() >= 64 && a.len().is_power_of_two() {
+            // Amortized: the entries of dropped ids go before the list doubles.
+            a.retain(|w| w.strong_count() > 0);
+        }
+        a.push(Arc::downgrade(&id.inner));
+        drop(a);
         Ok(id)
     }
 
