@@ -255,6 +255,17 @@ impl Drop for IdInner {
         }
         if let (Some(conn), Some(engine)) = (s.conn.take(), s.engine.clone()) {
             engine.with_cm(|g, now| g.cm.destroy(now, conn));
+            // Its registry entry goes too (left to a later insert of the same key if the
+            // registry is busy now).
+            if let (Some(src), Ok(mut r)) = (s.src, registry_mutex().try_lock()) {
+                let key = (src.ip(), conn.0);
+                if r.conns
+                    .get(&key)
+                    .is_some_and(|w| std::ptr::eq(w.as_ptr(), me))
+                {
+                    r.conns.remove(&key);
+                }
+            }
         }
         for g in s.mcast.drain(..) {
             if let Some(qp) = &g.attached {
@@ -466,11 +477,13 @@ struct Registry {
     listeners: HashMap<(IpAddr, u64), Vec<Weak<IdInner>>>,
 }
 
-fn registry() -> std::sync::MutexGuard<'static, Registry> {
+fn registry_mutex() -> &'static Mutex<Registry> {
     static R: OnceLock<Mutex<Registry>> = OnceLock::new();
     R.get_or_init(|| Mutex::new(Registry::default()))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+}
+
+fn registry() -> std::sync::MutexGuard<'static, Registry> {
+    registry_mutex().lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn random_psn() -> u32 {
