@@ -85,6 +85,28 @@ cap_stop() {
 }
 vm_kill_rping() { vmsh 'kill -9 $(pidof rping ibv_rc_pingpong) 2>/dev/null; true' >/dev/null; }
 
+# Servers are started in the background and the client only once they listen (a fixed sleep
+# is a race on a slow machine). wait_line FILE PATTERN PID: until FILE has PATTERN or the
+# process PID ends, at most 30 s. wait_tcp_listen PORT: until something in rxe-ns listens on
+# TCP PORT. vm_wait_tcp_listen PORT: the same inside the VM (/proc/net/tcp{,6}, state 0A).
+wait_line() {
+  local n=0
+  until grep -q "$2" "$1" 2>/dev/null || ! kill -0 "$3" 2>/dev/null || [ $n -ge 300 ]; do
+    sleep 0.1; n=$((n + 1))
+  done
+}
+wait_tcp_listen() {
+  local n=0
+  until [ -n "$($NSX ss -Hltn "sport = :$1" 2>/dev/null)" ] || [ $n -ge 300 ]; do
+    sleep 0.1; n=$((n + 1))
+  done
+}
+vm_wait_tcp_listen() {
+  local hex
+  hex=$(printf '%04X' "$1")
+  vmsh "n=0; until grep -q ':$hex [0-9A-F:]* 0A' /proc/net/tcp /proc/net/tcp6 2>/dev/null || [ \$n -ge 300 ]; do sleep 0.1; n=\$((n + 1)); done" >/dev/null
+}
+
 # run_case NAME FUNCTION ARGS...: capture, run, check the capture's ICRCs (and, when a
 # function FUNCTION_capture exists, call it with NAME once the capture is complete), report.
 run_case() {
@@ -128,9 +150,9 @@ rping_to_kernel() {
 # The kernel's rping client against softrdma's rping server.
 rping_from_kernel() {
   local size=$1 name=$2
-  timeout 120 $NSX "$RPING" -s -a $HOST -v -V -C "$COUNT" -S "$size" >"$OUT/$name.server.log" 2>&1 &
+  timeout 120 $NSX "$RPING" -s -d -a $HOST -v -V -C "$COUNT" -S "$size" >"$OUT/$name.server.log" 2>&1 &
   local spid=$!
-  sleep 1
+  wait_line "$OUT/$name.server.log" 'rdma_listen successful' $spid
   vmsh "rping -c -a $HOST -v -V -C $COUNT -S $size; echo rc=\$?" >"$OUT/$name.client.log"
   wait $spid
   local rc=$?
@@ -163,9 +185,9 @@ rejected_by_kernel_capture() {
 # (reason 8) and the kernel's rping reports RDMA_CM_EVENT_REJECTED, error 8.
 rejected_by_softrdma() {
   local name=$1
-  timeout 60 $NSX "$RPING" -s -a $HOST -p 7174 -C 1 -S 100 >"$OUT/$name.server.log" 2>&1 &
+  timeout 60 $NSX "$RPING" -s -d -a $HOST -p 7174 -C 1 -S 100 >"$OUT/$name.server.log" 2>&1 &
   local spid=$!
-  sleep 1
+  wait_line "$OUT/$name.server.log" 'rdma_listen successful' $spid
   vmsh "rping -c -a $HOST -p 7175 -C 1 -S 100; echo rc=\$?" >"$OUT/$name.client.log"
   kill $spid 2>/dev/null
   wait $spid 2>/dev/null
@@ -225,7 +247,8 @@ counter_delta() {
 rc_pingpong_to_kernel() {
   local name=$1 faults=${2:-}
   [ -n "$faults" ] && vm_hw_counters >"$OUT/$name.hw_before"
-  vmsh "(setsid sh -c 'ibv_rc_pingpong -g 1 -n $PP_ITERS; echo rc=\$?' </dev/null >/tmp/pp.log 2>&1 &); sleep 1" >/dev/null
+  vmsh "(setsid sh -c 'ibv_rc_pingpong -g 1 -n $PP_ITERS; echo rc=\$?' </dev/null >/tmp/pp.log 2>&1 &)" >/dev/null
+  vm_wait_tcp_listen 18515
   SOFTRDMA_FAULTS=$faults timeout 120 $NSX "$PINGPONG" -d $HOST -g 0 -n "$PP_ITERS" --stats $VMIP \
     >"$OUT/$name.client.log" 2>&1
   local rc=$?
@@ -251,7 +274,7 @@ rc_pingpong_from_kernel() {
   local name=$1
   timeout 120 $NSX "$PINGPONG" -d $HOST -g 0 -n "$PP_ITERS" --stats >"$OUT/$name.server.log" 2>&1 &
   local spid=$!
-  sleep 1
+  wait_tcp_listen 18515
   vmsh "ibv_rc_pingpong -g 1 -n $PP_ITERS $HOST; echo rc=\$?" >"$OUT/$name.client.log"
   wait $spid
   local rc=$?
@@ -270,7 +293,7 @@ rnr_from_kernel() {
   vm_hw_counters >"$OUT/$name.hw_before"
   timeout 120 $NSX "$PINGPONG" -d $HOST -g 0 -n "$PP_ITERS" --stats --late-recv 500 >"$OUT/$name.server.log" 2>&1 &
   local spid=$!
-  sleep 1
+  wait_tcp_listen 18515
   vmsh "ibv_rc_pingpong -g 1 -n $PP_ITERS $HOST; echo rc=\$?" >"$OUT/$name.client.log"
   wait $spid
   local rc=$?

@@ -84,6 +84,34 @@ fn server(name: &str, args: &[&str], ready: &str) -> Child {
     child
 }
 
+/// Waits until some process listens on TCP `port` (any address), as /proc/net/tcp{,6} show.
+/// rc_pingpong prints its local address before it listens, as ibv_rc_pingpong does, so the
+/// client must not be started on that line alone; connecting to probe would take the
+/// server's only accept.
+fn wait_listening(port: u16) {
+    let t = Instant::now();
+    let want = format!(":{port:04X}");
+    loop {
+        for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            let Ok(s) = std::fs::read_to_string(table) else {
+                continue;
+            };
+            // "sl local_address rem_address st ...": st 0A is LISTEN.
+            let listening = s.lines().skip(1).any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
+            });
+            if listening {
+                return;
+            }
+        }
+        if t.elapsed() > Duration::from_secs(60) {
+            panic!("nothing listens on TCP port {port} after 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 const LIMIT: Duration = Duration::from_secs(120);
 
 #[test]
@@ -352,6 +380,7 @@ fn rc_pingpong_server_and_client_ping_pong_over_their_own_exchange() {
         ];
         args.extend(extra);
         let s = server("rc_pingpong", &args, "local address:");
+        wait_listening(port.parse().unwrap());
         args[1] = "127.0.0.151";
         args.push("127.0.0.150");
         let c = finish(spawn("rc_pingpong", &args), LIMIT);
@@ -379,6 +408,7 @@ fn rc_pingpong_without_a_gid_index_cannot_connect() {
         &["-d", "127.0.0.152", "-p", "18752"],
         "local address:",
     );
+    wait_listening(18752);
     let c = finish(
         spawn(
             "rc_pingpong",
