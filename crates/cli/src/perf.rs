@@ -9,7 +9,7 @@
 //! 1 read, 2 send, 3 atomic), flags (bit 0: latency test), 0, the largest message size (u32),
 //! the outstanding work requests (u32), the inline size (u32), 0 (u32). The server creates its
 //! QP (that many work requests, that inline size) and a buffer of that size, registered for
-//! remote write, read and atomics, posts as many receives as work requests for SEND tests,
+//! remote write, read and atomics, posts max(512, work requests) receives for SEND tests (perftest's rx_depth),
 //! and accepts with 24 bytes of private data: `"SRPF"`, version 1, 0, 0, 0, the buffer's
 //! address (u64), its rkey (u32) and its length (u32). Anything else is rejected (server) or
 //! refused (client) with a message saying so.
@@ -141,6 +141,11 @@ const MSG_LEN: usize = 24;
 /// The most outstanding work requests a server agrees to.
 const MAX_DEPTH: u32 = 16384;
 
+/// Receives the server of a SEND test keeps posted (perftest's default rx_depth), unless the
+/// client's send depth is larger: a receiver that reposts as fast as it consumes then never
+/// answers RNR to a sender `tx_depth` messages ahead.
+const RX_DEPTH: u32 = 512;
+
 /// The client's connection request: what the server must prepare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
@@ -237,15 +242,15 @@ const ACCESS: u32 = AccessFlags::LOCAL_WRITE.bits()
 
 impl End {
     /// The QP, CQ and buffer of one side, on the device the connection manager bound `id` to.
-    fn new(id: CmId, buf_len: usize, depth: u32, inline: u32) -> Result<End> {
+    fn new(id: CmId, buf_len: usize, depth: u32, recv_depth: u32, inline: u32) -> Result<End> {
         let ctx = id
             .verbs()
             .ok_or_else(|| Error::invalid("the id is not bound to a device"))?;
         let pd = Arc::new(ctx.alloc_pd()?);
-        let cq = Arc::new(ctx.create_cq(depth * 4, 0, None, 0)?);
+        let cq = Arc::new(ctx.create_cq((depth + recv_depth) * 2, 0, None, 0)?);
         let mut cap = QpCap {
             max_send_wr: depth,
-            max_recv_wr: depth,
+            max_recv_wr: recv_depth,
             max_send_sge: 1,
             max_recv_sge: 1,
             max_inline_data: inline,
@@ -339,14 +344,17 @@ fn accept_one(listener: &CmId) -> Result<(End, Request)> {
                 continue;
             }
         };
+        // Receives: perftest's rx_depth (512), and never fewer than the client's send depth.
+        let recv_depth = req.tx_depth.max(RX_DEPTH);
         let end = End::new(
             id,
             (req.max_size as usize).max(64),
             req.tx_depth,
+            recv_depth,
             req.inline,
         )?;
         if req.op == Op::Send {
-            for i in 0..req.tx_depth {
+            for i in 0..recv_depth {
                 end.post_recv(u64::from(i))?;
             }
         }
@@ -367,7 +375,13 @@ fn dial(args: &PerfArgs, server: SocketAddr, max: usize) -> Result<(End, Target)
     let id = CmId::create(None, 0, PortSpace::Tcp)?;
     id.resolve_addr(Some(SocketAddr::new(args.client, 0)), server, 2000)?;
     id.resolve_route(2000)?;
-    let end = End::new(id, max.max(64), args.tx_depth as u32, args.inline)?;
+    let end = End::new(
+        id,
+        max.max(64),
+        args.tx_depth as u32,
+        args.tx_depth as u32,
+        args.inline,
+    )?;
     if args.op == Op::Send && args.lat {
         for i in 0..args.tx_depth.min(64) {
             end.post_recv(i as u64)?;

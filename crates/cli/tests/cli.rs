@@ -541,3 +541,29 @@ fn perf_pcap_captures_every_packet_and_json_carries_the_counters() {
         "{records} records, {sent} packets counted: {json}"
     );
 }
+
+/// A device address whose RoCE port another process holds: perf fails with EADDRINUSE and a
+/// sentence saying what to do, instead of hanging or panicking.
+#[test]
+fn perf_on_a_device_whose_port_is_taken_says_what_to_do() {
+    let _squatter = std::net::UdpSocket::bind("127.0.0.163:4791").expect("bind 127.0.0.163:4791");
+    let (ok, _, err) = softrdma(&[
+        "perf",
+        "write",
+        "-s",
+        "4096",
+        "-n",
+        "10",
+        "--client-addr",
+        "127.0.0.164",
+        "--server-addr",
+        "127.0.0.163",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("UDP port 4791 on 127.0.0.163 is used by another process")
+            && err.contains("another 127.0.0.x")
+            && err.contains("EADDRINUSE"),
+        "{err}"
+    );
+}

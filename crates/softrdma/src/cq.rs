@@ -385,7 +385,16 @@ impl Cq {
             return Ok(n);
         }
         // Nothing yet: receive what the device has waiting, here, then look again.
-        let engine = match self.inner.engine.get() {
+        if let Some(engine) = self.engine() {
+            engine.poll_progress();
+            return self.poll_entries(wc);
+        }
+        Ok(0)
+    }
+
+    /// The engine of the CQ's device, once it is started.
+    fn engine(&self) -> Option<&Arc<crate::engine::Engine>> {
+        match self.inner.engine.get() {
             Some(e) => Some(e),
             None => self
                 .inner
@@ -393,12 +402,7 @@ impl Cq {
                 .shared
                 .engine_if_started()
                 .map(|e| self.inner.engine.get_or_init(|| e)),
-        };
-        if let Some(engine) = engine {
-            engine.poll_progress();
-            return self.poll_entries(wc);
         }
-        Ok(0)
     }
 
     fn poll_entries(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
@@ -425,12 +429,19 @@ impl Cq {
         if self.inner.channel.is_none() {
             return Err(Error::invalid("the CQ has no completion channel to notify"));
         }
-        let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.armed = match (solicited_only, st.armed) {
-            (false, _) => Armed::Any,
-            (true, Armed::Any) => Armed::Any,
-            (true, _) => Armed::Solicited,
-        };
+        {
+            let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.armed = match (solicited_only, st.armed) {
+                (false, _) => Armed::Any,
+                (true, Armed::Any) => Armed::Any,
+                (true, _) => Armed::Solicited,
+            };
+        }
+        // The program is about to sleep on the channel: the device's progress thread, which
+        // leaves the socket to threads that poll, must take it back now.
+        if let Some(engine) = self.engine() {
+            engine.app_sleeps();
+        }
         Ok(())
     }
 

@@ -11,6 +11,17 @@
 //! multicast groups also has one socket per group, which the progress thread polls too (see
 //! the `mcast` submodule); without groups that path costs one atomic load.
 //!
+//! An application thread that polls a CQ and finds it empty receives what is waiting on the
+//! device socket itself ([`Engine::poll_progress`]), so a busy-polling program gets its
+//! completions with no thread hop. While it keeps doing so, the progress thread leaves the
+//! socket to it: it stops watching the socket until [`POLL_HANDOFF`] has passed without such
+//! a poll, and wakes only for timers and explicit wake-ups. Otherwise both threads would be
+//! woken by every packet and, on a machine with few cores, the progress thread would preempt
+//! the very pollers it races (that doubled the one-way latency of a ping-pong). Arming a CQ
+//! for an event ([`crate::Cq::req_notify_cq`]), which a program does before it sleeps, gives
+//! the socket back at once; a program that stops polling without arming a CQ gets it back
+//! within [`POLL_HANDOFF`].
+//!
 //! # ICRC
 //! Every packet sent carries the ICRC computed over the IP and UDP headers the kernel will
 //! put in front of it (IPv4: identification 0 and DF, which `IP_PMTUDISC_DO` guarantees).
@@ -51,6 +62,10 @@ mod mcast;
 /// headroom.
 pub(crate) const PKT_BUF: usize = 4096 + 128;
 const BATCH: usize = 64;
+
+/// How long after an application thread last polled an empty CQ of the device the progress
+/// thread leaves the device socket to application threads (see the module notes).
+pub(crate) const POLL_HANDOFF: Duration = Duration::from_micros(500);
 
 /// Per-device packet counters, readable with [`crate::Context::counters`].
 #[derive(Debug, Default)]
@@ -254,6 +269,11 @@ pub(crate) struct Engine {
     busy_poll: Duration,
     /// The receive buffers, held by the thread that is receiving.
     rx: Mutex<RxState>,
+    /// When an application thread last polled an empty CQ of this device (nanoseconds since
+    /// `epoch`, at least 1); 0 when none has since a CQ was armed.
+    app_polled: AtomicU64,
+    /// The progress thread is not watching the socket (an application thread polls it).
+    standing_down: AtomicBool,
     /// QP 1: the connection manager's MADs.
     pub(crate) gsi: Mutex<crate::gsi::Gsi>,
     /// This engine, for the connection-manager layer's ids.
@@ -305,6 +325,8 @@ impl Engine {
             faults: Mutex::new(None),
             delayed: Mutex::new(Vec::new()),
             rx: Mutex::new(RxState::new()),
+            app_polled: AtomicU64::new(0),
+            standing_down: AtomicBool::new(false),
             me: std::sync::OnceLock::new(),
             ifindex,
             mcast: Mutex::new(mcast::Table::default()),
@@ -411,22 +433,24 @@ impl Engine {
         if self.faults_on.load(Ordering::Acquire) {
             self.send_with_faults(tx);
         } else {
-            let pkts: Vec<(&[u8], SocketAddr)> = (0..tx.count)
-                .map(|i| (&tx.bufs[i][..tx.lens[i]], tx.dests[i]))
-                .collect();
-            self.account(&pkts);
+            let TxBatch {
+                bufs, lens, dests, ..
+            } = &*tx;
+            self.account(tx.count, |i| (&bufs[i][..lens[i]], dests[i]));
         }
         tx.count = 0;
     }
 
-    fn account(&self, pkts: &[(&[u8], SocketAddr)]) {
+    /// Sends packets `pkt(0..count)` and counts them.
+    fn account<'a>(&self, count: usize, pkt: impl Fn(usize) -> (&'a [u8], SocketAddr)) {
         if crate::capture::active() {
-            for (p, dst) in pkts {
-                crate::capture::record(self.local, *dst, p);
+            for i in 0..count {
+                let (p, dst) = pkt(i);
+                crate::capture::record(self.local, dst, p);
             }
         }
-        let (sent, failed) = self.sock.send_batch(pkts);
-        let bytes: usize = pkts.iter().map(|p| p.0.len()).sum();
+        let bytes: usize = (0..count).map(|i| pkt(i).0.len()).sum();
+        let (sent, failed) = self.sock.send_batch(count, pkt);
         let c = &self.counters;
         c.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
         c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
@@ -483,8 +507,7 @@ impl Engine {
                 .extend(delayed);
             self.wake.signal();
         }
-        let pkts: Vec<(&[u8], SocketAddr)> = out.iter().map(|(b, d)| (&b[..], *d)).collect();
-        self.account(&pkts);
+        self.account(out.len(), |i| (&out[i].0[..], out[i].1));
     }
 
     fn release_delayed(&self, now: Instant) -> Option<Instant> {
@@ -509,7 +532,7 @@ impl Engine {
             pkts.push((&b[..], *a));
         }
         if !pkts.is_empty() {
-            self.account(&pkts);
+            self.account(pkts.len(), |i| pkts[i]);
         }
         next
     }
@@ -1319,6 +1342,8 @@ impl Engine {
     /// receiving, receive what is waiting now (without blocking) and process it here, so
     /// that a polling application gets its completions without a thread hop.
     pub(crate) fn poll_progress(&self) {
+        self.app_polled
+            .store(self.nanos(Instant::now()).max(1), Ordering::SeqCst);
         let Ok(mut rx) = self.rx.try_lock() else {
             return;
         };
@@ -1328,6 +1353,36 @@ impl Engine {
                 self.poll_mcast(&mut rx, tx, 4);
             }
         });
+    }
+}
+
+impl Engine {
+    /// An application thread is about to sleep rather than poll (it armed a CQ): the
+    /// progress thread takes the socket back now instead of after [`POLL_HANDOFF`].
+    pub(crate) fn app_sleeps(&self) {
+        // With `standing_down` (set before the progress thread reads `app_polled`): one of
+        // the two threads sees the other's store.
+        if self.app_polled.swap(0, Ordering::SeqCst) != 0
+            && self.standing_down.load(Ordering::SeqCst)
+        {
+            self.wake.signal();
+        }
+    }
+
+    /// Whether an application thread polled within [`POLL_HANDOFF`] of `now`, and until when
+    /// the progress thread leaves the socket to it. Sets `standing_down` when so.
+    fn handoff_until(&self, now: Instant) -> Option<Instant> {
+        if self.app_polled.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        self.standing_down.store(true, Ordering::SeqCst);
+        let polled = self.app_polled.load(Ordering::SeqCst);
+        let until = self.epoch + Duration::from_nanos(polled) + POLL_HANDOFF;
+        if polled != 0 && until > now {
+            return Some(until);
+        }
+        self.standing_down.store(false, Ordering::SeqCst);
+        None
     }
 }
 
@@ -1358,9 +1413,13 @@ fn progress(weak: Weak<Engine>) {
         if let Some(d) = engine.release_delayed(now) {
             next = next.min(d);
         }
+        let handoff = engine.handoff_until(now);
         engine
             .sleep_until
             .store(engine.nanos(next), Ordering::Release);
+        if let Some(h) = handoff {
+            next = next.min(h);
+        }
         let timeout = next.saturating_duration_since(now);
         let gen = engine.mcast_gen.load(Ordering::Acquire);
         if gen != groups_gen {
@@ -1375,19 +1434,40 @@ fn progress(weak: Weak<Engine>) {
             revents: 0,
         };
         fds.clear();
-        fds.push(pollfd(engine.sock.raw()));
+        // (poll(2) ignores a negative descriptor: the socket is left to application threads.)
+        fds.push(pollfd(if handoff.is_some() {
+            -1
+        } else {
+            engine.sock.raw()
+        }));
         fds.push(pollfd(std::os::fd::AsRawFd::as_raw_fd(&engine.wake)));
         fds.extend(groups.groups.iter().map(|g| pollfd(g.sock.raw())));
-        let mut ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
-        if !engine.busy_poll.is_zero() && now.duration_since(last_rx) < engine.busy_poll {
-            ms = 0;
+        let mut timeout = timeout;
+        if handoff.is_none()
+            && !engine.busy_poll.is_zero()
+            && now.duration_since(last_rx) < engine.busy_poll
+        {
+            timeout = Duration::ZERO;
         }
-        // SAFETY: `fds` holds fds.len() valid pollfds, whose sockets `groups` keeps open.
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: `fds` holds fds.len() valid pollfds, whose sockets `groups` keeps open; `ts`
+        // is a valid timespec; no signal mask is passed.
+        unsafe {
+            libc::ppoll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                &ts,
+                std::ptr::null(),
+            )
+        };
         if fds[1].revents & libc::POLLIN != 0 {
             while engine.wake.try_wait() {}
         }
         engine.sleep_until.store(0, Ordering::Release);
+        engine.standing_down.store(false, Ordering::SeqCst);
         // Receive everything waiting, in batches (unless an application thread is at it).
         if fds[0].revents & libc::POLLIN != 0 {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());

@@ -56,6 +56,13 @@ fn setopt(fd: RawFd, level: libc::c_int, name: libc::c_int, val: libc::c_int) ->
 pub(crate) fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
     let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = write_sockaddr(addr, &mut ss);
+    (ss, len)
+}
+
+/// Writes `addr` into `ss` as a `sockaddr_in` or `sockaddr_in6` and returns its length (the
+/// rest of `ss` is left as it was: the kernel reads only that length).
+fn write_sockaddr(addr: &SocketAddr, ss: &mut libc::sockaddr_storage) -> libc::socklen_t {
     let len = match addr {
         SocketAddr::V4(a) => {
             let sin = libc::sockaddr_in {
@@ -67,7 +74,7 @@ pub(crate) fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::s
                 sin_zero: [0; 8],
             };
             // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            unsafe { std::ptr::write((ss as *mut libc::sockaddr_storage).cast(), sin) };
             size_of::<libc::sockaddr_in>()
         }
         SocketAddr::V6(a) => {
@@ -81,11 +88,11 @@ pub(crate) fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::s
                 sin6_scope_id: a.scope_id(),
             };
             // SAFETY: as above, for sockaddr_in6.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            unsafe { std::ptr::write((ss as *mut libc::sockaddr_storage).cast(), sin6) };
             size_of::<libc::sockaddr_in6>()
         }
     };
-    (ss, len as libc::socklen_t)
+    len as libc::socklen_t
 }
 
 pub(crate) fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
@@ -334,124 +341,144 @@ impl UdpSock {
     ///
     /// Datagrams the kernel refuses (`EMSGSIZE`, unreachable) are dropped and counted in the
     /// second field of the result, as a NIC drops what it cannot send.
-    pub(crate) fn send_batch(&self, pkts: &[(&[u8], SocketAddr)]) -> (usize, usize) {
-        const MAX: usize = 64;
+    pub(crate) fn send_batch<'a>(
+        &self,
+        count: usize,
+        pkt: impl Fn(usize) -> (&'a [u8], SocketAddr),
+    ) -> (usize, usize) {
         const MAX_SEGS: usize = 64;
         const MAX_GSO_BYTES: usize = 65000;
-        let gso = self.gso.load(Ordering::Relaxed);
-        // Groups: (first packet, number of packets, segment size).
-        let mut groups: Vec<(usize, usize, usize)> = Vec::with_capacity(pkts.len());
-        let mut i = 0;
-        while i < pkts.len() {
-            let (first, dst) = pkts[i];
-            let seg = first.len();
-            let mut n = 1;
-            let mut total = seg;
-            if gso && gso_keeps_ident(dst) {
-                while i + n < pkts.len() && n < MAX_SEGS {
-                    let (p, d) = pkts[i + n];
-                    if d != dst || p.len() > seg || total + p.len() > MAX_GSO_BYTES || p.is_empty()
-                    {
-                        break;
-                    }
-                    total += p.len();
-                    n += 1;
-                    if p.len() < seg {
-                        break;
-                    }
-                }
-            }
-            groups.push((i, n, seg));
-            i += n;
-        }
-        let mut sent = 0;
-        let mut failed = 0;
-        let mut g = 0;
-        let cmsg_space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
-        while g < groups.len() {
-            let n = (groups.len() - g).min(MAX);
-            // SAFETY: plain data, zero-initialised and filled below.
-            let mut names: [libc::sockaddr_storage; MAX] = unsafe { zeroed() };
-            let mut msgs: [libc::mmsghdr; MAX] = unsafe { zeroed() };
-            let mut cmsgs = [CmsgBuf([0; 32]); MAX];
-            let mut iovs: Vec<libc::iovec> = Vec::with_capacity(pkts.len());
-            for k in 0..n {
-                let (first, count, _) = groups[g + k];
-                for p in &pkts[first..first + count] {
-                    iovs.push(libc::iovec {
-                        iov_base: p.0.as_ptr() as *mut libc::c_void,
-                        iov_len: p.0.len(),
-                    });
-                }
-            }
-            let mut at = 0;
-            for k in 0..n {
-                let (first, count, seg) = groups[g + k];
-                let (ss, len) = to_sockaddr(&pkts[first].1);
-                names[k] = ss;
-                let h = &mut msgs[k].msg_hdr;
-                h.msg_name = (&mut names[k] as *mut libc::sockaddr_storage).cast();
-                h.msg_namelen = len;
-                h.msg_iov = iovs[at..].as_mut_ptr();
-                h.msg_iovlen = count;
-                at += count;
-                if count > 1 {
-                    h.msg_control = cmsgs[k].0.as_mut_ptr().cast();
-                    h.msg_controllen = cmsg_space;
-                    // SAFETY: the control buffer is 32 aligned bytes, enough for one cmsg
-                    // carrying a u16.
-                    unsafe {
-                        let cm = libc::CMSG_FIRSTHDR(h);
-                        (*cm).cmsg_level = libc::SOL_UDP;
-                        (*cm).cmsg_type = UDP_SEGMENT;
-                        (*cm).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
-                        std::ptr::write_unaligned(libc::CMSG_DATA(cm).cast::<u16>(), seg as u16);
+        SEND_SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let SendScratch { groups, iovs, hdrs } = &mut *scratch;
+            let gso = self.gso.load(Ordering::Relaxed);
+            // Groups: (first packet, number of packets, segment size).
+            groups.clear();
+            let mut i = 0;
+            while i < count {
+                let (first, dst) = pkt(i);
+                let seg = first.len();
+                let mut n = 1;
+                let mut total = seg;
+                if gso && gso_keeps_ident(dst) {
+                    while i + n < count && n < MAX_SEGS {
+                        let (p, d) = pkt(i + n);
+                        if d != dst
+                            || p.len() > seg
+                            || total + p.len() > MAX_GSO_BYTES
+                            || p.is_empty()
+                        {
+                            break;
+                        }
+                        total += p.len();
+                        n += 1;
+                        if p.len() < seg {
+                            break;
+                        }
                     }
                 }
+                groups.push((i, n, seg));
+                i += n;
             }
-            // SAFETY: msgs[..n] point at live buffers, iovecs, names and control data.
-            let r = unsafe {
-                libc::sendmmsg(self.fd.as_raw_fd(), msgs.as_mut_ptr(), n as libc::c_uint, 0)
-            };
-            if r > 0 {
-                for k in 0..r as usize {
-                    sent += groups[g + k].1;
+            let mut sent = 0;
+            let mut failed = 0;
+            let mut g = 0;
+            // SAFETY: CMSG_SPACE is a pure computation.
+            let cmsg_space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+            while g < groups.len() {
+                let n = (groups.len() - g).min(MMSG_MAX);
+                iovs.clear();
+                for &(first, count, _) in &groups[g..g + n] {
+                    for k in first..first + count {
+                        let p = pkt(k).0;
+                        iovs.push(libc::iovec {
+                            iov_base: p.as_ptr() as *mut libc::c_void,
+                            iov_len: p.len(),
+                        });
+                    }
                 }
-                g += r as usize;
-                continue;
+                let mut at = 0;
+                for k in 0..n {
+                    let (first, count, seg) = groups[g + k];
+                    hdrs.names[k].len = write_sockaddr(&pkt(first).1, &mut hdrs.names[k].ss);
+                    let h = &mut hdrs.msgs[k].msg_hdr;
+                    h.msg_name = (&mut hdrs.names[k].ss as *mut libc::sockaddr_storage).cast();
+                    h.msg_namelen = hdrs.names[k].len;
+                    h.msg_iov = iovs[at..].as_mut_ptr();
+                    h.msg_iovlen = count;
+                    h.msg_flags = 0;
+                    at += count;
+                    if count > 1 {
+                        h.msg_control = hdrs.cmsgs[k].0.as_mut_ptr().cast();
+                        h.msg_controllen = cmsg_space;
+                        // SAFETY: the control buffer is 32 aligned bytes, enough for one cmsg
+                        // carrying a u16.
+                        unsafe {
+                            let cm = libc::CMSG_FIRSTHDR(h);
+                            (*cm).cmsg_level = libc::SOL_UDP;
+                            (*cm).cmsg_type = UDP_SEGMENT;
+                            (*cm).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                            std::ptr::write_unaligned(
+                                libc::CMSG_DATA(cm).cast::<u16>(),
+                                seg as u16,
+                            );
+                        }
+                    } else {
+                        h.msg_control = std::ptr::null_mut();
+                        h.msg_controllen = 0;
+                    }
+                }
+                // SAFETY: msgs[..n] point at live buffers, iovecs, names and control data,
+                // all of which outlive the call.
+                let r = unsafe {
+                    libc::sendmmsg(
+                        self.fd.as_raw_fd(),
+                        hdrs.msgs.as_mut_ptr(),
+                        n as libc::c_uint,
+                        0,
+                    )
+                };
+                if r > 0 {
+                    for k in 0..r as usize {
+                        sent += groups[g + k].1;
+                    }
+                    g += r as usize;
+                    continue;
+                }
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
+                        // The send buffer is full: wait until writable, then go on.
+                        let mut p = libc::pollfd {
+                            fd: self.fd.as_raw_fd(),
+                            events: libc::POLLOUT,
+                            revents: 0,
+                        };
+                        // SAFETY: one valid pollfd.
+                        unsafe { libc::poll(&mut p, 1, 100) };
+                    }
+                    Some(libc::EIO) | Some(libc::EINVAL) if groups[g].1 > 1 => {
+                        // No UDP GSO here: send every packet on its own from now on (this
+                        // group's packets become groups of one, sent on the next round).
+                        tracing::info!(error = %e, "UDP GSO unavailable; sending datagrams one by one");
+                        self.gso.store(false, Ordering::Relaxed);
+                        let (first, count, _) = groups[g];
+                        let singles: Vec<(usize, usize, usize)> = (first..first + count)
+                            .map(|k| (k, 1, pkt(k).0.len()))
+                            .collect();
+                        groups.splice(g..g + 1, singles);
+                    }
+                    _ => {
+                        // The first message failed on its own: drop it and go on.
+                        tracing::debug!(error = %e, dst = %pkt(groups[g].0).1, "datagram not sent");
+                        failed += groups[g].1;
+                        g += 1;
+                    }
+                }
             }
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
-                    // The send buffer is full: wait until writable, then go on.
-                    let mut p = libc::pollfd {
-                        fd: self.fd.as_raw_fd(),
-                        events: libc::POLLOUT,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd.
-                    unsafe { libc::poll(&mut p, 1, 100) };
-                }
-                Some(libc::EIO) | Some(libc::EINVAL) if groups[g].1 > 1 => {
-                    // No UDP GSO here: send every packet on its own from now on.
-                    tracing::info!(error = %e, "UDP GSO unavailable; sending datagrams one by one");
-                    self.gso.store(false, Ordering::Relaxed);
-                    let (first, count, _) = groups[g];
-                    let (s2, f2) = self.send_batch(&pkts[first..first + count]);
-                    sent += s2;
-                    failed += f2;
-                    g += 1;
-                }
-                _ => {
-                    // The first message failed on its own: drop it and go on.
-                    tracing::debug!(error = %e, dst = %pkts[groups[g].0].1, "datagram not sent");
-                    failed += groups[g].1;
-                    g += 1;
-                }
-            }
-        }
-        (sent, failed)
+            (sent, failed)
+        })
     }
 
     /// Receives up to `bufs.len()` messages without blocking; for each, its length, source
@@ -459,80 +486,130 @@ impl UdpSock {
     /// datagrams of `segment` bytes each (the last may be shorter). Returns how many messages
     /// arrived (0 when none is waiting).
     pub(crate) fn recv_batch(&self, bufs: &mut [Vec<u8>], meta: &mut [RxMsg]) -> Result<usize> {
-        const MAX: usize = 64;
-        let n = bufs.len().min(MAX).min(meta.len());
-        // SAFETY: plain data, zero-initialised and filled below.
-        let mut names: [libc::sockaddr_storage; MAX] = unsafe { zeroed() };
-        let mut iovs: [libc::iovec; MAX] = unsafe { zeroed() };
-        let mut msgs: [libc::mmsghdr; MAX] = unsafe { zeroed() };
-        let mut cmsgs = [CmsgBuf([0; 32]); MAX];
-        for i in 0..n {
-            iovs[i] = libc::iovec {
-                iov_base: bufs[i].as_mut_ptr().cast(),
-                iov_len: bufs[i].len(),
-            };
-            let h = &mut msgs[i].msg_hdr;
-            h.msg_name = (&mut names[i] as *mut libc::sockaddr_storage).cast();
-            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            h.msg_iov = &mut iovs[i];
-            h.msg_iovlen = 1;
-            if self.gro {
-                h.msg_control = cmsgs[i].0.as_mut_ptr().cast();
-                h.msg_controllen = 32;
+        let n = bufs.len().min(MMSG_MAX).min(meta.len());
+        RECV_SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let hdrs = &mut **scratch;
+            for (i, buf) in bufs.iter_mut().enumerate().take(n) {
+                hdrs.iovs[i] = libc::iovec {
+                    iov_base: buf.as_mut_ptr().cast(),
+                    iov_len: buf.len(),
+                };
+                let h = &mut hdrs.msgs[i].msg_hdr;
+                h.msg_name = (&mut hdrs.names[i].ss as *mut libc::sockaddr_storage).cast();
+                h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                h.msg_iov = &mut hdrs.iovs[i];
+                h.msg_iovlen = 1;
+                h.msg_flags = 0;
+                if self.gro {
+                    h.msg_control = hdrs.cmsgs[i].0.as_mut_ptr().cast();
+                    h.msg_controllen = 32;
+                } else {
+                    h.msg_control = std::ptr::null_mut();
+                    h.msg_controllen = 0;
+                }
             }
-        }
-        loop {
-            // SAFETY: msgs[..n] point at live, writable buffers, names and control buffers.
-            let r = unsafe {
-                libc::recvmmsg(
-                    self.fd.as_raw_fd(),
-                    msgs.as_mut_ptr(),
-                    n as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                    std::ptr::null_mut(),
-                )
-            };
-            if r >= 0 {
-                let r = r as usize;
-                for i in 0..r {
-                    let h = &msgs[i].msg_hdr;
-                    let truncated = h.msg_flags & libc::MSG_TRUNC != 0;
-                    let mut segment = 0;
-                    if self.gro && h.msg_controllen > 0 {
-                        // SAFETY: the kernel filled at most msg_controllen bytes of our
-                        // 32-byte control buffer with well-formed cmsgs.
-                        unsafe {
-                            let mut cm = libc::CMSG_FIRSTHDR(h);
-                            while !cm.is_null() {
-                                if (*cm).cmsg_level == libc::SOL_UDP && (*cm).cmsg_type == UDP_GRO {
-                                    segment = std::ptr::read_unaligned(
-                                        libc::CMSG_DATA(cm).cast::<libc::c_int>(),
-                                    ) as usize;
+            loop {
+                // SAFETY: msgs[..n] point at live, writable buffers, names and control
+                // buffers, all of which outlive the call.
+                let r = unsafe {
+                    libc::recvmmsg(
+                        self.fd.as_raw_fd(),
+                        hdrs.msgs.as_mut_ptr(),
+                        n as libc::c_uint,
+                        libc::MSG_DONTWAIT,
+                        std::ptr::null_mut(),
+                    )
+                };
+                if r >= 0 {
+                    let r = r as usize;
+                    for (i, m) in meta.iter_mut().enumerate().take(r) {
+                        let h = &hdrs.msgs[i].msg_hdr;
+                        let truncated = h.msg_flags & libc::MSG_TRUNC != 0;
+                        let mut segment = 0;
+                        if self.gro && h.msg_controllen > 0 {
+                            // SAFETY: the kernel filled at most msg_controllen bytes of our
+                            // 32-byte control buffer with well-formed cmsgs.
+                            unsafe {
+                                let mut cm = libc::CMSG_FIRSTHDR(h);
+                                while !cm.is_null() {
+                                    if (*cm).cmsg_level == libc::SOL_UDP
+                                        && (*cm).cmsg_type == UDP_GRO
+                                    {
+                                        segment = std::ptr::read_unaligned(
+                                            libc::CMSG_DATA(cm).cast::<libc::c_int>(),
+                                        )
+                                            as usize;
+                                    }
+                                    cm = libc::CMSG_NXTHDR(h, cm);
                                 }
-                                cm = libc::CMSG_NXTHDR(h, cm);
                             }
                         }
+                        *m = RxMsg {
+                            len: if truncated {
+                                0
+                            } else {
+                                hdrs.msgs[i].msg_len as usize
+                            },
+                            src: from_sockaddr(&hdrs.names[i].ss),
+                            segment,
+                        };
                     }
-                    meta[i] = RxMsg {
-                        len: if truncated {
-                            0
-                        } else {
-                            msgs[i].msg_len as usize
-                        },
-                        src: from_sockaddr(&names[i]),
-                        segment,
-                    };
+                    return Ok(r);
                 }
-                return Ok(r);
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(libc::EAGAIN) => return Ok(0),
+                    _ => return Err(Error::from_io(e, "recvmmsg")),
+                }
             }
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) => return Ok(0),
-                _ => return Err(Error::from_io(e, "recvmmsg")),
-            }
-        }
+        })
     }
+}
+
+/// Messages per `sendmmsg` / `recvmmsg`.
+const MMSG_MAX: usize = 64;
+
+/// A socket address as the kernel takes it, and its length.
+#[derive(Clone, Copy)]
+struct Name {
+    ss: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+/// The system-call structures of one `sendmmsg` or `recvmmsg`, kept per thread so that a
+/// batch costs no allocation and no zeroing of its headers: every field the kernel reads is
+/// written before each call.
+struct MsgHdrs {
+    names: [Name; MMSG_MAX],
+    msgs: [libc::mmsghdr; MMSG_MAX],
+    cmsgs: [CmsgBuf; MMSG_MAX],
+    iovs: [libc::iovec; MMSG_MAX],
+}
+
+impl MsgHdrs {
+    fn new() -> Box<MsgHdrs> {
+        // SAFETY: plain C structures (integers and raw pointers), for which all-zero is a
+        // valid value.
+        Box::new(unsafe { zeroed() })
+    }
+}
+
+/// A thread's scratch for [`UdpSock::send_batch`].
+struct SendScratch {
+    groups: Vec<(usize, usize, usize)>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Box<MsgHdrs>,
+}
+
+thread_local! {
+    static SEND_SCRATCH: std::cell::RefCell<SendScratch> = std::cell::RefCell::new(SendScratch {
+        groups: Vec::with_capacity(MMSG_MAX),
+        iovs: Vec::with_capacity(MMSG_MAX),
+        hdrs: MsgHdrs::new(),
+    });
+    static RECV_SCRATCH: std::cell::RefCell<Box<MsgHdrs>> = std::cell::RefCell::new(MsgHdrs::new());
 }
 
 const IPV6_MULTICAST_ALL: libc::c_int = 29;
