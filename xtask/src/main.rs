@@ -1,0 +1,3 @@
+//! softrdma's project chores (none yet).
+
+fn main() {}
