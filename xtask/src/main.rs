@@ -14,7 +14,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Markdown tables from the CSV of scripts/bench.sh.
+    /// Markdown tables and an SVG plot from the CSV of scripts/bench.sh.
     BenchReport {
         /// The results CSV (group,tool,transport,test,size,rep,metric,value,unit).
         #[arg(long)]
@@ -25,6 +25,10 @@ enum Command {
         /// Where to write the markdown fragment (default: standard output).
         #[arg(long)]
         out_md: Option<PathBuf>,
+        /// Where to write the SVG plot (linked from the fragment as given, relative to the
+        /// repository root).
+        #[arg(long)]
+        svg: Option<PathBuf>,
         /// The exact command of the run, quoted in the fragment's header.
         #[arg(long)]
         command: Option<String>,
@@ -38,6 +42,7 @@ fn main() -> ExitCode {
             csv,
             versions,
             out_md,
+            svg,
             command,
         } => {
             let to_stdout = out_md.is_none();
@@ -45,6 +50,7 @@ fn main() -> ExitCode {
                 csv,
                 versions,
                 out_md,
+                svg,
                 command,
             };
             match xtask::bench_report(&opts, &mut |w| eprintln!("warning: {w}")) {
