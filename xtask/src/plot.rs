@@ -170,6 +170,11 @@ fn latency_specs() -> Vec<(Series<'static>, Style)> {
     ]
 }
 
+/// Message sizes the x axis can show (larger or zero sizes are left out of the plot).
+const PLOT_SIZES: std::ops::RangeInclusive<u64> = 1..=1 << 40;
+/// Values the log y axes can show (GB/s, µs); others (zero, negative, absurd) are left out.
+const PLOT_VALUES: std::ops::RangeInclusive<f64> = 1e-9..=1e12;
+
 fn lines(d: &Dataset, specs: Vec<(Series<'static>, Style)>) -> Vec<Line> {
     specs
         .into_iter()
@@ -177,10 +182,10 @@ fn lines(d: &Dataset, specs: Vec<(Series<'static>, Style)>) -> Vec<Line> {
             let points: Vec<(u64, f64)> = d
                 .sizes(series)
                 .into_iter()
-                .filter(|&s| s > 0)
+                .filter(|s| PLOT_SIZES.contains(s))
                 .filter_map(|s| {
                     median(&d.samples(series, s).values)
-                        .filter(|&m| m > 0.0)
+                        .filter(|m| PLOT_VALUES.contains(m))
                         .map(|m| (s, m))
                 })
                 .collect();
@@ -251,6 +256,9 @@ fn y_range(lines: &[Line], x: (i32, i32)) -> (f64, f64) {
 
 /// The nearest 1, 2 or 5 × 10^k below (or above) `v`.
 fn snap(v: f64, up: bool) -> f64 {
+    if !(v.is_finite() && v > 0.0) {
+        return v;
+    }
     let k = v.log10().floor() as i32;
     let p = 10f64.powi(k);
     let m = v / p;
@@ -289,8 +297,11 @@ fn visible(lines: &[Line], x: (i32, i32)) -> impl Iterator<Item = (&Line, Vec<(f
 /// light grid).
 fn log_ticks(lo: f64, hi: f64) -> (Vec<f64>, Vec<f64>) {
     let (mut bold, mut light) = (Vec::new(), Vec::new());
-    let first = lo.log10().floor() as i32;
-    let last = hi.log10().ceil() as i32;
+    if !(lo > 0.0 && hi.is_finite() && lo <= hi) {
+        return (bold, light);
+    }
+    let first = (lo.log10().floor() as i32).clamp(-40, 40);
+    let last = (hi.log10().ceil() as i32).clamp(-40, 40);
     for k in first..=last {
         for m in 1..10 {
             // Divide for negative powers: 3 / 10 is 0.3, 3 * 0.1 is not.

@@ -377,7 +377,7 @@ pub fn comparison_rows(d: &Dataset) -> Vec<Row> {
                     (None, None, _) => "both failed".to_string(),
                     (None, _, _) => "softrdma failed".to_string(),
                     (_, None, _) => "peer failed".to_string(),
-                    _ => "no ratio (a zero median)".to_string(),
+                    _ => "no ratio (a median ≤ 0)".to_string(),
                 };
                 let row = Row {
                     figure: format!("{}, {}", c.figure, fmt_size(ssize)),
@@ -460,12 +460,20 @@ fn judged(
         } else {
             Outcome::NotMet
         },
-        margin: format!(
-            "{} {unit} ({}%; needs {bound} {} {unit})",
-            signed(abs),
-            signed(rel * 100.0),
-            fmt_num(threshold)
-        ),
+        margin: if rel.is_finite() {
+            format!(
+                "{} {unit} ({}%; needs {bound} {} {unit})",
+                signed(abs),
+                signed(rel * 100.0),
+                fmt_num(threshold)
+            )
+        } else {
+            format!(
+                "{} {unit} (needs {bound} {} {unit})",
+                signed(abs),
+                fmt_num(threshold)
+            )
+        },
     }
 }
 

@@ -112,13 +112,17 @@ pub fn verdict(r: f64, better: Better) -> String {
     }
 }
 
-/// `v` with `digits` significant digits, without exponent (`4.09`, `21.6`, `0.0123`, `1234`).
+/// `v` with `digits` significant digits (`4.09`, `21.6`, `0.0123`, `1234`); with an exponent
+/// only outside 0.0001 to a million (`1.00e9`).
 pub fn fmt_sig(v: f64, digits: u32) -> String {
     if !v.is_finite() {
         return "NaN".to_string();
     }
     if v == 0.0 {
         return "0".to_string();
+    }
+    if !(1e-4..1e6).contains(&v.abs()) {
+        return format!("{:.*e}", digits.saturating_sub(1) as usize, v);
     }
     let mag = v.abs().log10().floor() as i32;
     let mut decimals = (digits as i32 - 1 - mag).max(0);
@@ -225,6 +229,8 @@ mod tests {
         assert_eq!(fmt_num(1234.7), "1235");
         assert_eq!(fmt_num(9.996), "10.0");
         assert_eq!(fmt_sig(0.996, 2), "1.0");
+        assert_eq!(fmt_num(1e300), "1.00e300");
+        assert_eq!(fmt_num(-2.5e-7), "-2.50e-7");
         assert_eq!(fmt_size(8), "8 B");
         assert_eq!(fmt_size(65536), "64 KiB");
         assert_eq!(fmt_size(1048576), "1 MiB");

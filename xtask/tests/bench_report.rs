@@ -214,3 +214,37 @@ fn binary_warns_about_malformed_lines_and_goes_on() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("### C. Targets"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn hostile_input_neither_panics_nor_fails() {
+    let csv = "\
+softrdma,softrdma perf,rc,write_bw,0,1,bw,1,GB/s
+softrdma,softrdma perf,rc,write_bw,18446744073709551615,1,bw,1e300,GB/s
+softrdma,softrdma perf,rc,write_bw,65536,1,bw,-3,GB/s
+softrdma,softrdma perf,rc,send_lat,8,1,lat_p50,1e-300,us
+ucx,ucx_perftest,tcp,ucp_put_bw,65536,1,bw,0,GB/s
+ucx,ucx_perftest,tcp,tag_lat,8,1,lat_p50,inf,us
+\"unterminated,quote
+,,,,,,,,
+a,b,c,d,-1,1,bw,1,GB/s
+a,b,c,d,1,1,bw,1,GB/s,extra
+\u{feff}group,tool
+";
+    let dir = scratch("hostile");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("r.csv");
+    std::fs::write(&path, csv).unwrap();
+    let mut warnings = Vec::new();
+    let opts = xtask::BenchReport {
+        csv: path,
+        svg: Some(dir.join("p.svg")),
+        ..Default::default()
+    };
+    let md = xtask::bench_report(&opts, &mut |w| warnings.push(w.to_string())).unwrap();
+    assert_eq!(warnings.len(), 5, "{warnings:#?}");
+    assert!(md.contains("no ratio (a median ≤ 0)"));
+    assert!(md.contains("| 8-byte SEND one-way latency p50 ≤ UCX tcp `tag_lat` p50 | – | unknown: UCX tcp failed | – |"));
+    let svg = std::fs::read_to_string(dir.join("p.svg")).unwrap();
+    assert!(svg.trim_end().ends_with("</svg>"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
