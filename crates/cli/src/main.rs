@@ -496,7 +496,7 @@ fn outcome_sides_json(sides: &[perf::SideCounters]) -> Vec<String> {
         .map(|s| {
             let (d, q) = (&s.device, &s.qp);
             format!(
-                "{{\"who\":\"{}\",\"addr\":\"{}\",\"device\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"icrc_errors\":{},\"malformed\":{},\"tx_errors\":{}}},\"qp\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"retransmitted_packets\":{},\"retries\":{},\"timeouts\":{},\"duplicates\":{},\"rnr_naks_sent\":{},\"rnr_naks_received\":{},\"seq_naks_sent\":{},\"seq_naks_received\":{},\"err_naks_sent\":{},\"err_naks_received\":{}}}}}",
+                "{{\"who\":\"{}\",\"addr\":\"{}\",\"device\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"icrc_errors\":{},\"malformed\":{},\"tx_errors\":{}}},\"qp\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"retransmitted_packets\":{},\"retries\":{},\"timeouts\":{},\"duplicates\":{},\"rnr_naks_sent\":{},\"rnr_naks_received\":{},\"seq_naks_sent\":{},\"seq_naks_received\":{},\"err_naks_sent\":{},\"err_naks_received\":{},\"credit_waits\":{}}}}}",
                 s.who,
                 s.addr,
                 d.tx_packets,
@@ -519,7 +519,8 @@ fn outcome_sides_json(sides: &[perf::SideCounters]) -> Vec<String> {
                 q.seq_naks_sent,
                 q.seq_naks_received,
                 q.err_naks_sent,
-                q.err_naks_received
+                q.err_naks_received,
+                q.credit_waits
             )
         })
         .collect()
@@ -541,9 +542,10 @@ fn print_device_counters(who: &str, addr: std::net::IpAddr, d: &softrdma::Device
 fn print_qp_counters(who: &str, q: &softrdma::QpCounters) {
     println!(
         " {who} QP: tx {} pkts / {} B, rx {} pkts / {} B, retransmitted {} (retries {}, timeouts {}), duplicates {}, \
-         RNR NAKs {}/{}, sequence NAKs {}/{}, error NAKs {}/{} (sent/received)",
+         RNR NAKs {}/{}, sequence NAKs {}/{}, error NAKs {}/{} (sent/received), waits for credits {}",
         q.tx_packets, q.tx_bytes, q.rx_packets, q.rx_bytes, q.retransmitted_packets, q.retries, q.timeouts, q.duplicates,
-        q.rnr_naks_sent, q.rnr_naks_received, q.seq_naks_sent, q.seq_naks_received, q.err_naks_sent, q.err_naks_received
+        q.rnr_naks_sent, q.rnr_naks_received, q.seq_naks_sent, q.seq_naks_received, q.err_naks_sent, q.err_naks_received,
+        q.credit_waits
     );
 }
 

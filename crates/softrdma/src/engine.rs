@@ -64,7 +64,8 @@ pub(crate) const PKT_BUF: usize = 4096 + 128;
 const BATCH: usize = 64;
 
 /// How long after an application thread last polled an empty CQ of the device the progress
-/// thread leaves the device socket to application threads (see the module notes).
+/// thread leaves the device socket to application threads (see the module notes), unless
+/// `SOFTRDMA_POLL_HANDOFF_US` says otherwise (0: never; the progress thread always watches).
 pub(crate) const POLL_HANDOFF: Duration = Duration::from_micros(500);
 
 /// Per-device packet counters, readable with [`crate::Context::counters`].
@@ -274,6 +275,8 @@ pub(crate) struct Engine {
     app_polled: AtomicU64,
     /// The progress thread is not watching the socket (an application thread polls it).
     standing_down: AtomicBool,
+    /// [`POLL_HANDOFF`] or `SOFTRDMA_POLL_HANDOFF_US`.
+    handoff: Duration,
     /// QP 1: the connection manager's MADs.
     pub(crate) gsi: Mutex<crate::gsi::Gsi>,
     /// This engine, for the connection-manager layer's ids.
@@ -327,6 +330,10 @@ impl Engine {
             rx: Mutex::new(RxState::new()),
             app_polled: AtomicU64::new(0),
             standing_down: AtomicBool::new(false),
+            handoff: std::env::var("SOFTRDMA_POLL_HANDOFF_US")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .map_or(POLL_HANDOFF, Duration::from_micros),
             me: std::sync::OnceLock::new(),
             ifindex,
             mcast: Mutex::new(mcast::Table::default()),
@@ -823,6 +830,13 @@ impl Env for QpEnv<'_> {
                 })
                 .collect(),
         })
+    }
+
+    fn recv_available(&self) -> Option<u32> {
+        match self.srq {
+            Some(_) => None,
+            None => Some(self.rq.len().min(u32::MAX as usize) as u32),
+        }
     }
 }
 
@@ -1372,12 +1386,12 @@ impl Engine {
     /// Whether an application thread polled within [`POLL_HANDOFF`] of `now`, and until when
     /// the progress thread leaves the socket to it. Sets `standing_down` when so.
     fn handoff_until(&self, now: Instant) -> Option<Instant> {
-        if self.app_polled.load(Ordering::Relaxed) == 0 {
+        if self.handoff.is_zero() || self.app_polled.load(Ordering::Relaxed) == 0 {
             return None;
         }
         self.standing_down.store(true, Ordering::SeqCst);
         let polled = self.app_polled.load(Ordering::SeqCst);
-        let until = self.epoch + Duration::from_nanos(polled) + POLL_HANDOFF;
+        let until = self.epoch + Duration::from_nanos(polled) + self.handoff;
         if polled != 0 && until > now {
             return Some(until);
         }

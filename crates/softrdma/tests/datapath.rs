@@ -529,3 +529,50 @@ fn rc_write_after_the_target_deregisters_its_region_is_rem_access_err() {
         "a cached key outlived its region"
     );
 }
+
+/// A sender far ahead of a slow receiver that reposts each receive as it consumes it: the
+/// end-to-end credits (the receives left, in every ACK) hold the SENDs back instead of
+/// RNR NAKs and go-back-N. An RNR NAK can only meet the single message sent, with no credit
+/// left, to learn of new receives, so no more packets are sent again than RNR NAKs arrive
+/// (without credits one RNR NAK resends everything in flight behind it).
+#[test]
+fn rc_sender_ahead_of_the_receives_waits_for_credits_instead_of_rnr_storms() {
+    let o = Opts {
+        min_rnr_timer: 1,
+        ..Opts::default()
+    };
+    let (a, b) = pair_on("127.0.0.13", "127.0.0.14", QpType::Rc, 65536, &o);
+    const N: usize = 300;
+    const RECVS: usize = 16;
+    for i in 0..RECVS {
+        b.post_recv(i as u64, i * 64, 64);
+    }
+    let sges = [a.sge(0, 64)];
+    for i in 0..N {
+        send(&a, i as u64, WrOpcode::Send, &sges, |_| {});
+    }
+    let mut got = 0;
+    while got < N {
+        for w in b.wait(1) {
+            assert_eq!((w.status, w.byte_len), (WcStatus::Success, 64), "{w:?}");
+            got += 1;
+            b.post_recv(w.wr_id, w.wr_id as usize * 64, 64);
+            if got % 8 == 0 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+    let sent = a.wait(N);
+    assert!(sent.iter().all(|w| w.status == WcStatus::Success));
+    assert_eq!(
+        sent.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        (0..N as u64).collect::<Vec<_>>()
+    );
+    let (ca, cb) = (a.qp.counters(), b.qp.counters());
+    assert!(ca.credit_waits > 0, "{ca:?}");
+    assert_eq!(ca.rnr_naks_received, cb.rnr_naks_sent);
+    assert!(
+        ca.retransmitted_packets <= ca.rnr_naks_received,
+        "an RNR NAK made the sender resend more than the one message: {ca:?}"
+    );
+}

@@ -18,6 +18,30 @@ pub const HEADER_LEN: usize = 4;
 /// The credit code meaning "no end-to-end credit information" (what rxe always sends).
 pub const CREDIT_INVALID: u8 = 0x1f;
 
+/// The receive-queue entries each credit code 0..=30 stands for (IBA 9.7.5.1 encodes the
+/// count on a logarithmic scale; a responder advertises the largest code not above its
+/// count).
+const CREDIT_COUNTS: [u32; 31] = [
+    0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
+    2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
+];
+
+/// The credit code advertising `available` posted receive requests: the largest code whose
+/// count does not exceed it ([`CREDIT_INVALID`] for `None`, a responder that cannot say,
+/// such as one on a shared receive queue).
+pub fn credit_code(available: Option<u32>) -> u8 {
+    match available {
+        None => CREDIT_INVALID,
+        Some(n) => CREDIT_COUNTS.iter().rposition(|&c| c <= n).unwrap_or(0) as u8,
+    }
+}
+
+/// The number of receive requests credit code `code` stands for; `None` for
+/// [`CREDIT_INVALID`] (no end-to-end flow control information) and for values above it.
+pub fn credit_count(code: u8) -> Option<u32> {
+    CREDIT_COUNTS.get(usize::from(code)).copied()
+}
+
 mod field {
     pub const SYNDROME: usize = 0;
     pub const MSN: usize = 1;
@@ -309,5 +333,22 @@ mod tests {
                 Error::Truncated
             );
         }
+    }
+
+    #[test]
+    fn credit_codes_round_down_on_the_logarithmic_scale() {
+        assert_eq!(credit_code(None), CREDIT_INVALID);
+        assert_eq!(credit_code(Some(0)), 0);
+        assert_eq!(credit_code(Some(4)), 4);
+        assert_eq!(credit_code(Some(5)), 4);
+        assert_eq!(credit_code(Some(6)), 5);
+        assert_eq!(credit_code(Some(511)), 17);
+        assert_eq!(credit_code(Some(512)), 18);
+        assert_eq!(credit_code(Some(u32::MAX)), 30);
+        for code in 0..=30u8 {
+            assert_eq!(credit_code(credit_count(code)), code);
+        }
+        assert_eq!(credit_count(CREDIT_INVALID), None);
+        assert_eq!(credit_count(0xff), None);
     }
 }

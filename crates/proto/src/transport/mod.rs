@@ -356,6 +356,14 @@ pub trait Env {
     fn atomic_remote(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError>;
     /// Takes the next receive request of the QP's receive queue or SRQ, if any.
     fn take_recv(&mut self) -> Option<RecvRequest>;
+    /// Receive requests posted to the QP's own receive queue and not yet consumed: the
+    /// end-to-end credits an RC responder advertises in its ACKs (IBA 9.7.7.2), so that the
+    /// requester does not start more SENDs than there are receives and answer RNR. `None`
+    /// (the default) when the QP cannot say, as on a shared receive queue, which the spec
+    /// makes advertise "no credit information".
+    fn recv_available(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// The connection-level attributes of a QP, as `ibv_modify_qp` sets them by the time it

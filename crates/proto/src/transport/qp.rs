@@ -30,6 +30,10 @@ pub struct QpStats {
     pub retries: u64,
     /// Retransmit-timer expiries with packets outstanding.
     pub timeouts: u64,
+    /// Times the requester held a new SEND back because the responder's end-to-end credits
+    /// (the receives it advertised in its ACKs) were used up; it goes on when an ACK brings
+    /// more.
+    pub credit_waits: u64,
     /// Positive ACKs (ACKNOWLEDGE with an ACK syndrome) sent by the responder.
     pub acks_sent: u64,
     /// Positive ACKs received by the completer.

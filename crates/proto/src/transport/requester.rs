@@ -13,7 +13,7 @@ use super::*;
 use crate::psn::Psn;
 use crate::qp::QpType;
 use crate::timer::{local_ack_timeout, rnr_timer};
-use softrdma_wire::aeth::{NakCode, Syndrome};
+use softrdma_wire::aeth::{self, NakCode, Syndrome};
 use softrdma_wire::opcode::Opcode;
 use softrdma_wire::{atomic_eth, deth, ieth, immdt, reth, roce};
 use std::collections::VecDeque;
@@ -79,6 +79,22 @@ pub(super) struct Wqe {
     pub(super) done: bool,
     /// The error it will complete with when the QP flushes.
     pub(super) status: Option<WcStatus>,
+    /// For a message that consumes a receive request at the responder (SEND, WRITE with
+    /// immediate): its number among such messages, from 1, given when it starts; else 0.
+    pub(super) rwqe_seq: u32,
+}
+
+impl Wqe {
+    /// Whether the message consumes a receive request at the responder.
+    fn consumes_recv(&self) -> bool {
+        matches!(
+            self.req.op,
+            SendOp::Send
+                | SendOp::SendWithImm(_)
+                | SendOp::SendWithInv(_)
+                | SendOp::RdmaWriteWithImm { .. }
+        )
+    }
 }
 
 /// Send queue, requester and completer state.
@@ -101,6 +117,15 @@ pub(super) struct SendQueue {
     retry_mark: Option<Psn>,
     pub(super) retrans_deadline: Option<Instant>,
     pub(super) rnr_deadline: Option<Instant>,
+    /// The `rwqe_seq` of the last message that consumes a receive request to have started.
+    rwqe_started: u32,
+    /// The `rwqe_seq` of the last such message completed.
+    rwqe_retired: u32,
+    /// End-to-end credits (RC): the highest `rwqe_seq` the responder has receives for, from
+    /// its last ACK; `None` while it gives no credit information (rxe never does).
+    credit_limit: Option<u32>,
+    /// The PSN of the ACK that set `credit_limit` (older ACKs do not change it).
+    credit_psn: Option<Psn>,
 }
 
 fn npkts(len: u64, mtu: u64) -> u32 {
@@ -129,6 +154,10 @@ impl SendQueue {
             retry_mark: None,
             retrans_deadline: None,
             rnr_deadline: None,
+            rwqe_started: 0,
+            rwqe_retired: 0,
+            credit_limit: None,
+            credit_psn: None,
         }
     }
 
@@ -166,6 +195,7 @@ impl SendQueue {
             rd_counted: false,
             done: false,
             status: None,
+            rwqe_seq: 0,
         });
     }
 
@@ -183,6 +213,9 @@ impl Qp {
         };
         if w.rd_counted {
             self.sq.rd_outstanding = self.sq.rd_outstanding.saturating_sub(1);
+        }
+        if w.rwqe_seq != 0 {
+            self.sq.rwqe_retired = w.rwqe_seq;
         }
         self.sq.cur = self.sq.cur.saturating_sub(1);
         if status != WcStatus::Success || w.req.signaled {
@@ -296,6 +329,18 @@ impl Qp {
                 }
                 if w.req.fence && self.sq.wqes.iter().take(idx).any(|x| x.kind.is_rd_atomic()) {
                     return None;
+                }
+                // End-to-end credits: a message that needs a receive at the responder starts
+                // only if the responder advertised one for it, or, with none advertised, when
+                // nothing is outstanding (one message at a time, whose ACK brings news).
+                if rc && w.consumes_recv() {
+                    if let Some(limit) = self.sq.credit_limit {
+                        let seq = self.sq.rwqe_started.wrapping_add(1);
+                        if (seq.wrapping_sub(limit) as i32) > 0 && self.sq.outstanding() {
+                            self.stats.credit_waits += 1;
+                            return None;
+                        }
+                    }
                 }
             }
             if w.kind.is_rd_atomic()
@@ -483,6 +528,10 @@ impl Qp {
                 w.started = true;
                 w.first_psn = psn;
                 w.last_psn = psn.add(w.npkts - 1);
+                if rc && w.consumes_recv() {
+                    self.sq.rwqe_started = self.sq.rwqe_started.wrapping_add(1);
+                    w.rwqe_seq = self.sq.rwqe_started;
+                }
             }
             if w.kind.is_rd_atomic() && !w.rd_counted {
                 w.rd_counted = true;
@@ -648,12 +697,13 @@ impl Qp {
         };
         match repr.bth.opcode {
             Opcode::RC_ACKNOWLEDGE => match aeth.syndrome {
-                Syndrome::Ack { .. } => {
+                Syndrome::Ack { credit } => {
                     self.stats.acks_received += 1;
                     let upto = psn.next();
                     if upto.is_after(self.sq.comp_psn) && self.advance(now, upto) {
                         self.start_retry(false);
                     }
+                    self.update_credits(psn, credit);
                 }
                 Syndrome::RnrNak { timer } => {
                     self.stats.rnr_naks_received += 1;
@@ -690,6 +740,32 @@ impl Qp {
             }
             _ => self.on_read_response(now, psn, payload, env),
         }
+    }
+
+    /// Records the end-to-end credits of an ACK for `psn`: the responder has `credit`
+    /// receives beyond those taken by the messages that started at or before `psn`.
+    fn update_credits(&mut self, psn: Psn, credit: u8) {
+        if self.cfg.qp_type != QpType::Rc {
+            return;
+        }
+        if self.sq.credit_psn.is_some_and(|p| psn.is_before(p)) {
+            return;
+        }
+        self.sq.credit_psn = Some(psn);
+        let Some(free) = aeth::credit_count(credit) else {
+            self.sq.credit_limit = None;
+            return;
+        };
+        let mut taken = self.sq.rwqe_retired;
+        for w in &self.sq.wqes {
+            if !w.started || w.first_psn.is_after(psn) {
+                break;
+            }
+            if w.rwqe_seq != 0 {
+                taken = w.rwqe_seq;
+            }
+        }
+        self.sq.credit_limit = Some(taken.wrapping_add(free));
     }
 
     fn on_rnr_nak(&mut self, now: Instant, psn: Psn, timer: u8) {

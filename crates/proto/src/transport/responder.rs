@@ -767,6 +767,13 @@ impl Qp {
             let front = *self.rsp.out.front()?;
             match front {
                 Out::Ack { psn, syndrome, msn } => {
+                    // A positive ACK carries the receives left now (end-to-end credits).
+                    let syndrome = match syndrome {
+                        Syndrome::Ack { .. } => Syndrome::Ack {
+                            credit: aeth::credit_code(env.recv_available()),
+                        },
+                        other => other,
+                    };
                     let repr = roce::Repr {
                         bth: make_bth(Opcode::RC_ACKNOWLEDGE, dest_qp, psn, false, false),
                         aeth: Some(aeth::Repr { syndrome, msn }),

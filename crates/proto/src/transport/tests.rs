@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 struct FlatEnv {
     mem: Vec<u8>,
     rq: VecDeque<RecvRequest>,
+    /// Whether the receive queue reports its length (end-to-end credits); off, as on an SRQ.
+    credits: bool,
 }
 
 impl FlatEnv {
@@ -20,6 +22,7 @@ impl FlatEnv {
         FlatEnv {
             mem: (0..1 << 20).map(|i: u32| i as u8).collect(),
             rq: VecDeque::new(),
+            credits: false,
         }
     }
     fn at(&mut self, key: u32, addr: u64, len: usize) -> Result<&mut [u8], AccessError> {
@@ -73,6 +76,9 @@ impl Env for FlatEnv {
     }
     fn take_recv(&mut self) -> Option<RecvRequest> {
         self.rq.pop_front()
+    }
+    fn recv_available(&self) -> Option<u32> {
+        self.credits.then_some(self.rq.len() as u32)
     }
 }
 
@@ -620,4 +626,112 @@ fn post_send_limits_and_error_flush() {
         st,
         vec![(1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr)]
     );
+}
+
+/// A responder on its own receive queue puts the receives it has left in every positive ACK
+/// (IBA's logarithmic credit code, rounded down); one without that information (an SRQ)
+/// says "invalid".
+#[test]
+fn responder_acks_carry_the_receives_left_as_credits() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    env.credits = true;
+    let mut qp = Qp::new(cfg());
+    for i in 0..8 {
+        env.rq.push_back(RecvRequest {
+            wr_id: i,
+            sges: vec![Sge {
+                addr: 1000 + 100 * i,
+                length: 100,
+                lkey: 1,
+            }],
+        });
+    }
+    let send_only = |psn: u32| {
+        pkt(
+            roce::Repr {
+                bth: bthr(Opcode::RC_SEND_ONLY, psn, true),
+                payload_len: 4,
+                ..roce::Repr::default()
+            },
+            b"abcd",
+        )
+    };
+    // 8 posted, 1 consumed: 7 left, advertised as 6 (code 5).
+    qp.handle_packet(now, &send_only(100), &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(p[0].0.aeth.unwrap().syndrome, Syndrome::Ack { credit: 5 });
+    assert_eq!(aeth::credit_count(5), Some(6));
+    // Three more: 4 left (code 4).
+    for psn in 101..104 {
+        qp.handle_packet(now, &send_only(psn), &META, &mut env);
+    }
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(
+        p.last().unwrap().0.aeth.unwrap().syndrome,
+        Syndrome::Ack { credit: 4 }
+    );
+    // Without the information: invalid.
+    env.credits = false;
+    qp.handle_packet(now, &send_only(104), &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(p[0].0.aeth.unwrap().syndrome, ACK);
+}
+
+/// The requester starts a SEND only while the responder's credits cover it; with none left
+/// it sends one at a time once nothing is outstanding, and "invalid" lifts the limit. WRITEs
+/// (which take no receive) are never held.
+#[test]
+fn requester_starts_sends_only_within_the_credits() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut c = cfg();
+    c.sq_psn = 10;
+    let mut qp = Qp::new(c);
+    let psns = |p: &[(roce::Repr, Vec<u8>)]| p.iter().map(|(r, _)| r.bth.psn).collect::<Vec<_>>();
+    for i in 1..=4 {
+        qp.post_send(send(i, SendOp::Send, 10)).unwrap();
+    }
+    // No credit information yet: all four go.
+    assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![10, 11, 12, 13]);
+    // ACK of the first with one credit: the responder can take one message beyond it
+    // (number 2, already sent). 3 and 4 are already on their way; 5 and 6 wait.
+    qp.handle_packet(now, &ack(10, Syndrome::Ack { credit: 1 }), &META, &mut env);
+    qp.post_send(send(5, SendOp::Send, 10)).unwrap();
+    qp.post_send(send(6, SendOp::Send, 10)).unwrap();
+    assert!(drain(&mut qp, &mut env, now).is_empty());
+    assert!(qp.stats().credit_waits > 0);
+    // ACK of 13 (the fourth) with two credits: 5 and 6 may start.
+    qp.handle_packet(now, &ack(13, Syndrome::Ack { credit: 2 }), &META, &mut env);
+    assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![14, 15]);
+    // All acknowledged with no credit left: one SEND may still go (nothing is outstanding),
+    // the next waits for its ACK.
+    qp.handle_packet(now, &ack(15, Syndrome::Ack { credit: 0 }), &META, &mut env);
+    qp.post_send(send(7, SendOp::Send, 10)).unwrap();
+    qp.post_send(send(8, SendOp::Send, 10)).unwrap();
+    assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![16]);
+    // A stale ACK (of 14) does not change the credits.
+    qp.handle_packet(now, &ack(14, Syndrome::Ack { credit: 8 }), &META, &mut env);
+    assert!(drain(&mut qp, &mut env, now).is_empty());
+    // "Invalid" (what rxe sends): no limit any more.
+    qp.handle_packet(now, &ack(16, ACK), &META, &mut env);
+    assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![17]);
+    // WRITEs take no receive: never held, even with no credit.
+    qp.handle_packet(now, &ack(17, Syndrome::Ack { credit: 0 }), &META, &mut env);
+    for i in 9..=11 {
+        qp.post_send(send(
+            i,
+            SendOp::RdmaWrite {
+                remote_addr: 0,
+                rkey: 7,
+            },
+            10,
+        ))
+        .unwrap();
+    }
+    assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![18, 19, 20]);
+    let done: Vec<u64> = std::iter::from_fn(|| qp.poll_completion())
+        .map(|c| c.wr_id)
+        .collect();
+    assert_eq!(done, (1..=8).collect::<Vec<u64>>());
 }

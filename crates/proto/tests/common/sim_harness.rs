@@ -188,6 +188,10 @@ impl Env for SimEnv {
     fn take_recv(&mut self) -> Option<RecvRequest> {
         self.rq.pop_front()
     }
+    fn recv_available(&self) -> Option<u32> {
+        // End-to-end credits, as softrdma's engine advertises them for a QP's own queue.
+        Some(self.rq.len() as u32)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
