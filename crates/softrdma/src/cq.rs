@@ -380,14 +380,14 @@ impl Cq {
     /// Fails with `EIO` once the CQ has overrun (completions were lost; an
     /// `IBV_EVENT_CQ_ERR` was raised) — the CQ is then unusable, as in verbs.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
-        let n = self.poll_entries(wc)?;
+        let (n, armed) = self.poll_entries(wc)?;
         if n > 0 || wc.is_empty() {
             return Ok(n);
         }
         // Nothing yet: receive what the device has waiting, here, then look again.
         if let Some(engine) = self.engine() {
-            engine.poll_progress();
-            return self.poll_entries(wc);
+            engine.poll_progress(!armed);
+            return Ok(self.poll_entries(wc)?.0);
         }
         Ok(0)
     }
@@ -405,7 +405,8 @@ impl Cq {
         }
     }
 
-    fn poll_entries(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+    /// Moves completions into `wc`; also says whether the CQ is armed for an event.
+    fn poll_entries(&self, wc: &mut [WorkCompletion]) -> Result<(usize, bool)> {
         let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
         if st.overrun {
             return Err(Error::new(
@@ -417,7 +418,7 @@ impl Cq {
         for (slot, e) in wc.iter_mut().zip(st.entries.drain(..n)) {
             *slot = e;
         }
-        Ok(n)
+        Ok((n, st.armed != Armed::No))
     }
 
     /// Arms the CQ for one completion event on its channel (`ibv_req_notify_cq`): the next

@@ -13,14 +13,16 @@
 //!
 //! An application thread that polls a CQ and finds it empty receives what is waiting on the
 //! device socket itself ([`Engine::poll_progress`]), so a busy-polling program gets its
-//! completions with no thread hop. While it keeps doing so, the progress thread leaves the
-//! socket to it: it stops watching the socket until [`POLL_HANDOFF`] has passed without such
-//! a poll, and wakes only for timers and explicit wake-ups. Otherwise both threads would be
-//! woken by every packet and, on a machine with few cores, the progress thread would preempt
-//! the very pollers it races (that doubled the one-way latency of a ping-pong). Arming a CQ
-//! for an event ([`crate::Cq::req_notify_cq`]), which a program does before it sleeps, gives
-//! the socket back at once; a program that stops polling without arming a CQ gets it back
-//! within [`POLL_HANDOFF`].
+//! completions with no thread hop. While such polls of unarmed CQs go on, the progress
+//! thread leaves the socket to them: it stops watching the socket for [`POLL_HANDOFF`] at a
+//! time, as long as there were polls in the last period, and wakes only for timers and
+//! explicit wake-ups. Otherwise both threads would be woken by every packet and, on a machine
+//! with few cores, the progress thread would preempt the very pollers it races (that doubled
+//! the one-way latency of a ping-pong). Arming a CQ for an event
+//! ([`crate::Cq::req_notify_cq`]), which a program does before it sleeps on a completion
+//! channel, gives the socket back at once, and polls of an armed CQ (the last look before
+//! sleeping) do not count; a program that stops polling without arming a CQ gets it back
+//! within two periods.
 //!
 //! # ICRC
 //! Every packet sent carries the ICRC computed over the IP and UDP headers the kernel will
@@ -270,13 +272,20 @@ pub(crate) struct Engine {
     busy_poll: Duration,
     /// The receive buffers, held by the thread that is receiving.
     rx: Mutex<RxState>,
-    /// When an application thread last polled an empty CQ of this device (nanoseconds since
-    /// `epoch`, at least 1); 0 when none has since a CQ was armed.
-    app_polled: AtomicU64,
+    /// How many times application threads polled an empty, unarmed CQ of this device (the
+    /// progress thread compares it with what it saw last time).
+    app_polls: AtomicU64,
+    /// A CQ of this device was armed for an event after the last such poll: its program is
+    /// going to sleep, so the progress thread must watch the socket.
+    app_asleep: AtomicBool,
     /// The progress thread is not watching the socket (an application thread polls it).
     standing_down: AtomicBool,
     /// [`POLL_HANDOFF`] or `SOFTRDMA_POLL_HANDOFF_US`.
     handoff: Duration,
+    /// QPs whose transport holds a positive ACK back (see [`drive`]), and whether the list
+    /// may be non-empty.
+    held_acks: Mutex<Vec<u32>>,
+    any_held_acks: AtomicBool,
     /// QP 1: the connection manager's MADs.
     pub(crate) gsi: Mutex<crate::gsi::Gsi>,
     /// This engine, for the connection-manager layer's ids.
@@ -328,8 +337,11 @@ impl Engine {
             faults: Mutex::new(None),
             delayed: Mutex::new(Vec::new()),
             rx: Mutex::new(RxState::new()),
-            app_polled: AtomicU64::new(0),
+            app_polls: AtomicU64::new(0),
+            app_asleep: AtomicBool::new(false),
             standing_down: AtomicBool::new(false),
+            held_acks: Mutex::new(Vec::new()),
+            any_held_acks: AtomicBool::new(false),
             handoff: std::env::var("SOFTRDMA_POLL_HANDOFF_US")
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
@@ -867,6 +879,12 @@ pub(crate) fn to_wc(c: &Completion, qp_num: u32, ud: bool) -> WorkCompletion {
     }
 }
 
+thread_local! {
+    /// Set while an application thread receives in [`Engine::poll_progress`]: the positive
+    /// ACKs of what it receives are held back (see [`drive`]).
+    static HOLD_ACKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Runs a QP's transport until it has nothing more to say right now: transmits into `tx`
 /// (flushing full batches), delivers completions to the CQs, raises events, and records the
 /// next deadline. Called with the QP's lock held, by the posting thread or the progress
@@ -901,6 +919,14 @@ pub(crate) fn drive(
     };
     let src = engine.local.ip();
     let peer = attr.ah_attr.grh.dgid.to_ip();
+    // An application thread receiving for itself holds the ACK of what it received: the
+    // program sees the completion, and what it answers on this QP (post_send drives the QP)
+    // goes out first with the ACK right behind, in one batch: one system call and one
+    // packet less before the peer has its answer. The ACK goes at the latest when the
+    // thread next polls an empty CQ, or when the progress thread next wakes
+    // (`Engine::flush_held_acks`).
+    let hold = HOLD_ACKS.with(std::cell::Cell::get);
+    t.set_hold_acks(hold);
     loop {
         if tx.is_full() {
             engine.send(tx);
@@ -930,8 +956,15 @@ pub(crate) fn drive(
         tx.commit(out.len, src, dst);
     }
     let srq_limit_hit = env.srq_limit_hit;
+    if hold {
+        t.set_hold_acks(false);
+        if t.has_held_ack() {
+            engine.note_held_ack(qp.qp_num);
+        }
+    }
     // The packets go out before the completions become visible: an application that reacts
-    // to a completion (say, disconnects) cannot overtake the ACK of what it received.
+    // to a completion (say, disconnects) cannot overtake the ACK of what it received (a
+    // held ACK goes before anything else this QP sends, and before the QP leaves RTS).
     if t.has_pending_completion() {
         engine.send(tx);
     }
@@ -1167,6 +1200,39 @@ fn feed(
     }
 }
 
+/// Sends the positive ACK the transport of `qp` holds back, if it holds one (with the QP's
+/// lock `st` held); returns the events to raise once the lock is released.
+pub(crate) fn send_held_ack(
+    engine: &Engine,
+    qp: &Arc<QpInner>,
+    st: &mut QpState_,
+) -> Vec<EventType> {
+    if !st.transport.as_ref().is_some_and(|t| t.has_held_ack()) {
+        return Vec::new();
+    }
+    with_tx(|tx| {
+        let ev = drive(engine, qp, st, Instant::now(), tx);
+        engine.send(tx);
+        ev
+    })
+}
+
+impl QpInner {
+    /// Sends the positive ACK this QP's transport holds back, if any (see [`drive`]).
+    pub(crate) fn release_held_ack(self: &Arc<Self>) {
+        let events = {
+            let mut st = self.lock();
+            match st.engine.clone() {
+                Some(e) => send_held_ack(&e, self, &mut st),
+                None => Vec::new(),
+            }
+        };
+        for e in events {
+            self.raise(e);
+        }
+    }
+}
+
 /// Raises `IBV_EVENT_SRQ_LIMIT_REACHED` for the QP's SRQ (the limit disarmed itself).
 fn raise_srq_limit(qp: &Arc<QpInner>) {
     if let Some(srq) = &qp.srq {
@@ -1355,48 +1421,88 @@ impl Engine {
     /// Progress from an application thread that found its CQ empty: if no other thread is
     /// receiving, receive what is waiting now (without blocking) and process it here, so
     /// that a polling application gets its completions without a thread hop.
-    pub(crate) fn poll_progress(&self) {
-        self.app_polled
-            .store(self.nanos(Instant::now()).max(1), Ordering::SeqCst);
+    ///
+    /// `busy` says that the CQ polled is not armed for an event: its program polls rather
+    /// than sleeps, and the progress thread leaves the socket to it (see the module notes).
+    pub(crate) fn poll_progress(&self, busy: bool) {
+        if busy && !self.handoff.is_zero() {
+            self.app_polls.fetch_add(1, Ordering::Relaxed);
+            if self.app_asleep.load(Ordering::Relaxed) {
+                self.app_asleep.store(false, Ordering::Relaxed);
+            }
+        }
+        // The program found nothing to do: the ACKs held since its last receive go now.
+        self.flush_held_acks();
         let Ok(mut rx) = self.rx.try_lock() else {
             return;
         };
         with_tx(|tx| {
+            HOLD_ACKS.with(|h| h.set(busy && !self.handoff.is_zero()));
             self.receive_rounds(&mut rx, tx, 4);
             if self.mcast_socks.load(Ordering::Acquire) != 0 || rx.mcast.holds_sockets() {
                 self.poll_mcast(&mut rx, tx, 4);
             }
+            HOLD_ACKS.with(|h| h.set(false));
         });
+    }
+
+    /// Records that the transport of QP `qpn` holds a positive ACK back.
+    fn note_held_ack(&self, qpn: u32) {
+        let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
+        if !l.contains(&qpn) {
+            l.push(qpn);
+        }
+        self.any_held_acks.store(true, Ordering::Release);
+    }
+
+    /// Sends the ACKs that QPs hold back (costs one atomic load when there are none).
+    pub(crate) fn flush_held_acks(&self) {
+        if !self.any_held_acks.load(Ordering::Acquire) {
+            return;
+        }
+        let qpns = {
+            let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
+            self.any_held_acks.store(false, Ordering::Release);
+            std::mem::take(&mut *l)
+        };
+        for qpn in qpns {
+            if let Some(qp) = self.lookup(qpn) {
+                qp.release_held_ack();
+            }
+        }
     }
 }
 
 impl Engine {
     /// An application thread is about to sleep rather than poll (it armed a CQ): the
-    /// progress thread takes the socket back now instead of after [`POLL_HANDOFF`].
+    /// progress thread takes the socket back now instead of after the hand-off period.
     pub(crate) fn app_sleeps(&self) {
-        // With `standing_down` (set before the progress thread reads `app_polled`): one of
+        // With `standing_down` (stored before the progress thread reads `app_asleep`): one of
         // the two threads sees the other's store.
-        if self.app_polled.swap(0, Ordering::SeqCst) != 0
-            && self.standing_down.load(Ordering::SeqCst)
-        {
+        self.app_asleep.store(true, Ordering::SeqCst);
+        if self.standing_down.load(Ordering::SeqCst) {
             self.wake.signal();
         }
     }
 
-    /// Whether an application thread polled within [`POLL_HANDOFF`] of `now`, and until when
-    /// the progress thread leaves the socket to it. Sets `standing_down` when so.
-    fn handoff_until(&self, now: Instant) -> Option<Instant> {
-        if self.handoff.is_zero() || self.app_polled.load(Ordering::Relaxed) == 0 {
+    /// Whether application threads polled (busy) since the progress thread last looked
+    /// (`seen`), and then until when it leaves the socket to them. Sets `standing_down` when
+    /// so.
+    fn handoff_until(&self, now: Instant, seen: &mut u64) -> Option<Instant> {
+        if self.handoff.is_zero() {
             return None;
         }
-        self.standing_down.store(true, Ordering::SeqCst);
-        let polled = self.app_polled.load(Ordering::SeqCst);
-        let until = self.epoch + Duration::from_nanos(polled) + self.handoff;
-        if polled != 0 && until > now {
-            return Some(until);
+        let polls = self.app_polls.load(Ordering::Relaxed);
+        if polls == *seen {
+            return None;
         }
-        self.standing_down.store(false, Ordering::SeqCst);
-        None
+        *seen = polls;
+        self.standing_down.store(true, Ordering::SeqCst);
+        if self.app_asleep.load(Ordering::SeqCst) {
+            self.standing_down.store(false, Ordering::SeqCst);
+            return None;
+        }
+        Some(now + self.handoff)
     }
 }
 
@@ -1408,6 +1514,8 @@ fn progress(weak: Weak<Engine>) {
     let mut groups = Arc::new(mcast::View::default());
     let mut groups_gen = 0;
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(2);
+    // The application threads' busy polls counted when last looked at.
+    let mut seen_polls = 0u64;
     loop {
         let Some(engine) = weak.upgrade() else {
             return;
@@ -1427,7 +1535,7 @@ fn progress(weak: Weak<Engine>) {
         if let Some(d) = engine.release_delayed(now) {
             next = next.min(d);
         }
-        let handoff = engine.handoff_until(now);
+        let handoff = engine.handoff_until(now, &mut seen_polls);
         engine
             .sleep_until
             .store(engine.nanos(next), Ordering::Release);
@@ -1482,6 +1590,8 @@ fn progress(weak: Weak<Engine>) {
         }
         engine.sleep_until.store(0, Ordering::Release);
         engine.standing_down.store(false, Ordering::SeqCst);
+        // ACKs an application thread held and has not sent since (it stopped polling).
+        engine.flush_held_acks();
         // Receive everything waiting, in batches (unless an application thread is at it).
         if fds[0].revents & libc::POLLIN != 0 {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());

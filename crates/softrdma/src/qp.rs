@@ -801,6 +801,13 @@ impl Qp {
         } else {
             None
         };
+        // An ACK held back for the program goes before the QP stops answering.
+        let mut held_events = Vec::new();
+        if matches!(next, QpState::Reset | QpState::Err) && next != cur {
+            if let Some(e) = st.engine.clone() {
+                held_events = crate::engine::send_held_ack(&e, inner, &mut st);
+            }
+        }
         if next == QpState::Reset && cur != QpState::Reset {
             if let Some(e) = st.engine.take() {
                 e.unregister(inner.qp_num);
@@ -889,12 +896,23 @@ impl Qp {
         if next == QpState::Err && cur != QpState::Err {
             inner.flush(&mut st);
             drop(st);
+            for e in held_events {
+                inner.raise(e);
+            }
             if inner.srq.is_some() {
                 inner.raise(EventType::QpLastWqeReached);
             }
         } else if notify_drained {
             drop(st);
+            for e in held_events {
+                inner.raise(e);
+            }
             inner.raise(EventType::SqDrained);
+        } else {
+            drop(st);
+            for e in held_events {
+                inner.raise(e);
+            }
         }
         Ok(())
     }
@@ -1318,6 +1336,8 @@ impl Qp {
             // the engine, then wait for the engine thread to let go of a reference it may be
             // using right now (packet or timer processing; never long), so that the QP's
             // hold on its CQs, SRQ and PD is gone when this returns and they can be destroyed.
+            // An ACK held back for the program goes first.
+            self.inner.release_held_ack();
             let engine = self.inner.lock().engine.take();
             if let Some(e) = engine {
                 e.unregister(self.inner.qp_num);

@@ -487,10 +487,27 @@ impl UdpSock {
     /// arrived (0 when none is waiting).
     pub(crate) fn recv_batch(&self, bufs: &mut [Vec<u8>], meta: &mut [RxMsg]) -> Result<usize> {
         let n = bufs.len().min(MMSG_MAX).min(meta.len());
+        if n == 0 {
+            return Ok(0);
+        }
         RECV_SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
-            let hdrs = &mut **scratch;
-            for (i, buf) in bufs.iter_mut().enumerate().take(n) {
+            let RecvScratch { hdrs, key, dirty } = &mut *scratch;
+            // The headers of the last call on the same buffers are still in place: only the
+            // fields the kernel wrote back (for the messages it filled) are reset. A busy
+            // poller calls this in a loop, mostly for nothing.
+            let k = (
+                bufs.as_ptr() as usize,
+                n,
+                self.gro,
+                bufs[0].as_ptr() as usize,
+                bufs[n - 1].as_ptr() as usize,
+                bufs[0].len(),
+            );
+            let reset = if *key == Some(k) { *dirty } else { n };
+            *key = Some(k);
+            let controllen = if self.gro { 32 } else { 0 };
+            for (i, buf) in bufs.iter_mut().enumerate().take(reset) {
                 hdrs.iovs[i] = libc::iovec {
                     iov_base: buf.as_mut_ptr().cast(),
                     iov_len: buf.len(),
@@ -501,14 +518,15 @@ impl UdpSock {
                 h.msg_iov = &mut hdrs.iovs[i];
                 h.msg_iovlen = 1;
                 h.msg_flags = 0;
-                if self.gro {
-                    h.msg_control = hdrs.cmsgs[i].0.as_mut_ptr().cast();
-                    h.msg_controllen = 32;
+                h.msg_control = if self.gro {
+                    hdrs.cmsgs[i].0.as_mut_ptr().cast()
                 } else {
-                    h.msg_control = std::ptr::null_mut();
-                    h.msg_controllen = 0;
-                }
+                    std::ptr::null_mut()
+                };
+                h.msg_controllen = controllen;
             }
+            // Whatever happens below, the kernel writes into the first message at most.
+            *dirty = 1;
             loop {
                 // SAFETY: msgs[..n] point at live, writable buffers, names and control
                 // buffers, all of which outlive the call.
@@ -523,6 +541,7 @@ impl UdpSock {
                 };
                 if r >= 0 {
                     let r = r as usize;
+                    *dirty = r.max(1);
                     for (i, m) in meta.iter_mut().enumerate().take(r) {
                         let h = &hdrs.msgs[i].msg_hdr;
                         let truncated = h.msg_flags & libc::MSG_TRUNC != 0;
@@ -596,6 +615,15 @@ impl MsgHdrs {
     }
 }
 
+/// A thread's scratch for [`UdpSock::recv_batch`]: the headers, the buffers they were set up
+/// for (their addresses and count, and whether GRO control buffers are attached), and how
+/// many of them the kernel may have written into since.
+struct RecvScratch {
+    hdrs: Box<MsgHdrs>,
+    key: Option<(usize, usize, bool, usize, usize, usize)>,
+    dirty: usize,
+}
+
 /// A thread's scratch for [`UdpSock::send_batch`].
 struct SendScratch {
     groups: Vec<(usize, usize, usize)>,
@@ -609,7 +637,11 @@ thread_local! {
         iovs: Vec::with_capacity(MMSG_MAX),
         hdrs: MsgHdrs::new(),
     });
-    static RECV_SCRATCH: std::cell::RefCell<Box<MsgHdrs>> = std::cell::RefCell::new(MsgHdrs::new());
+    static RECV_SCRATCH: std::cell::RefCell<RecvScratch> = std::cell::RefCell::new(RecvScratch {
+        hdrs: MsgHdrs::new(),
+        key: None,
+        dirty: 0,
+    });
 }
 
 const IPV6_MULTICAST_ALL: libc::c_int = 29;

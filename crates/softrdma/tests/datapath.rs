@@ -576,3 +576,45 @@ fn rc_sender_ahead_of_the_receives_waits_for_credits_instead_of_rnr_storms() {
         "an RNR NAK made the sender resend more than the one message: {ca:?}"
     );
 }
+
+/// A receiver that polls its CQ gets the SEND in its own thread, and the ACK of it is held
+/// back to go out with its answer. Whatever the receiver does next — move its QP to ERR at
+/// once, or stop polling altogether — the sender still gets its ACK: the send completes
+/// successfully, never as flushed or retried out.
+#[test]
+fn rc_ack_held_for_a_polling_receiver_still_reaches_the_sender() {
+    let o = Opts {
+        retry_cnt: 1,
+        ..Opts::default()
+    };
+    let (a, b) = pair_on("127.0.0.15", "127.0.0.16", QpType::Rc, 4096, &o);
+    let sges = [a.sge(0, 32)];
+    for round in 0..2u64 {
+        b.post_recv(round, 0, 64);
+        // The receiver polls before and while the SEND arrives, so that it receives itself.
+        let mut wc = [WorkCompletion::default(); 4];
+        for _ in 0..1000 {
+            assert_eq!(b.cq.poll(&mut wc).unwrap(), 0);
+        }
+        send(&a, 10 + round, WrOpcode::Send, &sges, |_| {});
+        let got = b.wait(1);
+        assert_eq!((got[0].status, got[0].wr_id), (WcStatus::Success, round));
+        if round == 0 {
+            // Then it stops polling: the ACK goes anyway (the progress thread sends it).
+            let c = a.wait(1);
+            assert_eq!((c[0].status, c[0].wr_id), (WcStatus::Success, 10));
+        } else {
+            // Then it moves its QP to ERR at once: the held ACK goes first.
+            b.qp.modify_qp(
+                &QpAttr {
+                    qp_state: QpState::Err,
+                    ..Default::default()
+                },
+                QpAttrMask::STATE.bits(),
+            )
+            .unwrap();
+            let c = a.wait(1);
+            assert_eq!((c[0].status, c[0].wr_id), (WcStatus::Success, 11));
+        }
+    }
+}

@@ -135,6 +135,8 @@ pub struct Qp {
     pub(super) completions: VecDeque<Completion>,
     pub(super) events: VecDeque<QpEvent>,
     pub(super) stats: QpStats,
+    /// See [`Qp::set_hold_acks`].
+    hold_acks: bool,
 }
 
 impl Qp {
@@ -149,6 +151,7 @@ impl Qp {
             completions: VecDeque::with_capacity(64),
             events: VecDeque::new(),
             stats: QpStats::default(),
+            hold_acks: false,
         }
     }
 
@@ -251,18 +254,30 @@ impl Qp {
     /// Writes the next packet to send into `buf` (at least MTU + 64 bytes; a smaller buffer
     /// makes the QP wait), or returns `None` when there is nothing to send right now.
     ///
-    /// Responses (ACKs, NAKs, READ responses, atomic ACKs) go first, then requests. The
-    /// packet is written from `buf[0]`: BTH, extended headers, payload, zero pad, and 4 zero
-    /// bytes for the ICRC, which the owner computes; [`Transmit::len`] counts all of them.
+    /// Responses (ACKs, NAKs, READ responses, atomic ACKs) go first, then requests — except
+    /// a lone positive ACK, which goes after the requests ready with it: it carries nothing
+    /// the peer waits for as urgently as a new request, and a request that answers what was
+    /// just received (a ping-pong, an RPC) then reaches the peer one packet sooner. While
+    /// [`Qp::set_hold_acks`] is on, that ACK is not sent at all. The packet is written from
+    /// `buf[0]`: BTH, extended headers, payload, zero pad, and 4 zero bytes for the ICRC,
+    /// which the owner computes; [`Transmit::len`] counts all of them.
     pub fn poll_transmit(
         &mut self,
         now: Instant,
         buf: &mut [u8],
         env: &mut dyn Env,
     ) -> Option<Transmit> {
-        let t = match self.responder_transmit(buf, env) {
-            Some(t) => Some(t),
-            None => self.requester_transmit(now, buf, env),
+        let t = if self.rsp.lone_positive_ack() {
+            match self.requester_transmit(now, buf, env) {
+                Some(t) => Some(t),
+                None if self.hold_acks => None,
+                None => self.responder_transmit(buf, env),
+            }
+        } else {
+            match self.responder_transmit(buf, env) {
+                Some(t) => Some(t),
+                None => self.requester_transmit(now, buf, env),
+            }
         };
         if let Some(t) = &t {
             self.stats.tx_packets += 1;
@@ -276,6 +291,23 @@ impl Qp {
     pub fn has_pending_transmit(&self) -> bool {
         !self.rsp.out.is_empty()
             || (!self.error && self.sq.rnr_deadline.is_none() && self.sq.cur < self.sq.wqes.len())
+    }
+
+    /// Holds back (`true`) or lets go (`false`) a positive ACK that is the only response
+    /// waiting: an owner whose application is about to see the completions of what the ACK
+    /// acknowledges, and is likely to answer on this QP at once, holds it so that the answer
+    /// goes first and the ACK after it, in the same batch. The owner must let go and call
+    /// [`Qp::poll_transmit`] again soon ([`Qp::has_held_ack`] tells whether one is held):
+    /// the peer's requester waits for it. NAKs, READ responses and atomic ACKs are never
+    /// held, and an ACK queued behind them goes with them.
+    pub fn set_hold_acks(&mut self, hold: bool) {
+        self.hold_acks = hold;
+    }
+
+    /// Whether a positive ACK is the only response waiting (held, or about to be sent after
+    /// the requests).
+    pub fn has_held_ack(&self) -> bool {
+        self.rsp.lone_positive_ack()
     }
 
     /// Whether a completion is waiting for [`Qp::poll_completion`].

@@ -154,6 +154,19 @@ impl Responder {
         });
     }
 
+    /// Whether the only response waiting is one positive ACK (which requests may overtake,
+    /// and an owner may hold back: see [`super::Qp::set_hold_acks`]).
+    pub(super) fn lone_positive_ack(&self) -> bool {
+        self.out.len() == 1
+            && matches!(
+                self.out.front(),
+                Some(Out::Ack {
+                    syndrome: Syndrome::Ack { .. },
+                    ..
+                })
+            )
+    }
+
     fn push_nak(&mut self, psn: Psn, syndrome: Syndrome) {
         self.out.push_back(Out::Ack {
             psn,

@@ -735,3 +735,51 @@ fn requester_starts_sends_only_within_the_credits() {
         .collect();
     assert_eq!(done, (1..=8).collect::<Vec<u64>>());
 }
+
+/// A lone positive ACK goes after the requests ready with it, and not at all while held;
+/// a NAK is never held, and takes a held ACK along.
+#[test]
+fn held_ack_goes_after_the_answer_and_never_blocks_a_nak() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut qp = Qp::new(cfg());
+    for i in 0..2 {
+        env.rq.push_back(RecvRequest {
+            wr_id: i,
+            sges: vec![Sge {
+                addr: 1000,
+                length: 100,
+                lkey: 1,
+            }],
+        });
+    }
+    let send_only = |psn: u32| {
+        pkt(
+            roce::Repr {
+                bth: bthr(Opcode::RC_SEND_ONLY, psn, true),
+                payload_len: 4,
+                ..roce::Repr::default()
+            },
+            b"ping",
+        )
+    };
+    qp.handle_packet(now, &send_only(100), &META, &mut env);
+    assert!(qp.has_held_ack());
+    qp.set_hold_acks(true);
+    assert!(drain(&mut qp, &mut env, now).is_empty());
+    // The answer goes first, then the ACK, in one drain.
+    qp.set_hold_acks(false);
+    qp.post_send(send(7, SendOp::Send, 4)).unwrap();
+    let p = drain(&mut qp, &mut env, now);
+    let ops: Vec<Opcode> = p.iter().map(|(r, _)| r.bth.opcode).collect();
+    assert_eq!(ops, vec![Opcode::RC_SEND_ONLY, Opcode::RC_ACKNOWLEDGE]);
+    assert_eq!(p[1].0.bth.psn, 100);
+    assert!(!qp.has_held_ack());
+    // Held again; then a gap makes a sequence NAK: it goes, with the ACK before it.
+    qp.handle_packet(now, &send_only(101), &META, &mut env);
+    qp.set_hold_acks(true);
+    qp.handle_packet(now, &send_only(103), &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    let syn: Vec<Syndrome> = p.iter().map(|(r, _)| r.aeth.unwrap().syndrome).collect();
+    assert_eq!(syn, vec![ACK, Syndrome::Nak(NakCode::PsnSequenceError)]);
+}
