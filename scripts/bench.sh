@@ -103,6 +103,7 @@ sock_rep() {
   local r=$1 before
   before=$(wc -l <"$CSV")
   REPS=1 do_sock
+  "$XTASK" udp-floor -i 20000 >>"$OUT/floor.txt" 2>&1 && log "$(tail -2 "$OUT/floor.txt" | tr '\n' ' ')"
   awk -F, -v OFS=, -v n="$before" -v r="$r" 'NR > n && $1 == "sock" { $6 = r } { print }' "$CSV" >"$CSV.tmp" &&
     mv "$CSV.tmp" "$CSV"
   cleanup; BGPIDS=()
@@ -142,6 +143,23 @@ SVG=docs/bench.svg
 mkdir -p "$(dirname "$SVG")"
 "$XTASK" bench-report --csv "$OUT/results.csv" --versions "$OUT/versions.txt" \
   --out-md "$FRAG" --svg "$SVG" --command "scripts/bench.sh (REPS=$REPS)" || exit 1
+# The loopback floor under softrdma, measured in each repetition (xtask udp-floor).
+if [ -s "$OUT/floor.txt" ]; then
+  $PY - "$OUT/floor.txt" >>"$FRAG" <<'EOF'
+import re, statistics, sys
+cases = {}
+for line in open(sys.argv[1]):
+    m = re.search(r"(\d) datagram\(s\) per one-way: one-way p50 ([\d.]+) us", line)
+    if m:
+        cases.setdefault(int(m.group(1)), []).append(float(m.group(2)))
+if cases:
+    parts = [f"{n} datagram{'s' if n > 1 else ''} per one-way {statistics.median(v):.2f} µs"
+             for n, v in sorted(cases.items())]
+    print()
+    print("Loopback floor, same run (`xtask udp-floor`: two threads busy-polling non-blocking UDP "
+          "sockets, one-way p50, median of the repetitions): " + "; ".join(parts) + ".")
+EOF
+fi
 if [ "$WRITE_MD" = 1 ]; then
   $PY - BENCHMARKS.md "$FRAG" <<'EOF' || exit 1
 import sys

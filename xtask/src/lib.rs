@@ -2,10 +2,12 @@
 //!
 //! `bench-report` turns the CSV of `scripts/bench.sh` (softrdma's rows and those of the peers
 //! from `../shared/anchors/run_anchors.sh`) into a markdown fragment for `BENCHMARKS.md` and an
-//! SVG plot; see [`bench_report`].
+//! SVG plot; see [`bench_report`]. `udp-floor` measures the loopback latency floor under
+//! softrdma (a busy-polling UDP ping-pong); see [`floor::udp_floor`].
 
 #![warn(missing_docs)]
 
+pub mod floor;
 pub mod data;
 pub mod machine;
 pub mod plot;

@@ -1,4 +1,5 @@
-//! `cargo run --release -p xtask -- bench-report --csv RESULTS.csv ...`: see the crate docs.
+//! `cargo run --release -p xtask -- bench-report --csv RESULTS.csv ...` and `... udp-floor`:
+//! see the crate docs.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,11 +34,41 @@ enum Command {
         #[arg(long)]
         command: Option<String>,
     },
+    /// The loopback latency floor: a busy-polling UDP ping-pong between two threads, with
+    /// one datagram per direction and with one more before it (what an RC ACK costs when it
+    /// goes first). Prints one line per case.
+    UdpFloor {
+        /// Round trips per case.
+        #[arg(short, long, default_value_t = 50_000)]
+        iters: usize,
+        /// The two addresses (port 0: any).
+        #[arg(long, default_value = "127.0.0.50:0")]
+        a: std::net::SocketAddr,
+        #[arg(long, default_value = "127.0.0.51:0")]
+        b: std::net::SocketAddr,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::UdpFloor { iters, a, b } => {
+            for extra in [0, 1] {
+                match xtask::floor::udp_floor(a, b, iters, extra) {
+                    Ok(f) => println!(
+                        "udp busy-poll ping-pong, {} datagram(s) per one-way: one-way p50 {:.2} us, min {:.2} us",
+                        1 + extra,
+                        f.p50_us,
+                        f.min_us
+                    ),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(1);
+                    }
+                }
+            }
+            ExitCode::SUCCESS
+        }
         Command::BenchReport {
             csv,
             versions,

@@ -1,0 +1,102 @@
+//! `xtask udp-floor`: the latency floor of the machine's loopback for a busy-polling UDP
+//! ping-pong, the transport under softrdma, without softrdma.
+//!
+//! Two threads, each with a non-blocking UDP socket on its own 127.0.0.x address, bounce one
+//! datagram back and forth, each spinning on `recv_from` (as softrdma's pollers spin on
+//! `recvmmsg`). Reported: the one-way latency (round trip / 2) with one datagram per
+//! direction, and with one more small datagram sent before it each time (what an RC ACK
+//! costs when it goes first). softrdma's own 8-byte SEND latency can be compared with both.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+/// One-way latencies (µs, median and minimum) of a busy-polling UDP ping-pong on loopback.
+#[derive(Debug, Clone, Copy)]
+pub struct Floor {
+    /// Median one-way latency.
+    pub p50_us: f64,
+    /// Smallest one-way latency.
+    pub min_us: f64,
+}
+
+/// Runs `n` round trips between `a` and `b` (addresses to bind, port 0 for any), with
+/// `extra` additional 28-byte datagrams sent to `sink` before each payload (0 or more).
+///
+/// Fails with the socket error when an address cannot be bound, or when a round trip takes
+/// more than 10 s (something else is wrong: the loopback interface, a firewall).
+pub fn udp_floor(a: SocketAddr, b: SocketAddr, n: usize, extra: usize) -> std::io::Result<Floor> {
+    let sa = UdpSocket::bind(a)?;
+    let sb = UdpSocket::bind(b)?;
+    let sink = UdpSocket::bind(SocketAddr::new(a.ip(), 0))?;
+    let (a, b, sink) = (sa.local_addr()?, sb.local_addr()?, sink.local_addr()?);
+    sa.set_nonblocking(true)?;
+    sb.set_nonblocking(true)?;
+    let spin = |s: &UdpSocket, buf: &mut [u8]| -> std::io::Result<()> {
+        let t = Instant::now();
+        loop {
+            match s.recv_from(buf) {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if t.elapsed() > Duration::from_secs(10) {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "no datagram within 10 s on loopback",
+                        ));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut buf = [0u8; 64];
+        for _ in 0..n {
+            spin(&sb, &mut buf)?;
+            for _ in 0..extra {
+                sb.send_to(&buf[..28], sink)?;
+            }
+            sb.send_to(&buf[..60], a)?;
+        }
+        Ok(())
+    });
+    let mut buf = [0u8; 64];
+    let mut lat = Vec::with_capacity(n);
+    let mut result = Ok(());
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = (0..extra)
+            .try_for_each(|_| sa.send_to(&buf[..28], sink).map(|_| ()))
+            .and_then(|()| sa.send_to(&buf[..60], b).map(|_| ()))
+            .and_then(|()| spin(&sa, &mut buf));
+        if let Err(e) = r {
+            result = Err(e);
+            break;
+        }
+        lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+    }
+    let echoed = echo
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the echo thread panicked")));
+    result?;
+    echoed?;
+    lat.sort_by(f64::total_cmp);
+    Ok(Floor {
+        p50_us: lat.get(lat.len() / 2).copied().unwrap_or(f64::NAN),
+        min_us: lat.first().copied().unwrap_or(f64::NAN),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_ping_pong_reports_positive_latencies() {
+        let a: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let b: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        for extra in [0, 1] {
+            let f = udp_floor(a, b, 200, extra).unwrap();
+            assert!(f.min_us > 0.0 && f.p50_us >= f.min_us, "{f:?}");
+        }
+    }
+}
