@@ -7,8 +7,8 @@
 
 #![warn(missing_docs)]
 
-pub mod floor;
 pub mod data;
+pub mod floor;
 pub mod machine;
 pub mod plot;
 pub mod report;
