@@ -1244,6 +1244,25 @@ impl Qp {
             }
             st.rq.push_back(RecvWqe::from_wr(wr));
         }
+        // An RC requester may be waiting for the credits these receives make: tell it.
+        let available = st.rq.len() as u32;
+        let update = st
+            .transport
+            .as_mut()
+            .is_some_and(|t| t.recv_posted(available));
+        if update {
+            if let Some(engine) = st.engine.clone() {
+                let events = with_tx(|tx| {
+                    let ev = drive(&engine, inner, &mut st, Instant::now(), tx);
+                    engine.send(tx);
+                    ev
+                });
+                drop(st);
+                for e in events {
+                    inner.raise(e);
+                }
+            }
+        }
         Ok(())
     }
 

@@ -337,10 +337,26 @@ impl Qp {
         if self.error {
             return None;
         }
-        match (self.sq.retrans_deadline, self.sq.rnr_deadline) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
+        [
+            self.sq.retrans_deadline,
+            self.sq.rnr_deadline,
+            self.sq.credit_probe_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Tells an RC responder that its receive queue now holds `available` requests (the
+    /// owner calls it after posting receives). If the last ACK advertised few credits (the
+    /// requester may be waiting for them), an ACK of the last PSN received goes out with
+    /// the new count: the unsolicited credit update of IBA 9.7.7.2. Returns `true` when it
+    /// queued one (the owner then calls [`Qp::poll_transmit`]).
+    pub fn recv_posted(&mut self, available: u32) -> bool {
+        if self.cfg.qp_type != QpType::Rc || self.error {
+            return false;
         }
+        self.rsp.credit_update(available)
     }
 
     /// Runs the timers that expired by `now`: the RNR back-off (then the requester resends

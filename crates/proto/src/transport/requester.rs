@@ -126,7 +126,17 @@ pub(super) struct SendQueue {
     credit_limit: Option<u32>,
     /// The PSN of the ACK that set `credit_limit` (older ACKs do not change it).
     credit_psn: Option<Psn>,
+    /// With no credit left and nothing outstanding: when the requester sends one message
+    /// anyway, unless an ACK brings credits first (see [`CREDIT_PROBE_DELAY`]).
+    pub(super) credit_probe_at: Option<Instant>,
 }
+
+/// How long a requester with no credit left and nothing outstanding waits for the
+/// responder's credit update (an unsolicited ACK, which softrdma sends when receives are
+/// posted) before it sends one message anyway: against a responder that sends no updates,
+/// that message meets either a receive (and its ACK brings credits) or an RNR NAK — which on
+/// rdma_cm connections (min_rnr_timer 0) costs 655 ms, hence the wait first.
+pub(super) const CREDIT_PROBE_DELAY: std::time::Duration = std::time::Duration::from_millis(1);
 
 fn npkts(len: u64, mtu: u64) -> u32 {
     if len == 0 {
@@ -158,6 +168,7 @@ impl SendQueue {
             rwqe_retired: 0,
             credit_limit: None,
             credit_psn: None,
+            credit_probe_at: None,
         }
     }
 
@@ -331,14 +342,26 @@ impl Qp {
                     return None;
                 }
                 // End-to-end credits: a message that needs a receive at the responder starts
-                // only if the responder advertised one for it, or, with none advertised, when
-                // nothing is outstanding (one message at a time, whose ACK brings news).
+                // only if the responder advertised one for it, or, with none advertised and
+                // nothing outstanding, after CREDIT_PROBE_DELAY without a credit update (one
+                // message at a time, whose ACK brings news).
                 if rc && w.consumes_recv() {
                     if let Some(limit) = self.sq.credit_limit {
                         let seq = self.sq.rwqe_started.wrapping_add(1);
-                        if (seq.wrapping_sub(limit) as i32) > 0 && self.sq.outstanding() {
-                            self.stats.credit_waits += 1;
-                            return None;
+                        if (seq.wrapping_sub(limit) as i32) > 0 {
+                            if self.sq.outstanding() {
+                                self.stats.credit_waits += 1;
+                                return None;
+                            }
+                            match self.sq.credit_probe_at {
+                                None => {
+                                    self.stats.credit_waits += 1;
+                                    self.sq.credit_probe_at = Some(now + CREDIT_PROBE_DELAY);
+                                    return None;
+                                }
+                                Some(t) if now < t => return None,
+                                Some(_) => self.sq.credit_probe_at = None,
+                            }
                         }
                     }
                 }
@@ -752,6 +775,7 @@ impl Qp {
             return;
         }
         self.sq.credit_psn = Some(psn);
+        self.sq.credit_probe_at = None;
         let Some(free) = aeth::credit_count(credit) else {
             self.sq.credit_limit = None;
             return;

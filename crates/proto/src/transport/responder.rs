@@ -92,7 +92,14 @@ pub(super) struct Responder {
     pub(super) out: VecDeque<Out>,
     comm_est: bool,
     received_any: bool,
+    /// End-to-end credits advertised by the last positive ACK and not yet used since (RC,
+    /// own receive queue); `None` before the first such ACK or without credit information.
+    pub(super) credits_left: Option<u32>,
 }
+
+/// A responder sends an unsolicited credit update when receives are posted while fewer than
+/// this many advertised credits are left (the requester may be about to wait for them).
+const CREDIT_UPDATE_BELOW: u32 = 16;
 
 impl Responder {
     pub(super) fn new(cfg: &QpConfig) -> Responder {
@@ -109,6 +116,7 @@ impl Responder {
             out: VecDeque::with_capacity(64),
             comm_est: false,
             received_any: false,
+            credits_left: None,
         }
     }
 
@@ -152,6 +160,21 @@ impl Responder {
             },
             msn,
         });
+    }
+
+    /// Queues an ACK of the last PSN received carrying the credits (the count is filled in
+    /// when it is sent) if the last advertised count was low and `available` is more.
+    pub(super) fn credit_update(&mut self, available: u32) -> bool {
+        let Some(left) = self.credits_left else {
+            return false;
+        };
+        if left >= CREDIT_UPDATE_BELOW || available <= left {
+            return false;
+        }
+        // One update until the next ACK (which sets the count it advertises).
+        self.credits_left = Some(available);
+        self.push_ack(self.epsn.sub(1));
+        true
     }
 
     /// Whether the only response waiting is one positive ACK (which requests may overtake,
@@ -215,6 +238,9 @@ impl Qp {
         }
         match env.take_recv() {
             Some(req) => {
+                if let Some(n) = self.rsp.credits_left.as_mut() {
+                    *n = n.saturating_sub(1);
+                }
                 let cap = sge_total(&req.sges);
                 self.rsp.recv = Some(HeldRecv { req, cap });
                 true
@@ -782,9 +808,11 @@ impl Qp {
                 Out::Ack { psn, syndrome, msn } => {
                     // A positive ACK carries the receives left now (end-to-end credits).
                     let syndrome = match syndrome {
-                        Syndrome::Ack { .. } => Syndrome::Ack {
-                            credit: aeth::credit_code(env.recv_available()),
-                        },
+                        Syndrome::Ack { .. } => {
+                            let code = aeth::credit_code(env.recv_available());
+                            self.rsp.credits_left = aeth::credit_count(code);
+                            Syndrome::Ack { credit: code }
+                        }
                         other => other,
                     };
                     let repr = roce::Repr {

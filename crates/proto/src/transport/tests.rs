@@ -704,20 +704,52 @@ fn requester_starts_sends_only_within_the_credits() {
     // ACK of 13 (the fourth) with two credits: 5 and 6 may start.
     qp.handle_packet(now, &ack(13, Syndrome::Ack { credit: 2 }), &META, &mut env);
     assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![14, 15]);
-    // All acknowledged with no credit left: one SEND may still go (nothing is outstanding),
+    // All acknowledged with no credit left: the requester waits for a credit update, and
+    // after CREDIT_PROBE_DELAY without one sends one SEND anyway (nothing is outstanding);
     // the next waits for its ACK.
     qp.handle_packet(now, &ack(15, Syndrome::Ack { credit: 0 }), &META, &mut env);
     qp.post_send(send(7, SendOp::Send, 10)).unwrap();
     qp.post_send(send(8, SendOp::Send, 10)).unwrap();
-    assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![16]);
-    // A stale ACK (of 14) does not change the credits.
-    qp.handle_packet(now, &ack(14, Syndrome::Ack { credit: 8 }), &META, &mut env);
     assert!(drain(&mut qp, &mut env, now).is_empty());
+    let probe = qp.poll_timeout().expect("a deadline for the probe");
+    assert_eq!(probe, now + requester::CREDIT_PROBE_DELAY);
+    let later = probe;
+    assert_eq!(psns(&drain(&mut qp, &mut env, later)), vec![16]);
+    // A stale ACK (of 14) does not change the credits.
+    qp.handle_packet(
+        later,
+        &ack(14, Syndrome::Ack { credit: 8 }),
+        &META,
+        &mut env,
+    );
+    assert!(drain(&mut qp, &mut env, later).is_empty());
     // "Invalid" (what rxe sends): no limit any more.
-    qp.handle_packet(now, &ack(16, ACK), &META, &mut env);
-    assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![17]);
+    qp.handle_packet(later, &ack(16, ACK), &META, &mut env);
+    assert_eq!(psns(&drain(&mut qp, &mut env, later)), vec![17]);
+    // An unsolicited credit update (an ACK of the same PSN with credits) lets a waiting
+    // requester go at once.
+    qp.handle_packet(
+        later,
+        &ack(17, Syndrome::Ack { credit: 0 }),
+        &META,
+        &mut env,
+    );
+    qp.post_send(send(12, SendOp::Send, 10)).unwrap();
+    assert!(drain(&mut qp, &mut env, later).is_empty());
+    qp.handle_packet(
+        later,
+        &ack(17, Syndrome::Ack { credit: 1 }),
+        &META,
+        &mut env,
+    );
+    assert_eq!(psns(&drain(&mut qp, &mut env, later)), vec![18]);
     // WRITEs take no receive: never held, even with no credit.
-    qp.handle_packet(now, &ack(17, Syndrome::Ack { credit: 0 }), &META, &mut env);
+    qp.handle_packet(
+        later,
+        &ack(18, Syndrome::Ack { credit: 0 }),
+        &META,
+        &mut env,
+    );
     for i in 9..=11 {
         qp.post_send(send(
             i,
@@ -729,11 +761,11 @@ fn requester_starts_sends_only_within_the_credits() {
         ))
         .unwrap();
     }
-    assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![18, 19, 20]);
+    assert_eq!(psns(&drain(&mut qp, &mut env, later)), vec![19, 20, 21]);
     let done: Vec<u64> = std::iter::from_fn(|| qp.poll_completion())
         .map(|c| c.wr_id)
         .collect();
-    assert_eq!(done, (1..=8).collect::<Vec<u64>>());
+    assert_eq!(done, vec![1, 2, 3, 4, 5, 6, 7, 8, 12]);
 }
 
 /// A lone positive ACK goes after the requests ready with it, and not at all while held;
@@ -782,4 +814,54 @@ fn held_ack_goes_after_the_answer_and_never_blocks_a_nak() {
     let p = drain(&mut qp, &mut env, now);
     let syn: Vec<Syndrome> = p.iter().map(|(r, _)| r.aeth.unwrap().syndrome).collect();
     assert_eq!(syn, vec![ACK, Syndrome::Nak(NakCode::PsnSequenceError)]);
+}
+
+/// A responder whose last ACK left the requester few credits sends an unsolicited ACK (the
+/// last PSN again) with the new count when receives are posted; not when enough are left.
+#[test]
+fn responder_sends_a_credit_update_when_receives_are_posted() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    env.credits = true;
+    let mut qp = Qp::new(cfg());
+    let recv = |i: u64| RecvRequest {
+        wr_id: i,
+        sges: vec![Sge {
+            addr: 1000,
+            length: 100,
+            lkey: 1,
+        }],
+    };
+    env.rq.push_back(recv(0));
+    let send_only = pkt(
+        roce::Repr {
+            bth: bthr(Opcode::RC_SEND_ONLY, 100, true),
+            payload_len: 4,
+            ..roce::Repr::default()
+        },
+        b"abcd",
+    );
+    // Before any ACK: nothing to update.
+    assert!(!qp.recv_posted(1));
+    qp.handle_packet(now, &send_only, &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(p[0].0.aeth.unwrap().syndrome, Syndrome::Ack { credit: 0 });
+    // Receives posted: an ACK of PSN 100 again, with the credits.
+    for i in 1..=40 {
+        env.rq.push_back(recv(i));
+    }
+    assert!(qp.recv_posted(40));
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(p.len(), 1);
+    assert_eq!(p[0].0.bth.psn, 100);
+    assert_eq!(
+        p[0].0.aeth.unwrap().syndrome,
+        Syndrome::Ack {
+            credit: aeth::credit_code(Some(40))
+        }
+    );
+    // Plenty left: no more updates.
+    env.rq.push_back(recv(41));
+    assert!(!qp.recv_posted(41));
+    assert!(drain(&mut qp, &mut env, now).is_empty());
 }
