@@ -89,16 +89,19 @@ impl ExtHeader {
     ];
 
     /// A dense index, `0..COUNT`.
+    #[inline]
     pub(crate) const fn index(self) -> usize {
         self as usize
     }
 
     /// A one-bit mask, `1 << index`.
+    #[inline]
     pub(crate) const fn bit(self) -> u8 {
         1 << self.index()
     }
 
     /// Length of the header in bytes.
+    #[inline]
     pub const fn size(self) -> usize {
         match self {
             ExtHeader::Reth => crate::reth::HEADER_LEN,
@@ -367,6 +370,7 @@ impl Opcode {
 
     /// The table row of this opcode, or `None` for RD, XRC, CNP, FLUSH, reserved and
     /// vendor-specific opcodes.
+    #[inline]
     pub fn info(self) -> Option<&'static OpcodeInfo> {
         let i = OPCODE_INDEX[usize::from(self.0)];
         OPCODE_TABLE.get(usize::from(i))
@@ -374,6 +378,7 @@ impl Opcode {
 
     /// Like [`Opcode::info`], but fails with [`Error::Unsupported`] when the opcode has no
     /// table row.
+    #[inline]
     pub fn lookup(self) -> Result<&'static OpcodeInfo> {
         self.info().ok_or(Error::Unsupported)
     }
