@@ -70,6 +70,7 @@ pub enum NakCode {
 
 impl NakCode {
     /// The five-bit value of the code, 0..=4.
+    #[inline]
     pub const fn value(self) -> u8 {
         match self {
             NakCode::PsnSequenceError => 0,
@@ -82,6 +83,7 @@ impl NakCode {
 
     /// The code with five-bit value `value`; fails with [`Error::Malformed`] for the
     /// reserved values 5..=31 (and anything larger).
+    #[inline]
     pub const fn from_value(value: u8) -> Result<NakCode> {
         match value {
             0 => Ok(NakCode::PsnSequenceError),
@@ -114,6 +116,7 @@ pub enum Syndrome {
 impl Syndrome {
     /// Decodes a syndrome byte. Fails with [`Error::Malformed`] when the top bit is set, the
     /// type is the reserved `10`, or a NAK code is reserved.
+    #[inline]
     pub const fn from_byte(byte: u8) -> Result<Syndrome> {
         if byte & 0x80 != 0 {
             return Err(Error::Malformed);
@@ -131,6 +134,7 @@ impl Syndrome {
     }
 
     /// Encodes the syndrome byte. Credit and timer codes are truncated to five bits.
+    #[inline]
     pub const fn to_byte(self) -> u8 {
         match self {
             Syndrome::Ack { credit } => TYPE_ACK | (credit & VALUE_MASK),

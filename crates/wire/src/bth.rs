@@ -259,22 +259,62 @@ impl Repr {
     /// [`HEADER_LEN`] and with [`Error::Malformed`] when TVer is not 0. The opcode is not
     /// validated here (see [`crate::roce::Packet::new_checked`]).
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        packet.check_len()?;
-        if packet.tver() != TVER {
+        match packet.buffer.as_ref().first_chunk::<HEADER_LEN>() {
+            Some(b) => Repr::from_bytes(b),
+            None => Err(Error::Truncated),
+        }
+    }
+
+    /// [`Repr::parse`] of a BTH already known to be complete.
+    #[inline]
+    pub(crate) fn from_bytes(b: &[u8; HEADER_LEN]) -> Result<Repr> {
+        let flags = b[field::FLAGS];
+        if flags & field::TVER_MASK != TVER {
             return Err(Error::Malformed);
         }
+        let cong = u32::from_be_bytes([b[4], b[5], b[6], b[7]]);
+        let ack = u32::from_be_bytes([b[8], b[9], b[10], b[11]]);
         Ok(Repr {
-            opcode: packet.opcode(),
-            solicited_event: packet.solicited_event(),
-            mig_req: packet.mig_req(),
-            pad_count: packet.pad_count(),
-            pkey: packet.pkey(),
-            fecn: packet.fecn(),
-            becn: packet.becn(),
-            dest_qp: packet.dest_qp(),
-            ack_req: packet.ack_req(),
-            psn: packet.psn(),
+            opcode: Opcode(b[field::OPCODE]),
+            solicited_event: flags & field::SE != 0,
+            mig_req: flags & field::MIG != 0,
+            pad_count: (flags & field::PAD_MASK) >> field::PAD_SHIFT,
+            pkey: u16::from_be_bytes([b[2], b[3]]),
+            fecn: cong & (u32::from(field::FECN) << 24) != 0,
+            becn: cong & (u32::from(field::BECN) << 24) != 0,
+            dest_qp: cong & 0x00ff_ffff,
+            ack_req: ack & (u32::from(field::ACK_REQ) << 24) != 0,
+            psn: ack & 0x00ff_ffff,
         })
+    }
+
+    /// The twelve header bytes [`Repr::emit`] writes.
+    #[inline]
+    pub(crate) fn to_bytes(self) -> [u8; HEADER_LEN] {
+        let bit = |on: bool, mask: u8| if on { mask } else { 0 };
+        let flags = bit(self.solicited_event, field::SE)
+            | bit(self.mig_req, field::MIG)
+            | ((self.pad_count << field::PAD_SHIFT) & field::PAD_MASK)
+            | TVER;
+        let cong = bit(self.fecn, field::FECN) | bit(self.becn, field::BECN);
+        let ack = bit(self.ack_req, field::ACK_REQ);
+        let pkey = self.pkey.to_be_bytes();
+        let qp = self.dest_qp.to_be_bytes();
+        let psn = self.psn.to_be_bytes();
+        [
+            self.opcode.0,
+            flags,
+            pkey[0],
+            pkey[1],
+            cong,
+            qp[1],
+            qp[2],
+            qp[3],
+            ack,
+            psn[1],
+            psn[2],
+            psn[3],
+        ]
     }
 
     /// The length of the emitted header, [`HEADER_LEN`].
@@ -288,21 +328,7 @@ impl Repr {
     /// # Panics
     /// When the view was made with `new_unchecked` over fewer than [`HEADER_LEN`] bytes.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]> + ?Sized>(&self, packet: &mut Packet<&mut T>) {
-        let b = packet.buffer.as_mut();
-        b[field::FLAGS] = 0;
-        b[field::CONG] = 0;
-        b[field::ACK] = 0;
-        packet.set_opcode(self.opcode);
-        packet.set_solicited_event(self.solicited_event);
-        packet.set_mig_req(self.mig_req);
-        packet.set_pad_count(self.pad_count);
-        packet.set_tver(TVER);
-        packet.set_pkey(self.pkey);
-        packet.set_fecn(self.fecn);
-        packet.set_becn(self.becn);
-        packet.set_dest_qp(self.dest_qp);
-        packet.set_ack_req(self.ack_req);
-        packet.set_psn(self.psn);
+        packet.buffer.as_mut()[..HEADER_LEN].copy_from_slice(&self.to_bytes());
     }
 }
 

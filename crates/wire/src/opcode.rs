@@ -73,7 +73,35 @@ pub enum ExtHeader {
 }
 
 impl ExtHeader {
+    /// The number of extended header kinds.
+    pub(crate) const COUNT: usize = 7;
+
+    /// Every extended header kind, in [`ExtHeader::index`] order.
+    #[cfg(test)]
+    pub(crate) const ALL: [ExtHeader; ExtHeader::COUNT] = [
+        ExtHeader::Reth,
+        ExtHeader::Aeth,
+        ExtHeader::Deth,
+        ExtHeader::ImmDt,
+        ExtHeader::Ieth,
+        ExtHeader::AtomicEth,
+        ExtHeader::AtomicAckEth,
+    ];
+
+    /// A dense index, `0..COUNT`.
+    #[inline]
+    pub(crate) const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// A one-bit mask, `1 << index`.
+    #[inline]
+    pub(crate) const fn bit(self) -> u8 {
+        1 << self.index()
+    }
+
     /// Length of the header in bytes.
+    #[inline]
     pub const fn size(self) -> usize {
         match self {
             ExtHeader::Reth => crate::reth::HEADER_LEN,
@@ -342,6 +370,7 @@ impl Opcode {
 
     /// The table row of this opcode, or `None` for RD, XRC, CNP, FLUSH, reserved and
     /// vendor-specific opcodes.
+    #[inline]
     pub fn info(self) -> Option<&'static OpcodeInfo> {
         let i = OPCODE_INDEX[usize::from(self.0)];
         OPCODE_TABLE.get(usize::from(i))
@@ -349,6 +378,7 @@ impl Opcode {
 
     /// Like [`Opcode::info`], but fails with [`Error::Unsupported`] when the opcode has no
     /// table row.
+    #[inline]
     pub fn lookup(self) -> Result<&'static OpcodeInfo> {
         self.info().ok_or(Error::Unsupported)
     }
@@ -540,6 +570,88 @@ const fn build_index() -> [u8; 256] {
 
 static OPCODE_INDEX: [u8; 256] = build_index();
 
+/// The parse/emit layout of one opcode byte, precomputed from [`OPCODE_TABLE`] so that the
+/// packet code finds everything it needs with one indexed load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// Bytes from the start of the BTH to the payload; 0 for an unsupported opcode.
+    pub(crate) header_len: u8,
+    /// Bit [`ExtHeader::bit`] is set for every extended header the opcode carries.
+    pub(crate) headers: u8,
+    /// Offset from the start of the BTH of each extended header, indexed by
+    /// [`ExtHeader::index`]; 0 when the opcode does not carry it.
+    pub(crate) offsets: [u8; ExtHeader::COUNT],
+    /// Whether the opcode may carry payload.
+    pub(crate) has_payload: bool,
+    /// Whether the opcode is an ATOMIC_WRITE (exactly [`crate::roce::ATOMIC_WRITE_LEN`]
+    /// payload bytes).
+    pub(crate) atomic_write: bool,
+}
+
+impl Layout {
+    const UNSUPPORTED: Layout = Layout {
+        header_len: 0,
+        headers: 0,
+        offsets: [0; ExtHeader::COUNT],
+        has_payload: false,
+        atomic_write: false,
+    };
+
+    /// The layout of `opcode`; `header_len` is 0 when the opcode is not supported.
+    #[inline]
+    pub(crate) fn of(opcode: u8) -> &'static Layout {
+        &OPCODE_LAYOUT[usize::from(opcode)]
+    }
+
+    /// Whether the opcode has a row in [`OPCODE_TABLE`].
+    #[inline]
+    pub(crate) const fn is_supported(&self) -> bool {
+        self.header_len != 0
+    }
+
+    /// The offset of `header` from the start of the BTH, `None` when not carried.
+    #[inline]
+    pub(crate) const fn offset_of(&self, header: ExtHeader) -> Option<usize> {
+        match self.offsets[header.index()] {
+            0 => None,
+            at => Some(at as usize),
+        }
+    }
+
+    const fn new(info: &OpcodeInfo) -> Layout {
+        let mut layout = Layout {
+            header_len: info.header_len as u8,
+            headers: 0,
+            offsets: [0; ExtHeader::COUNT],
+            has_payload: info.has_payload,
+            atomic_write: matches!(info.operation, Operation::AtomicWrite),
+        };
+        let mut at = crate::bth::HEADER_LEN;
+        let mut i = 0;
+        while i < info.headers.len() {
+            let h = info.headers[i];
+            layout.headers |= h.bit();
+            layout.offsets[h.index()] = at as u8;
+            at += h.size();
+            i += 1;
+        }
+        assert!(at == info.header_len && at <= u8::MAX as usize);
+        layout
+    }
+}
+
+const fn build_layout() -> [Layout; 256] {
+    let mut layout = [Layout::UNSUPPORTED; 256];
+    let mut i = 0;
+    while i < TABLE.len() {
+        layout[TABLE[i].opcode.0 as usize] = Layout::new(&TABLE[i]);
+        i += 1;
+    }
+    layout
+}
+
+static OPCODE_LAYOUT: [Layout; 256] = build_layout();
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -603,6 +715,31 @@ mod tests {
         }
         let known = (0..=255u8).filter(|&o| Opcode(o).info().is_some()).count();
         assert_eq!(known, OPCODE_TABLE.len());
+    }
+
+    #[test]
+    fn layout_matches_table() {
+        for op in 0..=255u8 {
+            let layout = Layout::of(op);
+            let Some(info) = Opcode(op).info() else {
+                assert_eq!(*layout, Layout::UNSUPPORTED, "{op:#x}");
+                continue;
+            };
+            assert!(layout.is_supported());
+            assert_eq!(usize::from(layout.header_len), info.header_len, "{op:#x}");
+            assert_eq!(layout.has_payload, info.has_payload);
+            assert_eq!(
+                layout.atomic_write,
+                info.operation == Operation::AtomicWrite
+            );
+            for h in ExtHeader::ALL {
+                assert_eq!(layout.offset_of(h), info.offset_of(h), "{op:#x} {h:?}");
+                assert_eq!(layout.headers & h.bit() != 0, info.has_header(h));
+            }
+        }
+        for (i, h) in ExtHeader::ALL.iter().enumerate() {
+            assert_eq!(h.index(), i);
+        }
     }
 
     #[test]

@@ -26,7 +26,7 @@
 //! assert_eq!(roce::Repr::parse(&packet).unwrap(), repr);
 //! ```
 
-use crate::opcode::{ExtHeader, Opcode, OpcodeInfo, Operation};
+use crate::opcode::{ExtHeader, Layout, Opcode, OpcodeInfo};
 use crate::{aeth, atomic_ack_eth, atomic_eth, bth, deth, ieth, immdt, reth, Error, Result};
 use core::ops::Range;
 
@@ -41,36 +41,44 @@ pub const ATOMIC_WRITE_LEN: usize = 8;
 
 /// Big-endian field access shared by the header modules. Callers guarantee the range.
 pub(crate) mod be {
+    #[inline]
     pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
         u16::from_be_bytes([b[at], b[at + 1]])
     }
 
+    #[inline]
     pub(crate) fn u24_at(b: &[u8], at: usize) -> u32 {
         u32::from_be_bytes([0, b[at], b[at + 1], b[at + 2]])
     }
 
+    #[inline]
     pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
         u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
     }
 
+    #[inline]
     pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
         let mut a = [0u8; 8];
         a.copy_from_slice(&b[at..at + 8]);
         u64::from_be_bytes(a)
     }
 
+    #[inline]
     pub(crate) fn put_u16(b: &mut [u8], at: usize, v: u16) {
         b[at..at + 2].copy_from_slice(&v.to_be_bytes());
     }
 
+    #[inline]
     pub(crate) fn put_u24(b: &mut [u8], at: usize, v: u32) {
         b[at..at + 3].copy_from_slice(&v.to_be_bytes()[1..]);
     }
 
+    #[inline]
     pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
         b[at..at + 4].copy_from_slice(&v.to_be_bytes());
     }
 
+    #[inline]
     pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
         b[at..at + 8].copy_from_slice(&v.to_be_bytes());
     }
@@ -105,19 +113,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// the opcode is not in the opcode table; with [`Error::Malformed`] when PadCnt is larger
     /// than the bytes between the headers and the ICRC.
     pub fn check_len(&self) -> Result<()> {
-        let b = self.buffer.as_ref();
-        if b.len() < bth::HEADER_LEN {
-            return Err(Error::Truncated);
-        }
-        let info = Opcode(b[0]).lookup()?;
-        let fixed = info.header_len + ICRC_LEN;
-        if b.len() < fixed {
-            return Err(Error::Truncated);
-        }
-        if self.pad_count() > b.len() - fixed {
-            return Err(Error::Malformed);
-        }
-        Ok(())
+        check_layout(self.buffer.as_ref()).map(|_| ())
     }
 
     /// Returns the underlying buffer.
@@ -148,8 +144,10 @@ impl<T: AsRef<[u8]>> Packet<T> {
     /// Bytes from the start of the BTH to the payload (just the BTH for an unsupported
     /// opcode).
     pub fn header_len(&self) -> usize {
-        self.opcode_info()
-            .map_or(bth::HEADER_LEN, |info| info.header_len)
+        match Layout::of(self.opcode().0).header_len {
+            0 => bth::HEADER_LEN,
+            len => usize::from(len),
+        }
     }
 
     /// PadCnt from the BTH (0 on an empty unchecked buffer).
@@ -167,7 +165,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
     }
 
     fn ext_range(&self, header: ExtHeader) -> Option<Range<usize>> {
-        let at = self.opcode_info()?.offset_of(header)?;
+        let at = Layout::of(self.opcode().0).offset_of(header)?;
         let range = at..at + header.size();
         if range.end <= self.buffer.as_ref().len() {
             Some(range)
@@ -360,6 +358,44 @@ impl Default for Repr {
     }
 }
 
+/// Validates the layout of a transport packet like [`Packet::check_len`], returning the
+/// BTH bytes, the opcode's layout and the payload length.
+#[inline]
+fn check_layout(b: &[u8]) -> Result<(&[u8; bth::HEADER_LEN], &'static Layout, usize)> {
+    let Some(bth) = b.first_chunk::<{ bth::HEADER_LEN }>() else {
+        return Err(Error::Truncated);
+    };
+    let layout = Layout::of(bth[0]);
+    if !layout.is_supported() {
+        return Err(Error::Unsupported);
+    }
+    let fixed = usize::from(layout.header_len) + ICRC_LEN;
+    let Some(room) = b.len().checked_sub(fixed) else {
+        return Err(Error::Truncated);
+    };
+    let pad = usize::from((bth[1] >> 4) & 3);
+    match room.checked_sub(pad) {
+        Some(payload_len) => Ok((bth, layout, payload_len)),
+        None => Err(Error::Malformed),
+    }
+}
+
+/// The bytes of extended header `header` inside `b`, `None` when the opcode of `layout`
+/// does not carry it (or `b` is too short).
+#[inline]
+fn ext_bytes<'a>(b: &'a [u8], layout: &Layout, header: ExtHeader) -> Option<&'a [u8]> {
+    let at = layout.offset_of(header)?;
+    b.get(at..at + header.size())
+}
+
+/// The bytes of extended header `header` inside `b`, which holds every header of an opcode
+/// whose `layout` carries `header` (checked by [`Repr::layout`]).
+#[inline]
+fn ext_bytes_mut<'a>(b: &'a mut [u8], layout: &Layout, header: ExtHeader) -> &'a mut [u8] {
+    let at = usize::from(layout.offsets[header.index()]);
+    &mut b[at..at + header.size()]
+}
+
 fn parse_opt<V, R>(view: Option<V>, parse: impl FnOnce(&V) -> Result<R>) -> Result<Option<R>> {
     view.map(|v| parse(&v)).transpose()
 }
@@ -376,29 +412,46 @@ impl Repr {
     /// an AETH syndrome is reserved, an opcode without payload carries payload or pad, PadCnt
     /// is not `(-payload_len) & 3`, or an ATOMIC_WRITE payload is not 8 bytes.
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
-        packet.check_len()?;
-        let info = packet.opcode().lookup()?;
-        let bth = bth::Repr::parse(&packet.bth())?;
-        let payload_len = packet.payload().len();
-        let pad = packet.pad_count();
-        if !info.has_payload && (payload_len != 0 || pad != 0) {
+        let b = packet.buffer.as_ref();
+        let (bth, layout, payload_len) = check_layout(b)?;
+        let bth = bth::Repr::from_bytes(bth)?;
+        let pad = usize::from(bth.pad_count);
+        if !layout.has_payload && (payload_len != 0 || pad != 0) {
             return Err(Error::Malformed);
         }
         if pad != Self::payload_pad(payload_len) {
             return Err(Error::Malformed);
         }
-        if info.operation == Operation::AtomicWrite && payload_len != ATOMIC_WRITE_LEN {
+        if layout.atomic_write && payload_len != ATOMIC_WRITE_LEN {
             return Err(Error::Malformed);
         }
+        let ext = |h| ext_bytes(b, layout, h);
         Ok(Repr {
             bth,
-            reth: parse_opt(packet.reth(), |p| reth::Repr::parse(p))?,
-            aeth: parse_opt(packet.aeth(), |p| aeth::Repr::parse(p))?,
-            deth: parse_opt(packet.deth(), |p| deth::Repr::parse(p))?,
-            immdt: parse_opt(packet.immdt(), |p| immdt::Repr::parse(p))?,
-            ieth: parse_opt(packet.ieth(), |p| ieth::Repr::parse(p))?,
-            atomic_eth: parse_opt(packet.atomic_eth(), |p| atomic_eth::Repr::parse(p))?,
-            atomic_ack_eth: parse_opt(packet.atomic_ack_eth(), |p| atomic_ack_eth::Repr::parse(p))?,
+            reth: parse_opt(ext(ExtHeader::Reth).map(reth::Packet::new_unchecked), |p| {
+                reth::Repr::parse(p)
+            })?,
+            aeth: parse_opt(ext(ExtHeader::Aeth).map(aeth::Packet::new_unchecked), |p| {
+                aeth::Repr::parse(p)
+            })?,
+            deth: parse_opt(ext(ExtHeader::Deth).map(deth::Packet::new_unchecked), |p| {
+                deth::Repr::parse(p)
+            })?,
+            immdt: parse_opt(
+                ext(ExtHeader::ImmDt).map(immdt::Packet::new_unchecked),
+                |p| immdt::Repr::parse(p),
+            )?,
+            ieth: parse_opt(ext(ExtHeader::Ieth).map(ieth::Packet::new_unchecked), |p| {
+                ieth::Repr::parse(p)
+            })?,
+            atomic_eth: parse_opt(
+                ext(ExtHeader::AtomicEth).map(atomic_eth::Packet::new_unchecked),
+                |p| atomic_eth::Repr::parse(p),
+            )?,
+            atomic_ack_eth: parse_opt(
+                ext(ExtHeader::AtomicAckEth).map(atomic_ack_eth::Packet::new_unchecked),
+                |p| atomic_ack_eth::Repr::parse(p),
+            )?,
             payload_len,
         })
     }
@@ -409,63 +462,70 @@ impl Repr {
         self.bth.opcode.lookup()
     }
 
-    fn present(&self, header: ExtHeader) -> bool {
-        match header {
-            ExtHeader::Reth => self.reth.is_some(),
-            ExtHeader::Aeth => self.aeth.is_some(),
-            ExtHeader::Deth => self.deth.is_some(),
-            ExtHeader::ImmDt => self.immdt.is_some(),
-            ExtHeader::Ieth => self.ieth.is_some(),
-            ExtHeader::AtomicEth => self.atomic_eth.is_some(),
-            ExtHeader::AtomicAckEth => self.atomic_ack_eth.is_some(),
-        }
+    /// The extended headers present, one [`ExtHeader`] bit each.
+    fn present_mask(&self) -> u8 {
+        let bit = |present: bool, h: ExtHeader| if present { h.bit() } else { 0 };
+        bit(self.reth.is_some(), ExtHeader::Reth)
+            | bit(self.aeth.is_some(), ExtHeader::Aeth)
+            | bit(self.deth.is_some(), ExtHeader::Deth)
+            | bit(self.immdt.is_some(), ExtHeader::ImmDt)
+            | bit(self.ieth.is_some(), ExtHeader::Ieth)
+            | bit(self.atomic_eth.is_some(), ExtHeader::AtomicEth)
+            | bit(self.atomic_ack_eth.is_some(), ExtHeader::AtomicAckEth)
     }
 
-    const ALL_HEADERS: [ExtHeader; 7] = [
-        ExtHeader::Reth,
-        ExtHeader::Aeth,
-        ExtHeader::Deth,
-        ExtHeader::ImmDt,
-        ExtHeader::Ieth,
-        ExtHeader::AtomicEth,
-        ExtHeader::AtomicAckEth,
-    ];
+    /// [`Repr::check`], returning the opcode's layout.
+    #[inline]
+    fn layout(&self) -> Result<&'static Layout> {
+        let layout = Layout::of(self.bth.opcode.0);
+        if !layout.is_supported() {
+            return Err(Error::Unsupported);
+        }
+        if self.present_mask() != layout.headers {
+            return Err(Error::Malformed);
+        }
+        if !layout.has_payload && self.payload_len != 0 {
+            return Err(Error::Malformed);
+        }
+        if layout.atomic_write && self.payload_len != ATOMIC_WRITE_LEN {
+            return Err(Error::Malformed);
+        }
+        Ok(layout)
+    }
 
     /// Checks that the representation can be emitted: the opcode is supported (else
     /// [`Error::Unsupported`]), exactly its extended headers are present, an opcode without
     /// payload has `payload_len == 0` and an ATOMIC_WRITE has 8 (else [`Error::Malformed`]).
     pub fn check(&self) -> Result<&'static OpcodeInfo> {
-        let info = self.opcode_info()?;
-        for h in Self::ALL_HEADERS {
-            if self.present(h) != info.has_header(h) {
-                return Err(Error::Malformed);
-            }
-        }
-        if !info.has_payload && self.payload_len != 0 {
-            return Err(Error::Malformed);
-        }
-        if info.operation == Operation::AtomicWrite && self.payload_len != ATOMIC_WRITE_LEN {
-            return Err(Error::Malformed);
-        }
-        Ok(info)
+        self.layout()?;
+        self.opcode_info()
     }
 
     /// Bytes from the BTH to the payload: the BTH plus every present extended header.
     pub fn header_len(&self) -> usize {
-        Self::ALL_HEADERS
-            .iter()
-            .filter(|h| self.present(**h))
-            .map(|h| h.size())
-            .sum::<usize>()
-            + bth::HEADER_LEN
+        let len = |present: bool, h: ExtHeader| if present { h.size() } else { 0 };
+        bth::HEADER_LEN
+            + len(self.reth.is_some(), ExtHeader::Reth)
+            + len(self.aeth.is_some(), ExtHeader::Aeth)
+            + len(self.deth.is_some(), ExtHeader::Deth)
+            + len(self.immdt.is_some(), ExtHeader::ImmDt)
+            + len(self.ieth.is_some(), ExtHeader::Ieth)
+            + len(self.atomic_eth.is_some(), ExtHeader::AtomicEth)
+            + len(self.atomic_ack_eth.is_some(), ExtHeader::AtomicAckEth)
     }
 
     /// Length of the whole packet: headers, payload, pad and ICRC (saturating at
     /// `usize::MAX` for absurd payload lengths, which [`Repr::emit`] then rejects).
     pub fn buffer_len(&self) -> usize {
-        self.header_len()
-            .saturating_add(self.payload_len)
-            .saturating_add(Self::payload_pad(self.payload_len))
+        Self::packet_len(self.header_len(), self.payload_len)
+    }
+
+    /// [`Repr::buffer_len`] for `header_len` bytes of headers.
+    #[inline]
+    fn packet_len(header_len: usize, payload_len: usize) -> usize {
+        header_len
+            .saturating_add(payload_len)
+            .saturating_add(Self::payload_pad(payload_len))
             .saturating_add(ICRC_LEN)
     }
 
@@ -476,53 +536,45 @@ impl Repr {
     /// Fails like [`Repr::check`], and with [`Error::Truncated`] when `buf` is shorter than
     /// the headers.
     pub fn emit_header(&self, buf: &mut [u8]) -> Result<usize> {
-        let info = self.check()?;
-        let len = info.header_len;
+        let layout = self.layout()?;
+        self.write_header(buf, layout)
+    }
+
+    /// [`Repr::emit_header`] after [`Repr::layout`] accepted `self`.
+    #[inline]
+    fn write_header(&self, buf: &mut [u8], layout: &Layout) -> Result<usize> {
+        let len = usize::from(layout.header_len);
         let buf = buf.get_mut(..len).ok_or(Error::Truncated)?;
         let mut bth = self.bth;
         bth.pad_count = Self::payload_pad(self.payload_len) as u8;
-        bth.emit(&mut bth::Packet::new_unchecked(&mut buf[..bth::HEADER_LEN]));
-        let mut at = bth::HEADER_LEN;
-        for h in info.headers {
-            let dst = &mut buf[at..at + h.size()];
-            match h {
-                ExtHeader::Reth => {
-                    if let Some(r) = self.reth {
-                        r.emit(&mut reth::Packet::new_unchecked(dst))
-                    }
-                }
-                ExtHeader::Aeth => {
-                    if let Some(r) = self.aeth {
-                        r.emit(&mut aeth::Packet::new_unchecked(dst))
-                    }
-                }
-                ExtHeader::Deth => {
-                    if let Some(r) = self.deth {
-                        r.emit(&mut deth::Packet::new_unchecked(dst))
-                    }
-                }
-                ExtHeader::ImmDt => {
-                    if let Some(r) = self.immdt {
-                        r.emit(&mut immdt::Packet::new_unchecked(dst))
-                    }
-                }
-                ExtHeader::Ieth => {
-                    if let Some(r) = self.ieth {
-                        r.emit(&mut ieth::Packet::new_unchecked(dst))
-                    }
-                }
-                ExtHeader::AtomicEth => {
-                    if let Some(r) = self.atomic_eth {
-                        r.emit(&mut atomic_eth::Packet::new_unchecked(dst))
-                    }
-                }
-                ExtHeader::AtomicAckEth => {
-                    if let Some(r) = self.atomic_ack_eth {
-                        r.emit(&mut atomic_ack_eth::Packet::new_unchecked(dst))
-                    }
-                }
-            }
-            at += h.size();
+        buf[..bth::HEADER_LEN].copy_from_slice(&bth.to_bytes());
+        if let Some(r) = self.reth {
+            let dst = ext_bytes_mut(buf, layout, ExtHeader::Reth);
+            r.emit(&mut reth::Packet::new_unchecked(dst));
+        }
+        if let Some(r) = self.aeth {
+            let dst = ext_bytes_mut(buf, layout, ExtHeader::Aeth);
+            r.emit(&mut aeth::Packet::new_unchecked(dst));
+        }
+        if let Some(r) = self.deth {
+            let dst = ext_bytes_mut(buf, layout, ExtHeader::Deth);
+            r.emit(&mut deth::Packet::new_unchecked(dst));
+        }
+        if let Some(r) = self.immdt {
+            let dst = ext_bytes_mut(buf, layout, ExtHeader::ImmDt);
+            r.emit(&mut immdt::Packet::new_unchecked(dst));
+        }
+        if let Some(r) = self.ieth {
+            let dst = ext_bytes_mut(buf, layout, ExtHeader::Ieth);
+            r.emit(&mut ieth::Packet::new_unchecked(dst));
+        }
+        if let Some(r) = self.atomic_eth {
+            let dst = ext_bytes_mut(buf, layout, ExtHeader::AtomicEth);
+            r.emit(&mut atomic_eth::Packet::new_unchecked(dst));
+        }
+        if let Some(r) = self.atomic_ack_eth {
+            let dst = ext_bytes_mut(buf, layout, ExtHeader::AtomicAckEth);
+            r.emit(&mut atomic_ack_eth::Packet::new_unchecked(dst));
         }
         Ok(len)
     }
@@ -538,11 +590,11 @@ impl Repr {
         packet: &mut Packet<T>,
         payload: &[u8],
     ) -> Result<()> {
-        self.check()?;
+        let layout = self.layout()?;
         if payload.len() != self.payload_len {
             return Err(Error::Malformed);
         }
-        let need = self.buffer_len();
+        let need = Self::packet_len(usize::from(layout.header_len), self.payload_len);
         let buf = packet.buffer.as_mut();
         if buf.len() < need {
             return Err(Error::Truncated);
@@ -550,7 +602,7 @@ impl Repr {
         if buf.len() > need {
             return Err(Error::Malformed);
         }
-        let hlen = self.emit_header(buf)?;
+        let hlen = self.write_header(buf, layout)?;
         let (body, icrc) = buf.split_at_mut(need - ICRC_LEN);
         let (data, pad) = body[hlen..].split_at_mut(self.payload_len);
         data.copy_from_slice(payload);
@@ -835,6 +887,459 @@ mod tests {
     impl<T: AsRef<[u8]>> Packet<T> {
         fn psn_for_test(&self) -> u32 {
             self.bth().psn()
+        }
+    }
+
+    /// The implementation before the per-opcode layout table (one opcode table lookup and
+    /// one walk of the header list per accessor), kept to prove the fast paths equivalent.
+    mod reference {
+        use super::*;
+        use crate::opcode::Operation;
+
+        fn info(b: &[u8]) -> Option<&'static OpcodeInfo> {
+            Opcode(b.first().copied().unwrap_or(0)).info()
+        }
+
+        fn pad_count(b: &[u8]) -> usize {
+            b.get(1).map_or(0, |b| usize::from((b >> 4) & 3))
+        }
+
+        pub(super) fn check_len(b: &[u8]) -> Result<()> {
+            if b.len() < bth::HEADER_LEN {
+                return Err(Error::Truncated);
+            }
+            let info = Opcode(b[0]).lookup()?;
+            let fixed = info.header_len + ICRC_LEN;
+            if b.len() < fixed {
+                return Err(Error::Truncated);
+            }
+            if pad_count(b) > b.len() - fixed {
+                return Err(Error::Malformed);
+            }
+            Ok(())
+        }
+
+        pub(super) fn header_len(b: &[u8]) -> usize {
+            info(b).map_or(bth::HEADER_LEN, |info| info.header_len)
+        }
+
+        pub(super) fn ext(b: &[u8], header: ExtHeader) -> Option<&[u8]> {
+            let at = info(b)?.offset_of(header)?;
+            let range = at..at + header.size();
+            if range.end <= b.len() {
+                b.get(range)
+            } else {
+                None
+            }
+        }
+
+        pub(super) fn payload(b: &[u8]) -> &[u8] {
+            let start = header_len(b);
+            let end = b
+                .len()
+                .saturating_sub(ICRC_LEN)
+                .saturating_sub(pad_count(b));
+            b.get(start..end.max(start)).unwrap_or(&[])
+        }
+
+        pub(super) fn bth_parse(b: &[u8]) -> Result<bth::Repr> {
+            let p = bth::Packet::new_unchecked(b);
+            p.check_len()?;
+            if p.tver() != bth::TVER {
+                return Err(Error::Malformed);
+            }
+            Ok(bth::Repr {
+                opcode: p.opcode(),
+                solicited_event: p.solicited_event(),
+                mig_req: p.mig_req(),
+                pad_count: p.pad_count(),
+                pkey: p.pkey(),
+                fecn: p.fecn(),
+                becn: p.becn(),
+                dest_qp: p.dest_qp(),
+                ack_req: p.ack_req(),
+                psn: p.psn(),
+            })
+        }
+
+        pub(super) fn bth_emit(r: &bth::Repr, b: &mut [u8]) {
+            b[1] = 0;
+            b[4] = 0;
+            b[8] = 0;
+            let mut p = bth::Packet::new_unchecked(b);
+            p.set_opcode(r.opcode);
+            p.set_solicited_event(r.solicited_event);
+            p.set_mig_req(r.mig_req);
+            p.set_pad_count(r.pad_count);
+            p.set_tver(bth::TVER);
+            p.set_pkey(r.pkey);
+            p.set_fecn(r.fecn);
+            p.set_becn(r.becn);
+            p.set_dest_qp(r.dest_qp);
+            p.set_ack_req(r.ack_req);
+            p.set_psn(r.psn);
+        }
+
+        pub(super) fn parse(b: &[u8]) -> Result<Repr> {
+            check_len(b)?;
+            let info = Opcode(b[0]).lookup()?;
+            let bth = bth_parse(&b[..bth::HEADER_LEN])?;
+            let payload_len = payload(b).len();
+            let pad = pad_count(b);
+            if !info.has_payload && (payload_len != 0 || pad != 0) {
+                return Err(Error::Malformed);
+            }
+            if pad != Repr::payload_pad(payload_len) {
+                return Err(Error::Malformed);
+            }
+            if info.operation == Operation::AtomicWrite && payload_len != ATOMIC_WRITE_LEN {
+                return Err(Error::Malformed);
+            }
+            let e = |h| ext(b, h);
+            Ok(Repr {
+                bth,
+                reth: parse_opt(e(ExtHeader::Reth).map(reth::Packet::new_unchecked), |p| {
+                    reth::Repr::parse(p)
+                })?,
+                aeth: parse_opt(e(ExtHeader::Aeth).map(aeth::Packet::new_unchecked), |p| {
+                    aeth::Repr::parse(p)
+                })?,
+                deth: parse_opt(e(ExtHeader::Deth).map(deth::Packet::new_unchecked), |p| {
+                    deth::Repr::parse(p)
+                })?,
+                immdt: parse_opt(e(ExtHeader::ImmDt).map(immdt::Packet::new_unchecked), |p| {
+                    immdt::Repr::parse(p)
+                })?,
+                ieth: parse_opt(e(ExtHeader::Ieth).map(ieth::Packet::new_unchecked), |p| {
+                    ieth::Repr::parse(p)
+                })?,
+                atomic_eth: parse_opt(
+                    e(ExtHeader::AtomicEth).map(atomic_eth::Packet::new_unchecked),
+                    |p| atomic_eth::Repr::parse(p),
+                )?,
+                atomic_ack_eth: parse_opt(
+                    e(ExtHeader::AtomicAckEth).map(atomic_ack_eth::Packet::new_unchecked),
+                    |p| atomic_ack_eth::Repr::parse(p),
+                )?,
+                payload_len,
+            })
+        }
+
+        fn present(r: &Repr, header: ExtHeader) -> bool {
+            match header {
+                ExtHeader::Reth => r.reth.is_some(),
+                ExtHeader::Aeth => r.aeth.is_some(),
+                ExtHeader::Deth => r.deth.is_some(),
+                ExtHeader::ImmDt => r.immdt.is_some(),
+                ExtHeader::Ieth => r.ieth.is_some(),
+                ExtHeader::AtomicEth => r.atomic_eth.is_some(),
+                ExtHeader::AtomicAckEth => r.atomic_ack_eth.is_some(),
+            }
+        }
+
+        pub(super) fn check(r: &Repr) -> Result<&'static OpcodeInfo> {
+            let info = r.bth.opcode.lookup()?;
+            for h in ExtHeader::ALL {
+                if present(r, h) != info.has_header(h) {
+                    return Err(Error::Malformed);
+                }
+            }
+            if !info.has_payload && r.payload_len != 0 {
+                return Err(Error::Malformed);
+            }
+            if info.operation == Operation::AtomicWrite && r.payload_len != ATOMIC_WRITE_LEN {
+                return Err(Error::Malformed);
+            }
+            Ok(info)
+        }
+
+        pub(super) fn header_len_repr(r: &Repr) -> usize {
+            ExtHeader::ALL
+                .iter()
+                .filter(|h| present(r, **h))
+                .map(|h| h.size())
+                .sum::<usize>()
+                + bth::HEADER_LEN
+        }
+
+        pub(super) fn buffer_len(r: &Repr) -> usize {
+            header_len_repr(r)
+                .saturating_add(r.payload_len)
+                .saturating_add(Repr::payload_pad(r.payload_len))
+                .saturating_add(ICRC_LEN)
+        }
+
+        pub(super) fn emit_header(r: &Repr, buf: &mut [u8]) -> Result<usize> {
+            let info = check(r)?;
+            let len = info.header_len;
+            let buf = buf.get_mut(..len).ok_or(Error::Truncated)?;
+            let mut bth = r.bth;
+            bth.pad_count = Repr::payload_pad(r.payload_len) as u8;
+            bth_emit(&bth, &mut buf[..bth::HEADER_LEN]);
+            let mut at = bth::HEADER_LEN;
+            for h in info.headers {
+                let dst = &mut buf[at..at + h.size()];
+                match h {
+                    ExtHeader::Reth => r.reth.unwrap().emit(&mut reth::Packet::new_unchecked(dst)),
+                    ExtHeader::Aeth => r.aeth.unwrap().emit(&mut aeth::Packet::new_unchecked(dst)),
+                    ExtHeader::Deth => r.deth.unwrap().emit(&mut deth::Packet::new_unchecked(dst)),
+                    ExtHeader::ImmDt => r
+                        .immdt
+                        .unwrap()
+                        .emit(&mut immdt::Packet::new_unchecked(dst)),
+                    ExtHeader::Ieth => r.ieth.unwrap().emit(&mut ieth::Packet::new_unchecked(dst)),
+                    ExtHeader::AtomicEth => r
+                        .atomic_eth
+                        .unwrap()
+                        .emit(&mut atomic_eth::Packet::new_unchecked(dst)),
+                    ExtHeader::AtomicAckEth => r
+                        .atomic_ack_eth
+                        .unwrap()
+                        .emit(&mut atomic_ack_eth::Packet::new_unchecked(dst)),
+                }
+                at += h.size();
+            }
+            Ok(len)
+        }
+
+        pub(super) fn emit(r: &Repr, buf: &mut [u8], payload: &[u8]) -> Result<()> {
+            check(r)?;
+            if payload.len() != r.payload_len {
+                return Err(Error::Malformed);
+            }
+            let need = buffer_len(r);
+            if buf.len() < need {
+                return Err(Error::Truncated);
+            }
+            if buf.len() > need {
+                return Err(Error::Malformed);
+            }
+            let hlen = emit_header(r, buf)?;
+            let (body, icrc) = buf.split_at_mut(need - ICRC_LEN);
+            let (data, pad) = body[hlen..].split_at_mut(r.payload_len);
+            data.copy_from_slice(payload);
+            pad.fill(0);
+            icrc.fill(0);
+            Ok(())
+        }
+    }
+
+    mod equivalence {
+        use super::reference;
+        use super::*;
+        use crate::opcode::OPCODE_TABLE;
+        use proptest::prelude::*;
+
+        /// Supported opcodes and a few unsupported ones.
+        fn opcodes() -> Vec<u8> {
+            let mut v: Vec<u8> = OPCODE_TABLE.iter().map(|i| i.opcode.0).collect();
+            v.extend([0x15, 0x1c, 0x2c, 0x40, 0x81, 0xff]);
+            v
+        }
+
+        /// Packet-like bytes: a chosen opcode, TVer 0 and a consistent pad most of the time.
+        fn packet_bytes() -> impl Strategy<Value = Vec<u8>> {
+            (
+                proptest::sample::select(opcodes()),
+                0..4u8,
+                proptest::collection::vec(any::<u8>(), 0..80),
+            )
+                .prop_map(|(op, mode, mut v)| {
+                    if mode > 0 && !v.is_empty() {
+                        v[0] = op;
+                    }
+                    if mode > 1 && v.len() >= 2 {
+                        v[1] &= 0xf0;
+                    }
+                    if mode > 2 && v.len() >= 2 {
+                        let hlen = Opcode(op).info().map_or(12, |i| i.header_len);
+                        let room = v.len().saturating_sub(hlen + ICRC_LEN);
+                        // Make PadCnt agree with a payload of `room - pad` bytes when it can.
+                        let pad = (0..4).find(|&p| p <= room && Repr::payload_pad(room - p) == p);
+                        v[1] = (v[1] & 0xcf) | ((pad.unwrap_or(0) as u8) << 4);
+                        // A valid syndrome half of the time when an AETH follows the BTH.
+                        if Layout::of(op).offset_of(ExtHeader::Aeth) == Some(12)
+                            && v.len() > 12
+                            && v[12] & 1 == 0
+                        {
+                            v[12] &= 0x3f;
+                        }
+                    }
+                    v
+                })
+        }
+
+        /// A representation built from random bytes: any opcode, any set of extended headers
+        /// (made consistent with the opcode when `fix`), any payload length up to 20 bytes.
+        fn repr_from(op: u8, fix: bool, mask: u8, payload_len: usize, r: &[u8]) -> Repr {
+            let u32_at = |i: usize| u32::from_le_bytes(r[i..i + 4].try_into().unwrap());
+            let u64_at = |i: usize| u64::from_le_bytes(r[i..i + 8].try_into().unwrap());
+            let mask = match (fix, Layout::of(op).is_supported()) {
+                (true, true) => Layout::of(op).headers,
+                _ => mask,
+            };
+            let has = |h: ExtHeader| mask & h.bit() != 0;
+            let syndrome = aeth::Syndrome::from_byte(r[0] & 0x7f)
+                .unwrap_or(aeth::Syndrome::Ack { credit: r[0] & 31 });
+            Repr {
+                bth: bth::Repr {
+                    opcode: Opcode(op),
+                    solicited_event: r[1] & 1 != 0,
+                    mig_req: r[1] & 2 != 0,
+                    pad_count: r[2],
+                    pkey: u32_at(3) as u16,
+                    fecn: r[1] & 4 != 0,
+                    becn: r[1] & 8 != 0,
+                    dest_qp: u32_at(5),
+                    ack_req: r[1] & 16 != 0,
+                    psn: u32_at(9),
+                },
+                reth: has(ExtHeader::Reth).then(|| reth::Repr {
+                    va: u64_at(13),
+                    rkey: u32_at(21),
+                    dma_len: u32_at(25),
+                }),
+                aeth: has(ExtHeader::Aeth).then(|| aeth::Repr {
+                    syndrome,
+                    msn: u32_at(29),
+                }),
+                deth: has(ExtHeader::Deth).then(|| deth::Repr {
+                    qkey: u32_at(33),
+                    src_qp: u32_at(37),
+                }),
+                immdt: has(ExtHeader::ImmDt).then(|| immdt::Repr {
+                    imm_data: u32_at(41),
+                }),
+                ieth: has(ExtHeader::Ieth).then(|| ieth::Repr { rkey: u32_at(45) }),
+                atomic_eth: has(ExtHeader::AtomicEth).then(|| atomic_eth::Repr {
+                    va: u64_at(49),
+                    rkey: u32_at(57),
+                    swap_add: u64_at(61),
+                    compare: u64_at(69),
+                }),
+                atomic_ack_eth: has(ExtHeader::AtomicAckEth).then(|| atomic_ack_eth::Repr {
+                    orig_data: u64_at(77),
+                }),
+                payload_len,
+            }
+        }
+
+        fn arb_repr(fix: bool) -> impl Strategy<Value = Repr> {
+            (
+                proptest::sample::select(opcodes()),
+                any::<u8>(),
+                prop_oneof![0..20usize, Just(ATOMIC_WRITE_LEN)],
+                proptest::collection::vec(any::<u8>(), 85),
+            )
+                .prop_map(move |(op, mask, len, r)| repr_from(op, fix, mask, len, &r))
+        }
+
+        /// `repr` as parsing it back must give: PadCnt from the payload length, DestQP, PSN
+        /// and the 24-bit header fields truncated.
+        fn normalized(mut r: Repr) -> Repr {
+            r.bth.pad_count = Repr::payload_pad(r.payload_len) as u8;
+            r.bth.dest_qp &= 0xff_ffff;
+            r.bth.psn &= 0xff_ffff;
+            if let Some(a) = &mut r.aeth {
+                a.msn &= 0xff_ffff;
+            }
+            if let Some(d) = &mut r.deth {
+                d.src_qp &= 0xff_ffff;
+            }
+            r
+        }
+
+        proptest! {
+            #[test]
+            fn parse_and_accessors_match_reference(b in packet_bytes()) {
+                let b = &b[..];
+                let p = Packet::new_unchecked(b);
+                prop_assert_eq!(p.check_len(), reference::check_len(b));
+                prop_assert_eq!(Packet::new_checked(b).map(|_| ()), reference::check_len(b));
+                prop_assert_eq!(Repr::parse(&p), reference::parse(b));
+                prop_assert_eq!(p.header_len(), reference::header_len(b));
+                prop_assert_eq!(p.payload(), reference::payload(b));
+                for h in ExtHeader::ALL {
+                    prop_assert_eq!(p.ext_header(h), reference::ext(b, h));
+                }
+                prop_assert_eq!(
+                    bth::Repr::parse(&bth::Packet::new_unchecked(b)),
+                    reference::bth_parse(b)
+                );
+                let mut m = b.to_vec();
+                let mut q = Packet::new_unchecked(&mut m[..]);
+                for h in ExtHeader::ALL {
+                    prop_assert_eq!(
+                        q.ext_header_mut(h).map(|s| s.to_vec()),
+                        reference::ext(b, h).map(|s| s.to_vec())
+                    );
+                }
+            }
+
+            #[test]
+            fn emit_matches_reference(
+                r in arb_repr(false),
+                slack in 0..3usize,
+                fill in any::<u8>(),
+            ) {
+                prop_assert_eq!(r.check(), reference::check(&r));
+                prop_assert_eq!(r.header_len(), reference::header_len_repr(&r));
+                prop_assert_eq!(r.buffer_len(), reference::buffer_len(&r));
+                let mut bth_fast = [fill; 12];
+                let mut bth_slow = [fill; 12];
+                r.bth.emit(&mut bth::Packet::new_unchecked(&mut bth_fast[..]));
+                reference::bth_emit(&r.bth, &mut bth_slow);
+                prop_assert_eq!(bth_fast, bth_slow);
+                // emit_header into buffers around the header length.
+                let hlen = r.header_len();
+                for len in hlen.saturating_sub(1)..=hlen + slack {
+                    let mut fast = vec![fill; len];
+                    let mut slow = vec![fill; len];
+                    prop_assert_eq!(
+                        r.emit_header(&mut fast),
+                        reference::emit_header(&r, &mut slow)
+                    );
+                    prop_assert_eq!(&fast, &slow);
+                }
+                // emit with the right and wrong payload and buffer lengths.
+                let need = r.buffer_len();
+                let data: Vec<u8> = (0..r.payload_len + 1).map(|i| i as u8 ^ fill).collect();
+                for plen in [r.payload_len, r.payload_len + 1] {
+                    for len in need.saturating_sub(1)..=need + slack {
+                        let mut fast = vec![fill; len];
+                        let mut slow = vec![fill; len];
+                        prop_assert_eq!(
+                            r.emit(&mut Packet::new_unchecked(&mut fast[..]), &data[..plen]),
+                            reference::emit(&r, &mut slow, &data[..plen])
+                        );
+                        prop_assert_eq!(&fast, &slow);
+                    }
+                }
+            }
+
+            #[test]
+            fn valid_reprs_round_trip(r in arb_repr(true)) {
+                let mut r = r;
+                let info = Layout::of(r.bth.opcode.0);
+                if !info.has_payload {
+                    r.payload_len = 0;
+                }
+                if info.atomic_write {
+                    r.payload_len = ATOMIC_WRITE_LEN;
+                }
+                let mut buf = vec![0u8; r.buffer_len()];
+                let data = vec![0x5a; r.payload_len];
+                let emitted = r.emit(&mut Packet::new_unchecked(&mut buf[..]), &data);
+                if !info.is_supported() {
+                    prop_assert_eq!(emitted, Err(Error::Unsupported));
+                    return Ok(());
+                }
+                prop_assert_eq!(emitted, Ok(()));
+                let p = Packet::new_checked(&buf[..]).unwrap();
+                prop_assert_eq!(Repr::parse(&p), Ok(normalized(r)));
+                prop_assert_eq!(p.payload(), &data[..]);
+                prop_assert_eq!(reference::parse(&buf), Ok(normalized(r)));
+            }
         }
     }
 }
