@@ -615,8 +615,11 @@ pub fn run(args: &PerfArgs, mut on_point: impl FnMut(&Point)) -> Result<Outcome>
         Mode::Client(server) => {
             let (client, t) = dial(args, SocketAddr::new(server, args.port), max)?;
             let points = measure(&client, &t)?;
-            let sides = vec![client.counters("client")];
+            // Counters after the disconnect: it sends what the QP still had to say (an ACK
+            // held back for the program's answer goes before the QP leaves RTS), so that
+            // the client's packets sent match what the server counted.
             client.id.disconnect()?;
+            let sides = vec![client.counters("client")];
             Ok(Outcome { points, sides })
         }
         Mode::Local => {
