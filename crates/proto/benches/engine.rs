@@ -86,11 +86,12 @@ impl Env for MemEnv {
         self.next_recv += 1;
         Some(RecvRequest {
             wr_id: self.next_recv,
-            sges: vec![Sge {
+            sges: [Sge {
                 addr: 0,
                 length: RECV_LEN,
                 lkey: KEY,
-            }],
+            }]
+            .into(),
         })
     }
 }
@@ -168,11 +169,12 @@ impl Pair {
             let req = SendRequest {
                 wr_id: self.wr_id,
                 op,
-                sges: vec![Sge {
+                sges: [Sge {
                     addr: 0,
                     length: w.len,
                     lkey: KEY,
-                }],
+                }]
+                .into(),
                 inline: None,
                 signaled: true,
                 solicited: false,

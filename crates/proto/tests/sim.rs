@@ -204,11 +204,12 @@ fn uc_lossy_whole_or_nothing() {
         for i in 0..n {
             sim.nodes[1].env.rq.push_back(RecvRequest {
                 wr_id: 1000 + i as u64,
-                sges: vec![Sge {
+                sges: [Sge {
                     addr: rbase + i as u64 * slot,
                     length: slot as u32,
                     lkey: RECV,
-                }],
+                }]
+                .into(),
             });
             let len = 1 + rng.below(u64::from(4 * mtu)) as u32;
             let addr = sbase + i as u64 * slot;
@@ -218,11 +219,12 @@ fn uc_lossy_whole_or_nothing() {
                 SendRequest {
                     wr_id: i as u64,
                     op: SendOp::Send,
-                    sges: vec![Sge {
+                    sges: [Sge {
                         addr,
                         length: len,
                         lkey: SRC,
-                    }],
+                    }]
+                    .into(),
                     inline: None,
                     signaled: true,
                     solicited: false,
@@ -278,11 +280,12 @@ fn ud_send_recv() {
         for i in 0..64u64 {
             sim.nodes[1].env.rq.push_back(RecvRequest {
                 wr_id: 500 + i,
-                sges: vec![Sge {
+                sges: [Sge {
                     addr: rbase + i * 2048,
                     length: 2048,
                     lkey: RECV,
-                }],
+                }]
+                .into(),
             });
         }
         // (len, qkey, imm)
@@ -302,11 +305,12 @@ fn ud_send_recv() {
                 SendRequest {
                     wr_id: i as u64,
                     op: imm.map_or(SendOp::Send, SendOp::SendWithImm),
-                    sges: vec![Sge {
+                    sges: [Sge {
                         addr: sbase + i as u64,
                         length: *len,
                         lkey: SRC,
-                    }],
+                    }]
+                    .into(),
                     inline: None,
                     signaled: true,
                     solicited: i == 3,
@@ -374,11 +378,12 @@ fn req(wr_id: u64, op: SendOp, len: u32, sim: &Sim) -> SendRequest {
     SendRequest {
         wr_id,
         op,
-        sges: vec![Sge {
+        sges: [Sge {
             addr: sim.nodes[0].env.base(SRC),
             length: len,
             lkey: SRC,
-        }],
+        }]
+        .into(),
         inline: None,
         signaled: true,
         solicited: false,
@@ -400,11 +405,12 @@ fn post_recv(sim: &mut Sim, node: usize, wr_id: u64, len: u32) {
     let addr = sim.nodes[node].env.base(RECV);
     sim.nodes[node].env.rq.push_back(RecvRequest {
         wr_id,
-        sges: vec![Sge {
+        sges: [Sge {
             addr,
             length: len,
             lkey: RECV,
-        }],
+        }]
+        .into(),
     });
 }
 
@@ -787,11 +793,12 @@ fn hostile_packets_do_not_panic() {
             if round % 64 == 0 {
                 n.env.rq.push_back(RecvRequest {
                     wr_id: round,
-                    sges: vec![Sge {
+                    sges: [Sge {
                         addr: n.env.base(RECV),
                         length: 512,
                         lkey: RECV,
-                    }],
+                    }]
+                    .into(),
                 });
             }
             let mut buf = vec![0u8; 4200];

@@ -367,21 +367,26 @@ impl From<PostError> for Error {
     }
 }
 
-/// A receive work request as queued on a receive queue or SRQ (the data path consumes it).
-#[allow(dead_code)]
-#[derive(Debug, Clone)]
-pub(crate) struct RecvWqe {
-    pub(crate) wr_id: u64,
-    pub(crate) sges: Vec<Sge>,
-    pub(crate) length: u64,
+/// A receive work request as queued on a receive queue or SRQ: already the transport's
+/// [`tp::RecvRequest`] (its list held in place up to [`tp::SG_INLINE`] entries), so the data
+/// path only moves it out of the queue.
+pub(crate) type RecvWqe = tp::RecvRequest;
+
+/// The queued form of a posted receive request.
+pub(crate) fn recv_wqe(wr: &RecvWr<'_>) -> RecvWqe {
+    tp::RecvRequest {
+        wr_id: wr.wr_id,
+        sges: wr.sg_list.iter().map(|s| s.to_transport()).collect(),
+    }
 }
 
-impl RecvWqe {
-    pub(crate) fn from_wr(wr: &RecvWr<'_>) -> RecvWqe {
-        RecvWqe {
-            wr_id: wr.wr_id,
-            sges: wr.sg_list.to_vec(),
-            length: wr.sg_list.iter().map(|s| u64::from(s.length)).sum(),
+impl Sge {
+    /// The same entry as the transport's [`tp::Sge`].
+    fn to_transport(self) -> tp::Sge {
+        tp::Sge {
+            addr: self.addr,
+            length: self.length,
+            lkey: self.lkey,
         }
     }
 }
@@ -1151,15 +1156,7 @@ impl Qp {
         let req = tp::SendRequest {
             wr_id: wr.wr_id,
             op,
-            sges: wr
-                .sg_list
-                .iter()
-                .map(|s| tp::Sge {
-                    addr: s.addr,
-                    length: s.length,
-                    lkey: s.lkey,
-                })
-                .collect(),
+            sges: wr.sg_list.iter().map(|s| s.to_transport()).collect(),
             inline,
             signaled: inner.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED),
             solicited: wr.send_flags.contains(SendFlags::SOLICITED),
@@ -1242,7 +1239,7 @@ impl Qp {
                     inner.cap.max_recv_wr
                 ))));
             }
-            st.rq.push_back(RecvWqe::from_wr(wr));
+            st.rq.push_back(recv_wqe(wr));
         }
         // An RC requester may be waiting for the credits these receives make: tell it.
         let available = st.rq.len() as u32;

@@ -5,7 +5,7 @@ use crate::error::{DestroyError, Error, Result};
 use crate::event::EventTarget;
 use crate::hold::{users_of, Counted, Hold};
 use crate::pd::{Pd, PdInner};
-use crate::qp::{check_sges, PostError, RecvWqe, RecvWr};
+use crate::qp::{check_sges, recv_wqe, PostError, RecvWqe, RecvWr};
 use crate::resources::{CountGuard, Kind, Resources};
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicUsize;
@@ -193,7 +193,7 @@ impl Srq {
                     st.attr.max_wr
                 ))));
             }
-            st.queue.push_back(RecvWqe::from_wr(wr));
+            st.queue.push_back(recv_wqe(wr));
         }
         Ok(())
     }

@@ -17,8 +17,10 @@
 mod qp;
 mod requester;
 mod responder;
+mod sglist;
 
 pub use qp::{Qp, QpStats};
+pub use sglist::{SgList, SG_INLINE};
 
 use crate::mtu::Mtu;
 use crate::qp::QpType;
@@ -109,8 +111,9 @@ pub struct SendRequest {
     pub wr_id: u64,
     /// The operation.
     pub op: SendOp,
-    /// The local memory: gathered for SEND/WRITE, scattered into for READ and atomics.
-    pub sges: Vec<Sge>,
+    /// The local memory: gathered for SEND/WRITE, scattered into for READ and atomics (held
+    /// in place up to [`SG_INLINE`] entries).
+    pub sges: SgList,
     /// Data copied at post time (`IBV_SEND_INLINE`); when present, `sges` is not read.
     pub inline: Option<Vec<u8>>,
     /// Whether a successful completion is reported (errors always are).
@@ -128,7 +131,7 @@ impl SendRequest {
     pub fn length(&self) -> u64 {
         match &self.inline {
             Some(d) => d.len() as u64,
-            None => self.sges.iter().map(|s| u64::from(s.length)).sum(),
+            None => self.sges.total_length(),
         }
     }
 }
@@ -138,8 +141,8 @@ impl SendRequest {
 pub struct RecvRequest {
     /// Returned in the completion.
     pub wr_id: u64,
-    /// Where received data goes.
-    pub sges: Vec<Sge>,
+    /// Where received data goes (held in place up to [`SG_INLINE`] entries).
+    pub sges: SgList,
 }
 
 /// `enum ibv_wc_status`, with the verbs numbering.

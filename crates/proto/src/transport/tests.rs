@@ -106,11 +106,12 @@ fn send(wr_id: u64, op: SendOp, len: u32) -> SendRequest {
     SendRequest {
         wr_id,
         op,
-        sges: vec![Sge {
+        sges: [Sge {
             addr: 0,
             length: len,
             lkey: 1,
-        }],
+        }]
+        .into(),
         inline: None,
         signaled: true,
         solicited: false,
@@ -438,11 +439,12 @@ fn responder_seq_nak_once_duplicate_reack_and_rnr() {
     for i in 0..3 {
         env.rq.push_back(RecvRequest {
             wr_id: 50 + i,
-            sges: vec![Sge {
+            sges: [Sge {
                 addr: 1000 + 100 * i,
                 length: 100,
                 lkey: 1,
-            }],
+            }]
+            .into(),
         });
     }
     // 100 without AckReq: no ACK; 101 with: one ACK, MSN 2.
@@ -640,11 +642,12 @@ fn responder_acks_carry_the_receives_left_as_credits() {
     for i in 0..8 {
         env.rq.push_back(RecvRequest {
             wr_id: i,
-            sges: vec![Sge {
+            sges: [Sge {
                 addr: 1000 + 100 * i,
                 length: 100,
                 lkey: 1,
-            }],
+            }]
+            .into(),
         });
     }
     let send_only = |psn: u32| {
@@ -778,11 +781,12 @@ fn held_ack_goes_after_the_answer_and_never_blocks_a_nak() {
     for i in 0..2 {
         env.rq.push_back(RecvRequest {
             wr_id: i,
-            sges: vec![Sge {
+            sges: [Sge {
                 addr: 1000,
                 length: 100,
                 lkey: 1,
-            }],
+            }]
+            .into(),
         });
     }
     let send_only = |psn: u32| {

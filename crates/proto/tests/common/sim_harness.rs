@@ -652,7 +652,7 @@ impl Expect {
                         let rsges = split_sges(RECV, addr, 65536, o.nsge, 0);
                         sim.nodes[to].env.rq.push_back(RecvRequest {
                             wr_id: 0x1000_0000 | wr_id,
-                            sges: rsges,
+                            sges: rsges.into(),
                         });
                         exp.recvs[to].push(ExpRecv {
                             wr_id: 0x1000_0000 | wr_id,
@@ -684,11 +684,12 @@ impl Expect {
                             recv_slot += 1;
                             sim.nodes[to].env.rq.push_back(RecvRequest {
                                 wr_id: 0x1000_0000 | wr_id,
-                                sges: vec![Sge {
+                                sges: [Sge {
                                     addr,
                                     length: 16,
                                     lkey: RECV,
-                                }],
+                                }]
+                                .into(),
                             });
                             exp.recvs[to].push(ExpRecv {
                                 wr_id: 0x1000_0000 | wr_id,
@@ -794,7 +795,7 @@ impl Expect {
                     SendRequest {
                         wr_id,
                         op,
-                        sges,
+                        sges: sges.into(),
                         inline,
                         signaled: o.signaled,
                         solicited: o.solicited,
