@@ -830,11 +830,12 @@ fn responder_sends_a_credit_update_when_receives_are_posted() {
     let mut qp = Qp::new(cfg());
     let recv = |i: u64| RecvRequest {
         wr_id: i,
-        sges: vec![Sge {
+        sges: [Sge {
             addr: 1000,
             length: 100,
             lkey: 1,
-        }],
+        }]
+        .into(),
     };
     env.rq.push_back(recv(0));
     let send_only = pkt(
