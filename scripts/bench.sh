@@ -2,7 +2,7 @@
 # The benchmark harness: softrdma beside the peers a user would pick instead, in one
 # invocation, interleaved, on this machine's loopback.
 #
-#   scripts/bench.sh                # REPS=3: the run BENCHMARKS.md records (~15-25 min)
+#   scripts/bench.sh                # REPS=3: the run BENCHMARKS.md records (~10 min)
 #   REPS=1 QUICK=1 scripts/bench.sh # a quick look: fewer sizes, BENCHMARKS.md untouched
 #
 # What it runs, every repetition, one after the other:
