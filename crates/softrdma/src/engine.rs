@@ -1210,6 +1210,16 @@ pub(crate) fn send_held_ack(
     if !st.transport.as_ref().is_some_and(|t| t.has_held_ack()) {
         return Vec::new();
     }
+    drive_and_send(engine, qp, st)
+}
+
+/// Drives the QP (lock `st` held) from the calling thread and sends what it produced now;
+/// returns the events to raise once the lock is released.
+pub(crate) fn drive_and_send(
+    engine: &Engine,
+    qp: &Arc<QpInner>,
+    st: &mut QpState_,
+) -> Vec<EventType> {
     with_tx(|tx| {
         let ev = drive(engine, qp, st, Instant::now(), tx);
         engine.send(tx);

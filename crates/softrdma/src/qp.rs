@@ -8,7 +8,7 @@
 use crate::ah::{AhAttr, AhInner};
 use crate::cq::{Cq, CqInner, WcOpcode, WcStatus, WorkCompletion};
 use crate::device::PORT_NUM;
-use crate::engine::{drive, with_tx, Engine};
+use crate::engine::{drive_and_send, Engine};
 use crate::error::{DestroyError, Error, ErrorKind, Result};
 use crate::event::{AsyncElement, EventTarget, EventType};
 use crate::gid::Gid;
@@ -22,7 +22,6 @@ use softrdma_proto::{check_modify_qp, Mtu, QpAttrMask, QpState, QpType};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 /// `struct ibv_qp_cap`: the sizes of a QP's queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -1043,11 +1042,7 @@ impl Qp {
             st.transport.as_ref().is_some_and(|t| t.awaiting_ack()) && posted < DOORBELL_BATCH;
         if posted > 0 && !defer {
             if let Some(engine) = st.engine.clone() {
-                let events = with_tx(|tx| {
-                    let ev = drive(&engine, inner, &mut st, Instant::now(), tx);
-                    engine.send(tx);
-                    ev
-                });
+                let events = drive_and_send(&engine, inner, &mut st);
                 drop(st);
                 for e in events {
                     inner.raise(e);
@@ -1249,11 +1244,7 @@ impl Qp {
             .is_some_and(|t| t.recv_posted(available));
         if update {
             if let Some(engine) = st.engine.clone() {
-                let events = with_tx(|tx| {
-                    let ev = drive(&engine, inner, &mut st, Instant::now(), tx);
-                    engine.send(tx);
-                    ev
-                });
+                let events = drive_and_send(&engine, inner, &mut st);
                 drop(st);
                 for e in events {
                     inner.raise(e);

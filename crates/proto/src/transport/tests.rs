@@ -167,6 +167,31 @@ fn ack(psn: u32, syndrome: Syndrome) -> Vec<u8> {
 const META: RxMeta = RxMeta { grh: [0; 40] };
 const ACK: Syndrome = Syndrome::Ack { credit: 0x1f };
 
+/// A receive request of 100 bytes at `addr`.
+fn recv_req(wr_id: u64, addr: u64) -> RecvRequest {
+    RecvRequest {
+        wr_id,
+        sges: [Sge {
+            addr,
+            length: 100,
+            lkey: 1,
+        }]
+        .into(),
+    }
+}
+
+/// An RC SEND ONLY request packet with PSN `psn`, AckReq set, carrying `payload`.
+fn send_only_pkt(psn: u32, payload: &[u8]) -> Vec<u8> {
+    pkt(
+        roce::Repr {
+            bth: bthr(Opcode::RC_SEND_ONLY, psn, true),
+            payload_len: payload.len(),
+            ..roce::Repr::default()
+        },
+        payload,
+    )
+}
+
 #[test]
 fn segmentation_opcodes_psns_and_ackreq() {
     let now = Instant::now();
@@ -640,26 +665,9 @@ fn responder_acks_carry_the_receives_left_as_credits() {
     env.credits = true;
     let mut qp = Qp::new(cfg());
     for i in 0..8 {
-        env.rq.push_back(RecvRequest {
-            wr_id: i,
-            sges: [Sge {
-                addr: 1000 + 100 * i,
-                length: 100,
-                lkey: 1,
-            }]
-            .into(),
-        });
+        env.rq.push_back(recv_req(i, 1000 + 100 * i));
     }
-    let send_only = |psn: u32| {
-        pkt(
-            roce::Repr {
-                bth: bthr(Opcode::RC_SEND_ONLY, psn, true),
-                payload_len: 4,
-                ..roce::Repr::default()
-            },
-            b"abcd",
-        )
-    };
+    let send_only = |psn: u32| send_only_pkt(psn, b"abcd");
     // 8 posted, 1 consumed: 7 left, advertised as 6 (code 5).
     qp.handle_packet(now, &send_only(100), &META, &mut env);
     let p = drain(&mut qp, &mut env, now);
@@ -779,26 +787,9 @@ fn held_ack_goes_after_the_answer_and_never_blocks_a_nak() {
     let mut env = FlatEnv::new();
     let mut qp = Qp::new(cfg());
     for i in 0..2 {
-        env.rq.push_back(RecvRequest {
-            wr_id: i,
-            sges: [Sge {
-                addr: 1000,
-                length: 100,
-                lkey: 1,
-            }]
-            .into(),
-        });
+        env.rq.push_back(recv_req(i, 1000));
     }
-    let send_only = |psn: u32| {
-        pkt(
-            roce::Repr {
-                bth: bthr(Opcode::RC_SEND_ONLY, psn, true),
-                payload_len: 4,
-                ..roce::Repr::default()
-            },
-            b"ping",
-        )
-    };
+    let send_only = |psn: u32| send_only_pkt(psn, b"ping");
     qp.handle_packet(now, &send_only(100), &META, &mut env);
     assert!(qp.has_held_ack());
     qp.set_hold_acks(true);
@@ -828,24 +819,9 @@ fn responder_sends_a_credit_update_when_receives_are_posted() {
     let mut env = FlatEnv::new();
     env.credits = true;
     let mut qp = Qp::new(cfg());
-    let recv = |i: u64| RecvRequest {
-        wr_id: i,
-        sges: [Sge {
-            addr: 1000,
-            length: 100,
-            lkey: 1,
-        }]
-        .into(),
-    };
+    let recv = |i: u64| recv_req(i, 1000);
     env.rq.push_back(recv(0));
-    let send_only = pkt(
-        roce::Repr {
-            bth: bthr(Opcode::RC_SEND_ONLY, 100, true),
-            payload_len: 4,
-            ..roce::Repr::default()
-        },
-        b"abcd",
-    );
+    let send_only = send_only_pkt(100, b"abcd");
     // Before any ACK: nothing to update.
     assert!(!qp.recv_posted(1));
     qp.handle_packet(now, &send_only, &META, &mut env);
