@@ -1062,13 +1062,14 @@ fn rx_flow(src: SocketAddr, dst: IpAddr) -> IcrcPrefix {
     }
 }
 
-/// Checks one received datagram (the UDP payload `pkt`, from `src`): its ICRC and headers.
+/// Checks one received datagram (the UDP payload `pkt`, from `src`, whose ICRC flow is
+/// `prefix`): its ICRC and headers.
 /// Returns the destination QP number of a good packet; counts and drops a bad one.
 fn check_packet(
     engine: &Engine,
     pkt: &[u8],
     src: SocketAddr,
-    prefixes: &mut HashMap<SocketAddr, IcrcPrefix>,
+    prefix: &IcrcPrefix,
     solver: &mut IdentSolver,
 ) -> Option<u32> {
     let c = &engine.counters;
@@ -1076,9 +1077,6 @@ fn check_packet(
         c.malformed.fetch_add(1, Ordering::Relaxed);
         return None;
     };
-    let prefix = prefixes
-        .entry(src)
-        .or_insert_with(|| rx_flow(src, engine.local.ip()));
     let ident = verify_icrc(c, prefix, solver, &view)?;
     c.rx_packets.fetch_add(1, Ordering::Relaxed);
     c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
@@ -1323,15 +1321,21 @@ impl Engine {
             }
             total += n;
             let now = Instant::now();
+            // Runs of packets for the same QP are delivered under one lock (one vector for
+            // the round, not one per message).
+            let mut run: Vec<&[u8]> = Vec::with_capacity(BATCH);
             for i in 0..n {
                 let Some((src, pkts)) = self.datagrams(&bufs[i], meta[i]) else {
                     continue;
                 };
-                // Runs of packets for the same QP are delivered under one lock.
-                let mut run: Vec<&[u8]> = Vec::new();
+                // One flow lookup per message: the datagrams of a GRO batch share a sender.
+                let prefix = &*prefixes
+                    .entry(src)
+                    .or_insert_with(|| rx_flow(src, self.local.ip()));
+                run.clear();
                 let mut run_qpn = None;
                 for pkt in pkts {
-                    let Some(qpn) = check_packet(self, pkt, src, prefixes, ident) else {
+                    let Some(qpn) = check_packet(self, pkt, src, prefix, ident) else {
                         continue;
                     };
                     if qpn == softrdma_wire::mad::GSI_QPN {
