@@ -583,8 +583,10 @@ fn rc_sender_ahead_of_the_receives_waits_for_credits_instead_of_rnr_storms() {
 /// successfully, never as flushed or retried out.
 #[test]
 fn rc_ack_held_for_a_polling_receiver_still_reaches_the_sender() {
+    // Retries without limit (7): a slow machine only delays the ACK, never fails the send;
+    // an ACK that is never sent leaves the send without completion (the wait's guard fails).
     let o = Opts {
-        retry_cnt: 1,
+        retry_cnt: 7,
         ..Opts::default()
     };
     let (a, b) = pair_on("127.0.0.15", "127.0.0.16", QpType::Rc, 4096, &o);
