@@ -537,8 +537,11 @@ fn rc_write_after_the_target_deregisters_its_region_is_rem_access_err() {
 /// (without credits one RNR NAK resends everything in flight behind it).
 #[test]
 fn rc_sender_ahead_of_the_receives_waits_for_credits_instead_of_rnr_storms() {
+    // A long retransmit timeout (4.3 s): on a slow machine a late ACK must not look like a
+    // resend caused by an RNR NAK.
     let o = Opts {
         min_rnr_timer: 1,
+        timeout: 20,
         ..Opts::default()
     };
     let (a, b) = pair_on("127.0.0.13", "127.0.0.14", QpType::Rc, 65536, &o);
