@@ -449,6 +449,14 @@ impl EventTarget for QpInner {
     }
 }
 
+impl Drop for Qp {
+    /// A QP dropped without [`Qp::destroy`] first sends the ACK it may hold back for the
+    /// program (see the engine's notes): the peer's SEND was delivered and must complete.
+    fn drop(&mut self) {
+        self.inner.release_held_ack();
+    }
+}
+
 impl Drop for QpInner {
     fn drop(&mut self) {
         let res = &self.pd.shared().resources;

@@ -581,9 +581,9 @@ fn rc_sender_ahead_of_the_receives_waits_for_credits_instead_of_rnr_storms() {
 }
 
 /// A receiver that polls its CQ gets the SEND in its own thread, and the ACK of it is held
-/// back to go out with its answer. Whatever the receiver does next — move its QP to ERR at
-/// once, or stop polling altogether — the sender still gets its ACK: the send completes
-/// successfully, never as flushed or retried out.
+/// back to go out with its answer. Whatever the receiver does next — stop polling
+/// altogether, move its QP to ERR at once, or drop its QP — the sender still gets its ACK:
+/// the send completes successfully, never as flushed or retried out.
 #[test]
 fn rc_ack_held_for_a_polling_receiver_still_reaches_the_sender() {
     // Retries without limit (7): a slow machine only delays the ACK, never fails the send;
@@ -592,34 +592,50 @@ fn rc_ack_held_for_a_polling_receiver_still_reaches_the_sender() {
         retry_cnt: 7,
         ..Opts::default()
     };
+    // One SEND from a to b while b polls: a first exchange wakes b's progress thread, which
+    // then sees b polling and leaves the socket to it, so the second SEND (`wr_id`) is
+    // received by b's own thread and its ACK held. Returns once b has it.
+    let exchange = |a: &Side, b: &Side, wr_id: u64| {
+        let sges = [a.sge(0, 32)];
+        for id in [wr_id + 100, wr_id] {
+            b.post_recv(id, 0, 64);
+            let mut wc = [WorkCompletion::default(); 4];
+            for _ in 0..1000 {
+                assert_eq!(b.cq.poll(&mut wc).unwrap(), 0);
+            }
+            send(a, id, WrOpcode::Send, &sges, |_| {});
+            let got = b.wait(1);
+            assert_eq!((got[0].status, got[0].wr_id), (WcStatus::Success, id));
+        }
+        let warm = a.wait(1);
+        assert_eq!(
+            (warm[0].status, warm[0].wr_id),
+            (WcStatus::Success, wr_id + 100)
+        );
+    };
+    let done = |a: &Side, wr_id: u64| {
+        let c = a.wait(1);
+        assert_eq!((c[0].status, c[0].wr_id), (WcStatus::Success, wr_id));
+    };
+    // It stops polling: the ACK goes anyway (the progress thread sends it).
     let (a, b) = pair_on("127.0.0.15", "127.0.0.16", QpType::Rc, 4096, &o);
-    let sges = [a.sge(0, 32)];
-    for round in 0..2u64 {
-        b.post_recv(round, 0, 64);
-        // The receiver polls before and while the SEND arrives, so that it receives itself.
-        let mut wc = [WorkCompletion::default(); 4];
-        for _ in 0..1000 {
-            assert_eq!(b.cq.poll(&mut wc).unwrap(), 0);
-        }
-        send(&a, 10 + round, WrOpcode::Send, &sges, |_| {});
-        let got = b.wait(1);
-        assert_eq!((got[0].status, got[0].wr_id), (WcStatus::Success, round));
-        if round == 0 {
-            // Then it stops polling: the ACK goes anyway (the progress thread sends it).
-            let c = a.wait(1);
-            assert_eq!((c[0].status, c[0].wr_id), (WcStatus::Success, 10));
-        } else {
-            // Then it moves its QP to ERR at once: the held ACK goes first.
-            b.qp.modify_qp(
-                &QpAttr {
-                    qp_state: QpState::Err,
-                    ..Default::default()
-                },
-                QpAttrMask::STATE.bits(),
-            )
-            .unwrap();
-            let c = a.wait(1);
-            assert_eq!((c[0].status, c[0].wr_id), (WcStatus::Success, 11));
-        }
-    }
+    exchange(&a, &b, 1);
+    done(&a, 1);
+    // It moves its QP to ERR at once: the held ACK goes first.
+    exchange(&a, &b, 2);
+    b.qp.modify_qp(
+        &QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        },
+        QpAttrMask::STATE.bits(),
+    )
+    .unwrap();
+    done(&a, 2);
+    // On a fresh pair, it drops its QP without destroying it: the held ACK goes first.
+    let (a, b) = pair_on("127.0.0.15", "127.0.0.16", QpType::Rc, 4096, &o);
+    exchange(&a, &b, 3);
+    let Side { qp, .. } = b;
+    drop(qp);
+    done(&a, 3);
 }
