@@ -683,7 +683,8 @@ fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point>
     let mut posted = 0u64;
     let mut completed = 0u64;
     let mut wc = [WorkCompletion::default(); 64];
-    let mut limit = iters;
+    // With a duration, the run ends at the deadline however many messages that is.
+    let mut limit = if deadline.is_some() { u64::MAX } else { iters };
     let mut progress = Progress::new();
     let mut rounds = 0u32;
     while completed < limit {
@@ -737,7 +738,7 @@ fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point>
             completed = w.wr_id + 1;
         }
         if let Some(d) = deadline {
-            if limit == iters && Instant::now() >= d {
+            if limit == u64::MAX && Instant::now() >= d {
                 limit = posted;
             }
         }
@@ -756,10 +757,17 @@ fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point>
 }
 
 fn latency(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point> {
-    let iters = if args.iters > 0 { args.iters } else { 20_000 };
+    // With a duration, round trips go on until the deadline however many that is.
+    let deadline = args.duration.map(|d| Instant::now() + d);
+    let iters = match (deadline, args.iters) {
+        (Some(_), _) => u64::MAX,
+        (None, 0) => 20_000,
+        (None, n) => n,
+    };
+    let more = |done: u64| done < iters && deadline.is_none_or(|d| Instant::now() < d);
     let size = size.max(1);
     let inline = size as u32 <= args.inline;
-    let mut samples = Vec::with_capacity(iters as usize);
+    let mut samples = Vec::with_capacity(iters.min(1 << 20) as usize);
     let mut progress = Progress::new();
     let mut tick = |samples: &Vec<f64>| {
         if samples.len() % 256 == 0 {
@@ -768,7 +776,7 @@ fn latency(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point> {
                 let avg = last.iter().sum::<f64>() / last.len().max(1) as f64;
                 format!(
                     "{size} B: {} round trips, {avg:.2} us one way (last 256)",
-                    of(samples.len() as u64, Some(iters))
+                    of(samples.len() as u64, deadline.is_none().then_some(iters))
                 )
             });
         }
@@ -779,7 +787,9 @@ fn latency(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point> {
             // buffer) were posted at connection time; each is reposted once consumed.
             let csge = c.sge(0, size);
             let mut wc = [WorkCompletion::default(); 16];
-            for _ in 0..iters {
+            let mut i = 0u64;
+            while more(i) {
+                i += 1;
                 let started = Instant::now();
                 let mut flags = SendFlags::SIGNALED;
                 if inline {
@@ -810,7 +820,9 @@ fn latency(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point> {
             // Round trips of one operation: WRITE/READ/atomic latency as the requester sees it
             // (ib_read_lat / ib_atomic_lat style; a full round trip, reported as is).
             let mut wc = [WorkCompletion::default(); 4];
-            for i in 0..iters {
+            let mut i = 0u64;
+            while more(i) {
+                i += 1;
                 let l = [c.sge(0, if args.op == Op::Atomic { 8 } else { size })];
                 let mut wr = SendWr {
                     wr_id: i,
@@ -847,7 +859,7 @@ fn latency(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point> {
     let total: f64 = samples.iter().sum::<f64>() * 2.0 / 1e6;
     Ok(Point {
         size,
-        iters,
+        iters: samples.len() as u64,
         secs: total,
         bw_gbps: 0.0,
         msg_rate_mps: 0.0,
