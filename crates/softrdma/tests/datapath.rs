@@ -573,7 +573,9 @@ fn rc_sender_ahead_of_the_receives_waits_for_credits_instead_of_rnr_storms() {
     );
     let (ca, cb) = (a.qp.counters(), b.qp.counters());
     assert!(ca.credit_waits > 0, "{ca:?}");
-    assert_eq!(ca.rnr_naks_received, cb.rnr_naks_sent);
+    // (An RNR NAK sent for a copy of a probe the sender has since completed may still be
+    // on its way when the counters are read.)
+    assert!(ca.rnr_naks_received <= cb.rnr_naks_sent, "{ca:?} {cb:?}");
     assert!(
         ca.retransmitted_packets <= ca.rnr_naks_received,
         "an RNR NAK made the sender resend more than the one message: {ca:?}"
@@ -607,9 +609,17 @@ fn rc_ack_held_for_a_polling_receiver_still_reaches_the_sender() {
             let got = b.wait(1);
             assert_eq!((got[0].status, got[0].wr_id), (WcStatus::Success, id));
         }
-        let warm = a.wait(1);
+        // One completion at a time: the second SEND's may already be there too, and `done`
+        // must find it.
+        let mut one = [WorkCompletion::default(); 1];
+        let t = std::time::Instant::now();
+        while a.cq.poll(&mut one).unwrap() == 0 {
+            if t.elapsed() > Duration::from_secs(60) {
+                panic!("the first SEND's completion did not arrive in 60 s");
+            }
+        }
         assert_eq!(
-            (warm[0].status, warm[0].wr_id),
+            (one[0].status, one[0].wr_id),
             (WcStatus::Success, wr_id + 100)
         );
     };
