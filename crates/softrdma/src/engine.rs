@@ -1474,15 +1474,22 @@ impl Engine {
         if !self.any_held_acks.load(Ordering::Acquire) {
             return;
         }
-        let qpns = {
+        // Taken out of the lock (releasing locks each QP, and a QP's drive notes into the
+        // list under the QP lock), then given back empty so that its room is reused: a
+        // ping-pong notes and flushes a held ACK every round trip.
+        let mut qpns = {
             let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
             self.any_held_acks.store(false, Ordering::Release);
             std::mem::take(&mut *l)
         };
-        for qpn in qpns {
+        for qpn in qpns.drain(..) {
             if let Some(qp) = self.lookup(qpn) {
                 qp.release_held_ack();
             }
+        }
+        let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
+        if l.is_empty() {
+            *l = qpns;
         }
     }
 }
