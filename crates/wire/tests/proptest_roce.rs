@@ -435,12 +435,13 @@ proptest! {
         x in 1..=255u8,
     ) {
         // A softrdma peer (identification 0): the full 32-bit check still catches every
-        // change of one unmasked byte. (Bytes 2-3 and 24-25 are lengths and 4-5 the
-        // identification, which the receiver does not see: it takes the lengths from the
-        // datagram and assumes identification 0.)
+        // change of one unmasked byte. (Bytes 2-3 and 24-25 are lengths, 4-5 the
+        // identification and 6-7 the flags and fragment offset, which the receiver does not
+        // see: it takes the lengths from the datagram and assumes identification 0, DF and
+        // no fragment offset.)
         let mut pkt = build_ip_packet(&repr, &payload, false, 0);
         let i = at % (pkt.len() - 4);
-        let masked = matches!(i, 1..=5 | 8 | 10 | 11 | 24..=27 | 32);
+        let masked = matches!(i, 1..=8 | 10 | 11 | 24..=27 | 32);
         pkt[i] ^= x;
         if let (false, Some((_, _, computed, carried))) = (masked, receiver_view(&pkt)) {
             prop_assert_ne!(computed, carried, "byte {}", i);
