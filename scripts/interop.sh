@@ -20,6 +20,9 @@
 #                 kernel's rping takes, although its message says 65536)
 #   COUNT         rping iterations (default 20)
 #   PP_ITERS      rc_pingpong iterations (default 300, 4096-byte messages)
+#   CASES         an extended regular expression: run only the cases whose name matches it
+#                 (default: all)
+#   REPEAT        run each case this many times (default 1), to chase an intermittent failure
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 KIT=${INTEROP_DIR:-$ROOT/../shared/interop}
@@ -32,6 +35,8 @@ VMIP=198.18.0.2
 RPING=$ROOT/target/release/examples/rping
 PINGPONG=$ROOT/target/release/examples/rc_pingpong
 PP_ITERS=${PP_ITERS:-300}
+CASES=${CASES:-.}
+REPEAT=${REPEAT:-1}
 PCAP_ICRC=$ROOT/target/release/examples/pcap_icrc
 PASSED=0
 FAILED=0
@@ -107,9 +112,21 @@ vm_wait_tcp_listen() {
   vmsh "n=0; until grep -q ':$hex [0-9A-F:]* 0A' /proc/net/tcp /proc/net/tcp6 2>/dev/null || [ \$n -ge 300 ]; do sleep 0.1; n=\$((n + 1)); done" >/dev/null
 }
 
+# vm_server_log FILE: FILE in the VM once the server writing it has ended ("rc=" in it), or
+# after 30 s (a server in the VM ends a moment after our client: a fixed sleep is a race).
+vm_server_log() {
+  vmsh "n=0; until grep -q '^rc=' $1 2>/dev/null || [ \$n -ge 300 ]; do sleep 0.1; n=\$((n + 1)); done; cat $1"
+}
+
 # run_case NAME FUNCTION ARGS...: capture, run, check the capture's ICRCs (and, when a
 # function FUNCTION_capture exists, call it with NAME once the capture is complete), report.
 run_case() {
+  local name=$1 fn=$2 i
+  echo "$name" | grep -qE "$CASES" || return 0
+  for ((i = 1; i < REPEAT; i++)); do run_case_once "$@"; done
+  run_case_once "$@"
+}
+run_case_once() {
   local name=$1 fn=$2
   shift
   vm_kill_rping
@@ -127,7 +144,13 @@ run_case() {
   if [ $ok = 0 ]; then
     echo "PASS $name"; PASSED=$((PASSED + 1))
   else
-    echo "FAIL $name (logs and capture: $OUT/$name.*)"; FAILED=$((FAILED + 1))
+    FAILED=$((FAILED + 1))
+    if [ "$REPEAT" -gt 1 ]; then   # keep this failure's files from the next repetition
+      mkdir -p "$OUT/failed-$FAILED" && cp "$OUT/$name".* "$OUT/failed-$FAILED/"
+      echo "FAIL $name (logs and capture: $OUT/failed-$FAILED/$name.*)"
+    else
+      echo "FAIL $name (logs and capture: $OUT/$name.*)"
+    fi
   fi
 }
 
@@ -137,8 +160,7 @@ rping_to_kernel() {
   vmsh "(setsid sh -c 'rping -s -a $VMIP -v -V -C $COUNT -S $size; echo rc=\$?' </dev/null >/tmp/rs.log 2>&1 &); sleep 1" >/dev/null
   timeout 120 $NSX "$RPING" -c -a $VMIP -I $HOST -v -V -C "$COUNT" -S "$size" >"$OUT/$name.client.log" 2>&1
   local rc=$?
-  sleep 1
-  vmsh 'cat /tmp/rs.log' >"$OUT/$name.server.log"
+  vm_server_log /tmp/rs.log >"$OUT/$name.server.log"
   local got srv
   got=$(grep -c '^ping data: ' "$OUT/$name.client.log")
   srv=$(grep -c '^server ping data: ' "$OUT/$name.server.log")
@@ -252,8 +274,7 @@ rc_pingpong_to_kernel() {
   SOFTRDMA_FAULTS=$faults timeout 120 $NSX "$PINGPONG" -d $HOST -g 0 -n "$PP_ITERS" --stats $VMIP \
     >"$OUT/$name.client.log" 2>&1
   local rc=$?
-  sleep 1
-  vmsh 'cat /tmp/pp.log' >"$OUT/$name.server.log"
+  vm_server_log /tmp/pp.log >"$OUT/$name.server.log"
   log "softrdma client rc=$rc: $(grep 'usec/iter' "$OUT/$name.client.log"); kernel server: $(grep 'usec/iter' "$OUT/$name.server.log"), $(grep '^rc=' "$OUT/$name.server.log")"
   [ $rc = 0 ] && pp_ok "$OUT/$name.client.log" "$PP_ITERS" && pp_ok "$OUT/$name.server.log" "$PP_ITERS" &&
     grep -q '^rc=0$' "$OUT/$name.server.log" || return 1
@@ -320,8 +341,7 @@ rping_lossy_to_kernel() {
   SOFTRDMA_FAULTS=drop=0.03,seed=9,spare_cm=1 timeout 120 $NSX "$RPING" -c -a $VMIP -I $HOST -v -V -C "$COUNT" -S 4096 \
     >"$OUT/$name.client.log" 2>&1
   local rc=$?
-  sleep 1
-  vmsh 'cat /tmp/rs.log' >"$OUT/$name.server.log"
+  vm_server_log /tmp/rs.log >"$OUT/$name.server.log"
   vm_hw_counters >"$OUT/$name.hw_after"
   local got srv retry
   got=$(grep -c '^ping data: ' "$OUT/$name.client.log")
@@ -342,14 +362,20 @@ rping_lossy_to_kernel_capture() {
 
 run_case rc_pingpong_to_kernel rc_pingpong_to_kernel rc_pingpong_to_kernel
 run_case rc_pingpong_from_kernel rc_pingpong_from_kernel rc_pingpong_from_kernel
-run_case rc_pingpong_lossy_to_kernel rc_pingpong_to_kernel rc_pingpong_lossy_to_kernel "drop=0.05,seed=5"
+# Faults only in the first 1000 of about 1700 packets: ibv_rc_pingpong has no closing
+# handshake, so if the ACK of the peer's last SEND is lost after our QP is destroyed, nothing
+# can resend it: the kernel retransmitted that SEND every 67 ms for as long as we watched (2 s,
+# 30 times with retry_cnt 7), and its ibv_rc_pingpong never ended.
+run_case rc_pingpong_lossy_to_kernel rc_pingpong_to_kernel rc_pingpong_lossy_to_kernel "drop=0.05,seed=5,first=1000"
 run_case rping_lossy_to_kernel rping_lossy_to_kernel rping_lossy_to_kernel
 run_case rnr_from_kernel rnr_from_kernel rnr_from_kernel
 for s in $SIZES; do run_case "rping_to_kernel_$s" rping_to_kernel "$s" "rping_to_kernel_$s"; done
 for s in $SIZES; do run_case "rping_from_kernel_$s" rping_from_kernel "$s" "rping_from_kernel_$s"; done
 run_case rejected_by_kernel rejected_by_kernel rejected_by_kernel
 run_case rejected_by_softrdma rejected_by_softrdma rejected_by_softrdma
-if path_mtu_1024 path_mtu_1024; then
+if ! echo path_mtu_1024 | grep -qE "$CASES"; then
+  :
+elif path_mtu_1024 path_mtu_1024; then
   echo "PASS path_mtu_1024"; PASSED=$((PASSED + 1))
 else
   echo "FAIL path_mtu_1024"; FAILED=$((FAILED + 1))

@@ -176,13 +176,19 @@ pub struct FaultConfig {
     /// Leave the connection manager's packets (QP 1's MADs) alone, so that a lossy data path
     /// does not also wait out the CM's retransmission timeouts (seconds, against Linux).
     pub spare_cm: bool,
+    /// Only the first `first` packets the device sends (after `spare_cm`'s are left out) are
+    /// exposed to faults; 0 means all of them. A run that must end cleanly needs this: when
+    /// the last ACK of an exchange is lost after its QP is destroyed, nothing can ever resend
+    /// it, and the peer's last SEND fails with its retry limit (on any RC implementation).
+    pub first: u64,
 }
 
 impl FaultConfig {
     /// Reads a fault specification as `SOFTRDMA_FAULTS` takes it: comma-separated
     /// `key=value` pairs among `drop`, `dup` (or `duplicate`), `corrupt`, `reorder`,
-    /// `delay_prob` (probabilities, 0 to 1), `delay` (milliseconds), `seed` (a number) and
-    /// `spare_cm` (0 or 1); anything not given is zero. `drop=0.05,seed=7,spare_cm=1`.
+    /// `delay_prob` (probabilities, 0 to 1), `delay` (milliseconds), `seed` (a number),
+    /// `spare_cm` (0 or 1) and `first` (a number of packets); anything not given is zero.
+    /// `drop=0.05,seed=7,spare_cm=1,first=1000`.
     ///
     /// Fails with `EINVAL` naming the first key or value it cannot read.
     ///
@@ -215,6 +221,7 @@ impl FaultConfig {
                     f.delay = Duration::from_secs_f64(ms.ok_or_else(bad)? / 1000.0);
                 }
                 "seed" => f.seed = v.parse().map_err(|_| bad())?,
+                "first" => f.first = v.parse().map_err(|_| bad())?,
                 "spare_cm" => {
                     f.spare_cm = match v {
                         "1" | "true" | "yes" => true,
@@ -239,6 +246,8 @@ struct Faults {
     cfg: FaultConfig,
     state: u64,
     held: Option<(Vec<u8>, SocketAddr)>,
+    /// Packets exposed to faults so far (for `FaultConfig::first`).
+    seen: u64,
 }
 
 impl Faults {
@@ -393,6 +402,7 @@ impl Engine {
             cfg,
             state: cfg.seed,
             held: None,
+            seen: 0,
         });
         self.faults_on.store(f.is_some(), Ordering::Release);
     }
@@ -489,10 +499,14 @@ impl Engine {
                 let mut pkt = tx.bufs[i][..tx.lens[i]].to_vec();
                 let dst = tx.dests[i];
                 let cfg = f.cfg;
-                if cfg.spare_cm && is_for_qp1(&pkt) {
+                if (cfg.spare_cm && is_for_qp1(&pkt)) || (cfg.first != 0 && f.seen >= cfg.first) {
                     out.push((pkt, dst));
+                    if let Some(h) = f.held.take() {
+                        out.push(h);
+                    }
                     continue;
                 }
+                f.seen += 1;
                 if f.next() < cfg.drop {
                     c.fault_drops.fetch_add(1, Ordering::Relaxed);
                     continue;

@@ -351,6 +351,7 @@ fn rc_delivers_exactly_once_in_order_under_loss_duplication_reordering_and_corru
                 delay_prob: 0.02,
                 delay: Duration::from_millis(2),
                 spare_cm: false,
+                first: 0,
             }))
             .unwrap();
     }
@@ -396,6 +397,31 @@ fn rc_delivers_exactly_once_in_order_under_loss_duplication_reordering_and_corru
             || a.ctx.counters().icrc_errors > 0
             || c.fault_corrupts == 0
     );
+}
+
+#[test]
+fn faults_limited_to_the_first_packets_spare_the_rest() {
+    let (a, b) = pair(QpType::Uc, 65536, &Opts::default());
+    a.ctx
+        .set_fault_injection(Some(FaultConfig::parse("drop=1,first=3").unwrap()))
+        .unwrap();
+    for i in 0..3 {
+        b.post_recv(i, i as usize * 1024, 1024);
+    }
+    // UC: a lost message is lost; the receiver takes the next one whole.
+    for i in 0..6u64 {
+        send(&a, i, WrOpcode::Send, &[a.sge(0, 10 + i as usize)], |_| {});
+    }
+    let s = a.wait(6);
+    assert!(s.iter().all(|w| w.status == WcStatus::Success), "{s:?}");
+    let r = b.wait(3);
+    let lens: Vec<u32> = r.iter().map(|w| w.byte_len).collect();
+    assert_eq!(
+        lens,
+        [13, 14, 15],
+        "the first three were dropped, the rest delivered"
+    );
+    assert_eq!(a.ctx.counters().fault_drops, 3);
 }
 
 #[test]
