@@ -1,8 +1,8 @@
 //! The data path allocates nothing per message: two RC QPs back to back in memory, SENDs and
-//! RDMA WRITEs with one-entry lists, heap allocations counted by a global allocator once the
-//! queues have grown to their steady size.
+//! RDMA WRITEs with one-entry lists or small inline data, heap allocations counted by a global
+//! allocator once the queues have grown to their steady size.
 
-use softrdma_proto::transport::{Qp, WcStatus};
+use softrdma_proto::transport::{InlineData, Qp, WcStatus};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -50,23 +50,23 @@ static GLOBAL: Counting = Counting;
 mod mem_pair;
 use mem_pair::{config, request, MemEnv, META};
 
-/// Posts `batch` messages of `len` bytes (SEND, or RDMA WRITE when `write`), moves every
-/// packet both ways and reaps every completion, checking they all succeeded.
+/// Posts `batch` messages of `len` bytes (SEND, or RDMA WRITE when `write`; their data
+/// copied at post time, as `IBV_SEND_INLINE` does, when `inline`), moves every packet both
+/// ways and reaps every completion, checking they all succeeded.
 fn round(
     qps: &mut [(Qp, MemEnv); 2],
     now: &mut Instant,
     buf: &mut [u8],
-    write: bool,
-    len: u32,
-    batch: u64,
+    (write, len, batch, inline): (bool, u32, u64, bool),
 ) {
     *now += Duration::from_micros(1);
     let [(a, ea), (b, eb)] = qps;
     for i in 0..batch {
-        assert!(
-            a.post_send(request(i, write, len)).is_ok(),
-            "send queue full"
-        );
+        let mut r = request(i, write, len);
+        if inline {
+            r.inline = Some(InlineData::zeroed(len as usize));
+        }
+        assert!(a.post_send(r).is_ok(), "send queue full");
     }
     loop {
         let mut moved = 0;
@@ -102,21 +102,23 @@ fn steady_state_messages_do_not_allocate() {
     let mut now = Instant::now();
     let mut buf = vec![0u8; 4096 + 128];
     let cases = [
-        (false, 8, 1),
-        (false, 8, 32),
-        (false, 4096, 32),
-        (true, 65536, 1),
+        (false, 8, 1, false),
+        (false, 8, 32, false),
+        (false, 8, 32, true),
+        (true, 64, 8, true),
+        (false, 4096, 32, false),
+        (true, 65536, 1, false),
     ];
     // Let every queue grow to the size these rounds need.
     for _ in 0..8 {
-        for &(write, len, batch) in &cases {
-            round(&mut qps, &mut now, &mut buf, write, len, batch);
+        for &case in &cases {
+            round(&mut qps, &mut now, &mut buf, case);
         }
     }
     let before = allocs();
     for _ in 0..16 {
-        for &(write, len, batch) in &cases {
-            round(&mut qps, &mut now, &mut buf, write, len, batch);
+        for &case in &cases {
+            round(&mut qps, &mut now, &mut buf, case);
         }
     }
     assert_eq!(allocs() - before, 0, "heap allocations");

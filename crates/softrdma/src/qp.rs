@@ -1177,9 +1177,9 @@ impl Qp {
     /// reads any address it is given and ignores the lkey, softrdma requires inline entries
     /// to lie inside a memory region of the QP's PD: that is what keeps the faithful face
     /// memory-safe.
-    fn copy_inline(&self, sges: &[Sge], length: usize) -> Result<Vec<u8>> {
+    fn copy_inline(&self, sges: &[Sge], length: usize) -> Result<tp::InlineData> {
         let res = &self.inner.pd.shared().resources;
-        let mut data = vec![0u8; length];
+        let mut data = tp::InlineData::zeroed(length);
         let mut at = 0;
         for s in sges {
             let lease = res

@@ -14,11 +14,13 @@
 //! receive requests are taken from the owner too ([`Env::take_recv`]), so the receive queue
 //! can be the QP's own or a shared one.
 
+mod inline;
 mod qp;
 mod requester;
 mod responder;
 mod sglist;
 
+pub use inline::{InlineData, INLINE_IN_PLACE};
 pub use qp::{Qp, QpStats};
 pub use sglist::{SgList, SG_INLINE};
 
@@ -114,8 +116,9 @@ pub struct SendRequest {
     /// The local memory: gathered for SEND/WRITE, scattered into for READ and atomics (held
     /// in place up to [`SG_INLINE`] entries).
     pub sges: SgList,
-    /// Data copied at post time (`IBV_SEND_INLINE`); when present, `sges` is not read.
-    pub inline: Option<Vec<u8>>,
+    /// Data copied at post time (`IBV_SEND_INLINE`; held in place up to
+    /// [`INLINE_IN_PLACE`] bytes); when present, `sges` is not read.
+    pub inline: Option<InlineData>,
     /// Whether a successful completion is reported (errors always are).
     pub signaled: bool,
     /// Ask for a solicited event at the receiver.

@@ -643,7 +643,7 @@ impl Expect {
                         o.kind,
                         OpKind::Send | OpKind::SendImm | OpKind::Write | OpKind::WriteImm
                     ))
-                .then(|| data.clone());
+                .then(|| data.clone().into());
                 let (op, sges) = match o.kind {
                     OpKind::Send | OpKind::SendImm => {
                         let imm_o = (o.kind == OpKind::SendImm).then_some(imm);
