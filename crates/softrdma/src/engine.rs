@@ -81,6 +81,7 @@ pub(crate) struct Counters {
     pub(crate) icrc_errors: AtomicU64,
     pub(crate) icrc_ident_solved: AtomicU64,
     pub(crate) malformed: AtomicU64,
+    pub(crate) cnp_received: AtomicU64,
     pub(crate) unknown_qp: AtomicU64,
     pub(crate) wrong_source: AtomicU64,
     pub(crate) fault_drops: AtomicU64,
@@ -112,6 +113,9 @@ pub struct DeviceCounters {
     pub icrc_ident_solved: u64,
     /// Packets dropped as malformed (too short, bad headers, unknown opcode).
     pub malformed: u64,
+    /// RoCEv2 Congestion Notification Packets (opcode `0x81`, with a good ICRC) received and
+    /// dropped: softrdma does no congestion control (no DCQCN), so they change nothing.
+    pub cnp_received: u64,
     /// Packets for a QP that does not exist or is not ready.
     pub unknown_qp: u64,
     /// RC/UC packets dropped because they did not come from the connected peer.
@@ -141,6 +145,7 @@ impl Counters {
             icrc_errors: g(&self.icrc_errors),
             icrc_ident_solved: g(&self.icrc_ident_solved),
             malformed: g(&self.malformed),
+            cnp_received: g(&self.cnp_received),
             unknown_qp: g(&self.unknown_qp),
             wrong_source: g(&self.wrong_source),
             fault_drops: g(&self.fault_drops),
@@ -1088,6 +1093,15 @@ fn check_packet(
 ) -> Option<u32> {
     let c = &engine.counters;
     let Ok(view) = softrdma_wire::roce::Packet::new_checked(pkt) else {
+        if is_cnp(pkt) {
+            // BTH, 16 reserved bytes, ICRC: counted when the ICRC is good, then dropped.
+            let (covered, icrc) = pkt.split_at(pkt.len() - 4);
+            let icrc = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
+            if check_icrc(c, prefix, solver, covered, icrc).is_some() {
+                c.cnp_received.fetch_add(1, Ordering::Relaxed);
+            }
+            return None;
+        }
         c.malformed.fetch_add(1, Ordering::Relaxed);
         return None;
     };
@@ -1110,10 +1124,27 @@ pub(crate) fn verify_icrc(
     solver: &mut IdentSolver,
     view: &softrdma_wire::roce::Packet<&[u8]>,
 ) -> Option<u16> {
-    let covered = view.icrc_covered();
+    check_icrc(c, prefix, solver, view.icrc_covered(), view.icrc())
+}
+
+/// Whether a UDP payload is a RoCEv2 CNP: opcode `0x81` in a packet of exactly its size
+/// (BTH, 16 reserved bytes, ICRC).
+fn is_cnp(pkt: &[u8]) -> bool {
+    pkt.len() == softrdma_wire::bth::HEADER_LEN + 16 + 4
+        && pkt[0] == softrdma_wire::opcode::Opcode::CNP.0
+}
+
+/// [`verify_icrc`] for the bytes the ICRC covers and the ICRC as received.
+fn check_icrc(
+    c: &Counters,
+    prefix: &IcrcPrefix,
+    solver: &mut IdentSolver,
+    covered: &[u8],
+    icrc: u32,
+) -> Option<u16> {
     match prefix.compute(covered) {
-        Ok(crc) if crc == view.icrc() => Some(0),
-        Ok(crc) => match prefix.solve_ident(solver, covered.len(), crc, view.icrc()) {
+        Ok(crc) if crc == icrc => Some(0),
+        Ok(crc) => match prefix.solve_ident(solver, covered.len(), crc, icrc) {
             Some(ident) => {
                 c.icrc_ident_solved.fetch_add(1, Ordering::Relaxed);
                 Some(ident)

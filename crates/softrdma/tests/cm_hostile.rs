@@ -463,8 +463,8 @@ fn malformed_packets_to_qp1_are_dropped_and_counted() {
     bth::Packet::new_unchecked(&mut p[..]).set_opcode(Opcode(0x1f));
     a.seal(&mut p);
     malformed.push(p);
-    // A RoCEv2 CNP to QP 1 (BTH + 16 reserved bytes): the transport has no such opcode.
-    let mut p = a.packet(Opcode::RC_SEND_ONLY, 1, None, &[0; 16]);
+    // A CNP one byte too long (BTH + 17 bytes): the transport has no such opcode.
+    let mut p = a.packet(Opcode::RC_SEND_ONLY, 1, None, &[0; 17]);
     bth::Packet::new_unchecked(&mut p[..]).set_opcode(Opcode::CNP);
     a.seal(&mut p);
     malformed.push(p);
@@ -474,8 +474,23 @@ fn malformed_packets_to_qp1_are_dropped_and_counted() {
     a.seal(&mut p);
     malformed.push(p);
 
-    // Bad ICRCs: flipped, payload changed after sealing, and sealed for another source.
+    // RoCEv2 CNPs to QP 1 (BTH + 16 reserved bytes): counted as such and dropped; one
+    // with a bad ICRC is an ICRC error.
+    let mut cnp = Vec::new();
+    for _ in 0..2 {
+        let mut p = a.packet(Opcode::RC_SEND_ONLY, 1, None, &[0; 16]);
+        bth::Packet::new_unchecked(&mut p[..]).set_opcode(Opcode::CNP);
+        a.seal(&mut p);
+        cnp.push(p);
+    }
+
+    // Bad ICRCs: flipped, payload changed after sealing, and sealed for another source, and
+    // a CNP whose ICRC is flipped.
     let mut icrc_bad = Vec::new();
+    let mut p = cnp[0].clone();
+    let n = p.len();
+    p[n - 2] ^= 4;
+    icrc_bad.push(p);
     let mut p = a.mad_packet(&dreq);
     let n = p.len();
     p[n - 1] ^= 1;
@@ -522,13 +537,19 @@ fn malformed_packets_to_qp1_are_dropped_and_counted() {
     a.seal(&mut p);
     gsi_bad.push(p);
 
-    for p in malformed.iter().chain(&icrc_bad).chain(&gsi_bad) {
+    for p in malformed
+        .iter()
+        .chain(&cnp)
+        .chain(&icrc_bad)
+        .chain(&gsi_bad)
+    {
         a.send(p);
     }
     // Nothing was answered (a DREQ that reached the CM would have been, with a DREP).
     assert!(a.probe().is_empty(), "the device answered a dropped packet");
     let (c1, g1) = (t.ctx.counters(), t.ctx.cm_stats());
     assert_eq!(c1.malformed - c0.malformed, malformed.len() as u64);
+    assert_eq!(c1.cnp_received - c0.cnp_received, cnp.len() as u64);
     assert_eq!(c1.icrc_errors - c0.icrc_errors, icrc_bad.len() as u64);
     assert_eq!(g1.dropped - g0.dropped, gsi_bad.len() as u64);
     // The CM saw the probe only.
