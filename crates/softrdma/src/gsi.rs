@@ -30,7 +30,8 @@ pub struct GsiStats {
     /// The connection manager's counters (MADs sent, received, and dropped by cause).
     pub cm: CmStats,
     /// Packets to QP 1 dropped before the connection manager saw them: not a UD SEND_ONLY
-    /// (e.g. an RC or UC SEND to QP 1, no DETH), a Q_Key other than 0x80010000, headers
+    /// (e.g. an RC or UC SEND to QP 1, no DETH), a P_Key of another partition than the
+    /// default one (`0xffff`, or `0x7fff` for a limited member), a Q_Key other than 0x80010000, headers
     /// that do not parse, or a payload shorter than a 256-byte MAD. (Packets too short for
     /// their opcode's headers, or with a bad ICRC, are dropped earlier and counted in
     /// [`crate::DeviceCounters`].)
@@ -106,7 +107,10 @@ impl Gsi {
         let ok = roce::Packet::new_checked(pkt).ok().and_then(|p| {
             let repr = roce::Repr::parse(&p).ok()?;
             let deth = repr.deth?;
+            // The P_Key must be in the port's table (the default partition only), as a full
+            // or a limited member.
             (repr.bth.opcode == Opcode::UD_SEND_ONLY
+                && repr.bth.pkey & 0x7fff == bth::DEFAULT_PKEY & 0x7fff
                 && deth.qkey == GSI_QKEY
                 && p.payload().len() >= mad::MAD_SIZE)
                 .then(|| p.payload()[..mad::MAD_SIZE].to_vec())

@@ -531,6 +531,11 @@ fn malformed_packets_to_qp1_are_dropped_and_counted() {
     bth::Packet::new_unchecked(&mut p[..]).set_pad_count(2);
     a.seal(&mut p);
     gsi_bad.push(p);
+    // A P_Key of another partition (the port's table holds the default one only).
+    let mut p = a.mad_packet(&dreq);
+    bth::Packet::new_unchecked(&mut p[..]).set_pkey(0x8001);
+    a.seal(&mut p);
+    gsi_bad.push(p);
     // Transport header version 1.
     let mut p = a.mad_packet(&dreq);
     bth::Packet::new_unchecked(&mut p[..]).set_tver(1);
