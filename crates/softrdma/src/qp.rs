@@ -405,6 +405,10 @@ pub(crate) fn check_sges(sges: &[Sge], max: u32, what: &str) -> Result<()> {
 /// are in flight.
 const DOORBELL_BATCH: usize = 16;
 
+/// Requests left unsent (while packets are in flight) at whose every multiple `post_send`
+/// transmits at once: a full UDP GSO super-datagram of single-packet messages.
+const DOORBELL_FLUSH: usize = 64;
+
 /// A queue pair (`struct ibv_qp`).
 ///
 /// Dropping the handle destroys the QP: queued work requests are discarded without
@@ -1045,9 +1049,19 @@ impl Qp {
         }
         // Doorbell batching: while an RC QP waits for the ACK of packets in flight, the ACK's
         // arrival (or the retransmit timer) transmits what was queued, in one batch with it;
-        // a QP with nothing in flight transmits at once.
-        let defer =
-            st.transport.as_ref().is_some_and(|t| t.awaiting_ack()) && posted < DOORBELL_BATCH;
+        // a QP with nothing in flight transmits at once. So does a QP that knows the
+        // responder's receives (credits) whose queue of unsent requests has just grown past a
+        // multiple of DOORBELL_FLUSH: held until the next ACK, a queue filled one post at a
+        // time reached the responder only once it had run out of work, and the pipeline
+        // drained at every round (8-byte SENDs, 128 deep: 1.0 M/s before, 1.35 M/s with
+        // this). Without credits (before the first ACK) it waits: a burst sent blind meets
+        // an empty receive queue with RNR NAKs.
+        let defer = st.transport.as_ref().is_some_and(|t| {
+            let unsent = t.unsent_requests();
+            let flush = t.knows_credits()
+                && unsent / DOORBELL_FLUSH != unsent.saturating_sub(posted) / DOORBELL_FLUSH;
+            t.awaiting_ack() && posted < DOORBELL_BATCH && !flush
+        });
         if posted > 0 && !defer {
             if let Some(engine) = st.engine.clone() {
                 let events = drive_and_send(&engine, inner, &mut st);

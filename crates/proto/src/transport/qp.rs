@@ -325,6 +325,20 @@ impl Qp {
         self.cfg.qp_type == QpType::Rc && !self.error && self.sq.next_psn != self.sq.comp_psn
     }
 
+    /// Send requests posted and not yet fully transmitted (the one being sent counts): what
+    /// [`Qp::poll_transmit`] would start on now, or once the window, the credits or an
+    /// outstanding READ let it.
+    pub fn unsent_requests(&self) -> usize {
+        self.sq.wqes.len().saturating_sub(self.sq.cur)
+    }
+
+    /// Whether an RC requester knows how many receives the responder has (end-to-end
+    /// credits from its last ACK): false before the first ACK, and for responders that give
+    /// no credit information (Linux rxe).
+    pub fn knows_credits(&self) -> bool {
+        self.sq.credit_limit.is_some()
+    }
+
     /// The next work completion (send side and receive side, in the order they happened).
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.completions.pop_front()

@@ -123,7 +123,7 @@ pub(super) struct SendQueue {
     rwqe_retired: u32,
     /// End-to-end credits (RC): the highest `rwqe_seq` the responder has receives for, from
     /// its last ACK; `None` while it gives no credit information (rxe never does).
-    credit_limit: Option<u32>,
+    pub(super) credit_limit: Option<u32>,
     /// The PSN of the ACK that set `credit_limit` (older ACKs do not change it).
     credit_psn: Option<Psn>,
     /// With no credit left and nothing outstanding: when the requester sends one message
