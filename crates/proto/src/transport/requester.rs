@@ -129,14 +129,29 @@ pub(super) struct SendQueue {
     /// With no credit left and nothing outstanding: when the requester sends one message
     /// anyway, unless an ACK brings credits first (see [`CREDIT_PROBE_DELAY`]).
     pub(super) credit_probe_at: Option<Instant>,
+    /// Whether the responder sends unsolicited credit updates: `Some(true)` once one was
+    /// seen (a repeated ACK of the same PSN with more credits), `Some(false)` once a wait of
+    /// [`CREDIT_PROBE_DELAY_UPDATES`] ran out without one, `None` before either. A requester
+    /// out of credits waits [`CREDIT_PROBE_DELAY`] before it probes a responder known to
+    /// send none, [`CREDIT_PROBE_DELAY_UPDATES`] otherwise.
+    peer_updates_credits: Option<bool>,
 }
 
-/// How long a requester with no credit left and nothing outstanding waits for the
-/// responder's credit update (an unsolicited ACK, which softrdma sends when receives are
-/// posted) before it sends one message anyway: against a responder that sends no updates,
-/// that message meets either a receive (and its ACK brings credits) or an RNR NAK — which on
+/// How long a requester with no credit left and nothing outstanding waits before it sends
+/// one message anyway to a responder known to send no unsolicited credit updates: that
+/// message meets either a receive (and its ACK brings credits) or an RNR NAK — which on
 /// rdma_cm connections (min_rnr_timer 0) costs 655 ms, hence the wait first.
 pub(super) const CREDIT_PROBE_DELAY: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// How long a requester with no credit left and nothing outstanding waits before it probes
+/// a responder that may send unsolicited credit updates (softrdma's does, as its application
+/// posts receives): the update comes when the application reposts, so the probe is only for
+/// an update lost on the way. Probing after [`CREDIT_PROBE_DELAY`] instead would meet the
+/// empty queue of a receiver whose thread was merely descheduled for a millisecond, and the
+/// RNR NAK's wait is far longer (655 ms on rdma_cm QPs: 1 run in 3 of `softrdma perf send -s 8`
+/// on a busy 2-core machine lost that much at its first credit wait).
+pub(super) const CREDIT_PROBE_DELAY_UPDATES: std::time::Duration =
+    std::time::Duration::from_millis(100);
 
 fn npkts(len: u64, mtu: u64) -> u32 {
     if len == 0 {
@@ -169,6 +184,7 @@ impl SendQueue {
             credit_limit: None,
             credit_psn: None,
             credit_probe_at: None,
+            peer_updates_credits: None,
         }
     }
 
@@ -356,11 +372,23 @@ impl Qp {
                             match self.sq.credit_probe_at {
                                 None => {
                                     self.stats.credit_waits += 1;
-                                    self.sq.credit_probe_at = Some(now + CREDIT_PROBE_DELAY);
+                                    let delay = if self.sq.peer_updates_credits == Some(false) {
+                                        CREDIT_PROBE_DELAY
+                                    } else {
+                                        CREDIT_PROBE_DELAY_UPDATES
+                                    };
+                                    self.sq.credit_probe_at = Some(now + delay);
                                     return None;
                                 }
                                 Some(t) if now < t => return None,
-                                Some(_) => self.sq.credit_probe_at = None,
+                                Some(_) => {
+                                    // The wait ran out with no update: unless one was ever
+                                    // seen, this responder sends none; probe early from now.
+                                    if self.sq.peer_updates_credits != Some(true) {
+                                        self.sq.peer_updates_credits = Some(false);
+                                    }
+                                    self.sq.credit_probe_at = None
+                                }
                             }
                         }
                     }
@@ -774,6 +802,8 @@ impl Qp {
         if self.sq.credit_psn.is_some_and(|p| psn.is_before(p)) {
             return;
         }
+        let again = self.sq.credit_psn == Some(psn);
+        let before = self.sq.credit_limit;
         self.sq.credit_psn = Some(psn);
         self.sq.credit_probe_at = None;
         let Some(free) = aeth::credit_count(credit) else {
@@ -789,7 +819,11 @@ impl Qp {
                 taken = w.rwqe_seq;
             }
         }
-        self.sq.credit_limit = Some(taken.wrapping_add(free));
+        let limit = taken.wrapping_add(free);
+        if again && before.is_some_and(|b| (limit.wrapping_sub(b) as i32) > 0) {
+            self.sq.peer_updates_credits = Some(true);
+        }
+        self.sq.credit_limit = Some(limit);
     }
 
     fn on_rnr_nak(&mut self, now: Instant, psn: Psn, timer: u8) {

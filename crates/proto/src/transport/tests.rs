@@ -716,14 +716,15 @@ fn requester_starts_sends_only_within_the_credits() {
     qp.handle_packet(now, &ack(13, Syndrome::Ack { credit: 2 }), &META, &mut env);
     assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![14, 15]);
     // All acknowledged with no credit left: the requester waits for a credit update, and
-    // after CREDIT_PROBE_DELAY without one sends one SEND anyway (nothing is outstanding);
-    // the next waits for its ACK.
+    // (with none ever seen from this responder) after CREDIT_PROBE_DELAY_UPDATES without one
+    // sends one SEND anyway (nothing is outstanding); the next waits for its ACK.
     qp.handle_packet(now, &ack(15, Syndrome::Ack { credit: 0 }), &META, &mut env);
     qp.post_send(send(7, SendOp::Send, 10)).unwrap();
     qp.post_send(send(8, SendOp::Send, 10)).unwrap();
     assert!(drain(&mut qp, &mut env, now).is_empty());
     let probe = qp.poll_timeout().expect("a deadline for the probe");
-    assert_eq!(probe, now + requester::CREDIT_PROBE_DELAY);
+    assert_eq!(probe, now + requester::CREDIT_PROBE_DELAY_UPDATES);
+    assert!(drain(&mut qp, &mut env, probe - Duration::from_millis(1)).is_empty());
     let later = probe;
     assert_eq!(psns(&drain(&mut qp, &mut env, later)), vec![16]);
     // A stale ACK (of 14) does not change the credits.
@@ -734,6 +735,19 @@ fn requester_starts_sends_only_within_the_credits() {
         &mut env,
     );
     assert!(drain(&mut qp, &mut env, later).is_empty());
+    // The wait ran out with no update: this responder sends none, so the next probe goes
+    // after CREDIT_PROBE_DELAY.
+    qp.handle_packet(
+        later,
+        &ack(16, Syndrome::Ack { credit: 0 }),
+        &META,
+        &mut env,
+    );
+    assert!(drain(&mut qp, &mut env, later).is_empty());
+    assert_eq!(
+        qp.poll_timeout(),
+        Some(later + requester::CREDIT_PROBE_DELAY)
+    );
     // "Invalid" (what rxe sends): no limit any more.
     qp.handle_packet(later, &ack(16, ACK), &META, &mut env);
     assert_eq!(psns(&drain(&mut qp, &mut env, later)), vec![17]);
@@ -773,10 +787,24 @@ fn requester_starts_sends_only_within_the_credits() {
         .unwrap();
     }
     assert_eq!(psns(&drain(&mut qp, &mut env, later)), vec![19, 20, 21]);
+    // This responder was seen to send an update: out of credits again, the requester waits
+    // CREDIT_PROBE_DELAY_UPDATES for the next one.
+    qp.handle_packet(
+        later,
+        &ack(21, Syndrome::Ack { credit: 0 }),
+        &META,
+        &mut env,
+    );
+    qp.post_send(send(13, SendOp::Send, 10)).unwrap();
+    assert!(drain(&mut qp, &mut env, later).is_empty());
+    assert_eq!(
+        qp.poll_timeout(),
+        Some(later + requester::CREDIT_PROBE_DELAY_UPDATES)
+    );
     let done: Vec<u64> = std::iter::from_fn(|| qp.poll_completion())
         .map(|c| c.wr_id)
         .collect();
-    assert_eq!(done, vec![1, 2, 3, 4, 5, 6, 7, 8, 12]);
+    assert_eq!(done, vec![1, 2, 3, 4, 5, 6, 7, 8, 12, 9, 10, 11]);
 }
 
 /// A lone positive ACK goes after the requests ready with it, and not at all while held;
