@@ -59,10 +59,21 @@ fn text(o: &Output) -> String {
 
 /// Starts a server and waits until it prints `ready` (it is listening).
 fn server(name: &str, args: &[&str], ready: &str) -> Child {
+    server_with_output(name, args, ready).0
+}
+
+/// [`server`], with the server's whole standard output delivered on the receiver once the
+/// server closes it.
+fn server_with_output(
+    name: &str,
+    args: &[&str],
+    ready: &str,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
     use std::io::{BufRead, BufReader};
     let mut child = spawn(name, args);
     let out = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
+    let (all_tx, all_rx) = std::sync::mpsc::channel();
     let ready = ready.to_string();
     std::thread::spawn(move || {
         let mut r = BufReader::new(out);
@@ -77,11 +88,11 @@ fn server(name: &str, args: &[&str], ready: &str) -> Child {
             }
             line.clear();
         }
-        drop(all);
+        let _ = all_tx.send(all);
     });
     rx.recv_timeout(Duration::from_secs(60))
         .expect("the server did not start listening");
-    child
+    (child, all_rx)
 }
 
 /// Waits until some process listens on TCP `port` (any address), as /proc/net/tcp{,6} show.
@@ -420,4 +431,84 @@ fn rc_pingpong_without_a_gid_index_cannot_connect() {
     assert!(!s.status.success(), "server: {}", text(&s));
     assert!(text(&s).contains("RTR"), "server: {}", text(&s));
     assert!(!c.status.success(), "client: {}", text(&c));
+}
+
+/// uc_pingpong and ud_pingpong (libibverbs' ibv_uc_pingpong and ibv_ud_pingpong): the same
+/// exchange as rc_pingpong, then 300 SENDs each way over a UC QP, and over a UD QP through
+/// an address handle (the GRH's 40 bytes in front of each received message), with `-c`:
+/// the server finds the client's marks. UD's local address line has its colon after the PSN.
+#[test]
+fn uc_and_ud_pingpong_server_and_client_ping_pong() {
+    for (prog, port, size, bytes) in [
+        ("uc_pingpong", "18753", "2000", "1200000"),
+        ("ud_pingpong", "18754", "1024", "614400"),
+    ] {
+        let mut args = vec![
+            "-d",
+            "127.0.0.154",
+            "-g",
+            "0",
+            "-p",
+            port,
+            "-n",
+            "300",
+            "-s",
+            size,
+            "-c",
+        ];
+        let (s, out) = server_with_output(prog, &args, "local address:");
+        wait_listening(port.parse().unwrap());
+        args[1] = "127.0.0.155";
+        args.push("127.0.0.154");
+        let c = finish(spawn(prog, &args), LIMIT);
+        assert!(c.status.success(), "{prog} client: {}", text(&c));
+        let s = finish(s, LIMIT);
+        let st = format!("{}{}", out.recv().unwrap_or_default(), text(&s));
+        assert!(s.status.success(), "{prog} server: {st}");
+        let t = text(&c);
+        assert!(
+            t.contains("remote address: LID 0x0000, QPN 0x")
+                && t.contains("GID ::ffff:127.0.0.154"),
+            "{t}"
+        );
+        assert!(t.contains(&format!("{bytes} bytes in ")), "{t}");
+        assert!(
+            t.contains("300 iters in ") && st.contains("300 iters in "),
+            "{t}\n{st}"
+        );
+        assert!(!st.contains("invalid data"), "{st}");
+        let colon = st.lines().any(|l| {
+            l.contains("local address:") && l.contains(", PSN 0x") && l.contains(": GID ")
+        });
+        assert_eq!(colon, prog == "ud_pingpong", "{st}");
+    }
+}
+
+/// ud_pingpong refuses a message larger than the port's MTU (4096 on loopback) before it
+/// creates anything, and `-m` (a flag of rc and uc only); uc_pingpong refuses rc's `-o`.
+#[test]
+fn ud_pingpong_refuses_sizes_above_the_port_mtu_and_foreign_flags() {
+    let o = finish(
+        spawn(
+            "ud_pingpong",
+            &["-d", "127.0.0.156", "-s", "5000", "127.0.0.1"],
+        ),
+        LIMIT,
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("Requested size larger than port MTU (4096)"),
+        "{}",
+        text(&o)
+    );
+    for (prog, flag) in [("ud_pingpong", "-m"), ("uc_pingpong", "-o")] {
+        let args: &[&str] = if flag == "-m" {
+            &[flag, "1024"]
+        } else {
+            &[flag]
+        };
+        let o = finish(spawn(prog, args), LIMIT);
+        assert!(!o.status.success(), "{prog} {flag}");
+        assert!(text(&o).contains("Usage:"), "{prog} {flag}: {}", text(&o));
+    }
 }
