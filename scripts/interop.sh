@@ -19,7 +19,7 @@
 #   SIZES         rping sizes (default: "26 1024 1025 4096 65535"; 65535 is the largest the
 #                 kernel's rping takes, although its message says 65536)
 #   COUNT         rping iterations (default 20)
-#   PP_ITERS      rc_pingpong iterations (default 300, 4096-byte messages)
+#   PP_ITERS      *_pingpong iterations (default 300; 4096-byte messages, 1024 for UD)
 #   CASES         an extended regular expression: run only the cases whose name matches it
 #                 (default: all)
 #   REPEAT        run each case this many times (default 1), to chase an intermittent failure
@@ -88,7 +88,7 @@ cap_stop() {
   [ -n "$CAP_PID" ] && kill "$CAP_PID" 2>/dev/null && wait "$CAP_PID" 2>/dev/null
   CAP_PID=
 }
-vm_kill_rping() { vmsh 'kill -9 $(pidof rping ibv_rc_pingpong) 2>/dev/null; true' >/dev/null; }
+vm_kill_rping() { vmsh 'kill -9 $(pidof rping ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong) 2>/dev/null; true' >/dev/null; }
 
 # Servers are started in the background and the client only once they listen (a fixed sleep
 # is a race on a slow machine). wait_line FILE PATTERN PID: until FILE has PATTERN or the
@@ -245,10 +245,11 @@ path_mtu_1024() {
   return $ok
 }
 
-# pp_ok LOG ITERS: an rc_pingpong / ibv_rc_pingpong log with both summary lines for ITERS
-# iterations of 4096 bytes, a remote address line, and rc=0 if the log records one.
+# pp_ok LOG ITERS [SIZE]: a *_pingpong / ibv_*_pingpong log with both summary lines for
+# ITERS iterations of SIZE bytes (4096), a remote address line, and rc=0 if the log records
+# one.
 pp_ok() {
-  local bytes=$((4096 * $2 * 2))
+  local bytes=$((${3:-4096} * $2 * 2))
   grep -qE "^$bytes bytes in [0-9.]+ seconds = [0-9.]+ Mbit/sec$" "$1" &&
     grep -qE "^$2 iters in [0-9.]+ seconds = [0-9.]+ usec/iter$" "$1" &&
     grep -q '^  remote address: LID 0x0000, QPN 0x' "$1" &&
@@ -302,6 +303,39 @@ rc_pingpong_from_kernel() {
   log "kernel client: $(grep 'usec/iter' "$OUT/$name.client.log"), $(grep '^rc=' "$OUT/$name.client.log"); softrdma server rc=$rc: $(grep 'usec/iter' "$OUT/$name.server.log")"
   [ $rc = 0 ] && pp_ok "$OUT/$name.client.log" "$PP_ITERS" && pp_ok "$OUT/$name.server.log" "$PP_ITERS" &&
     grep -q '^rc=0$' "$OUT/$name.client.log"
+}
+
+# The UC and UD ping-pongs (PROG uc or ud) both ways, with -c (the server checks the client's
+# marks): softrdma's uc_pingpong/ud_pingpong against the kernel's ibv_uc_pingpong /
+# ibv_ud_pingpong. UD messages are 1024 bytes, the port MTU of the 1500-byte link (both
+# programs refuse more); UD goes through an address handle with the GRH in front of each
+# receive. No faults: UC and UD never resend, and a lost message stalls a ping-pong.
+xx_pingpong_to_kernel() {
+  local name=$1 prog=$2 size=4096
+  [ "$prog" = ud ] && size=1024
+  vmsh "(setsid sh -c 'ibv_${prog}_pingpong -g 1 -c -s $size -n $PP_ITERS; echo rc=\$?' </dev/null >/tmp/pp.log 2>&1 &)" >/dev/null
+  vm_wait_tcp_listen 18515
+  timeout 120 $NSX "$ROOT/target/release/examples/${prog}_pingpong" -d $HOST -g 0 -c -s $size -n "$PP_ITERS" $VMIP \
+    >"$OUT/$name.client.log" 2>&1
+  local rc=$?
+  vm_server_log /tmp/pp.log >"$OUT/$name.server.log"
+  log "softrdma client rc=$rc: $(grep 'usec/iter' "$OUT/$name.client.log"); kernel server: $(grep 'usec/iter' "$OUT/$name.server.log"), $(grep '^rc=' "$OUT/$name.server.log")"
+  [ $rc = 0 ] && pp_ok "$OUT/$name.client.log" "$PP_ITERS" $size && pp_ok "$OUT/$name.server.log" "$PP_ITERS" $size &&
+    grep -q '^rc=0$' "$OUT/$name.server.log" && ! grep -q 'invalid data' "$OUT/$name.server.log"
+}
+xx_pingpong_from_kernel() {
+  local name=$1 prog=$2 size=4096
+  [ "$prog" = ud ] && size=1024
+  timeout 120 $NSX "$ROOT/target/release/examples/${prog}_pingpong" -d $HOST -g 0 -c -s $size -n "$PP_ITERS" \
+    >"$OUT/$name.server.log" 2>&1 &
+  local spid=$!
+  wait_tcp_listen 18515
+  vmsh "ibv_${prog}_pingpong -g 1 -c -s $size -n $PP_ITERS $HOST; echo rc=\$?" >"$OUT/$name.client.log"
+  wait $spid
+  local rc=$?
+  log "kernel client: $(grep 'usec/iter' "$OUT/$name.client.log"), $(grep '^rc=' "$OUT/$name.client.log"); softrdma server rc=$rc: $(grep 'usec/iter' "$OUT/$name.server.log")"
+  [ $rc = 0 ] && pp_ok "$OUT/$name.client.log" "$PP_ITERS" $size && pp_ok "$OUT/$name.server.log" "$PP_ITERS" $size &&
+    grep -q '^rc=0$' "$OUT/$name.client.log" && ! grep -q 'invalid data' "$OUT/$name.server.log"
 }
 
 # RNR across the stacks: softrdma's rc_pingpong server posts its receives only 500 ms after
@@ -368,6 +402,10 @@ run_case rc_pingpong_from_kernel rc_pingpong_from_kernel rc_pingpong_from_kernel
 # 30 times with retry_cnt 7), and its ibv_rc_pingpong never ended.
 run_case rc_pingpong_lossy_to_kernel rc_pingpong_to_kernel rc_pingpong_lossy_to_kernel "drop=0.05,seed=5,first=1000"
 run_case rping_lossy_to_kernel rping_lossy_to_kernel rping_lossy_to_kernel
+for p in uc ud; do
+  run_case ${p}_pingpong_to_kernel xx_pingpong_to_kernel ${p}_pingpong_to_kernel $p
+  run_case ${p}_pingpong_from_kernel xx_pingpong_from_kernel ${p}_pingpong_from_kernel $p
+done
 run_case rnr_from_kernel rnr_from_kernel rnr_from_kernel
 for s in $SIZES; do run_case "rping_to_kernel_$s" rping_to_kernel "$s" "rping_to_kernel_$s"; done
 for s in $SIZES; do run_case "rping_from_kernel_$s" rping_from_kernel "$s" "rping_from_kernel_$s"; done
