@@ -512,3 +512,66 @@ fn ud_pingpong_refuses_sizes_above_the_port_mtu_and_foreign_flags() {
         assert!(text(&o).contains("Usage:"), "{prog} {flag}: {}", text(&o));
     }
 }
+
+/// srq_pingpong (libibverbs' ibv_srq_pingpong): 16 RC QPs per side whose receives come from
+/// one SRQ, 256 addresses exchanged each way, 600 SENDs in all (the counts are shared by the
+/// QPs), polling and then with completion events, with `-c`; and `-q` above `-r` refused.
+#[test]
+fn srq_pingpong_server_and_client_over_16_qps_and_one_srq() {
+    for (port, extra) in [("18755", None), ("18756", Some("-e"))] {
+        let mut args = vec![
+            "-d",
+            "127.0.0.157",
+            "-g",
+            "0",
+            "-p",
+            port,
+            "-n",
+            "600",
+            "-s",
+            "1000",
+            "-c",
+        ];
+        args.extend(extra);
+        let (s, out) = server_with_output("srq_pingpong", &args, "local address:");
+        wait_listening(port.parse().unwrap());
+        args[1] = "127.0.0.158";
+        args.push("127.0.0.157");
+        let c = finish(spawn("srq_pingpong", &args), LIMIT);
+        assert!(c.status.success(), "client: {}", text(&c));
+        let s = finish(s, LIMIT);
+        let st = format!("{}{}", out.recv().unwrap_or_default(), text(&s));
+        assert!(s.status.success(), "server: {st}");
+        let t = text(&c);
+        assert_eq!(
+            t.matches("local address:  LID 0x0000, QPN 0x").count(),
+            16,
+            "{t}"
+        );
+        assert_eq!(
+            t.matches("remote address: LID 0x0000, QPN 0x").count(),
+            16,
+            "{t}"
+        );
+        assert!(
+            t.contains("1200000 bytes in ") && t.contains("600 iters in "),
+            "{t}"
+        );
+        assert!(
+            st.contains("600 iters in ") && !st.contains("invalid data"),
+            "{st}"
+        );
+    }
+    let o = finish(
+        spawn("srq_pingpong", &["-q", "20", "-r", "10", "127.0.0.1"]),
+        LIMIT,
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains(
+            "rx_depth 10 is too small for 20 QPs -- must have at least one receive per QP."
+        ),
+        "{}",
+        text(&o)
+    );
+}

@@ -1,8 +1,11 @@
 //! The ping-pong programs of libibverbs' examples over softrdma: `ibv_rc_pingpong`,
 //! `ibv_uc_pingpong` and `ibv_ud_pingpong` in one module, run by the examples `rc_pingpong`,
-//! `uc_pingpong` and `ud_pingpong` (each file's comment says what its program does).
+//! `uc_pingpong` and `ud_pingpong` (each file's comment says what its program does), and
+//! `ibv_srq_pingpong` in the submodule `srq`.
 
 #![allow(dead_code)]
+
+mod srq;
 
 use softrdma::{
     AccessFlags, Ah, AhAttr, Buffer, CompChannel, Context, Cq, Device, Gid, GlobalRoute, LinkLayer,
@@ -25,6 +28,8 @@ pub enum Kind {
     /// `ibv_ud_pingpong`: unreliable datagrams, through an address handle, with the 40-byte
     /// GRH in front of each received message.
     Ud,
+    /// `ibv_srq_pingpong`: `-q` RC QPs whose receives all come from one shared receive queue.
+    Srq,
 }
 
 impl Kind {
@@ -33,6 +38,7 @@ impl Kind {
             Kind::Rc => "rc_pingpong",
             Kind::Uc => "uc_pingpong",
             Kind::Ud => "ud_pingpong",
+            Kind::Srq => "srq_pingpong",
         }
     }
 }
@@ -68,6 +74,8 @@ struct Opts {
     /// the first send, and the server checks those bytes at the end.
     chk: bool,
     stats: bool,
+    /// `-q` (srq_pingpong): the number of QPs.
+    num_qp: usize,
     /// `--late-recv MS` (softrdma's own): post the receives only MS milliseconds after the
     /// connection is up, so that the peer's first SENDs meet an empty receive queue (RNR).
     late_recv_ms: u64,
@@ -89,14 +97,23 @@ fn usage(argv0: &str, kind: Kind) {
         println!("  -s, --size=<size>      message size (default 4096)");
         println!("  -m, --mtu=<size>       path MTU (default 1024)");
     }
+    if kind == Kind::Srq {
+        println!("  -q, --num-qp=<num>     number of QPs to use (default 16)");
+    }
     println!("  -r, --rx-depth=<dep>   receives posted at a time (default 500)");
-    println!("  -n, --iters=<iters>    number of exchanges (default 1000)");
+    if kind == Kind::Srq {
+        println!("  -n, --iters=<iters>    number of exchanges per QP(default 1000)");
+    } else {
+        println!("  -n, --iters=<iters>    number of exchanges (default 1000)");
+    }
     println!("  -l, --sl=<sl>          service level");
     println!("  -e, --events           wait for completion events instead of polling");
     println!("  -g, --gid-idx=<index>  local GID index (softrdma: 0)");
     println!("  -c, --chk              validate the received buffer");
-    if kind == Kind::Rc {
+    if matches!(kind, Kind::Rc | Kind::Srq) {
         println!("  -o, --odp              on-demand paging (not supported by softrdma)");
+    }
+    if kind == Kind::Rc {
         println!("  -t, --ts               completion timestamps (not supported by softrdma)");
     }
     println!("      --stats            at the end, print softrdma's QP and device counters");
@@ -152,10 +169,11 @@ fn parse_args(kind: Kind, args: &[String]) -> Result<Opts, ()> {
         ts: false,
         chk: false,
         stats: false,
+        num_qp: 16,
         late_recv_ms: 0,
         server_name: None,
     };
-    const LONG: [(&str, char); 15] = [
+    const LONG: [(&str, char); 16] = [
         ("port", 'p'),
         ("ib-dev", 'd'),
         ("ib-port", 'i'),
@@ -169,15 +187,17 @@ fn parse_args(kind: Kind, args: &[String]) -> Result<Opts, ()> {
         ("odp", 'o'),
         ("ts", 't'),
         ("chk", 'c'),
+        ("num-qp", 'q'),
         ("stats", 'S'),
         ("late-recv", 'L'),
     ];
-    let takes_value = |c: char| "pdismrnlgL".contains(c);
+    let takes_value = |c: char| "pdismrnlgLq".contains(c);
     // The letters this program does not take (its getopt string lacks them).
     let refused = match kind {
-        Kind::Rc => "",
-        Kind::Uc => "ot",
-        Kind::Ud => "mot",
+        Kind::Rc => "q",
+        Kind::Uc => "otq",
+        Kind::Ud => "motq",
+        Kind::Srq => "t",
     };
     let mut opts: Vec<(char, Option<String>, bool)> = Vec::new();
     let mut positional = Vec::new();
@@ -254,7 +274,13 @@ fn parse_args(kind: Kind, args: &[String]) -> Result<Opts, ()> {
                 }
                 o.ib_port = u8::try_from(p).unwrap_or(u8::MAX);
             }
-            's' => o.size = usize::try_from(num()?).map_err(|_| ())?,
+            's' => {
+                o.size = usize::try_from(num()?).map_err(|_| ())?;
+                if kind == Kind::Srq && o.size < 1 {
+                    return Err(());
+                }
+            }
+            'q' => o.num_qp = usize::try_from(num()?).map_err(|_| ())?,
             'm' => o.mtu = mtu_from_bytes(num()?).ok_or(())?,
             'r' => o.rx_depth = u32::try_from(num()?).map_err(|_| ())?,
             'n' => o.iters = u32::try_from(num()?).map_err(|_| ())?,
@@ -395,7 +421,7 @@ impl Pingpong {
             .create_cq(o.rx_depth + 1, 0, channel.as_ref(), 0)
             .map_err(|e| format!("cannot create a CQ: {e}"))?;
         let qp_type = match o.kind {
-            Kind::Rc => QpType::Rc,
+            Kind::Rc | Kind::Srq => QpType::Rc,
             Kind::Uc => QpType::Uc,
             Kind::Ud => QpType::Ud,
         };
@@ -508,73 +534,7 @@ impl Pingpong {
     /// RTR then RTS toward `dest` (RC and UC); UD: RTR and RTS, then the address handle of
     /// `dest`.
     fn connect(&mut self, o: &Opts, my_psn: u32, dest: &Dest) -> Result<(), String> {
-        let mut ah_attr = AhAttr {
-            is_global: false,
-            dlid: dest.lid as u16,
-            sl: o.sl,
-            src_path_bits: 0,
-            port_num: o.ib_port,
-            ..Default::default()
-        };
-        if dest.gid.interface_id() != 0 {
-            ah_attr.is_global = true;
-            ah_attr.grh = GlobalRoute {
-                dgid: dest.gid,
-                // ud_pingpong's address handle crosses routers (64); the connected
-                // programs' path stays on the link (1).
-                hop_limit: if o.kind == Kind::Ud { 64 } else { 1 },
-                sgid_index: o.gidx as u8,
-                ..Default::default()
-            };
-        }
-        let mut attr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: o.mtu,
-            dest_qp_num: dest.qpn,
-            rq_psn: dest.psn,
-            max_dest_rd_atomic: 1,
-            min_rnr_timer: 12,
-            ah_attr,
-            ..Default::default()
-        };
-        let m = match o.kind {
-            Kind::Ud => QpAttrMask::STATE,
-            _ => {
-                QpAttrMask::STATE
-                    | QpAttrMask::AV
-                    | QpAttrMask::PATH_MTU
-                    | QpAttrMask::DEST_QPN
-                    | QpAttrMask::RQ_PSN
-            }
-        };
-        let m = if o.kind == Kind::Rc {
-            m | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER
-        } else {
-            m
-        };
-        self.qp
-            .modify_qp(&attr, m.bits())
-            .map_err(|e| format!("cannot move the QP to RTR: {e}"))?;
-        attr.qp_state = QpState::Rts;
-        attr.timeout = 14;
-        attr.retry_cnt = 7;
-        attr.rnr_retry = 7;
-        attr.sq_psn = my_psn;
-        attr.max_rd_atomic = 1;
-        let m = match o.kind {
-            Kind::Rc => {
-                QpAttrMask::STATE
-                    | QpAttrMask::TIMEOUT
-                    | QpAttrMask::RETRY_CNT
-                    | QpAttrMask::RNR_RETRY
-                    | QpAttrMask::SQ_PSN
-                    | QpAttrMask::MAX_QP_RD_ATOMIC
-            }
-            Kind::Uc | Kind::Ud => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
-        };
-        self.qp
-            .modify_qp(&attr, m.bits())
-            .map_err(|e| format!("cannot move the QP to RTS: {e}"))?;
+        let ah_attr = move_to_rts(&self.qp, o, my_psn, dest)?;
         if o.kind == Kind::Ud {
             let ah = self
                 .pd
@@ -622,6 +582,78 @@ impl Pingpong {
     }
 }
 
+/// Moves `qp` (of `o.kind`; RC for srq_pingpong) to RTR then RTS toward `dest`, with the
+/// attributes and masks of the C programs; returns the address vector toward `dest` (UD's
+/// address handle is made from it).
+fn move_to_rts(qp: &Qp, o: &Opts, my_psn: u32, dest: &Dest) -> Result<AhAttr, String> {
+    let mut ah_attr = AhAttr {
+        is_global: false,
+        dlid: dest.lid as u16,
+        sl: o.sl,
+        src_path_bits: 0,
+        port_num: o.ib_port,
+        ..Default::default()
+    };
+    if dest.gid.interface_id() != 0 {
+        ah_attr.is_global = true;
+        ah_attr.grh = GlobalRoute {
+            dgid: dest.gid,
+            // ud_pingpong's address handle crosses routers (64); the connected
+            // programs' path stays on the link (1).
+            hop_limit: if o.kind == Kind::Ud { 64 } else { 1 },
+            sgid_index: o.gidx as u8,
+            ..Default::default()
+        };
+    }
+    let mut attr = QpAttr {
+        qp_state: QpState::Rtr,
+        path_mtu: o.mtu,
+        dest_qp_num: dest.qpn,
+        rq_psn: dest.psn,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 12,
+        ah_attr,
+        ..Default::default()
+    };
+    let m = match o.kind {
+        Kind::Ud => QpAttrMask::STATE,
+        _ => {
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+        }
+    };
+    let m = if matches!(o.kind, Kind::Rc | Kind::Srq) {
+        m | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER
+    } else {
+        m
+    };
+    qp.modify_qp(&attr, m.bits())
+        .map_err(|e| format!("cannot move the QP to RTR: {e}"))?;
+    attr.qp_state = QpState::Rts;
+    attr.timeout = 14;
+    attr.retry_cnt = 7;
+    attr.rnr_retry = 7;
+    attr.sq_psn = my_psn;
+    attr.max_rd_atomic = 1;
+    let m = match o.kind {
+        Kind::Rc | Kind::Srq => {
+            QpAttrMask::STATE
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::MAX_QP_RD_ATOMIC
+        }
+        Kind::Uc | Kind::Ud => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+    };
+    qp.modify_qp(&attr, m.bits())
+        .map_err(|e| format!("cannot move the QP to RTS: {e}"))?;
+    Ok(ah_attr)
+}
+
 /// The device to use: `-d` (a name or a local address), else see the module comment.
 fn pick_device(o: &Opts) -> Result<Device, String> {
     if let Some(d) = &o.dev {
@@ -661,8 +693,9 @@ fn pick_device(o: &Opts) -> Result<Device, String> {
         .ok_or_else(|| "no RDMA devices found".to_string())
 }
 
-/// The client's half of the exchange: send ours, read theirs, say done.
-fn client_exchange(host: &str, port: u16, me: &Dest) -> Result<Dest, String> {
+/// The client's half of the exchange: send ours (one message per entry of `mine`), read
+/// as many of theirs, say done.
+fn client_exchange(host: &str, port: u16, mine: &[Dest]) -> Result<Vec<Dest>, String> {
     let addrs = (host, port)
         .to_socket_addrs()
         .map_err(|e| format!("{e} for {host}:{port}"))?;
@@ -670,34 +703,54 @@ fn client_exchange(host: &str, port: u16, me: &Dest) -> Result<Dest, String> {
         .into_iter()
         .find_map(|a| TcpStream::connect(a).ok())
         .ok_or_else(|| format!("cannot connect to {host}:{port}"))?;
-    s.write_all(&me.to_msg())
-        .map_err(|e| format!("cannot send the local address: {e}"))?;
-    let mut msg = [0u8; MSG_LEN];
-    s.read_exact(&mut msg)
-        .and_then(|()| s.write_all(DONE))
-        .map_err(|e| format!("cannot read the remote address / send done: {e}"))?;
-    Dest::from_msg(&msg).ok_or_else(|| "the remote address is malformed".to_string())
+    for me in mine {
+        s.write_all(&me.to_msg())
+            .map_err(|e| format!("cannot send the local address: {e}"))?;
+    }
+    let mut theirs = Vec::with_capacity(mine.len());
+    for i in 0..mine.len() {
+        let mut msg = [0u8; MSG_LEN];
+        s.read_exact(&mut msg)
+            .map_err(|e| format!("cannot read remote address [{i}]: {e}"))?;
+        theirs.push(
+            Dest::from_msg(&msg).ok_or_else(|| "the remote address is malformed".to_string())?,
+        );
+    }
+    s.write_all(DONE)
+        .map_err(|e| format!("cannot send done: {e}"))?;
+    Ok(theirs)
 }
 
-/// The server's half: wait for one client, read its address, connect the QP, answer.
-fn server_exchange(pp: &mut Pingpong, o: &Opts, me: &Dest) -> Result<Dest, String> {
+/// The server's half: wait for one client on `port`, read its addresses (as many as
+/// `mine`), connect the QPs (`connect`), answer with ours, wait for done.
+fn server_exchange(
+    port: u16,
+    mine: &[Dest],
+    connect: impl FnOnce(&[Dest]) -> Result<(), String>,
+) -> Result<Vec<Dest>, String> {
     // Every address, as the C program's passive getaddrinfo gives: IPv6 (dual stack) first,
     // then IPv4.
-    let listener = TcpListener::bind(("::", o.port))
-        .or_else(|_| TcpListener::bind(("0.0.0.0", o.port)))
-        .map_err(|e| format!("cannot listen on port {}: {e}", o.port))?;
+    let listener = TcpListener::bind(("::", port))
+        .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
+        .map_err(|e| format!("cannot listen on port {port}: {e}"))?;
     let (mut s, _) = listener
         .accept()
         .map_err(|e| format!("accept failed: {e}"))?;
     drop(listener);
-    let mut msg = [0u8; MSG_LEN];
-    s.read_exact(&mut msg)
-        .map_err(|e| format!("cannot read the remote address: {e}"))?;
-    let rem = Dest::from_msg(&msg).ok_or_else(|| "the remote address is malformed".to_string())?;
-    pp.connect(o, me.psn, &rem)
-        .map_err(|e| format!("{e}\ncannot connect to the remote QP"))?;
-    s.write_all(&me.to_msg())
-        .map_err(|e| format!("cannot send the local address: {e}"))?;
+    let mut theirs = Vec::with_capacity(mine.len());
+    for i in 0..mine.len() {
+        let mut msg = [0u8; MSG_LEN];
+        s.read_exact(&mut msg)
+            .map_err(|e| format!("cannot read remote address [{i}]: {e}"))?;
+        theirs.push(
+            Dest::from_msg(&msg).ok_or_else(|| "the remote address is malformed".to_string())?,
+        );
+    }
+    connect(&theirs).map_err(|e| format!("{e}\ncannot connect to the remote QP"))?;
+    for me in mine {
+        s.write_all(&me.to_msg())
+            .map_err(|e| format!("cannot send the local address: {e}"))?;
+    }
     // The client answers "done" (5 bytes) and closes.
     let mut done = Vec::new();
     let _ = (&mut s).take(MSG_LEN as u64).read_to_end(&mut done);
@@ -707,7 +760,7 @@ fn server_exchange(pp: &mut Pingpong, o: &Opts, me: &Dest) -> Result<Dest, Strin
             done.len()
         ));
     }
-    Ok(rem)
+    Ok(theirs)
 }
 
 fn run(o: &Opts) -> Result<(), String> {
@@ -750,8 +803,8 @@ fn run(o: &Opts) -> Result<(), String> {
     };
     me.print("local address: ", o.kind == Kind::Ud);
     let rem = match &o.server_name {
-        Some(host) => client_exchange(host, o.port, &me)?,
-        None => server_exchange(&mut pp, o, &me)?,
+        Some(host) => client_exchange(host, o.port, &[me])?[0],
+        None => server_exchange(o.port, &[me], |d| pp.connect(o, me.psn, &d[0]))?[0],
     };
     rem.print("remote address:", false);
     if o.server_name.is_some() {
@@ -902,7 +955,12 @@ pub fn main(kind: Kind) -> ExitCode {
         usage(&argv0, kind);
         return ExitCode::FAILURE;
     };
-    match run(&o) {
+    let result = if kind == Kind::Srq {
+        srq::run(&o)
+    } else {
+        run(&o)
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{e}");
