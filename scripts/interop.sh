@@ -88,7 +88,7 @@ cap_stop() {
   [ -n "$CAP_PID" ] && kill "$CAP_PID" 2>/dev/null && wait "$CAP_PID" 2>/dev/null
   CAP_PID=
 }
-vm_kill_rping() { vmsh 'kill -9 $(pidof rping ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong) 2>/dev/null; true' >/dev/null; }
+vm_kill_rping() { vmsh 'kill -9 $(pidof rping ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong) 2>/dev/null; true' >/dev/null; }
 
 # Servers are started in the background and the client only once they listen (a fixed sleep
 # is a race on a slow machine). wait_line FILE PATTERN PID: until FILE has PATTERN or the
@@ -305,14 +305,15 @@ rc_pingpong_from_kernel() {
     grep -q '^rc=0$' "$OUT/$name.client.log"
 }
 
-# The UC and UD ping-pongs (PROG uc or ud) both ways, with -c (the server checks the client's
-# marks): softrdma's uc_pingpong/ud_pingpong against the kernel's ibv_uc_pingpong /
-# ibv_ud_pingpong. UD messages are 1024 bytes, the port MTU of the 1500-byte link (both
+# The UC, UD and SRQ ping-pongs (PROG uc, ud or srq) both ways, with -c (the server checks
+# the client's marks): softrdma's uc_pingpong/ud_pingpong/srq_pingpong against the kernel's
+# ibv_uc_pingpong / ibv_ud_pingpong / ibv_srq_pingpong (16 RC QPs on one SRQ per side). UD messages are 1024 bytes, the port MTU of the 1500-byte link (both
 # programs refuse more); UD goes through an address handle with the GRH in front of each
 # receive. No faults: UC and UD never resend, and a lost message stalls a ping-pong.
 xx_pingpong_to_kernel() {
   local name=$1 prog=$2 size=4096
   [ "$prog" = ud ] && size=1024
+  [ "$prog" = srq ] && size=1024   # 16 QPs, 300 messages in all
   vmsh "(setsid sh -c 'ibv_${prog}_pingpong -g 1 -c -s $size -n $PP_ITERS; echo rc=\$?' </dev/null >/tmp/pp.log 2>&1 &)" >/dev/null
   vm_wait_tcp_listen 18515
   timeout 120 $NSX "$ROOT/target/release/examples/${prog}_pingpong" -d $HOST -g 0 -c -s $size -n "$PP_ITERS" $VMIP \
@@ -326,6 +327,7 @@ xx_pingpong_to_kernel() {
 xx_pingpong_from_kernel() {
   local name=$1 prog=$2 size=4096
   [ "$prog" = ud ] && size=1024
+  [ "$prog" = srq ] && size=1024
   timeout 120 $NSX "$ROOT/target/release/examples/${prog}_pingpong" -d $HOST -g 0 -c -s $size -n "$PP_ITERS" \
     >"$OUT/$name.server.log" 2>&1 &
   local spid=$!
@@ -402,7 +404,7 @@ run_case rc_pingpong_from_kernel rc_pingpong_from_kernel rc_pingpong_from_kernel
 # 30 times with retry_cnt 7), and its ibv_rc_pingpong never ended.
 run_case rc_pingpong_lossy_to_kernel rc_pingpong_to_kernel rc_pingpong_lossy_to_kernel "drop=0.05,seed=5,first=1000"
 run_case rping_lossy_to_kernel rping_lossy_to_kernel rping_lossy_to_kernel
-for p in uc ud; do
+for p in uc ud srq; do
   run_case ${p}_pingpong_to_kernel xx_pingpong_to_kernel ${p}_pingpong_to_kernel $p
   run_case ${p}_pingpong_from_kernel xx_pingpong_from_kernel ${p}_pingpong_from_kernel $p
 done
