@@ -1,6 +1,7 @@
 //! The librdmacm and libibverbs example programs (examples/rdma_server, rdma_client, udaddy,
-//! mckey, cmtime, rc_pingpong) run as their rdma-core originals do: server and client in two
-//! processes on loopback "devices" (127.0.0.80 – 127.0.0.99, 127.0.0.150 – 127.0.0.153), each
+//! mckey, cmtime, rc_pingpong, uc_pingpong, ud_pingpong, srq_pingpong) run as their rdma-core
+//! originals do: server and client in two processes on loopback "devices" (127.0.0.80 –
+//! 127.0.0.99, 127.0.0.150 – 127.0.0.158), each
 //! bounded by a deadline so that a hang fails the test instead of hanging CI.
 
 use std::path::PathBuf;
