@@ -1019,11 +1019,13 @@ fn a_req_flood_is_bounded_by_max_pending_reqs_and_answered_with_rej_3() {
 }
 
 /// REQs to a listened service whose rdma_cm private-data header is garbage — cma_version 1,
-/// IP version 5, all zero — or names another destination address are rejected with REJ 8
-/// (invalid service ID, as when nobody listens) and never reach the application; the CM
-/// keeps nothing for them.
+/// IP version 5, all zero — or names another destination address are rejected with REJ 28
+/// (consumer defined) and never reach the application; the CM keeps nothing for them. That
+/// is what Linux's rdma_cm answers when its IB CM listens on the service but rdma_cm cannot
+/// take the request (the same four REQs sent to the kernel's `rping -s` in the interop VM);
+/// a service nobody listens on gets REJ 8.
 #[test]
-fn a_req_with_a_garbage_cma_header_is_rejected_with_reason_8() {
+fn a_req_with_a_garbage_cma_header_is_rejected_with_reason_28() {
     let t = Target::new("127.0.0.112", 7112);
     let mut a = Attacker::new("127.0.0.113", "127.0.0.112");
     assert!(a.probe().is_empty());
@@ -1054,9 +1056,9 @@ fn a_req_with_a_garbage_cma_header_is_rejected_with_reason_8() {
                 assert_eq!(*tid, *want_tid);
                 assert_eq!(r.remote_comm_id, *id);
                 assert_eq!(r.message_rejected, MessageRejected::Req);
-                assert_eq!(r.reason, RejectReason::InvalidServiceId);
+                assert_eq!(r.reason, RejectReason::ConsumerDefined);
             }
-            other => panic!("expected REJ 8, got {other:?}"),
+            other => panic!("expected REJ 28, got {other:?}"),
         }
     }
     let g1 = t.ctx.cm_stats();
@@ -1064,6 +1066,44 @@ fn a_req_with_a_garbage_cma_header_is_rejected_with_reason_8() {
     assert_eq!(g1.cm.sent.rej - g0.cm.sent.rej, cases.len() as u64);
     assert_eq!((g1.connections, g1.pending_reqs), (0, 0));
     t.assert_no_event();
+
+    // SIDR_REQs to a listened UDP-port-space service with such headers: SIDR_REP status 2
+    // (rejected), as the kernel answers them; a service nobody listens on gets status 1
+    // (every probe checks that).
+    let ud = CmId::create(Some(&t.ch), 2, PortSpace::Udp).unwrap();
+    ud.bind_addr(t.addr).unwrap();
+    ud.listen(0).unwrap();
+    let usid = cma::service_id(cma::PortSpace::Udp, t.addr.port());
+    let mut sent = Vec::new();
+    for (i, head) in [bad_version, other_dst].into_iter().enumerate() {
+        let mut pd = [0u8; 216];
+        pd[..92].copy_from_slice(&head);
+        let id = 0x300 + i as u32;
+        let tid = a.next_tid();
+        a.send_msg(
+            tid,
+            &Message::SidrReq(SidrReqRepr {
+                request_id: id,
+                partition_key: 0xffff,
+                service_id: usid,
+                private_data: pd,
+            }),
+        );
+        sent.push((tid, id));
+    }
+    let answers = a.probe();
+    assert_eq!(answers.len(), sent.len(), "{answers:?}");
+    for ((tid, m), (want_tid, id)) in answers.iter().zip(&sent) {
+        match m {
+            Message::SidrRep(r) => {
+                assert_eq!((*tid, r.request_id), (*want_tid, *id));
+                assert_eq!(r.status, SidrStatus::Reject);
+            }
+            other => panic!("expected SIDR_REP status 2, got {other:?}"),
+        }
+    }
+    t.assert_no_event();
+    ud.destroy();
 
     t.connects_normally("127.0.0.114");
     t.assert_no_event();

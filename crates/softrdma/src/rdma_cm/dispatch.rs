@@ -34,6 +34,19 @@ fn find_conn(local: IpAddr, id: ConnId) -> Option<CmId> {
 }
 
 /// The listener for a request to `dst_addr` on (device `local`, `service_id`).
+/// Whether an id listens on this device for `service_id` (whatever its address): then the
+/// IB CM has a listener for the service, and Linux rejects a request that rdma_cm cannot
+/// take (a header it cannot read, another destination address, the wrong QP type) with REJ
+/// 28 (consumer defined) or SIDR_REP status 2 (rejected), where no listener at all gets REJ
+/// 8 (invalid service ID) or SIDR_REP status 1 (unsupported). Both seen from the kernel's
+/// rdma_cm in the interop VM.
+fn service_listened(local: IpAddr, service_id: u64) -> bool {
+    registry()
+        .listeners
+        .get(&(local, service_id))
+        .is_some_and(|v| v.iter().any(|w| w.strong_count() > 0))
+}
+
 fn find_listener(local: IpAddr, service_id: u64, dst_addr: IpAddr) -> Option<CmId> {
     // The candidates are taken out under the registry lock and looked at after it: the last
     // handle of an id may go with a candidate, and its drop uses the CM.
@@ -144,12 +157,19 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
                     let _ = g.cm.sidr_reply(now, id, status, 0, 0, &[]);
                 });
             };
+            let refused = || {
+                if service_listened(local, service_id) {
+                    SidrStatus::Reject
+                } else {
+                    SidrStatus::Unsupported
+                }
+            };
             let Ok((hdr, user)) = CmaHeaderRepr::parse_private_data(&private_data) else {
-                reject(SidrStatus::Reject);
+                reject(refused());
                 return None;
             };
             let Some(listener) = find_listener(local, service_id, hdr.dst_addr) else {
-                reject(SidrStatus::Unsupported);
+                reject(refused());
                 return None;
             };
             if over_backlog(&listener, engine, id) {
@@ -305,16 +325,23 @@ fn on_req(engine: &Arc<Engine>, id: ConnId, src: IpAddr, req: Box<ReqInfo>) {
             let _ = g.cm.reject(now, id, reason, &[]);
         });
     };
+    let refused = || {
+        if service_listened(local, req.service_id) {
+            RejectReason::ConsumerDefined
+        } else {
+            RejectReason::InvalidServiceId
+        }
+    };
     let Ok((hdr, user)) = CmaHeaderRepr::parse_private_data(&req.private_data) else {
-        reject(RejectReason::InvalidServiceId);
+        reject(refused());
         return;
     };
     let Some(listener) = find_listener(local, req.service_id, hdr.dst_addr) else {
-        reject(RejectReason::InvalidServiceId);
+        reject(refused());
         return;
     };
     if listener.inner.qp_type == QpType::Ud {
-        reject(RejectReason::InvalidServiceId);
+        reject(RejectReason::ConsumerDefined);
         return;
     }
     if over_backlog(&listener, engine, id) {
