@@ -59,6 +59,11 @@ rm -f "$OUT"/*.pcap "$OUT"/*.log
 echo "building softrdma (release)"
 (cd "$ROOT" && cargo build --release -q -p softrdma --examples &&
   cargo build --release -q -p softrdma-wire --example pcap_icrc) || die "cargo build failed"
+# The test binary whose ignored probe sends garbage connection requests to the kernel.
+HOSTILE=$(cd "$ROOT" && cargo test --release -p softrdma --test cm_hostile --no-run 2>&1 |
+  grep -o 'target/release/deps/cm_hostile-[0-9a-f]*' | tail -1)
+[ -n "$HOSTILE" ] && [ -x "$ROOT/$HOSTILE" ] || die "cannot build the cm_hostile test binary"
+HOSTILE=$ROOT/$HOSTILE
 
 W=${RXE_VM_DIR:-${TMPDIR:-/tmp}/softrdma-rxe-vm}
 if [ ! -s "$W/vmlinuz" ] || [ ! -s "$W/initrd.img" ]; then
@@ -88,7 +93,7 @@ cap_stop() {
   [ -n "$CAP_PID" ] && kill "$CAP_PID" 2>/dev/null && wait "$CAP_PID" 2>/dev/null
   CAP_PID=
 }
-vm_kill_rping() { vmsh 'kill -9 $(pidof rping ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong) 2>/dev/null; true' >/dev/null; }
+vm_kill_rping() { vmsh 'kill -9 $(pidof rping udaddy ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong) 2>/dev/null; true' >/dev/null; }
 
 # Servers are started in the background and the client only once they listen (a fixed sleep
 # is a race on a slow machine). wait_line FILE PATTERN PID: until FILE has PATTERN or the
@@ -340,6 +345,22 @@ xx_pingpong_from_kernel() {
     grep -q '^rc=0$' "$OUT/$name.client.log" && ! grep -q 'invalid data' "$OUT/$name.server.log"
 }
 
+# Garbage and misdirected connection requests (REQ, SIDR_REQ) from a plain UDP socket in the
+# namespace to the kernel's rping -s and udaddy: the kernel answers REJ 28 / SIDR_REP status 2
+# for a listened service and REJ 8 / status 1 for another, as softrdma does (cm_hostile.rs
+# checks softrdma's answers; its ignored test checks the kernel's, here).
+garbage_requests_to_kernel() {
+  local name=$1
+  vmsh "(setsid sh -c 'rping -s -a $VMIP -C 1; echo rc=\$?' </dev/null >/tmp/rs.log 2>&1 &);
+    (setsid sh -c 'udaddy -b $VMIP; echo rc=\$?' </dev/null >/tmp/ud.log 2>&1 &); sleep 1" >/dev/null
+  PROBE_SELF=$HOST PROBE_PEER=$VMIP PROBE_PORT=7174 timeout 120 $NSX "$HOSTILE" --ignored \
+    a_linux_peer_answers_garbage_requests_as_softrdma_does >"$OUT/$name.log" 2>&1
+  local rc=$?
+  vmsh 'kill $(pidof udaddy) 2>/dev/null; true' >/dev/null
+  log "the probe: rc=$rc, $(grep -E '^test result' "$OUT/$name.log")"
+  [ $rc = 0 ] && grep -q '^test result: ok. 1 passed' "$OUT/$name.log"
+}
+
 # RNR across the stacks: softrdma's rc_pingpong server posts its receives only 500 ms after
 # the connection is up (--late-recv), so the kernel's first SENDs meet an empty receive queue:
 # softrdma answers RNR NAKs, the kernel waits its RNR timer and retries (ibv_rc_pingpong's
@@ -413,6 +434,7 @@ for s in $SIZES; do run_case "rping_to_kernel_$s" rping_to_kernel "$s" "rping_to
 for s in $SIZES; do run_case "rping_from_kernel_$s" rping_from_kernel "$s" "rping_from_kernel_$s"; done
 run_case rejected_by_kernel rejected_by_kernel rejected_by_kernel
 run_case rejected_by_softrdma rejected_by_softrdma rejected_by_softrdma
+run_case garbage_requests_to_kernel garbage_requests_to_kernel garbage_requests_to_kernel
 if ! echo path_mtu_1024 | grep -qE "$CASES"; then
   :
 elif path_mtu_1024 path_mtu_1024; then

@@ -249,6 +249,21 @@ impl Attacker {
         pd
     }
 
+    /// rdma_cm private-data headers the device's rdma_cm cannot take: cma_version 1, IP
+    /// version 5, all zero, and a valid one naming another destination address.
+    fn garbage_cma_headers(&self) -> [[u8; 92]; 4] {
+        let good = self.cma_private_data(5555);
+        let mut bad_version = good;
+        CmaHeader::new_unchecked(&mut bad_version[..]).set_cma_version(1);
+        let mut bad_ip = good;
+        CmaHeader::new_unchecked(&mut bad_ip[..]).set_ip_version(5);
+        let mut other_dst = [0u8; 92];
+        let elsewhere = Ipv4Addr::from(u32::from(self.dev) ^ 0xff);
+        CmaHeaderRepr::new(IpAddr::V4(self.me), 5555, IpAddr::V4(elsewhere))
+            .emit(&mut CmaHeader::new_unchecked(&mut other_dst[..]));
+        [bad_version, bad_ip, [0u8; 92], other_dst]
+    }
+
     /// A REQ as rdma_cm sends it over RoCE, from QP `qpn` of communication `comm_id`.
     fn req(&self, comm_id: u32, qpn: u32, service_id: u64, private_data: [u8; 92]) -> Message {
         Message::Req(ReqRepr {
@@ -1030,16 +1045,8 @@ fn a_req_with_a_garbage_cma_header_is_rejected_with_reason_28() {
     let mut a = Attacker::new("127.0.0.113", "127.0.0.112");
     assert!(a.probe().is_empty());
     let g0 = t.ctx.cm_stats();
-    let good = a.cma_private_data(5555);
-    let mut bad_version = good;
-    CmaHeader::new_unchecked(&mut bad_version[..]).set_cma_version(1);
-    let mut bad_ip = good;
-    CmaHeader::new_unchecked(&mut bad_ip[..]).set_ip_version(5);
-    let zero = [0u8; 92];
-    let mut other_dst = [0u8; 92];
-    CmaHeaderRepr::new(IpAddr::V4(a.me), 5555, "127.0.0.250".parse().unwrap())
-        .emit(&mut CmaHeader::new_unchecked(&mut other_dst[..]));
-    let cases = [bad_version, bad_ip, zero, other_dst];
+    let cases = a.garbage_cma_headers();
+    let [bad_version, _, _, other_dst] = cases;
     let mut sent = Vec::new();
     for (i, pd) in cases.into_iter().enumerate() {
         let id = 0x100 + i as u32;
@@ -1185,4 +1192,67 @@ fn a_stale_req_from_a_stranger_is_refused_and_the_connection_stays() {
 
     t.connects_normally("127.0.0.118");
     t.listener.destroy();
+}
+
+/// The same requests sent to Linux's rdma_cm get the answers softrdma gives (the two tests
+/// above): REJ 28 for each garbage or misdirected REQ to a listened TCP-port-space service,
+/// REJ 8 for a service nobody listens on, SIDR_REP status 2 and 1 likewise. Needs a Linux
+/// peer with `rping -s` and `udaddy` listening on port PROBE_PORT at PROBE_PEER, and this
+/// host's address toward it in PROBE_SELF (port 4791 free there): `scripts/interop.sh` runs
+/// it against the kernel in its VM.
+#[test]
+#[ignore]
+fn a_linux_peer_answers_garbage_requests_as_softrdma_does() {
+    let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
+    let port: u16 = var("PROBE_PORT").parse().unwrap();
+    let mut a = Attacker::new(&var("PROBE_SELF"), &var("PROBE_PEER"));
+    // The peer's packets carry IPv4 identifications a UDP socket does not show, so their
+    // ICRC is not checked here; scripts/interop.sh checks every frame on the bridge.
+    let answer = |a: &Attacker| -> Message {
+        let mut buf = [0u8; 4096];
+        let (n, _) = a.sock.recv_from(&mut buf).expect("an answer within 30 s");
+        let p = roce::Packet::new_checked(&buf[..n]).unwrap();
+        Message::parse(&mad::Packet::new_checked(p.payload()).unwrap()).unwrap()
+    };
+    let tcp = |p| cma::service_id(cma::PortSpace::Tcp, p);
+    let udp = |p| cma::service_id(cma::PortSpace::Udp, p);
+    let heads = a.garbage_cma_headers();
+    let good = a.cma_private_data(5555);
+    let reqs = heads
+        .iter()
+        .map(|h| (*h, tcp(port), RejectReason::ConsumerDefined));
+    for (i, (pd, sid, want)) in reqs
+        .chain([(good, tcp(port + 1), RejectReason::InvalidServiceId)])
+        .enumerate()
+    {
+        let tid = a.next_tid();
+        let m = a.req(0x100 + i as u32, 0x200 + i as u32, sid, pd);
+        a.send_msg(tid, &m);
+        match answer(&a) {
+            Message::Rej(r) => assert_eq!(r.reason, want, "REQ {i}"),
+            other => panic!("REQ {i}: expected a REJ, got {other:?}"),
+        }
+    }
+    let sidrs = [heads[0], heads[3]]
+        .into_iter()
+        .map(|h| (h, udp(port), SidrStatus::Reject))
+        .chain([(good, udp(port + 1), SidrStatus::Unsupported)]);
+    for (i, (head, sid, want)) in sidrs.enumerate() {
+        let mut pd = [0u8; 216];
+        pd[..92].copy_from_slice(&head);
+        let tid = a.next_tid();
+        a.send_msg(
+            tid,
+            &Message::SidrReq(SidrReqRepr {
+                request_id: 0x300 + i as u32,
+                partition_key: 0xffff,
+                service_id: sid,
+                private_data: pd,
+            }),
+        );
+        match answer(&a) {
+            Message::SidrRep(r) => assert_eq!(r.status, want, "SIDR_REQ {i}"),
+            other => panic!("SIDR_REQ {i}: expected a SIDR_REP, got {other:?}"),
+        }
+    }
 }
