@@ -675,3 +675,37 @@ fn rc_ack_held_for_a_polling_receiver_still_reaches_the_sender() {
     drop(qp);
     done(&a, 3);
 }
+
+/// With a packet in flight (its ACK outstanding) and the responder's credits known, SENDs
+/// posted one at a time are not all held for that ACK: when 64 wait unsent they go out at
+/// once. Here every ACK is lost (b drops all it sends) and the retransmit timer is off
+/// (timeout 0), so nothing else could send them.
+#[test]
+fn rc_unsent_sends_go_out_in_batches_of_64_while_an_ack_is_outstanding() {
+    let o = Opts {
+        timeout: 0,
+        ..Opts::default()
+    };
+    let (a, b) = pair_on("127.0.0.165", "127.0.0.166", QpType::Rc, 65536, &o);
+    for i in 0..100 {
+        b.post_recv(i, 0, 64);
+    }
+    let sges = [a.sge(0, 8)];
+    send(&a, 0, WrOpcode::Send, &sges, |_| {});
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success); // its ACK brought the credits
+    assert_eq!(b.wait(1).len(), 1);
+    b.ctx
+        .set_fault_injection(Some(FaultConfig::parse("drop=1").unwrap()))
+        .unwrap();
+    // Nothing in flight: this one goes at once, and its ACK is lost.
+    send(&a, 1, WrOpcode::Send, &sges, |_| {});
+    assert_eq!(b.wait(1).len(), 1);
+    // 64 more, one post each: held while the ACK is awaited, then sent together.
+    for i in 2..66 {
+        send(&a, i, WrOpcode::Send, &sges, |_| {});
+    }
+    let got = b.wait(64);
+    assert_eq!(got.len(), 64);
+    assert!(got.iter().all(|w| w.status == WcStatus::Success));
+    b.ctx.set_fault_injection(None).unwrap();
+}
