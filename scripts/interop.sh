@@ -315,10 +315,12 @@ rc_pingpong_from_kernel() {
 # ibv_uc_pingpong / ibv_ud_pingpong / ibv_srq_pingpong (16 RC QPs on one SRQ per side). UD messages are 1024 bytes, the port MTU of the 1500-byte link (both
 # programs refuse more); UD goes through an address handle with the GRH in front of each
 # receive. No faults: UC and UD never resend, and a lost message stalls a ping-pong.
+# pp_size PROG: the message size of the PROG ping-pong cases (UD: the link's port MTU; SRQ:
+# 16 QPs share the 300 messages).
+pp_size() { case $1 in ud | srq) echo 1024 ;; *) echo 4096 ;; esac; }
 xx_pingpong_to_kernel() {
-  local name=$1 prog=$2 size=4096
-  [ "$prog" = ud ] && size=1024
-  [ "$prog" = srq ] && size=1024   # 16 QPs, 300 messages in all
+  local name=$1 prog=$2 size
+  size=$(pp_size "$prog")
   vmsh "(setsid sh -c 'ibv_${prog}_pingpong -g 1 -c -s $size -n $PP_ITERS; echo rc=\$?' </dev/null >/tmp/pp.log 2>&1 &)" >/dev/null
   vm_wait_tcp_listen 18515
   timeout 120 $NSX "$ROOT/target/release/examples/${prog}_pingpong" -d $HOST -g 0 -c -s $size -n "$PP_ITERS" $VMIP \
@@ -330,9 +332,8 @@ xx_pingpong_to_kernel() {
     grep -q '^rc=0$' "$OUT/$name.server.log" && ! grep -q 'invalid data' "$OUT/$name.server.log"
 }
 xx_pingpong_from_kernel() {
-  local name=$1 prog=$2 size=4096
-  [ "$prog" = ud ] && size=1024
-  [ "$prog" = srq ] && size=1024
+  local name=$1 prog=$2 size
+  size=$(pp_size "$prog")
   timeout 120 $NSX "$ROOT/target/release/examples/${prog}_pingpong" -d $HOST -g 0 -c -s $size -n "$PP_ITERS" \
     >"$OUT/$name.server.log" 2>&1 &
   local spid=$!

@@ -820,10 +820,7 @@ fn run(o: &Opts) -> Result<(), String> {
     }
     pp.pending = RECV_WRID;
     if o.server_name.is_some() && o.chk {
-        // -c: the client marks the first byte of every page of its message.
-        for i in (0..o.size).step_by(PAGE_SIZE) {
-            let _ = pp.buf.write(pp.msg_offset() + i, &[chk_byte(i)]);
-        }
+        mark_pages(&pp.buf, pp.msg_offset(), o.size);
     }
     if o.server_name.is_some() {
         pp.post_send()?;
@@ -835,36 +832,9 @@ fn run(o: &Opts) -> Result<(), String> {
     let mut num_cq_events = 0u32;
     let mut wc = [WorkCompletion::default(); 2];
     while rcnt < o.iters || scnt < o.iters {
-        if let Some(ch) = &pp.channel {
-            let ev = ch
-                .get_cq_event()
-                .map_err(|e| format!("cannot get a CQ event: {e}"))?;
-            num_cq_events += 1;
-            if !ev.is_for(&pp.cq) {
-                return Err("a CQ event for an unknown CQ".into());
-            }
-            pp.cq
-                .req_notify_cq(false)
-                .map_err(|e| format!("cannot arm the CQ: {e}"))?;
-        }
-        let ne = loop {
-            let ne = pp
-                .cq
-                .poll(&mut wc)
-                .map_err(|e| format!("polling the CQ failed: {e}"))?;
-            if ne > 0 || o.events {
-                break ne;
-            }
-        };
+        let ne = next_completions(pp.channel.as_ref(), &pp.cq, &mut wc, &mut num_cq_events)?;
         for w in &wc[..ne] {
-            if w.status != WcStatus::Success {
-                return Err(format!(
-                    "completion with status {} ({}) for wr_id {}",
-                    w.status.as_str(),
-                    w.status as u32,
-                    w.wr_id
-                ));
-            }
+            check_status(w)?;
             match w.wr_id {
                 SEND_WRID => scnt += 1,
                 RECV_WRID => {
@@ -886,29 +856,10 @@ fn run(o: &Opts) -> Result<(), String> {
             }
         }
     }
-    let usec = start.elapsed().as_micros().max(1) as f64;
+    print_summary(o, start);
     if o.server_name.is_none() && o.chk {
-        // -c: the server finds the client's marks in what it last received.
-        for i in (0..o.size).step_by(PAGE_SIZE) {
-            let mut b = [0u8; 1];
-            let _ = pp.buf.read(pp.msg_offset() + i, &mut b);
-            if b[0] != chk_byte(i) {
-                println!("invalid data in page {}", i / PAGE_SIZE);
-            }
-        }
+        check_pages(&pp.buf, pp.msg_offset(), o.size);
     }
-    let bytes = o.size as u64 * u64::from(o.iters) * 2;
-    println!(
-        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
-        usec / 1e6,
-        bytes as f64 * 8.0 / usec
-    );
-    println!(
-        "{} iters in {:.2} seconds = {:.2} usec/iter",
-        o.iters,
-        usec / 1e6,
-        usec / f64::from(o.iters.max(1))
-    );
     if o.stats {
         let q = pp.qp.counters();
         let d = pp.ctx.counters();
@@ -945,6 +896,85 @@ const PAGE_SIZE: usize = 4096;
 /// `i / page_size % sizeof(char)`, which is always 0.
 fn chk_byte(i: usize) -> u8 {
     (i / PAGE_SIZE % std::mem::size_of::<u8>()) as u8
+}
+
+/// `-c`, client: marks the first byte of every page of the `size`-byte message at `offset`.
+fn mark_pages(buf: &Buffer, offset: usize, size: usize) {
+    for i in (0..size).step_by(PAGE_SIZE) {
+        let _ = buf.write(offset + i, &[chk_byte(i)]);
+    }
+}
+
+/// `-c`, server: reports every page of the message at `offset` whose mark is missing from
+/// what it last received.
+fn check_pages(buf: &Buffer, offset: usize, size: usize) {
+    for i in (0..size).step_by(PAGE_SIZE) {
+        let mut b = [0u8; 1];
+        let _ = buf.read(offset + i, &mut b);
+        if b[0] != chk_byte(i) {
+            println!("invalid data in page {}", i / PAGE_SIZE);
+        }
+    }
+}
+
+/// The next completions of `cq` into `wc`: with a completion channel, after its next event
+/// (counted in `num_cq_events`, the CQ re-armed) and one poll, which may find none; without,
+/// polling until at least one.
+fn next_completions(
+    channel: Option<&CompChannel>,
+    cq: &Cq,
+    wc: &mut [WorkCompletion],
+    num_cq_events: &mut u32,
+) -> Result<usize, String> {
+    if let Some(ch) = channel {
+        let ev = ch
+            .get_cq_event()
+            .map_err(|e| format!("cannot get a CQ event: {e}"))?;
+        *num_cq_events += 1;
+        if !ev.is_for(cq) {
+            return Err("a CQ event for an unknown CQ".into());
+        }
+        cq.req_notify_cq(false)
+            .map_err(|e| format!("cannot arm the CQ: {e}"))?;
+    }
+    loop {
+        let ne = cq
+            .poll(wc)
+            .map_err(|e| format!("polling the CQ failed: {e}"))?;
+        if ne > 0 || channel.is_some() {
+            return Ok(ne);
+        }
+    }
+}
+
+/// A failed completion ends the program, with its status and work request ID.
+fn check_status(w: &WorkCompletion) -> Result<(), String> {
+    if w.status == WcStatus::Success {
+        return Ok(());
+    }
+    Err(format!(
+        "completion with status {} ({}) for wr_id {}",
+        w.status.as_str(),
+        w.status as u32,
+        w.wr_id
+    ))
+}
+
+/// The two summary lines of every ping-pong, for `-s` × `-n` × 2 bytes since `start`.
+fn print_summary(o: &Opts, start: Instant) {
+    let usec = start.elapsed().as_micros().max(1) as f64;
+    let bytes = o.size as u64 * u64::from(o.iters) * 2;
+    println!(
+        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
+        usec / 1e6,
+        bytes as f64 * 8.0 / usec
+    );
+    println!(
+        "{} iters in {:.2} seconds = {:.2} usec/iter",
+        o.iters,
+        usec / 1e6,
+        usec / f64::from(o.iters.max(1))
+    );
 }
 
 /// Runs the program `kind` with the process's arguments.

@@ -4,12 +4,12 @@
 //! QP by its QP number.
 
 use super::{
-    chk_byte, client_exchange, move_to_rts, pick_device, server_exchange, Dest, Opts, PAGE_SIZE,
-    RECV_WRID, SEND_WRID,
+    check_pages, check_status, client_exchange, mark_pages, move_to_rts, next_completions,
+    pick_device, print_summary, server_exchange, Dest, Opts, RECV_WRID, SEND_WRID,
 };
 use softrdma::{
     AccessFlags, Buffer, Gid, LinkLayer, QpCap, QpInitAttr, QpType, RecvWr, SendFlags, SendWr, Sge,
-    SrqAttr, SrqInitAttr, WcStatus, WorkCompletion, WrOpcode,
+    SrqAttr, SrqInitAttr, WorkCompletion, WrOpcode,
 };
 use std::sync::Arc;
 use std::time::Instant;
@@ -109,6 +109,7 @@ pub(super) fn run(o: &Opts) -> Result<(), String> {
         qp.modify_qp(&attr, mask.bits())
             .map_err(|e| format!("Failed to modify QP[{i}] to INIT: {e}"))?;
     }
+    // The whole buffer: what every receive and every send covers.
     let whole = [Sge {
         addr: buf.addr(),
         length: o.size as u32,
@@ -184,15 +185,10 @@ pub(super) fn run(o: &Opts) -> Result<(), String> {
         connect_all(&theirs)?;
     }
 
-    let sge = [Sge {
-        addr: buf.addr(),
-        length: o.size as u32,
-        lkey: mr.lkey(),
-    }];
     let post_send = |i: usize| -> Result<(), String> {
         let wr = SendWr {
             wr_id: SEND_WRID,
-            sg_list: &sge,
+            sg_list: &whole,
             opcode: WrOpcode::Send,
             send_flags,
             ..Default::default()
@@ -204,9 +200,7 @@ pub(super) fn run(o: &Opts) -> Result<(), String> {
     let mut pending = vec![RECV_WRID; o.num_qp];
     if o.server_name.is_some() {
         if o.chk {
-            for i in (0..o.size).step_by(PAGE_SIZE) {
-                let _ = buf.write(i, &[chk_byte(i)]);
-            }
+            mark_pages(&buf, 0, o.size);
         }
         for (i, p) in pending.iter_mut().enumerate() {
             post_send(i)?;
@@ -219,34 +213,9 @@ pub(super) fn run(o: &Opts) -> Result<(), String> {
     let mut num_cq_events = 0u32;
     let mut wc = vec![WorkCompletion::default(); o.num_qp + o.rx_depth as usize];
     while rcnt < o.iters || scnt < o.iters {
-        if let Some(ch) = &channel {
-            let ev = ch
-                .get_cq_event()
-                .map_err(|e| format!("Failed to get cq_event: {e}"))?;
-            num_cq_events += 1;
-            if !ev.is_for(&cq) {
-                return Err("CQ event for unknown CQ".into());
-            }
-            cq.req_notify_cq(false)
-                .map_err(|e| format!("Couldn't request CQ notification: {e}"))?;
-        }
-        let ne = loop {
-            let ne = cq
-                .poll(&mut wc)
-                .map_err(|e| format!("poll CQ failed: {e}"))?;
-            if ne > 0 || o.events {
-                break ne;
-            }
-        };
+        let ne = next_completions(channel.as_ref(), &cq, &mut wc, &mut num_cq_events)?;
         for w in &wc[..ne] {
-            if w.status != WcStatus::Success {
-                return Err(format!(
-                    "Failed status {} ({}) for wr_id {}",
-                    w.status.as_str(),
-                    w.status as u32,
-                    w.wr_id
-                ));
-            }
+            check_status(w)?;
             let i = qps
                 .iter()
                 .position(|q| q.qp_num() == w.qp_num)
@@ -272,27 +241,9 @@ pub(super) fn run(o: &Opts) -> Result<(), String> {
             }
         }
     }
-    let usec = start.elapsed().as_micros().max(1) as f64;
-    let bytes = o.size as u64 * u64::from(o.iters) * 2;
-    println!(
-        "{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec",
-        usec / 1e6,
-        bytes as f64 * 8.0 / usec
-    );
-    println!(
-        "{} iters in {:.2} seconds = {:.2} usec/iter",
-        o.iters,
-        usec / 1e6,
-        usec / f64::from(o.iters.max(1))
-    );
+    print_summary(o, start);
     if o.server_name.is_none() && o.chk {
-        for i in (0..o.size).step_by(PAGE_SIZE) {
-            let mut b = [0u8; 1];
-            let _ = buf.read(i, &mut b);
-            if b[0] != chk_byte(i) {
-                println!("invalid data in page {}", i / PAGE_SIZE);
-            }
-        }
+        check_pages(&buf, 0, o.size);
     }
     cq.ack_cq_events(num_cq_events);
     for (i, qp) in qps.into_iter().enumerate() {
