@@ -7,6 +7,7 @@
 
 #![warn(missing_docs)]
 
+pub mod capi;
 pub mod data;
 pub mod floor;
 pub mod machine;

@@ -1,5 +1,5 @@
-//! `cargo run --release -p xtask -- bench-report --csv RESULTS.csv ...` and `... udp-floor`:
-//! see the crate docs.
+//! `cargo run --release -p xtask -- bench-report --csv RESULTS.csv ...`, `... udp-floor` and
+//! `... capi [--prefix DIR]`: see the crate docs and `--help`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,11 +47,31 @@ enum Command {
         #[arg(long, default_value = "127.0.0.51:0")]
         b: std::net::SocketAddr,
     },
+    /// Build the drop-in C libraries (libibverbs.so.1, librdmacm.so.1 and the empty
+    /// libmlx5.so.1/libefa.so.1 that Debian's perftest needs) in release mode into
+    /// target/release/capi, where `softrdma run` finds them; with --prefix also install them
+    /// into PREFIX/lib, so that LD_LIBRARY_PATH=PREFIX/lib (or an ld.so.conf entry) is all a
+    /// C program needs.
+    Capi {
+        /// Install into PREFIX/lib too.
+        #[arg(long)]
+        prefix: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Capi { prefix } => match xtask::capi::build(prefix.as_deref()) {
+            Ok(dir) => {
+                println!("{}", dir.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        },
         Command::UdpFloor { iters, a, b } => {
             for extra in [0, 1] {
                 match xtask::floor::udp_floor(a, b, iters, extra) {

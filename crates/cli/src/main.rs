@@ -5,6 +5,7 @@
 
 mod perf;
 mod ping;
+mod run;
 
 use clap::{Parser, Subcommand};
 use softrdma::{Context, Device};
@@ -121,6 +122,22 @@ enum Command {
         #[arg(short, long)]
         debug: bool,
     },
+    /// Run an unmodified C program (ibv_devinfo, rping, ib_write_bw, ...) on softrdma: puts
+    /// the drop-in libibverbs.so.1 and librdmacm.so.1 first on its library path (build them
+    /// with `cargo run --release -p xtask -- capi`).
+    Run {
+        /// Where the drop-in libraries are (default: $SOFTRDMA_CAPI_DIR, else `capi/` beside
+        /// this binary, as `xtask capi` leaves them, else `../lib` of an installed prefix).
+        #[arg(long, value_name = "DIR")]
+        lib_dir: Option<std::path::PathBuf>,
+        /// Also list a device for this local address (SOFTRDMA_DEVICES), named srdma_ADDR,
+        /// for programs that pick a device by name (-d); may be repeated.
+        #[arg(long = "device", value_name = "ADDR")]
+        devices: Vec<std::net::IpAddr>,
+        /// The program and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        program: Vec<std::ffi::OsString>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -144,6 +161,11 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Run {
+            lib_dir,
+            devices,
+            program,
+        } => return run::run(lib_dir, &devices, &program),
         Command::Ping {
             role,
             src,

@@ -567,3 +567,40 @@ fn perf_on_a_device_whose_port_is_taken_says_what_to_do() {
         "{err}"
     );
 }
+
+#[test]
+fn run_puts_the_drop_in_libraries_first_and_adds_devices() {
+    let dir = std::env::temp_dir().join(format!("softrdma-run-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("libibverbs.so.1"), b"").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(["run", "--lib-dir"])
+        .arg(&dir)
+        .args(["--device", "127.0.0.9", "--", "sh", "-c"])
+        .arg("echo \"$LD_LIBRARY_PATH|$SOFTRDMA_DEVICES\"; exit 3")
+        .env("LD_LIBRARY_PATH", "/old")
+        .env("SOFTRDMA_DEVICES", "127.0.0.8")
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    let canon = dir.canonicalize().unwrap();
+    assert_eq!(so.trim(), format!("{}:/old|127.0.0.8,127.0.0.9", canon.display()));
+    assert_eq!(out.status.code(), Some(3), "the program's own exit status");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn run_without_the_libraries_says_how_to_build_them() {
+    let (ok, _, err) = softrdma(&["run", "--lib-dir", "/nonexistent-dir", "--", "true"]);
+    assert!(!ok);
+    assert!(err.contains("has no libibverbs.so.1"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(["run", "--", "true"])
+        .env("SOFTRDMA_CAPI_DIR", "/nonexistent-dir")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        assert!(err.contains("xtask -- capi"), "{err}");
+    }
+}
