@@ -568,7 +568,7 @@ fn rnr_then_late_recv_succeeds() {
 
 #[test]
 fn peer_gone_retry_exceeded() {
-    for retry_cnt in [0u8, 3, 6] {
+    for retry_cnt in [0u8, 3, 6, 7] {
         let mut sim = simple_sim(QpType::Rc);
         sim.net.blackhole = true;
         let mut cfg = *sim.nodes[0].qp.config();

@@ -976,6 +976,34 @@ impl Cm {
     // I/O
     // ------------------------------------------------------------------------------------
 
+    /// The host `peer` answered that nothing listens on its RoCEv2 port (an ICMP port
+    /// unreachable for a datagram sent there, which the I/O layer learns from the socket's
+    /// error queue). Every communication still waiting for the first answer of that peer
+    /// (REQ or SIDR_REQ sent, no MRA/REP/REJ yet) ends at once with [`CmEvent::Refused`]
+    /// instead of retrying for the full timeout; the others are left alone (a peer that
+    /// answered once has a CM, and a lost ICMP-carrying datagram says nothing of them).
+    /// Returns how many communications ended.
+    pub fn handle_port_unreachable(&mut self, peer: IpAddr) -> usize {
+        let ids: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| {
+                c.peer == peer && matches!(c.state, State::ReqSent | State::SidrReqSent)
+            })
+            .map(|(&id, _)| id)
+            .collect();
+        for &id in &ids {
+            if let Some(conn) = self.unput(id) {
+                let destroyed = conn.destroyed;
+                self.forget(id, conn);
+                if !destroyed {
+                    self.event(CmEvent::Refused { id: ConnId(id) });
+                }
+            }
+        }
+        ids.len()
+    }
+
     /// Feeds one received MAD (the 256-byte payload of a UD SEND to QP1) from `src`.
     ///
     /// Hostile input is expected: anything that is not a CM message this CM handles, or that

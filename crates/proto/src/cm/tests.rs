@@ -316,6 +316,44 @@ fn req_retransmits_16_times_then_unreachable() {
 }
 
 #[test]
+fn port_unreachable_ends_a_waiting_req_at_once_and_only_that_peer() {
+    let mut a = cm(v4(10, 0, 0, 1), 1, 1);
+    let t0 = Instant::now();
+    let mut p = frame361_request();
+    p.dst = v4(10, 0, 0, 2);
+    let id = a.connect(t0, p.clone()).unwrap();
+    let mut q = frame361_request();
+    q.dst = v4(10, 0, 0, 3);
+    let other = a.connect(t0, q).unwrap();
+    assert_eq!(drain(&mut a).len(), 2);
+    // Another host's ICMP says nothing of this peer.
+    assert_eq!(a.handle_port_unreachable(v4(10, 0, 0, 9)), 0);
+    assert_eq!(a.handle_port_unreachable(v4(10, 0, 0, 2)), 1);
+    assert_eq!(events(&mut a), vec![CmEvent::Refused { id }]);
+    assert_eq!(a.connection_count(), 1);
+    // The other REQ still retries and ends as before; the refused one never resends.
+    let mut now = t0;
+    while let Some(t) = a.poll_timeout() {
+        now = t;
+        a.handle_timeout(now);
+        for (dst, _) in drain(&mut a) {
+            assert_eq!(dst, v4(10, 0, 0, 3));
+        }
+    }
+    assert_eq!(events(&mut a), vec![CmEvent::Unreachable { id: other }]);
+    // Once a peer has answered (here: a REJ), an ICMP error no longer ends anything.
+    let mut b = cm(v4(10, 0, 0, 2), 2, 2);
+    let id = a.connect(now, p).unwrap();
+    let (_, req) = drain(&mut a)[0];
+    b.handle_mad(now, v4(10, 0, 0, 1), &req);
+    for (_, m) in drain(&mut b) {
+        a.handle_mad(now, v4(10, 0, 0, 2), &m);
+    }
+    assert_eq!(a.handle_port_unreachable(v4(10, 0, 0, 2)), 0);
+    assert!(matches!(events(&mut a)[..], [CmEvent::Rejected { id: r, .. }] if r == id));
+}
+
+#[test]
 fn no_listener_rej_8_and_mra_on_duplicate() {
     let (ia, ib) = (v4(10, 0, 0, 1), v4(10, 0, 0, 2));
     let mut a = cm(ia, 1, 1);

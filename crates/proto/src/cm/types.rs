@@ -279,6 +279,13 @@ pub enum CmEvent {
         /// The communication.
         id: ConnId,
     },
+    /// The peer's host said that nothing listens on its RoCEv2 UDP port (ICMP port
+    /// unreachable, see [`Cm::handle_port_unreachable`](super::Cm::handle_port_unreachable))
+    /// while a REQ or SIDR_REQ waited for its first answer. The communication is gone.
+    Refused {
+        /// The communication.
+        id: ConnId,
+    },
     /// The peer disconnected (DREQ received). The CM has already answered with a DREP and
     /// entered timewait; [`CmEvent::TimewaitExit`] follows.
     DisconnectRequested {

@@ -390,7 +390,8 @@ pub struct QpConfig {
     pub rq_psn: u32,
     /// Local ACK timeout exponent (0 = no timer).
     pub timeout: u8,
-    /// Transport retries (rxe: 7 = infinite).
+    /// Transport retries before `RETRY_EXC_ERR`: verbs gives 0..=7 (7 is seven retries, not
+    /// infinite); the sans-IO transport takes any count (simulations use more).
     pub retry_cnt: u8,
     /// RNR retries (7 = infinite).
     pub rnr_retry: u8,

@@ -653,9 +653,11 @@ impl Qp {
         self.stats.retries += 1;
     }
 
-    /// Starts a retry (timeout, sequence NAK, missing response), consuming `retry_cnt`
-    /// (7 = infinite, as rxe); when none is left the oldest request fails with
-    /// `RETRY_EXC_ERR`.
+    /// Starts a retry (timeout, sequence NAK, missing response), consuming `retry_cnt`; when
+    /// none is left the oldest request fails with `RETRY_EXC_ERR`. 7 is seven retries, as
+    /// the IBTA spec and hardware have it (only the RNR retry count has an infinite value, 7;
+    /// Linux rxe treats a retry_cnt of 7 as infinite too, which makes a dead peer undetectable
+    /// for rping and every rdma_cm user, which all pass 7).
     fn start_retry(&mut self, timeout: bool) {
         if !timeout && self.sq.retry_mark == Some(self.sq.comp_psn) {
             return;
@@ -667,9 +669,7 @@ impl Qp {
             self.fail_wqe(0, WcStatus::RetryExcErr);
             return;
         }
-        if self.sq.retry_left != 7 {
-            self.sq.retry_left -= 1;
-        }
+        self.sq.retry_left -= 1;
         self.rewind();
     }
 

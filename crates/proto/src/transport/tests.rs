@@ -437,6 +437,33 @@ fn timeout_and_rnr_timers() {
 }
 
 #[test]
+fn retry_cnt_7_is_seven_retries_then_retry_exc_err() {
+    // rping, rdma_cm users and `softrdma perf` pass retry_cnt 7: a peer that died must still
+    // be detected (IBTA: only rnr_retry 7 means infinite), after 1 + 7 local ACK timeouts.
+    let t0 = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut c = cfg();
+    c.retry_cnt = 7;
+    c.sq_psn = 0;
+    let mut qp = Qp::new(c);
+    qp.post_send(send(1, SendOp::Send, 10)).unwrap();
+    assert_eq!(drain(&mut qp, &mut env, t0).len(), 1);
+    let rto = crate::timer::local_ack_timeout(c.timeout).unwrap();
+    let mut now = t0;
+    for retry in 1..=7u64 {
+        now += rto;
+        qp.handle_timeout(now, &mut env);
+        assert_eq!(drain(&mut qp, &mut env, now).len(), 1, "retry {retry}");
+        assert!(qp.poll_completion().is_none(), "retry {retry}");
+    }
+    assert_eq!(qp.stats().retransmitted_packets, 7);
+    now += rto;
+    qp.handle_timeout(now, &mut env);
+    assert_eq!(qp.poll_completion().unwrap().status, WcStatus::RetryExcErr);
+    assert!(qp.is_error());
+}
+
+#[test]
 fn responder_seq_nak_once_duplicate_reack_and_rnr() {
     let now = Instant::now();
     let mut env = FlatEnv::new();
