@@ -394,6 +394,9 @@ fn dial(args: &PerfArgs, server: SocketAddr, max: usize) -> Result<(End, Target)
         tx_depth: args.tx_depth as u32,
         inline: args.inline,
     };
+    eprintln!(
+        "softrdma: connecting to {server} (waiting for the server's answer; a host with no RDMA device there refuses at once, a silent one times out after about 98 s)"
+    );
     end.id.connect(&conn_param(req.to_bytes())).map_err(|e| {
         Error::new(
             e.kind(),

@@ -89,6 +89,7 @@ pub(crate) struct Counters {
     pub(crate) fault_corrupts: AtomicU64,
     pub(crate) mcast_tx_packets: AtomicU64,
     pub(crate) mcast_rx_packets: AtomicU64,
+    pub(crate) icmp_errors: AtomicU64,
 }
 
 /// A snapshot of a device's packet counters.
@@ -131,6 +132,10 @@ pub struct DeviceCounters {
     /// Packets received with a good ICRC on the device's multicast group sockets (also
     /// counted in `rx_packets`), whatever number of attached QPs got a copy.
     pub mcast_rx_packets: u64,
+    /// ICMP errors the kernel reported for datagrams the device sent (read from the
+    /// socket's error queue): port unreachable when no RoCEv2 device listens at a peer,
+    /// host or network unreachable. CM requests to a refusing peer end at once.
+    pub icmp_errors: u64,
 }
 
 impl Counters {
@@ -153,6 +158,7 @@ impl Counters {
             fault_corrupts: g(&self.fault_corrupts),
             mcast_tx_packets: g(&self.mcast_tx_packets),
             mcast_rx_packets: g(&self.mcast_rx_packets),
+            icmp_errors: g(&self.icmp_errors),
         }
     }
 }
@@ -1357,8 +1363,16 @@ impl Engine {
             let n = match self.sock.recv_batch(bufs, meta) {
                 Ok(n) => n,
                 Err(e) => {
-                    tracing::warn!(error = %e, "receive failed");
-                    0
+                    // An ICMP error for an earlier datagram is reported here once, and its
+                    // details wait in the error queue (which keeps the socket readable
+                    // until drained): read them, then go on receiving.
+                    let icmp = self.icmp_errors(tx);
+                    if icmp == 0 {
+                        tracing::warn!(error = %e, "receive failed");
+                        0
+                    } else {
+                        continue;
+                    }
                 }
             };
             if n == 0 {
@@ -1417,6 +1431,36 @@ impl Engine {
         };
         self.send(tx);
         self.dispatch(evs);
+    }
+
+    /// Reads the socket's ICMP errors ([`UdpSock::take_icmp_errors`]) and counts them; a
+    /// port unreachable from a peer's RoCEv2 port ends the CM requests waiting for that peer
+    /// at once (`RDMA_CM_EVENT_UNREACHABLE` with status `-ECONNREFUSED`) instead of after
+    /// every retry. Returns the number of errors read.
+    fn icmp_errors(&self, tx: &mut TxBatch) -> usize {
+        let mut errs = Vec::new();
+        self.sock.take_icmp_errors(&mut errs);
+        if errs.is_empty() {
+            return 0;
+        }
+        self.counters
+            .icmp_errors
+            .fetch_add(errs.len() as u64, Ordering::Relaxed);
+        let mut evs = Vec::new();
+        {
+            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+            for (dst, errno) in &errs {
+                tracing::debug!(%dst, errno, "ICMP error for a sent datagram");
+                if *errno == libc::ECONNREFUSED && dst.port() == softrdma_wire::ROCE_V2_UDP_PORT {
+                    g.cm.handle_port_unreachable(dst.ip());
+                }
+            }
+            self.gsi_drive(&mut g, tx);
+            evs.extend(g.take_events());
+        }
+        self.send(tx);
+        self.dispatch(evs);
+        errs.len()
     }
 
     /// Hands CM events to the connection-manager layer (no lock held); the ones no id
@@ -1637,6 +1681,10 @@ fn progress(weak: Weak<Engine>) {
         {
             timeout = Duration::ZERO;
         }
+        if !timeout.is_zero() {
+            // About to sleep: captured packets reach the file now, not at the next traffic.
+            crate::capture::flush_idle();
+        }
         let ts = libc::timespec {
             tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
             tv_nsec: timeout.subsec_nanos() as libc::c_long,
@@ -1659,6 +1707,11 @@ fn progress(weak: Weak<Engine>) {
         // ACKs an application thread held and has not sent since (it stopped polling).
         engine.flush_held_acks();
         // Receive everything waiting, in batches (unless an application thread is at it).
+        if fds[0].revents & libc::POLLERR != 0 {
+            // ICMP errors wait in the socket's error queue (IP_RECVERR); it stays POLLERR
+            // until they are read.
+            engine.icmp_errors(&mut tx);
+        }
         if fds[0].revents & libc::POLLIN != 0 {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
             if engine.receive_rounds(&mut rx, &mut tx, 64) > 0 {

@@ -1475,11 +1475,13 @@ fn rdma_listen_backlog_drops_requests_beyond_it_until_the_peer_retries() {
     }
 }
 
-/// Nobody answers the REQ (no device behind the address): the CM retries it as rdma_cm does
-/// (15 retries of the 4-second CM response timeout), then UNREACHABLE with -ETIMEDOUT, the
-/// QP in ERR. This test takes that long, on purpose: it is the real timer.
+/// Nobody answers the REQ (something holds the RoCEv2 port there but never replies, so no
+/// ICMP error comes back either): the CM retries it as rdma_cm does (15 retries of the
+/// 4-second CM response timeout), then UNREACHABLE with -ETIMEDOUT, the QP in ERR. This test
+/// takes that long, on purpose: it is the real timer.
 #[test]
 fn rdma_connect_to_an_address_nobody_answers_ends_unreachable() {
+    let _black_hole = std::net::UdpSocket::bind("127.0.0.29:4791").unwrap();
     let ch = EventChannel::new().unwrap();
     let c = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
     c.resolve_addr(Some(addr("127.0.0.28:0")), addr("127.0.0.29:7317"), 2000)
@@ -1497,4 +1499,45 @@ fn rdma_connect_to_an_address_nobody_answers_ends_unreachable() {
     // The first REQ and its 15 retransmissions (sent counts them all).
     assert_eq!((stats.cm.sent.req, stats.cm.retransmitted.req), (16, 15));
     c.destroy();
+}
+
+/// No RoCEv2 device at the address at all: the peer's kernel answers the REQ's datagram
+/// with ICMP port unreachable, and the connection fails at once (UNREACHABLE with
+/// -ECONNREFUSED; a synchronous id's rdma_connect fails with ECONNREFUSED) instead of after
+/// 98 seconds of retries.
+#[test]
+fn rdma_connect_where_no_device_listens_is_refused_at_once() {
+    let ch = EventChannel::new().unwrap();
+    let c = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
+    c.resolve_addr(Some(addr("127.0.0.26:0")), addr("127.0.0.27:7317"), 2000)
+        .unwrap();
+    expect(&ch, CmEventType::AddrResolved).ack();
+    c.resolve_route(2000).unwrap();
+    expect(&ch, CmEventType::RouteResolved).ack();
+    let qp = c.create_qp(None, &mut cap()).unwrap();
+    c.connect(&ConnParam::default()).unwrap();
+    let ev = expect(&ch, CmEventType::Unreachable);
+    assert_eq!(ev.status, -libc::ECONNREFUSED);
+    ev.ack();
+    assert_eq!(qp.query_qp().unwrap().0.qp_state, QpState::Err);
+    let ctx = c.verbs().unwrap();
+    assert!(ctx.counters().icmp_errors >= 1);
+    assert_eq!(
+        ctx.cm_stats().cm.retransmitted.req,
+        0,
+        "no retry after the refusal"
+    );
+    c.destroy();
+
+    // The synchronous face: rdma_connect itself fails with ECONNREFUSED.
+    let s = CmId::create(None, 0, PortSpace::Tcp).unwrap();
+    s.resolve_addr(Some(addr("127.0.0.26:0")), addr("127.0.0.27:7318"), 2000)
+        .unwrap();
+    s.resolve_route(2000).unwrap();
+    s.create_qp(None, &mut cap()).unwrap();
+    assert_eq!(
+        s.connect(&ConnParam::default()).unwrap_err().errno(),
+        libc::ECONNREFUSED
+    );
+    s.destroy();
 }

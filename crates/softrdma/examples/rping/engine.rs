@@ -684,6 +684,9 @@ fn cm_failure(kind: CmEventType, status: i32, peer: Option<SocketAddr>) -> Strin
             format!("connection to {peer} rejected by the server (reject reason 28, consumer defined)")
         }
         (CmEventType::Rejected, r) => format!("connection to {peer} rejected (reason {r})"),
+        (CmEventType::Unreachable, s) if s == -libc::ECONNREFUSED => format!(
+            "{peer} refused the connection: no RDMA device answers at that address (ICMP port unreachable for RoCEv2's UDP port 4791)"
+        ),
         (CmEventType::Unreachable, _) => format!("{peer} is unreachable: no answer to the connection request"),
         (CmEventType::AddrError, s) => format!(
             "cannot resolve the address of {peer}: {}",

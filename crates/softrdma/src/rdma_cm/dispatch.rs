@@ -134,6 +134,7 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
         | ProtoEvent::Established { id, .. }
         | ProtoEvent::Rejected { id, .. }
         | ProtoEvent::Unreachable { id }
+        | ProtoEvent::Refused { id }
         | ProtoEvent::DisconnectRequested { id, .. }
         | ProtoEvent::Disconnected { id }
         | ProtoEvent::TimewaitExit { id }
@@ -257,7 +258,14 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
                 end_connection(&cid, CmEventType::Rejected, i32::from(reason.to_u16()), p);
             }
         }
-        ProtoEvent::Unreachable { id } => {
+        ProtoEvent::Unreachable { id } | ProtoEvent::Refused { id } => {
+            // No answer at all: -ETIMEDOUT, as Linux rdma_cm reports it; the peer's host
+            // said no device listens there: -ECONNREFUSED at once.
+            let status = if matches!(ev, ProtoEvent::Refused { .. }) {
+                -libc::ECONNREFUSED
+            } else {
+                -libc::ETIMEDOUT
+            };
             if let Some(cid) = find_conn(local, id) {
                 let ud = {
                     let mut s = cid.inner.lock();
@@ -280,12 +288,7 @@ pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEven
                 if ud {
                     registry().conns.remove(&(local, id.0));
                 }
-                cid.post(
-                    CmEventType::Unreachable,
-                    -libc::ETIMEDOUT,
-                    ConnParam::default(),
-                    None,
-                );
+                cid.post(CmEventType::Unreachable, status, ConnParam::default(), None);
             }
         }
         ProtoEvent::DisconnectRequested { id, .. } | ProtoEvent::Disconnected { id } => {

@@ -1889,6 +1889,7 @@ fn event_error(info: &EventInfo) -> Error {
     let errno = match info.event {
         CmEventType::Rejected => libc::ECONNREFUSED,
         CmEventType::Unreachable if info.status > 0 => libc::ECONNREFUSED,
+        CmEventType::Unreachable if info.status == -libc::ECONNREFUSED => libc::ECONNREFUSED,
         CmEventType::Unreachable => libc::ETIMEDOUT,
         _ if info.status < 0 => -info.status,
         _ => libc::EINVAL,
