@@ -151,9 +151,15 @@ impl Server {
 
     /// Starts it and reads its stdout up to the first line containing `marker`.
     fn start_until(args: &[&str], marker: &str) -> Server {
+        Server::start_until_env(args, marker, &[])
+    }
+
+    /// [`Server::start_until`] with extra environment variables.
+    fn start_until_env(args: &[&str], marker: &str, envs: &[(&str, &str)]) -> Server {
         use std::io::BufRead;
         let mut child = Command::new(env!("CARGO_BIN_EXE_softrdma"))
             .args(args)
+            .envs(envs.iter().copied())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -584,7 +590,10 @@ fn run_puts_the_drop_in_libraries_first_and_adds_devices() {
         .unwrap();
     let so = String::from_utf8_lossy(&out.stdout);
     let canon = dir.canonicalize().unwrap();
-    assert_eq!(so.trim(), format!("{}:/old|127.0.0.8,127.0.0.9", canon.display()));
+    assert_eq!(
+        so.trim(),
+        format!("{}:/old|127.0.0.8,127.0.0.9", canon.display())
+    );
     assert_eq!(out.status.code(), Some(3), "the program's own exit status");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -603,4 +612,107 @@ fn run_without_the_libraries_says_how_to_build_them() {
     if !out.status.success() {
         assert!(err.contains("xtask -- capi"), "{err}");
     }
+}
+
+/// The UDP payloads of the records of a pcap file written by softrdma (Ethernet, IPv4, UDP),
+/// checking the file's structure: the global header, then whole records only.
+fn pcap_payloads(path: &std::path::Path) -> Vec<Vec<u8>> {
+    let data = std::fs::read(path).unwrap();
+    assert!(
+        data.len() >= 24,
+        "{}: {} bytes, no pcap header",
+        path.display(),
+        data.len()
+    );
+    let mut at = 24;
+    let mut out = Vec::new();
+    while at < data.len() {
+        assert!(at + 16 <= data.len(), "a cut record header at {at}");
+        let caplen = u32::from_le_bytes(data[at + 8..at + 12].try_into().unwrap()) as usize;
+        at += 16;
+        assert!(at + caplen <= data.len(), "a cut record at {at}");
+        out.push(data[at + 42..at + caplen].to_vec());
+        at += caplen;
+    }
+    out
+}
+
+/// The IB CM attribute IDs of the QP1 MADs among `payloads` (BTH 12 + DETH 8, then the MAD,
+/// whose attribute ID is at byte 16).
+fn cm_attrs(payloads: &[Vec<u8>]) -> Vec<u16> {
+    payloads
+        .iter()
+        .filter(|p| p.len() >= 20 + 256 && u32::from_be_bytes([0, p[5], p[6], p[7]]) == 1)
+        .map(|p| u16::from_be_bytes([p[20 + 16], p[20 + 17]]))
+        .collect()
+}
+
+#[test]
+fn softrdma_pcap_keeps_every_packet_to_the_end_and_across_sigterm() {
+    let dir = std::env::temp_dir().join(format!("softrdma-pcap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (sp, cp) = (dir.join("server.pcap"), dir.join("client.pcap"));
+    let server = Server::start_until_env(
+        &["ping", "--server", "127.0.0.150", "-p", "7306", "-P", "-d"],
+        "rdma_listen successful",
+        &[("SOFTRDMA_PCAP", sp.to_str().unwrap())],
+    );
+    // One ping: a short run whose whole capture used to stay in a buffer (0-byte file).
+    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args([
+            "ping",
+            "-c",
+            "127.0.0.150",
+            "-I",
+            "127.0.0.151",
+            "-p",
+            "7306",
+            "-C",
+            "1",
+            "-V",
+        ])
+        .env("SOFTRDMA_PCAP", &cp)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let client = pcap_payloads(&cp);
+    // REQ, REP, RTU, DREQ, DREP (0x10, 0x13, 0x14, 0x15, 0x16): the disconnect at the end is
+    // there too.
+    let attrs = cm_attrs(&client);
+    for a in [0x10u16, 0x13, 0x14, 0x15, 0x16] {
+        assert!(
+            attrs.contains(&a),
+            "CM attribute {a:#x} missing: {attrs:x?}"
+        );
+    }
+    // Every data packet the client's QP sent or received: 3 SENDs, a READ request and
+    // response, a WRITE, and their ACKs at least.
+    assert!(client.len() >= 5 + 6, "{} packets", client.len());
+    // The server is ended by SIGTERM, which it does not handle: its file still holds the
+    // whole conversation, the client's DREQ and its own DREP included.
+    let pid = server.child.id().to_string();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let mut child = server.child;
+    let st = child.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&st),
+        Some(libc::SIGTERM)
+    );
+    let server_attrs = cm_attrs(&pcap_payloads(&sp));
+    for a in [0x10u16, 0x13, 0x14, 0x15, 0x16] {
+        assert!(
+            server_attrs.contains(&a),
+            "server: CM attribute {a:#x} missing: {server_attrs:x?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -5,6 +5,13 @@
 //! Start it with [`start_capture`] or by setting `SOFTRDMA_PCAP=/path/file.pcap` before the
 //! first device carries traffic; stop it with [`stop_capture`]. Packets exchanged between two
 //! devices of the same process are written once (when sent).
+//!
+//! Nothing recorded is lost: records are buffered and written whole (the file is a readable
+//! pcap after every write), at least every [`FLUSH_EVERY`] of traffic, at [`stop_capture`],
+//! when the process exits normally (an `atexit` hook) and on SIGINT, SIGTERM, SIGHUP or
+//! SIGQUIT when the program left those at their default action (the handler writes what is
+//! buffered, then lets the signal end the process as it would have). A process that crashes
+//! leaves a readable file holding everything up to its last write.
 
 use crate::error::{Error, Result};
 use softrdma_wire::ip::{
@@ -14,14 +21,50 @@ use softrdma_wire::ip::{
 };
 use softrdma_wire::pcap::{PcapWriter, LINKTYPE_ETHERNET};
 use std::fs::File;
-use std::io::BufWriter;
+use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The longest time a recorded packet waits in memory while traffic goes on.
+pub const FLUSH_EVERY: Duration = Duration::from_millis(20);
+/// Buffered bytes that trigger a write at once.
+const FLUSH_BYTES: usize = 256 << 10;
+
+/// The file behind the pcap writer: whole records accumulate in `buf` and reach the file
+/// only through [`RecordFile::write_out`], so the file always ends on a record boundary.
+struct RecordFile {
+    file: File,
+    buf: Vec<u8>,
+    last: Instant,
+}
+
+impl Write for RecordFile {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.write_out()
+    }
+}
+
+impl RecordFile {
+    fn write_out(&mut self) -> std::io::Result<()> {
+        self.last = Instant::now();
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let r = self.file.write_all(&self.buf);
+        self.buf.clear();
+        r
+    }
+}
 
 struct Capture {
-    writer: PcapWriter<BufWriter<File>>,
+    writer: PcapWriter<RecordFile>,
     frame: Vec<u8>,
 }
 
@@ -39,12 +82,78 @@ fn slot() -> &'static Mutex<Option<Capture>> {
 fn open(path: &Path) -> Result<Capture> {
     let f = File::create(path)
         .map_err(|e| Error::from_io(e, format!("creating the capture file {}", path.display())))?;
-    let writer = PcapWriter::new(BufWriter::new(f), LINKTYPE_ETHERNET, 65535)
+    let file = RecordFile {
+        file: f,
+        buf: Vec::with_capacity(FLUSH_BYTES + 8192),
+        last: Instant::now(),
+    };
+    let mut writer = PcapWriter::new(file, LINKTYPE_ETHERNET, 65535)
         .map_err(|e| Error::from_io(e, "writing the pcap header"))?;
+    // The header goes out at once: even a capture of nothing is a valid pcap file.
+    writer
+        .flush()
+        .map_err(|e| Error::from_io(e, "writing the pcap header"))?;
+    install_exit_hooks();
     Ok(Capture {
         writer,
         frame: Vec::with_capacity(4096 + 128),
     })
+}
+
+/// Writes what is buffered, if the capture lock can be had without waiting (from a signal
+/// handler the interrupted thread may hold it; then what it holds is lost, nothing else).
+fn flush_now() {
+    let Some(m) = CAPTURE.get() else { return };
+    let mut g = match m.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return,
+    };
+    if let Some(c) = g.as_mut() {
+        let _ = c.writer.flush();
+    }
+}
+
+extern "C" fn flush_at_exit() {
+    flush_now();
+}
+
+extern "C" fn flush_on_signal(sig: libc::c_int) {
+    flush_now();
+    // SAFETY: restoring the default action and re-raising the signal are async-signal-safe;
+    // the process then ends as it would have without the capture.
+    unsafe {
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+/// Once per process: an `atexit` flush, and a flush before the default action of the
+/// terminating signals a program did not handle itself.
+fn install_exit_hooks() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registering a plain extern "C" function with atexit; querying and setting
+        // signal dispositions with a zeroed sigaction and our own handler, which only takes
+        // a lock without waiting, writes, and re-raises.
+        unsafe {
+            libc::atexit(flush_at_exit);
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT] {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
+                    continue;
+                }
+                if old.sa_sigaction != libc::SIG_DFL {
+                    continue;
+                }
+                let mut sa: libc::sigaction = std::mem::zeroed();
+                sa.sa_sigaction = flush_on_signal as extern "C" fn(libc::c_int) as usize;
+                sa.sa_flags = libc::SA_RESTART;
+                libc::sigemptyset(&mut sa.sa_mask);
+                libc::sigaction(sig, &sa, std::ptr::null_mut());
+            }
+        }
+    });
 }
 
 /// Starts writing every packet of this process's devices to `path` (replacing any capture in
@@ -74,6 +183,20 @@ pub fn stop_capture() -> Result<()> {
             .map_err(|e| Error::from_io(e, "flushing the capture file"))?;
     }
     Ok(())
+}
+
+/// Writes the buffered records when a capture runs (a progress thread calls it before it
+/// sleeps, so a quiet process's packets are on disk too). One atomic load when none runs.
+pub(crate) fn flush_idle() {
+    if !ON.load(Ordering::Acquire) {
+        return;
+    }
+    let mut g = slot().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(c) = g.as_mut() {
+        if !c.writer.get_mut().buf.is_empty() {
+            let _ = c.writer.get_mut().write_out();
+        }
+    }
 }
 
 /// Whether a capture runs (cheap; checked per batch).
@@ -175,10 +298,16 @@ pub(crate) fn record_ident(src: SocketAddr, dst: SocketAddr, payload: &[u8], ide
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    if let Err(e) = c
+    let mut r = c
         .writer
-        .write_record(now.as_secs() as u32, now.subsec_nanos(), &c.frame)
-    {
+        .write_record(now.as_secs() as u32, now.subsec_nanos(), &c.frame);
+    if r.is_ok() {
+        let f = c.writer.get_mut();
+        if f.buf.len() >= FLUSH_BYTES || f.last.elapsed() >= FLUSH_EVERY {
+            r = f.write_out();
+        }
+    }
+    if let Err(e) = r {
         tracing::warn!(error = %e, "packet capture stopped");
         *g = None;
         ON.store(false, Ordering::Release);

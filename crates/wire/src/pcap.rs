@@ -210,6 +210,12 @@ impl<W: io::Write> PcapWriter<W> {
     pub fn into_inner(self) -> W {
         self.out
     }
+
+    /// The underlying writer, to be flushed or inspected in place (writing to it directly
+    /// would corrupt the file's record structure).
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.out
+    }
 }
 
 #[cfg(test)]
