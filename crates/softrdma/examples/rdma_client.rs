@@ -1,7 +1,7 @@
 //! rdma_client: the synchronous-verbs client of librdmacm's examples, on softrdma.
 //!
 //! `rdma_client [-s SERVER] [-p PORT] [-b BIND_ADDR]` connects to rdma_server (default
-//! 127.0.0.1 port 7471), sends a 16-byte message, waits for the echo and disconnects:
+//! 127.0.0.1 port 7471), sends a 16-byte message, waits for the answer and disconnects:
 //! rdma_getaddrinfo, rdma_create_ep (address, route and QP), rdma_reg_msgs, rdma_post_recv,
 //! rdma_connect, rdma_post_send, rdma_get_send_comp, rdma_get_recv_comp, rdma_disconnect,
 //! rdma_destroy_ep. (`-b` is softrdma's addition: the source address, so that client and
@@ -56,34 +56,28 @@ fn run(server: &str, port: &str, bind: Option<&str>) -> Result<(), String> {
             .map_err(|e| format!("rdma_connect: {e}"))?;
         id.post_send(0, send.addr(), 16, Some(&smr), SendFlags::INLINE)
             .map_err(|e| format!("rdma_post_send: {e}"))?;
+        // As rdma-core's rdma_client: the counts matter, not the statuses (reported on
+        // stderr) nor the answer's content (rdma-core's rdma_server answers with 16 bytes
+        // it never fills).
         let wc = id
             .get_send_comp()
             .map_err(|e| format!("rdma_get_send_comp: {e}"))?;
-        if wc.status != WcStatus::Success {
-            return Err(format!("send failed: {}", wc.status.as_str()));
-        }
+        note_status("send", wc.status);
         let wc = id
             .get_recv_comp()
             .map_err(|e| format!("rdma_get_recv_comp: {e}"))?;
-        if wc.status != WcStatus::Success {
-            return Err(format!("receive failed: {}", wc.status.as_str()));
-        }
-        let mut got = [0u8; 16];
-        recv.read(0, &mut got).map_err(|e| e.to_string())?;
-        if &got != b"softrdma client!" {
-            return Err(format!(
-                "the echo differs: {:?}",
-                String::from_utf8_lossy(&got)
-            ));
-        }
-        println!(
-            "rdma_client: received the echo {:?}",
-            String::from_utf8_lossy(&got)
-        );
+        note_status("receive", wc.status);
         id.disconnect().map_err(|e| format!("rdma_disconnect: {e}"))
     })();
     id.destroy_ep();
     result
+}
+
+/// Says on stderr that a completion failed; the run goes on, as rdma-core's does.
+fn note_status(what: &str, status: WcStatus) {
+    if status != WcStatus::Success {
+        eprintln!("rdma_client: the {what} completed with {}", status.as_str());
+    }
 }
 
 fn main() -> ExitCode {

@@ -1,7 +1,8 @@
 //! rdma_server: the synchronous-verbs server of librdmacm's examples, on softrdma.
 //!
 //! `rdma_server [-p PORT] [-a ADDR]` waits for one rdma_client (default port 7471, every
-//! address), receives its 16-byte message, sends it back, and disconnects: rdma_getaddrinfo
+//! address), receives its 16-byte message, answers with a 16-byte message of its own (zeros,
+//! as rdma-core's never fills it), and disconnects: rdma_getaddrinfo
 //! (RAI_PASSIVE), rdma_create_ep with QP attributes, rdma_listen, rdma_get_request,
 //! rdma_reg_msgs, rdma_post_recv, rdma_accept, rdma_get_recv_comp, rdma_post_send,
 //! rdma_get_send_comp, rdma_disconnect, rdma_destroy_ep. (`-a` is softrdma's addition, so
@@ -48,38 +49,50 @@ fn run(addr: Option<&str>, port: &str) -> Result<(), String> {
     let id = listen_id
         .get_request()
         .map_err(|e| format!("rdma_get_request: {e}"))?;
-    let buf = Arc::new(Buffer::new(16));
+    // As rdma-core's rdma_server: a receive buffer and a send buffer of 16 bytes each; the
+    // answer is the send buffer as it is (zeros), not an echo. A completion's status is
+    // reported but, as there, does not fail the run.
+    let recv = Arc::new(Buffer::new(16));
+    let send = Arc::new(Buffer::new(16));
     let mr = id
-        .reg_msgs(&buf)
+        .reg_msgs(&recv)
+        .map_err(|e| format!("rdma_reg_msgs: {e}"))?;
+    let send_mr = id
+        .reg_msgs(&send)
         .map_err(|e| format!("rdma_reg_msgs: {e}"))?;
     let result = (|| {
-        id.post_recv(0, buf.addr(), 16, &mr)
+        id.post_recv(0, recv.addr(), 16, &mr)
             .map_err(|e| format!("rdma_post_recv: {e}"))?;
         id.accept(&ConnParam::default())
             .map_err(|e| format!("rdma_accept: {e}"))?;
         let wc = id
             .get_recv_comp()
             .map_err(|e| format!("rdma_get_recv_comp: {e}"))?;
-        if wc.status != WcStatus::Success {
-            return Err(format!("receive failed: {}", wc.status.as_str()));
-        }
-        id.post_send(0, buf.addr(), 16, Some(&mr), SendFlags::empty())
+        note_status("receive", wc.status);
+        id.post_send(0, send.addr(), 16, Some(&send_mr), SendFlags::empty())
             .map_err(|e| format!("rdma_post_send: {e}"))?;
         let wc = id
             .get_send_comp()
             .map_err(|e| format!("rdma_get_send_comp: {e}"))?;
-        if wc.status != WcStatus::Success {
-            return Err(format!("send failed: {}", wc.status.as_str()));
-        }
+        note_status("send", wc.status);
         let mut msg = [0u8; 16];
-        buf.read(0, &mut msg).map_err(|e| e.to_string())?;
-        println!("rdma_server: echoed {:?}", String::from_utf8_lossy(&msg));
+        recv.read(0, &mut msg).map_err(|e| e.to_string())?;
+        println!("rdma_server: received {:?}", String::from_utf8_lossy(&msg));
         id.disconnect().map_err(|e| format!("rdma_disconnect: {e}"))
     })();
+    drop(send_mr);
     drop(mr);
     id.destroy_ep();
     listen_id.destroy_ep();
     result
+}
+
+/// Says on stderr that a completion failed; the run goes on, as rdma-core's does (its
+/// rdma_get_*_comp loops look at the count, not at the status).
+fn note_status(what: &str, status: WcStatus) {
+    if status != WcStatus::Success {
+        eprintln!("rdma_server: the {what} completed with {}", status.as_str());
+    }
 }
 
 fn main() -> ExitCode {
