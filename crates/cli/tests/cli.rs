@@ -716,3 +716,53 @@ fn softrdma_pcap_keeps_every_packet_to_the_end_and_across_sigterm() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The server dies (SIGKILL: no DREQ) while the client pings with -C 0: the client's device
+/// probes its connected peer, the dead device's host answers ICMP port unreachable, and the
+/// client sees DISCONNECTED and ends, instead of waiting for ever on a receive.
+#[test]
+fn ping_client_notices_a_killed_server() {
+    let server = Server::start_until(
+        &["ping", "--server", "127.0.0.164", "-p", "7307", "-d"],
+        "rdma_listen successful",
+    );
+    let client = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args([
+            "ping",
+            "-c",
+            "127.0.0.164",
+            "-I",
+            "127.0.0.165",
+            "-p",
+            "7307",
+            "-C",
+            "0",
+            "-V",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let it ping for a while (any amount works: the kill can come at any step).
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut s = server.child;
+    s.kill().unwrap();
+    s.wait().unwrap();
+    // A hang guard, not a speed check: without the probe the client never ends.
+    let mut client = client;
+    let t0 = std::time::Instant::now();
+    while client.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = client.kill();
+            panic!("the client did not notice that the server died");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = client.wait_with_output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("DISCONNECT EVENT"), "{text}");
+}

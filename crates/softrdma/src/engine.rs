@@ -90,6 +90,8 @@ pub(crate) struct Counters {
     pub(crate) mcast_tx_packets: AtomicU64,
     pub(crate) mcast_rx_packets: AtomicU64,
     pub(crate) icmp_errors: AtomicU64,
+    pub(crate) probes_sent: AtomicU64,
+    pub(crate) probes_received: AtomicU64,
 }
 
 /// A snapshot of a device's packet counters.
@@ -136,7 +138,17 @@ pub struct DeviceCounters {
     /// socket's error queue): port unreachable when no RoCEv2 device listens at a peer,
     /// host or network unreachable. CM requests to a refusing peer end at once.
     pub icmp_errors: u64,
+    /// Liveness probes sent: an empty datagram to each peer with an established connection,
+    /// every [`PROBE_INTERVAL`], so that a peer whose device went away (its process died
+    /// without disconnecting) draws an ICMP port unreachable and its connections end.
+    pub probes_sent: u64,
+    /// Liveness probes (empty datagrams) received and dropped.
+    pub probes_received: u64,
 }
+
+/// How often a device probes the peers it has connections with (see
+/// [`DeviceCounters::probes_sent`]).
+pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Counters {
     fn snapshot(&self) -> DeviceCounters {
@@ -159,6 +171,8 @@ impl Counters {
             mcast_tx_packets: g(&self.mcast_tx_packets),
             mcast_rx_packets: g(&self.mcast_rx_packets),
             icmp_errors: g(&self.icmp_errors),
+            probes_sent: g(&self.probes_sent),
+            probes_received: g(&self.probes_received),
         }
     }
 }
@@ -1341,7 +1355,12 @@ impl Engine {
     ) -> Option<(SocketAddr, std::slice::Chunks<'a, u8>)> {
         let src = m.src?;
         if m.len == 0 {
-            self.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            let c = if m.truncated {
+                &self.counters.malformed
+            } else {
+                &self.counters.probes_received
+            };
+            c.fetch_add(1, Ordering::Relaxed);
             return None;
         }
         let seg = if m.segment == 0 { m.len } else { m.segment };
@@ -1452,7 +1471,7 @@ impl Engine {
             for (dst, errno) in &errs {
                 tracing::debug!(%dst, errno, "ICMP error for a sent datagram");
                 if *errno == libc::ECONNREFUSED && dst.port() == softrdma_wire::ROCE_V2_UDP_PORT {
-                    g.cm.handle_port_unreachable(dst.ip());
+                    g.cm.handle_port_unreachable(Instant::now(), dst.ip());
                 }
             }
             self.gsi_drive(&mut g, tx);
@@ -1461,6 +1480,21 @@ impl Engine {
         self.send(tx);
         self.dispatch(evs);
         errs.len()
+    }
+
+    /// Sends a liveness probe to every peer the CM has a connection with.
+    fn probe_peers(&self) {
+        let peers = self
+            .gsi
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .cm
+            .connected_peers();
+        for ip in peers {
+            self.sock
+                .send_probe(SocketAddr::new(ip, softrdma_wire::ROCE_V2_UDP_PORT));
+            self.counters.probes_sent.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Hands CM events to the connection-manager layer (no lock held); the ones no id
@@ -1619,6 +1653,7 @@ impl Engine {
 fn progress(weak: Weak<Engine>) {
     let mut tx = TxBatch::new();
     let mut last_rx = Instant::now();
+    let mut next_probe = Instant::now() + PROBE_INTERVAL;
     // The groups polled (the receive state's snapshot, which keeps their sockets open) and
     // its generation.
     let mut groups = Arc::new(mcast::View::default());
@@ -1724,8 +1759,13 @@ fn progress(weak: Weak<Engine>) {
                 last_rx = Instant::now();
             }
         }
-        // Timers.
+        // Liveness probes to connected peers (a dead peer's kernel answers ICMP).
         let now = Instant::now();
+        if now >= next_probe {
+            next_probe = now + PROBE_INTERVAL;
+            engine.probe_peers();
+        }
+        // Timers.
         let due: Vec<u32> = {
             let t = engine.timers.lock().unwrap_or_else(|p| p.into_inner());
             t.iter()

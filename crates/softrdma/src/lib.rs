@@ -90,7 +90,7 @@ pub use device::{
     PortAttr, PortCapFlags, PortState, TransportType, DEFAULT_PKEY, GID_TABLE_LEN, PORT_NUM,
     QPF_GRH_REQUIRED,
 };
-pub use engine::{DeviceCounters, FaultConfig};
+pub use engine::{DeviceCounters, FaultConfig, PROBE_INTERVAL};
 pub use error::{DestroyError, Error, ErrorKind, Result};
 pub use event::{AsyncElement, AsyncEvent, EventType};
 pub use gid::{Gid, GidType};

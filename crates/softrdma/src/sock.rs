@@ -576,6 +576,7 @@ impl UdpSock {
                             },
                             src: from_sockaddr(&hdrs.names[i].ss),
                             segment,
+                            truncated,
                         };
                     }
                     return Ok(r);
@@ -592,6 +593,25 @@ impl UdpSock {
 }
 
 impl UdpSock {
+    /// Sends an empty datagram to `dst`: a liveness probe. RoCEv2 receivers drop it (softrdma
+    /// counts it as a probe, Linux rxe as too short); a host where nothing holds the port
+    /// answers with ICMP port unreachable, which [`UdpSock::take_icmp_errors`] then reads.
+    /// Never blocks; a failure is ignored (the next probe tries again).
+    pub(crate) fn send_probe(&self, dst: SocketAddr) {
+        let (ss, len) = to_sockaddr(&dst);
+        // SAFETY: an empty buffer and a valid sockaddr of `len` bytes.
+        unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                std::ptr::null(),
+                0,
+                libc::MSG_DONTWAIT,
+                (&ss as *const libc::sockaddr_storage).cast(),
+                len,
+            );
+        }
+    }
+
     /// Drains the socket's error queue (`IP_RECVERR` / `IPV6_RECVERR`), appending to `out`
     /// the original destination and errno of each datagram an ICMP error came back for
     /// (`ECONNREFUSED` for port unreachable, `EHOSTUNREACH`, `ENETUNREACH`, `EMSGSIZE` …).
@@ -748,6 +768,8 @@ pub(crate) struct RxMsg {
     pub(crate) src: Option<SocketAddr>,
     /// GRO segment size: the message holds datagrams of this many bytes (0: just one).
     pub(crate) segment: usize,
+    /// The message did not fit the buffer (then `len` is 0): malformed, not a probe.
+    pub(crate) truncated: bool,
 }
 
 #[derive(Clone, Copy)]

@@ -16,13 +16,18 @@ fn check(path: &str) -> Result<bool, String> {
     if reader.link_type() != LINKTYPE_ETHERNET {
         return Err(format!("{path}: not an Ethernet capture"));
     }
-    let (mut frames, mut bad, mut nonzero_ident) = (0usize, 0usize, 0usize);
+    let (mut frames, mut bad, mut nonzero_ident, mut probes) = (0usize, 0usize, 0usize, 0usize);
     for (i, rec) in reader.records().enumerate() {
         let rec = rec.map_err(|e| format!("{path}: record {}: {e}", i + 1))?;
         let Ok(d) = ip::parse_ethernet_udp(rec.data) else {
             continue;
         };
         if d.dst_port != ROCE_V2_UDP_PORT {
+            continue;
+        }
+        if d.payload.is_empty() {
+            // softrdma's liveness probe to a connected peer: no RoCEv2 packet, no ICRC.
+            probes += 1;
             continue;
         }
         frames += 1;
@@ -47,7 +52,7 @@ fn check(path: &str) -> Result<bool, String> {
         }
     }
     println!(
-        "{path}: {frames} RoCEv2 frames, {bad} with a bad ICRC, {nonzero_ident} with a nonzero IPv4 identification"
+        "{path}: {frames} RoCEv2 frames, {bad} with a bad ICRC, {nonzero_ident} with a nonzero IPv4 identification, {probes} empty liveness probes"
     );
     Ok(bad == 0)
 }

@@ -978,30 +978,76 @@ impl Cm {
 
     /// The host `peer` answered that nothing listens on its RoCEv2 port (an ICMP port
     /// unreachable for a datagram sent there, which the I/O layer learns from the socket's
-    /// error queue). Every communication still waiting for the first answer of that peer
-    /// (REQ or SIDR_REQ sent, no MRA/REP/REJ yet) ends at once with [`CmEvent::Refused`]
-    /// instead of retrying for the full timeout; the others are left alone (a peer that
-    /// answered once has a CM, and a lost ICMP-carrying datagram says nothing of them).
+    /// error queue): no device is there any more, or never was. What a kernel's CM would
+    /// learn from the DREQ it sends for a dying process, or from its REQ going unanswered,
+    /// this CM learns at once:
+    /// - a REQ or SIDR_REQ waiting for its first answer (also after an MRA) ends with
+    ///   [`CmEvent::Refused`] instead of retrying for the full timeout;
+    /// - a passive side waiting for the RTU ends with [`CmEvent::Unreachable`];
+    /// - an established connection, or one whose DREQ waits for its DREP, enters timewait
+    ///   with [`CmEvent::Disconnected`], as if the peer had disconnected.
+    ///
+    /// Communications waiting for the owner (a reported REQ or REP) are left to it.
     /// Returns how many communications ended.
-    pub fn handle_port_unreachable(&mut self, peer: IpAddr) -> usize {
+    pub fn handle_port_unreachable(&mut self, now: Instant, peer: IpAddr) -> usize {
         let ids: Vec<u32> = self
             .conns
             .iter()
             .filter(|(_, c)| {
-                c.peer == peer && matches!(c.state, State::ReqSent | State::SidrReqSent)
+                c.peer == peer
+                    && matches!(
+                        c.state,
+                        State::ReqSent
+                            | State::SidrReqSent
+                            | State::MraReqRcvd
+                            | State::RepSent
+                            | State::MraRepRcvd
+                            | State::Established
+                            | State::DreqSent
+                    )
             })
             .map(|(&id, _)| id)
             .collect();
         for &id in &ids {
-            if let Some(conn) = self.unput(id) {
-                let destroyed = conn.destroyed;
-                self.forget(id, conn);
-                if !destroyed {
-                    self.event(CmEvent::Refused { id: ConnId(id) });
+            let Some(mut conn) = self.unput(id) else {
+                continue;
+            };
+            let destroyed = conn.destroyed;
+            let ev = match conn.state {
+                State::Established | State::DreqSent => {
+                    self.enter_timewait(now, &mut conn);
+                    self.put(id, conn);
+                    CmEvent::Disconnected { id: ConnId(id) }
                 }
+                State::RepSent | State::MraRepRcvd => {
+                    self.forget(id, conn);
+                    CmEvent::Unreachable { id: ConnId(id) }
+                }
+                _ => {
+                    self.forget(id, conn);
+                    CmEvent::Refused { id: ConnId(id) }
+                }
+            };
+            if !destroyed {
+                self.event(ev);
             }
         }
         ids.len()
+    }
+
+    /// The peers this CM has a connection with (established, or disconnecting): where a
+    /// liveness probe goes, so that a peer whose device went away (its process died and
+    /// sent no DREQ) is noticed through [`Cm::handle_port_unreachable`].
+    pub fn connected_peers(&self) -> Vec<IpAddr> {
+        let mut v: Vec<IpAddr> = self
+            .conns
+            .values()
+            .filter(|c| matches!(c.state, State::Established | State::DreqSent))
+            .map(|c| c.peer)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     /// Feeds one received MAD (the 256-byte payload of a UD SEND to QP1) from `src`.

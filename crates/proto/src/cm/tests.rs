@@ -238,6 +238,48 @@ fn golden_rep_answers_rxe_req() {
     assert_eq!(b.connection_count(), 0);
 }
 
+/// A connected peer whose device went away (its process died, no DREQ came): the port
+/// unreachable a liveness probe draws ends the connection as a DREQ would.
+#[test]
+fn port_unreachable_from_a_connected_peer_disconnects() {
+    let mut b = cm(v4(198, 18, 0, 2), 0x5054_00ff_fe00_0002, 3);
+    b.listen(0x0106_1c06).unwrap();
+    let now = Instant::now();
+    b.handle_mad(now, v4(198, 18, 0, 3), &golden_mad(RXE, 361));
+    let id = match &events(&mut b)[..] {
+        [CmEvent::ReqReceived { id, .. }] => *id,
+        ev => panic!("{ev:?}"),
+    };
+    b.accept(
+        now,
+        id,
+        AcceptParams {
+            local_qpn: 0x24,
+            starting_psn: 1,
+            responder_resources: 1,
+            initiator_depth: 1,
+            rnr_retry_count: 7,
+            srq: false,
+            flow_control: false,
+            private_data: vec![],
+        },
+    )
+    .unwrap();
+    drain(&mut b);
+    assert!(b.connected_peers().is_empty(), "not before the RTU");
+    let mut rtu = golden_mad(RXE, 363);
+    rtu[28..32].copy_from_slice(&id.0.to_be_bytes());
+    b.handle_mad(now, v4(198, 18, 0, 3), &rtu);
+    assert!(matches!(&events(&mut b)[..], [CmEvent::Established { .. }]));
+    assert_eq!(b.connected_peers(), vec![v4(198, 18, 0, 3)]);
+    assert_eq!(b.handle_port_unreachable(now, v4(198, 18, 0, 3)), 1);
+    assert_eq!(events(&mut b), vec![CmEvent::Disconnected { id }]);
+    assert!(b.connected_peers().is_empty());
+    assert!(drain(&mut b).is_empty(), "no DREQ to a peer that is gone");
+    b.handle_timeout(now + Duration::from_millis(2048));
+    assert_eq!(events(&mut b), vec![CmEvent::TimewaitExit { id }]);
+}
+
 /// SIDR_REQ as in frame 531 (but for the request ID) and SIDR_REP as in frame 532.
 #[test]
 fn golden_sidr() {
@@ -327,8 +369,8 @@ fn port_unreachable_ends_a_waiting_req_at_once_and_only_that_peer() {
     let other = a.connect(t0, q).unwrap();
     assert_eq!(drain(&mut a).len(), 2);
     // Another host's ICMP says nothing of this peer.
-    assert_eq!(a.handle_port_unreachable(v4(10, 0, 0, 9)), 0);
-    assert_eq!(a.handle_port_unreachable(v4(10, 0, 0, 2)), 1);
+    assert_eq!(a.handle_port_unreachable(t0, v4(10, 0, 0, 9)), 0);
+    assert_eq!(a.handle_port_unreachable(t0, v4(10, 0, 0, 2)), 1);
     assert_eq!(events(&mut a), vec![CmEvent::Refused { id }]);
     assert_eq!(a.connection_count(), 1);
     // The other REQ still retries and ends as before; the refused one never resends.
@@ -349,7 +391,7 @@ fn port_unreachable_ends_a_waiting_req_at_once_and_only_that_peer() {
     for (_, m) in drain(&mut b) {
         a.handle_mad(now, v4(10, 0, 0, 2), &m);
     }
-    assert_eq!(a.handle_port_unreachable(v4(10, 0, 0, 2)), 0);
+    assert_eq!(a.handle_port_unreachable(t0, v4(10, 0, 0, 2)), 0);
     assert!(matches!(events(&mut a)[..], [CmEvent::Rejected { id: r, .. }] if r == id));
 }
 
