@@ -13,24 +13,14 @@ use crate::abi::*;
 /// The bytes after `struct ibv_qp` in `struct ibv_qp_ex` (HEAD: 360 - 160), zeroed until
 /// `verbs::ex` fills them.
 #[repr(C)]
+#[derive(Default)]
 pub struct QpExTail(pub [u64; 25]);
-
-impl Default for QpExTail {
-    fn default() -> Self {
-        QpExTail([0; 25])
-    }
-}
 
 /// The bytes after `struct ibv_cq` in `struct ibv_cq_ex`, zeroed until `verbs::ex` fills
 /// them.
 #[repr(C)]
+#[derive(Default)]
 pub struct CqExTail(pub [u64; 24]);
-
-impl Default for CqExTail {
-    fn default() -> Self {
-        CqExTail([0; 24])
-    }
-}
 
 /// Fills the extended slots of a new context's `verbs_context` (the stub fills none, so
 /// programs fall back to the basic verbs or get `EOPNOTSUPP` from the inline wrappers).
