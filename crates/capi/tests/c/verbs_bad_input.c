@@ -5,6 +5,7 @@
 #include <infiniband/verbs.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -353,6 +354,31 @@ int main(int argc, char **argv)
 	CHECK(ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT) == EINVAL);
 	CHECK(ibv_query_srq(srq, &sa) == 0 && sa.max_wr >= 16);
 	CHECK(ibv_post_srq_recv(srq, &rwr, &rbad) == 0);
+
+	/* Asynchronous events name the C object: a QP on the SRQ moved to ERR raises
+	 * LAST_WQE_REACHED; the QP cannot be destroyed until the event is acknowledged. */
+	{
+		struct ibv_qp_init_attr sia = {
+			.send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
+			.cap = { .max_send_wr = 1, .max_send_sge = 1 },
+		};
+		struct ibv_qp *sqp = ibv_create_qp(pd, &sia);
+		CHECK(sqp && sqp->srq == srq);
+		struct ibv_qp_attr ea = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+		CHECK(ibv_modify_qp(sqp, &ea, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					      IBV_QP_ACCESS_FLAGS) == 0);
+		ea.qp_state = IBV_QPS_ERR;
+		CHECK(ibv_modify_qp(sqp, &ea, IBV_QP_STATE) == 0 && sqp->state == IBV_QPS_ERR);
+		struct pollfd pfd = { .fd = ctx->async_fd, .events = POLLIN };
+		CHECK(poll(&pfd, 1, 30000) == 1); /* a hang guard, not a timing check */
+		struct ibv_async_event ae;
+		CHECK(ibv_get_async_event(ctx, &ae) == 0);
+		CHECK(ae.event_type == IBV_EVENT_QP_LAST_WQE_REACHED && ae.element.qp == sqp);
+		CHECK(!strcmp(ibv_event_type_str(ae.event_type), "last WQE reached"));
+		CHECK(ibv_destroy_qp(sqp) == EBUSY);
+		ibv_ack_async_event(&ae);
+		CHECK(ibv_destroy_qp(sqp) == 0);
+	}
 
 	/* Strings and rates. */
 	CHECK(!strcmp(ibv_wc_status_str(IBV_WC_SUCCESS), "success"));
