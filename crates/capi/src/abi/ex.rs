@@ -1,12 +1,11 @@
 //! The extended verbs of `infiniband/verbs.h`: `struct ibv_qp_ex` (the `ibv_wr_*` work
-//! request builders), `struct ibv_cq_ex` (`ibv_start_poll` and the `ibv_wc_read_*`
-//! readers), `struct ibv_qp_init_attr_ex` and `struct ibv_cq_init_attr_ex`, for x86_64
-//! (`struct ibv_device_attr_ex` is with `struct ibv_device_attr` in [`super::verbs`]). Programs reach all of them through function
-//! pointers (the `verbs_context` slots and the tables below), never through symbols.
+//! request builders), `struct ibv_cq_ex` (`ibv_start_poll` and the `ibv_wc_read_*` readers)
+//! and `struct ibv_cq_init_attr_ex`, for x86_64. (`struct ibv_qp_init_attr_ex` is in
+//! [`super::rdmacm`], `struct ibv_device_attr_ex` in [`super::verbs`].) Programs reach all of
+//! them through function pointers (the `verbs_context` slots and the tables below), never
+//! through symbols.
 
-use super::verbs::{
-    ibv_ah, ibv_comp_channel, ibv_cq, ibv_pd, ibv_qp, ibv_qp_cap, ibv_sge, ibv_srq,
-};
+use super::verbs::{ibv_ah, ibv_comp_channel, ibv_cq, ibv_pd, ibv_qp, ibv_sge};
 use libc::{c_int, c_uint, c_void, size_t};
 
 /// `enum ibv_qp_init_attr_mask`: `pd` is valid.
@@ -92,59 +91,6 @@ pub const IBV_CQ_INIT_ATTR_MASK_PD: u32 = 1 << 1;
 pub const IBV_CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1 << 0;
 /// The CQ may overrun without an error.
 pub const IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: u32 = 1 << 1;
-
-/// `struct ibv_rx_hash_conf` (RSS; not supported).
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct ibv_rx_hash_conf {
-    /// `enum ibv_rx_hash_function_flags`.
-    pub rx_hash_function: u8,
-    /// Length of `rx_hash_key`.
-    pub rx_hash_key_len: u8,
-    /// The hash key.
-    pub rx_hash_key: *mut u8,
-    /// `enum ibv_rx_hash_fields`.
-    pub rx_hash_fields_mask: u64,
-}
-
-/// `struct ibv_qp_init_attr_ex`: `struct ibv_qp_init_attr` followed by the extended fields
-/// named by `comp_mask`.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct ibv_qp_init_attr_ex {
-    /// The QP's user context.
-    pub qp_context: *mut c_void,
-    /// CQ of send completions.
-    pub send_cq: *mut ibv_cq,
-    /// CQ of receive completions.
-    pub recv_cq: *mut ibv_cq,
-    /// Shared receive queue, or NULL.
-    pub srq: *mut ibv_srq,
-    /// Requested capacities (updated with the actual ones).
-    pub cap: ibv_qp_cap,
-    /// `enum ibv_qp_type`.
-    pub qp_type: u32,
-    /// Every send request generates a completion.
-    pub sq_sig_all: c_int,
-    /// `enum ibv_qp_init_attr_mask`.
-    pub comp_mask: u32,
-    /// Protection domain (`IBV_QP_INIT_ATTR_PD`).
-    pub pd: *mut ibv_pd,
-    /// XRC domain (`IBV_QP_INIT_ATTR_XRCD`).
-    pub xrcd: *mut c_void,
-    /// `enum ibv_qp_create_flags` (`IBV_QP_INIT_ATTR_CREATE_FLAGS`).
-    pub create_flags: u32,
-    /// `IBV_QP_INIT_ATTR_MAX_TSO_HEADER`.
-    pub max_tso_header: u16,
-    /// `IBV_QP_INIT_ATTR_IND_TABLE`.
-    pub rwq_ind_tbl: *mut c_void,
-    /// `IBV_QP_INIT_ATTR_RX_HASH`.
-    pub rx_hash_conf: ibv_rx_hash_conf,
-    /// `IBV_QP_CREATE_SOURCE_QPN`.
-    pub source_qpn: u32,
-    /// `enum ibv_qp_create_send_ops_flags` (`IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`).
-    pub send_ops_flags: u64,
-}
 
 /// `struct ibv_data_buf`: one buffer of `ibv_wr_set_inline_data_list`.
 #[repr(C)]
@@ -308,8 +254,8 @@ pub struct ibv_cq_init_attr_ex {
 
 const _: () = {
     use std::mem::{offset_of, size_of};
-    assert!(size_of::<ibv_qp_init_attr_ex>() == 136);
-    assert!(offset_of!(ibv_qp_init_attr_ex, send_ops_flags) == 128);
+    assert!(size_of::<super::rdmacm::ibv_qp_init_attr_ex>() == 136);
+    assert!(offset_of!(super::rdmacm::ibv_qp_init_attr_ex, send_ops_flags) == 128);
     assert!(size_of::<ibv_qp_ex>() == 360);
     assert!(offset_of!(ibv_qp_ex, wr_atomic_cmp_swp) == 184);
     assert!(offset_of!(ibv_qp_ex, wr_id) == 168);

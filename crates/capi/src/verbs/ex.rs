@@ -216,6 +216,18 @@ fn supported_send_ops(qp_type: QpType) -> u64 {
     }
 }
 
+/// Whether a QP of C type `qp_type` can have the `ibv_wr_*` operations `send_ops_flags`
+/// (`enum ibv_qp_create_send_ops_flags`) here: `EOPNOTSUPP` if not (another QP type than
+/// RC/UC/UD, or LOCAL_INV, BIND_MW, TSO, ATOMIC_WRITE, FLUSH, or an operation the type
+/// lacks).
+pub fn check_send_ops(qp_type: u32, send_ops_flags: u64) -> Result<(), i32> {
+    let t = qp_type_of(qp_type).ok_or(libc::EOPNOTSUPP)?;
+    if send_ops_flags & !supported_send_ops(t) != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    Ok(())
+}
+
 fn qp_type_of(t: u32) -> Option<QpType> {
     match t {
         2 => Some(QpType::Rc),
@@ -297,10 +309,7 @@ unsafe extern "C" fn create_qp_ex(context: *mut ibv_context, attr: *mut c_void) 
         }
         let ops = (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(a.send_ops_flags);
         if let Some(ops) = ops {
-            let t = qp_type_of(a.qp_type).ok_or(libc::EOPNOTSUPP)?;
-            if ops & !supported_send_ops(t) != 0 {
-                return Err(libc::EOPNOTSUPP);
-            }
+            check_send_ops(a.qp_type, ops)?;
         }
         // The leading fields of ibv_qp_init_attr_ex are an ibv_qp_init_attr (rdma-core's
         // own shortcut passes it so); caps are written back there.
