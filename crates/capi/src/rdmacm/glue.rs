@@ -4,10 +4,9 @@
 
 use super::Res;
 use crate::abi::*;
-use crate::verbs::objects::{self, CCq, CPd, CQp, CSrq};
+use crate::verbs::objects;
 use libc::{c_int, c_void};
-use softrdma::{AhAttr, Cq, Pd, Qp, QpAttr, Srq};
-use std::mem::MaybeUninit;
+use softrdma::{AhAttr, Cq, Pd, QpAttr, Srq};
 use std::sync::{Arc, Mutex};
 
 /// The C context of a context the CM opened (NULL if its descriptor cannot be made).
@@ -107,122 +106,25 @@ pub unsafe fn destroy_srq(srq: *mut ibv_srq) {
 
 /// The softrdma CQ behind a C CQ. Fails with `EINVAL` for NULL.
 pub unsafe fn cq_arc(cq: *mut ibv_cq) -> Res<Arc<Cq>> {
-    objects::wrapper::<_, CCq>(cq)
-        .map(|w| w.cq.clone())
-        .ok_or(libc::EINVAL)
+    crate::verbs::cq_arc(cq).cloned().ok_or(libc::EINVAL)
 }
 
 /// The softrdma SRQ behind a C SRQ. Fails with `EINVAL` for NULL.
 pub unsafe fn srq_arc(srq: *mut ibv_srq) -> Res<Arc<Srq>> {
-    objects::wrapper::<_, CSrq>(srq)
-        .map(|w| w.srq.clone())
-        .ok_or(libc::EINVAL)
+    crate::verbs::srq_arc(srq).cloned().ok_or(libc::EINVAL)
 }
 
 /// The softrdma PD behind a C PD. Fails with `EINVAL` for NULL.
 pub unsafe fn pd_arc(pd: *mut ibv_pd) -> Res<Arc<Pd>> {
-    objects::wrapper::<_, CPd>(pd)
-        .map(|w| w.pd.clone())
-        .ok_or(libc::EINVAL)
-}
-
-/// Room for the C QP of a QP the CM is about to create: its address is the softrdma QP's
-/// `qp_context`, as for every QP of the C layer.
-pub fn qp_wrapper() -> *mut MaybeUninit<CQp> {
-    objects::alloc_wrapper::<CQp>()
-}
-
-/// Frees a wrapper from [`qp_wrapper`] whose QP was not created.
-pub unsafe fn abandon_qp(w: *mut MaybeUninit<CQp>) {
-    objects::abandon(w)
-}
-
-/// Completes the C QP for `qp` (made by the CM with `w`'s address as its context).
-pub unsafe fn finish_qp(
-    w: *mut MaybeUninit<CQp>,
-    qp: Arc<Qp>,
-    pd: *mut ibv_pd,
-    send_cq: *mut ibv_cq,
-    recv_cq: *mut ibv_cq,
-    srq: *mut ibv_srq,
-    qp_context: *mut c_void,
-) -> *mut ibv_qp {
-    let mut c: ibv_qp = objects::zeroed();
-    c.context = (*pd).context;
-    c.qp_context = qp_context;
-    c.pd = pd;
-    c.send_cq = send_cq;
-    c.recv_cq = recv_cq;
-    c.srq = srq;
-    c.handle = qp.qp_num();
-    c.qp_num = qp.qp_num();
-    c.state = qp.state() as u32;
-    c.qp_type = qp.qp_type() as u32;
-    let p = objects::finish(
-        w,
-        CQp {
-            c,
-            ex: Default::default(),
-            qp,
-        },
-    );
-    p.cast()
+    crate::verbs::pd_arc(pd).cloned().ok_or(libc::EINVAL)
 }
 
 /// The C form of an address vector.
 pub fn ah_attr_to_c(a: &AhAttr) -> ibv_ah_attr {
-    ibv_ah_attr {
-        grh: ibv_global_route {
-            dgid: ibv_gid {
-                raw: a.grh.dgid.raw,
-            },
-            flow_label: a.grh.flow_label,
-            sgid_index: a.grh.sgid_index,
-            hop_limit: a.grh.hop_limit,
-            traffic_class: a.grh.traffic_class,
-        },
-        dlid: a.dlid,
-        sl: a.sl,
-        src_path_bits: a.src_path_bits,
-        static_rate: a.static_rate,
-        is_global: u8::from(a.is_global),
-        port_num: a.port_num,
-    }
+    crate::verbs::ah_attr_to_c(a)
 }
 
 /// Writes QP attributes in C form (every field; the mask says which mean something).
 pub unsafe fn qp_attr_to_c(a: &QpAttr, out: *mut ibv_qp_attr) {
-    let o = &mut *out;
-    o.qp_state = a.qp_state as u32;
-    o.cur_qp_state = a.cur_qp_state as u32;
-    o.path_mtu = a.path_mtu as u32;
-    o.path_mig_state = a.path_mig_state as u32;
-    o.qkey = a.qkey;
-    o.rq_psn = a.rq_psn;
-    o.sq_psn = a.sq_psn;
-    o.dest_qp_num = a.dest_qp_num;
-    o.qp_access_flags = a.qp_access_flags;
-    o.cap = ibv_qp_cap {
-        max_send_wr: a.cap.max_send_wr,
-        max_recv_wr: a.cap.max_recv_wr,
-        max_send_sge: a.cap.max_send_sge,
-        max_recv_sge: a.cap.max_recv_sge,
-        max_inline_data: a.cap.max_inline_data,
-    };
-    o.ah_attr = ah_attr_to_c(&a.ah_attr);
-    o.alt_ah_attr = ah_attr_to_c(&a.alt_ah_attr);
-    o.pkey_index = a.pkey_index;
-    o.alt_pkey_index = a.alt_pkey_index;
-    o.en_sqd_async_notify = u8::from(a.en_sqd_async_notify);
-    o.sq_draining = u8::from(a.sq_draining);
-    o.max_rd_atomic = a.max_rd_atomic;
-    o.max_dest_rd_atomic = a.max_dest_rd_atomic;
-    o.min_rnr_timer = a.min_rnr_timer;
-    o.port_num = a.port_num;
-    o.timeout = a.timeout;
-    o.retry_cnt = a.retry_cnt;
-    o.rnr_retry = a.rnr_retry;
-    o.alt_port_num = a.alt_port_num;
-    o.alt_timeout = a.alt_timeout;
-    o.rate_limit = a.rate_limit;
+    out.write(crate::verbs::qp_attr_to_c(a));
 }

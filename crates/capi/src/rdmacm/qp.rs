@@ -142,17 +142,12 @@ pub(crate) unsafe fn create_qp_c(c: &mut CId, pd: *mut ibv_pd, a: &mut QpAttrs) 
             sq_sig_all: a.sq_sig_all,
         };
         let pd_arc = glue::pd_arc(pd)?;
-        let w = glue::qp_wrapper();
-        attr.qp_context = w as usize as u64;
-        let made =
-            Ok(pd_arc).and_then(|pd_arc| c.id.create_qp_ex(Some(&pd_arc), &mut attr).map_err(err));
-        let qp = match made {
-            Ok(qp) => qp,
-            Err(e) => {
-                glue::abandon_qp(w);
-                return Err(e);
-            }
-        };
+        let id = c.id.clone();
+        let (scq, rcq) = (c.hdr.send_cq, c.hdr.recv_cq);
+        let qp = crate::verbs::wrap_qp(pd, scq, rcq, srq, a.qp_context, |ctx| {
+            attr.qp_context = ctx;
+            id.create_qp_ex(Some(&pd_arc), &mut attr)
+        })?;
         a.cap = ibv_qp_cap {
             max_send_wr: attr.cap.max_send_wr,
             max_recv_wr: attr.cap.max_recv_wr,
@@ -160,15 +155,7 @@ pub(crate) unsafe fn create_qp_c(c: &mut CId, pd: *mut ibv_pd, a: &mut QpAttrs) 
             max_recv_sge: attr.cap.max_recv_sge,
             max_inline_data: attr.cap.max_inline_data,
         };
-        Ok(glue::finish_qp(
-            w,
-            qp,
-            pd,
-            c.hdr.send_cq,
-            c.hdr.recv_cq,
-            srq,
-            a.qp_context,
-        ))
+        Ok(qp)
     })();
     match r {
         Ok(q) => {
