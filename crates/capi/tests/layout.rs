@@ -83,6 +83,26 @@ fn layouts() -> Vec<Layout> {
         struct ibv_pci_atomic_caps { fetch_add, swap, compare_swap }
         struct ibv_device_attr_ex { orig_attr, comp_mask, odp_caps, completion_timestamp_mask, hca_core_clock, device_cap_flags_ex, tso_caps, rss_caps, max_wq_type_rq, packet_pacing_caps, raw_packet_caps, tm_caps, cq_mod_caps, max_dm_size, pci_atomic_caps, xrc_odp_caps, phys_port_cnt_ex }
         struct ibv_mw_bind_info { mr, addr, length, mw_access_flags }
+        struct ibv_cq_ex { context => cq.context, channel => cq.channel, cq_context => cq.cq_context, handle => cq.handle, cqe => cq.cqe, mutex => cq.mutex, cond => cq.cond, comp_events_completed => cq.comp_events_completed, async_events_completed => cq.async_events_completed, comp_mask, status, wr_id, start_poll, next_poll, end_poll, read_opcode, read_vendor_err, read_byte_len, read_imm_data, read_qp_num, read_src_qp, read_wc_flags, read_slid, read_sl, read_dlid_path_bits, read_completion_ts, read_cvlan, read_flow_tag, read_tm_info, read_completion_wallclock_ns }
+        struct ibv_cq_init_attr_ex { cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain }
+        struct ibv_poll_cq_attr { comp_mask }
+        struct ibv_wc_tm_info { tag, priv => priv_ }
+        struct ibv_data_buf { addr, length }
+        struct rdma_event_channel { fd }
+        struct rdma_ib_addr { sgid, dgid, pkey }
+        struct rdma_addr { src_addr => src.addr, src_sin => src.sin, src_sin6 => src.sin6, src_storage => src.storage, dst_addr => dst.addr, dst_sin => dst.sin, dst_sin6 => dst.sin6, dst_storage => dst.storage, addr.ibaddr }
+        struct ibv_sa_path_rec { dgid, sgid, dlid, slid, raw_traffic, flow_label, hop_limit, traffic_class, reversible, numb_path, pkey, sl, mtu_selector, mtu, rate_selector, rate, packet_life_time_selector, packet_life_time, preference }
+        struct rdma_route { addr, path_rec, num_paths }
+        struct rdma_cm_id { verbs, channel, context, qp, route, route.addr.src_addr => route.addr.src.addr, route.addr.dst_addr => route.addr.dst.addr, route.addr.addr.ibaddr.dgid => route.addr.addr.ibaddr.dgid, route.path_rec, route.num_paths, ps, port_num, event, send_cq_channel, send_cq, recv_cq_channel, recv_cq, srq, pd, qp_type }
+        struct rdma_conn_param { private_data, private_data_len, responder_resources, initiator_depth, flow_control, retry_count, rnr_retry_count, srq, qp_num }
+        struct rdma_ud_param { private_data, private_data_len, ah_attr, qp_num, qkey }
+        struct rdma_cm_event { id, listen_id, event, status, param, param.conn.qp_num, param.ud.ah_attr, param.ud.qkey }
+        struct rdma_addrinfo { ai_flags, ai_family, ai_qp_type, ai_port_space, ai_src_len, ai_dst_len, ai_src_addr, ai_dst_addr, ai_src_canonname, ai_dst_canonname, ai_route_len, ai_route, ai_connect_len, ai_connect, ai_next }
+        struct rdma_cm_join_mc_attr_ex { comp_mask, join_flags, addr }
+        struct ibv_rx_hash_conf { rx_hash_function, rx_hash_key_len, rx_hash_key, rx_hash_fields_mask }
+        struct ibv_qp_init_attr_ex { qp_context, send_cq, recv_cq, srq, cap, qp_type, sq_sig_all, comp_mask, pd, xrcd, create_flags, max_tso_header, rwq_ind_tbl, rx_hash_conf, source_qpn, send_ops_flags }
+        struct ibv_tm_cap { max_num_tags, max_ops }
+        struct ibv_srq_init_attr_ex { srq_context, attr, comp_mask, srq_type, pd, xrcd, cq, tm_cap }
     }
 }
 
