@@ -333,6 +333,28 @@ int main(int argc, char **argv)
 	CHECK(ibv_attach_mcast(qp, &gid, 0) == EINVAL);
 	CHECK(ibv_attach_mcast(NULL, &gid, 0) == EINVAL);
 
+	/* Memory windows are not offered: the inline ibv_alloc_mw finds no ops slot. */
+	FAILS_PTR(ibv_alloc_mw(pd, IBV_MW_TYPE_1), EOPNOTSUPP);
+
+	/* A UD QP joins an IPv4-mapped multicast group; destroy waits for the detach. */
+	{
+		struct ibv_qp_init_attr ua = {
+			.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_UD,
+			.cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1,
+				 .max_recv_sge = 1 },
+		};
+		struct ibv_qp *uqp = ibv_create_qp(pd, &ua);
+		union ibv_gid mg = { .raw = { [10] = 0xff, [11] = 0xff, [12] = 239, [13] = 1,
+					      [14] = 2, [15] = 3 } };
+		CHECK(uqp != NULL);
+		CHECK(ibv_attach_mcast(uqp, &gid, 0) == EINVAL); /* not a multicast GID */
+		CHECK(ibv_detach_mcast(uqp, &mg, 0) == EINVAL); /* not attached */
+		CHECK(ibv_attach_mcast(uqp, &mg, 0) == 0);
+		CHECK(ibv_destroy_qp(uqp) == EBUSY);
+		CHECK(ibv_detach_mcast(uqp, &mg, 0) == 0);
+		CHECK(ibv_destroy_qp(uqp) == 0);
+	}
+
 	/* Address handles: RoCE needs a GRH. */
 	struct ibv_ah_attr aa = { .port_num = 1 };
 	FAILS_PTR(ibv_create_ah(pd, &aa), EINVAL);
