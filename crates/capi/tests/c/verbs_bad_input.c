@@ -217,6 +217,7 @@ int main(int argc, char **argv)
 	CHECK(ibv_resize_cq(cq, 8) == 0);
 	struct ibv_wc wc[4];
 	CHECK(ibv_poll_cq(cq, 0, wc) == 0);
+	CHECK(ibv_req_notify_cq(ocq, 0) == 0); /* no channel: accepted, nothing to notify */
 	CHECK(ibv_poll_cq(cq, 4, wc) == 0);
 	{
 		struct ibv_cq *ecq;
@@ -278,7 +279,8 @@ int main(int argc, char **argv)
 	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE) == EINVAL);
 	qa.qp_state = IBV_QPS_INIT;
 	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE) == EINVAL);
-	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE | (1 << 30)) != 0);
+	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE | (1 << 30)) == EOPNOTSUPP);
+	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE | (1 << 22)) == EINVAL);
 	qa.qp_state = 42;
 	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE) == EINVAL);
 	CHECK(ibv_modify_qp(qp, NULL, IBV_QP_STATE) == EINVAL);
