@@ -195,7 +195,11 @@ pub struct QpInitInfo {
 }
 
 /// `struct ibv_sge`: a piece of registered memory, named by address, length and lkey.
+///
+/// `#[repr(C)]` with the C struct's layout, so an array of C `ibv_sge` can be read as a
+/// slice of `Sge` without a copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
 pub struct Sge {
     /// Address of the first byte (in the region's iova space).
     pub addr: u64,
@@ -993,6 +997,29 @@ impl Qp {
     /// 8-byte aligned 8-byte entry, or a UD request has no address handle of the QP's PD;
     /// `ENOMEM` when the send queue is full.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
+        self.post_send_impl(wrs, false)
+    }
+
+    /// [`Qp::post_send`] with rdma-core's rule for `IBV_SEND_INLINE`: the data of an inline
+    /// request is copied from the addresses of its entries whether or not they lie in a
+    /// memory region (the lkey is ignored), as a C program expects of libibverbs.
+    ///
+    /// Fails as [`Qp::post_send`] does, except for unregistered inline entries.
+    ///
+    /// # Safety
+    /// Each entry of every INLINE request must name `length` readable bytes at `addr`.
+    pub unsafe fn post_send_raw_inline(
+        &self,
+        wrs: &[SendWr<'_>],
+    ) -> std::result::Result<(), PostError> {
+        self.post_send_impl(wrs, true)
+    }
+
+    fn post_send_impl(
+        &self,
+        wrs: &[SendWr<'_>],
+        raw_inline: bool,
+    ) -> std::result::Result<(), PostError> {
         let inner = &self.inner;
         let mut st = inner.lock();
         let mut result = Ok(());
@@ -1006,7 +1033,7 @@ impl Qp {
                 ))));
                 break;
             }
-            let (mut req, ah) = match self.check_send(wr) {
+            let (mut req, ah) = match self.check_send(wr, raw_inline) {
                 Ok(x) => x,
                 Err(e) => {
                     result = Err(fail(e));
@@ -1074,7 +1101,11 @@ impl Qp {
         result
     }
 
-    fn check_send(&self, wr: &SendWr<'_>) -> Result<(tp::SendRequest, Option<Arc<AhInner>>)> {
+    fn check_send(
+        &self,
+        wr: &SendWr<'_>,
+        raw_inline: bool,
+    ) -> Result<(tp::SendRequest, Option<Arc<AhInner>>)> {
         let inner = &self.inner;
         let qp_type = inner.qp_type;
         if !wr.opcode.allowed_on(qp_type) {
@@ -1106,7 +1137,11 @@ impl Qp {
                     inner.cap.max_inline_data
                 )));
             }
-            inline = Some(self.copy_inline(wr.sg_list, length as usize)?);
+            inline = Some(if raw_inline {
+                raw_inline_copy(wr.sg_list, length as usize)
+            } else {
+                self.copy_inline(wr.sg_list, length as usize)?
+            });
         }
         if wr.opcode.is_atomic() {
             if wr.sg_list.len() != 1 || length != 8 {
@@ -1382,6 +1417,20 @@ impl Qp {
             error: Error::new(ErrorKind::Busy, why),
         })
     }
+}
+
+/// Copies inline data from the entries' addresses (see [`Qp::post_send_raw_inline`]).
+fn raw_inline_copy(sges: &[Sge], length: usize) -> tp::InlineData {
+    let mut data = tp::InlineData::zeroed(length);
+    let mut at = 0;
+    for s in sges {
+        let n = s.length as usize;
+        // SAFETY: the caller of post_send_raw_inline promised n readable bytes at addr.
+        let src = unsafe { std::slice::from_raw_parts(s.addr as usize as *const u8, n) };
+        data[at..at + n].copy_from_slice(src);
+        at += n;
+    }
+    data
 }
 
 impl std::fmt::Debug for Qp {

@@ -316,6 +316,14 @@ impl PartialEq for CmId {
 
 impl Eq for CmId {}
 
+/// Hashes the id's identity (consistent with `==`: two handles of one id hash alike), so
+/// that ids can key a map — e.g. the C layer's table from ids to its `rdma_cm_id`s.
+impl std::hash::Hash for CmId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.inner), state);
+    }
+}
+
 /// Contexts and default PDs of the devices the connection manager uses, one per device
 /// (`rdma_get_devices`; `rdma_create_qp` with no PD uses the device's default PD).
 struct DeviceRes {

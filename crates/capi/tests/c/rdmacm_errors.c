@@ -1,0 +1,254 @@
+/* Bad input on the connection manager's side: every call fails with -1 and the errno
+ * librdmacm (and the kernel's rdma_ucm under it) gives, and nothing crashes.
+ * Usage: rdmacm_errors ADDR  (a local address of the test's own; nothing listens on it). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rsocket.h>
+
+static int failures;
+
+#define EXPECT_ERR(call, err)                                                         \
+	do {                                                                          \
+		errno = 0;                                                            \
+		int r_ = (call);                                                      \
+		if (r_ != -1 || errno != (err)) {                                     \
+			printf("FAIL %s:%d %s = %d errno %d (%s), want -1 errno %d\n", \
+			       __FILE__, __LINE__, #call, r_, errno, strerror(errno), \
+			       (err));                                                \
+			failures++;                                                   \
+		}                                                                     \
+	} while (0)
+
+#define EXPECT_OK(call)                                                                 \
+	do {                                                                            \
+		errno = 0;                                                              \
+		int r_ = (call);                                                        \
+		if (r_ != 0) {                                                          \
+			printf("FAIL %s:%d %s = %d errno %d (%s)\n", __FILE__, __LINE__, \
+			       #call, r_, errno, strerror(errno));                      \
+			failures++;                                                     \
+		}                                                                       \
+	} while (0)
+
+#define CHECK(cond)                                                               \
+	do {                                                                      \
+		if (!(cond)) {                                                    \
+			printf("FAIL %s:%d %s\n", __FILE__, __LINE__, #cond);     \
+			failures++;                                                   \
+		}                                                                 \
+	} while (0)
+
+static struct sockaddr_in sin_of(const char *ip, int port)
+{
+	struct sockaddr_in s;
+	memset(&s, 0, sizeof s);
+	s.sin_family = AF_INET;
+	s.sin_port = htons(port);
+	inet_pton(AF_INET, ip, &s.sin_addr);
+	return s;
+}
+
+/* The next event of the channel (blocking), its type and status copied out, acked. */
+static int next_event(struct rdma_event_channel *ch, int *status)
+{
+	struct rdma_cm_event *ev;
+	if (rdma_get_cm_event(ch, &ev)) {
+		printf("FAIL rdma_get_cm_event: %s\n", strerror(errno));
+		failures++;
+		return -1;
+	}
+	int type = ev->event;
+	*status = ev->status;
+	EXPECT_OK(rdma_ack_cm_event(ev));
+	return type;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 2) {
+		fprintf(stderr, "usage: %s ADDR\n", argv[0]);
+		return 2;
+	}
+	const char *ip = argv[1];
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	CHECK(ch != NULL && ch->fd >= 0);
+	struct rdma_cm_id *id = NULL, *id2 = NULL;
+	struct rdma_cm_event *ev = NULL;
+
+	/* Ids. */
+	EXPECT_ERR(rdma_create_id(ch, NULL, NULL, RDMA_PS_TCP), EINVAL);
+	EXPECT_ERR(rdma_create_id(ch, &id, NULL, (enum rdma_port_space)0x999), EINVAL);
+	EXPECT_ERR(rdma_destroy_id(NULL), EINVAL);
+	EXPECT_ERR(rdma_bind_addr(NULL, NULL), EINVAL);
+	EXPECT_ERR(rdma_listen(NULL, 1), EINVAL);
+	EXPECT_ERR(rdma_connect(NULL, NULL), EINVAL);
+	EXPECT_ERR(rdma_accept(NULL, NULL), EINVAL);
+	EXPECT_ERR(rdma_disconnect(NULL), EINVAL);
+	EXPECT_ERR(rdma_migrate_id(NULL, ch), EINVAL);
+	EXPECT_ERR(rdma_resolve_route(NULL, 100), EINVAL);
+	EXPECT_OK(rdma_create_id(ch, &id, (void *)0x1234, RDMA_PS_TCP));
+	CHECK(id->context == (void *)0x1234 && id->channel == ch && id->ps == RDMA_PS_TCP);
+	CHECK(id->qp_type == IBV_QPT_RC && id->verbs == NULL && id->qp == NULL);
+	CHECK(rdma_get_local_addr(id)->sa_family == 0);
+	CHECK(rdma_get_src_port(id) == 0 && rdma_get_dst_port(id) == 0);
+
+	/* Events. */
+	EXPECT_ERR(rdma_get_cm_event(NULL, &ev), EINVAL);
+	EXPECT_ERR(rdma_get_cm_event(ch, NULL), EINVAL);
+	EXPECT_ERR(rdma_ack_cm_event(NULL), EINVAL);
+	int fl = fcntl(ch->fd, F_GETFL);
+	EXPECT_OK(fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) == -1);
+	EXPECT_ERR(rdma_get_cm_event(ch, &ev), EAGAIN);
+	EXPECT_OK(fcntl(ch->fd, F_SETFL, fl) == -1);
+	CHECK(strcmp(rdma_event_str(RDMA_CM_EVENT_ESTABLISHED), "RDMA_CM_EVENT_ESTABLISHED") == 0);
+	CHECK(strcmp(rdma_event_str((enum rdma_cm_event_type)99), "UNKNOWN EVENT") == 0);
+
+	/* Calls in the wrong state. */
+	struct rdma_conn_param cp;
+	memset(&cp, 0, sizeof cp);
+	cp.qp_num = 1234;
+	EXPECT_ERR(rdma_resolve_route(id, 100), EINVAL);
+	EXPECT_ERR(rdma_connect(id, &cp), EINVAL);
+	EXPECT_ERR(rdma_accept(id, &cp), EINVAL);
+	EXPECT_ERR(rdma_reject(id, NULL, 0), EINVAL);
+	EXPECT_ERR(rdma_disconnect(id), EINVAL);
+	EXPECT_ERR(rdma_establish(id), EINVAL);
+	struct ibv_qp_init_attr qpa;
+	memset(&qpa, 0, sizeof qpa);
+	qpa.qp_type = IBV_QPT_RC;
+	qpa.cap.max_send_wr = qpa.cap.max_recv_wr = 1;
+	qpa.cap.max_send_sge = qpa.cap.max_recv_sge = 1;
+	EXPECT_ERR(rdma_create_qp(id, NULL, &qpa), EINVAL);
+	EXPECT_ERR(rdma_create_qp(id, NULL, NULL), EINVAL);
+	struct ibv_qp_attr qa;
+	int mask;
+	memset(&qa, 0, sizeof qa);
+	qa.qp_state = IBV_QPS_RTR;
+	EXPECT_ERR(rdma_init_qp_attr(id, &qa, &mask), EINVAL);
+	EXPECT_ERR(rdma_init_qp_attr(id, NULL, &mask), EINVAL);
+	EXPECT_ERR(rdma_get_request(id, &id2), EINVAL);
+
+	/* Options. */
+	uint8_t tos = 32;
+	int one = 1;
+	EXPECT_OK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, sizeof tos));
+	EXPECT_ERR(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 4), EINVAL);
+	EXPECT_ERR(rdma_set_option(id, RDMA_OPTION_ID, 99, &one, sizeof one), ENOSYS);
+	EXPECT_ERR(rdma_set_option(id, 99, 0, &one, sizeof one), ENOSYS);
+	EXPECT_OK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one));
+	EXPECT_ERR(rdma_set_local_ece(id, NULL), EINVAL);
+
+	/* Addresses. */
+	struct sockaddr_un_like {
+		sa_family_t f;
+		char path[30];
+	} un = { AF_UNIX, "x" };
+	EXPECT_ERR(rdma_bind_addr(id, (struct sockaddr *)&un), EINVAL);
+	struct sockaddr_in other = sin_of("192.0.2.1", 0);
+	EXPECT_ERR(rdma_bind_addr(id, (struct sockaddr *)&other), EADDRNOTAVAIL);
+	struct sockaddr_in me = sin_of(ip, 0);
+	EXPECT_OK(rdma_bind_addr(id, (struct sockaddr *)&me));
+	CHECK(id->verbs != NULL && id->port_num == 1 && id->pd != NULL);
+	CHECK(((struct sockaddr_in *)rdma_get_local_addr(id))->sin_addr.s_addr == me.sin_addr.s_addr);
+	uint16_t port = ntohs(rdma_get_src_port(id));
+	CHECK(port != 0);
+	CHECK(((struct sockaddr_in *)rdma_get_local_addr(id))->sin_port == htons(port));
+	EXPECT_ERR(rdma_bind_addr(id, (struct sockaddr *)&me), EINVAL);
+	EXPECT_ERR(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one), EINVAL);
+	EXPECT_OK(rdma_listen(id, 4));
+	EXPECT_OK(rdma_create_id(ch, &id2, NULL, RDMA_PS_TCP));
+	struct sockaddr_in same = sin_of(ip, port);
+	EXPECT_ERR(rdma_bind_addr(id2, (struct sockaddr *)&same), EADDRINUSE);
+	EXPECT_ERR(rdma_accept(id, NULL), EINVAL);
+	EXPECT_OK(rdma_destroy_id(id2));
+	EXPECT_OK(rdma_destroy_id(id));
+
+	/* Connect to a port nobody listens on: REJECTED with reason 8. */
+	EXPECT_OK(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP));
+	EXPECT_ERR(rdma_resolve_addr(id, NULL, NULL, 100), EINVAL);
+	struct sockaddr_in dst = sin_of(ip, port);
+	EXPECT_OK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000));
+	int st;
+	CHECK(next_event(ch, &st) == RDMA_CM_EVENT_ADDR_RESOLVED && st == 0);
+	CHECK(id->verbs != NULL);
+	CHECK(((struct sockaddr_in *)rdma_get_peer_addr(id))->sin_port == htons(port));
+	EXPECT_ERR(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000), EINVAL);
+	EXPECT_ERR(rdma_connect(id, &cp), EINVAL); /* the route is not resolved */
+	EXPECT_OK(rdma_resolve_route(id, 2000));
+	CHECK(next_event(ch, &st) == RDMA_CM_EVENT_ROUTE_RESOLVED && st == 0);
+	CHECK(id->route.num_paths == 1 && id->route.path_rec != NULL);
+	EXPECT_ERR(rdma_connect(id, NULL), EINVAL); /* no QP and no qp_num */
+	memset(&qa, 0, sizeof qa);
+	qa.qp_state = IBV_QPS_INIT;
+	EXPECT_OK(rdma_init_qp_attr(id, &qa, &mask));
+	CHECK((mask & IBV_QP_STATE) && (mask & IBV_QP_PORT) && qa.port_num == 1);
+	EXPECT_OK(rdma_connect(id, &cp));
+	CHECK(next_event(ch, &st) == RDMA_CM_EVENT_REJECTED && st == 8);
+	EXPECT_OK(rdma_destroy_id(id));
+
+	/* Synchronous ids: a private channel; errors come back from the call. */
+	EXPECT_OK(rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP));
+	CHECK(id->channel != NULL && id->channel->fd >= 0 && id->channel != ch);
+	EXPECT_OK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000));
+	CHECK(id->event != NULL && id->event->event == RDMA_CM_EVENT_ADDR_RESOLVED);
+	EXPECT_OK(rdma_resolve_route(id, 2000));
+	EXPECT_ERR(rdma_connect(id, &cp), ECONNREFUSED);
+	CHECK(id->event != NULL && id->event->event == RDMA_CM_EVENT_REJECTED);
+	EXPECT_ERR(rdma_migrate_id(id, NULL), EINVAL);
+	EXPECT_OK(rdma_destroy_id(id));
+
+	/* Multicast. */
+	EXPECT_OK(rdma_create_id(ch, &id, NULL, RDMA_PS_UDP));
+	CHECK(id->qp_type == IBV_QPT_UD);
+	struct sockaddr_in mc = sin_of("239.1.2.3", 0);
+	struct rdma_cm_join_mc_attr_ex mca;
+	memset(&mca, 0, sizeof mca);
+	mca.comp_mask = RDMA_CM_JOIN_MC_ATTR_RESERVED;
+	mca.addr = (struct sockaddr *)&mc;
+	EXPECT_ERR(rdma_join_multicast_ex(id, &mca, NULL), ENOTSUP);
+	mca.comp_mask = RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS;
+	EXPECT_ERR(rdma_join_multicast_ex(id, &mca, NULL), EINVAL);
+	EXPECT_ERR(rdma_join_multicast(id, NULL, NULL), EINVAL);
+	me = sin_of(ip, 0);
+	EXPECT_OK(rdma_bind_addr(id, (struct sockaddr *)&me));
+	EXPECT_ERR(rdma_leave_multicast(id, (struct sockaddr *)&mc), EADDRNOTAVAIL);
+	EXPECT_ERR(rdma_disconnect(id), EINVAL);
+	EXPECT_OK(rdma_destroy_id(id));
+
+	/* Address lookup. */
+	struct rdma_addrinfo hints, *res = NULL;
+	EXPECT_ERR(rdma_getaddrinfo(NULL, NULL, NULL, &res), EINVAL);
+	memset(&hints, 0, sizeof hints);
+	hints.ai_flags = RAI_NUMERICHOST;
+	CHECK(rdma_getaddrinfo("no.such.host.invalid", "7471", &hints, &res) == EAI_NONAME);
+	hints.ai_flags = RAI_PASSIVE;
+	hints.ai_port_space = RDMA_PS_TCP;
+	EXPECT_OK(rdma_getaddrinfo(ip, "7471", &hints, &res));
+	CHECK(res != NULL && res->ai_src_addr != NULL && res->ai_dst_len == 0);
+	CHECK(res->ai_port_space == RDMA_PS_TCP && res->ai_qp_type == IBV_QPT_RC);
+	CHECK(((struct sockaddr_in *)res->ai_src_addr)->sin_port == htons(7471));
+	rdma_freeaddrinfo(res);
+
+	/* Devices. */
+	int n = -1;
+	struct ibv_context **devs = rdma_get_devices(&n);
+	CHECK(devs != NULL && n >= 1 && devs[n] == NULL && devs[0] != NULL);
+	rdma_free_devices(devs);
+
+	/* rsocket is not implemented. */
+	EXPECT_ERR(rsocket(AF_INET, SOCK_STREAM, 0), ENOSYS);
+
+	rdma_destroy_event_channel(ch);
+	if (failures) {
+		printf("%d failure(s)\n", failures);
+		return 1;
+	}
+	printf("rdmacm_errors: all checks passed\n");
+	return 0;
+}

@@ -1,0 +1,295 @@
+//! Debian's rdmacm-utils (rping, rdma_server/rdma_client, udaddy, mckey, ucmatose, cmtime),
+//! unmodified, over the drop-in librdmacm.so.1/libibverbs.so.1: a server on one address of
+//! the test's own, a client bound to another (where the program can bind), and a C program
+//! checking the errors of bad calls.
+//!
+//! A client may start before its server listens (there is no readiness signal to wait for):
+//! a client that fails while its server still runs is started again, a bounded number of
+//! times. Limits are hang guards only.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Whether Debian's program `name` is installed (rdmacm-utils); if not, the test says so and
+/// passes without running (CI installs the package).
+fn have(name: &str) -> bool {
+    let ok = Path::new("/usr/bin").join(name).exists();
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must install rdmacm-utils ({name})"
+        );
+        eprintln!("skipped: /usr/bin/{name} is missing (rdmacm-utils)");
+    }
+    ok
+}
+
+/// The drop-in libraries are the ones the program loaded: their librdmacm.so.1 is a few
+/// jumps, the real one is not.
+fn drop_in(prog: &str, args: &[&str]) -> Command {
+    let mut c = command(Path::new("/usr/bin").join(prog));
+    c.args(args);
+    c
+}
+
+/// A started server whose output is collected when it ends.
+struct Server {
+    child: Child,
+    name: String,
+}
+
+impl Server {
+    fn start(prog: &str, args: &[&str]) -> Server {
+        let child = drop_in(prog, args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting the server");
+        Server {
+            child,
+            name: format!("{prog} {}", args.join(" ")),
+        }
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.try_wait().expect("waiting").is_none()
+    }
+
+    /// Stops a server that never ends by itself (cmtime's), returning its output.
+    fn kill(mut self) -> (String, String) {
+        let _ = self.child.kill();
+        let out = self.child.wait_with_output().expect("server output");
+        let so = String::from_utf8_lossy(&out.stdout).into_owned();
+        let se = String::from_utf8_lossy(&out.stderr).into_owned();
+        eprintln!("--- {} (killed)\n{so}\n{se}", self.name);
+        (so, se)
+    }
+
+    /// Waits (at most [`LIMIT`]) for the server to end; kills it after that.
+    fn finish(mut self) -> (Option<ExitStatus>, String, String) {
+        let t0 = std::time::Instant::now();
+        let st = loop {
+            if let Some(st) = self.child.try_wait().expect("waiting") {
+                break Some(st);
+            }
+            if t0.elapsed() > LIMIT {
+                let _ = self.child.kill();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let out = self.child.wait_with_output().expect("server output");
+        let so = String::from_utf8_lossy(&out.stdout).into_owned();
+        let se = String::from_utf8_lossy(&out.stderr).into_owned();
+        eprintln!("--- {}: {st:?}\n{so}\n{se}", self.name);
+        (st, so, se)
+    }
+}
+
+/// Runs the client until it succeeds, at most `tries` times while the server runs (an
+/// early client finds nobody listening); returns the last run's status and output.
+fn client(
+    server: &mut Server,
+    prog: &str,
+    args: &[&str],
+    tries: usize,
+) -> (Option<ExitStatus>, String, String) {
+    let mut last = None;
+    for i in 0..tries {
+        let r = run_bounded(drop_in(prog, args), LIMIT);
+        eprintln!(
+            "--- {prog} {} (try {i}): {:?}\n{}\n{}",
+            args.join(" "),
+            r.0,
+            r.1,
+            r.2
+        );
+        let ok = r.0.is_some_and(|s| s.success());
+        last = Some(r);
+        if ok || !server.running() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    last.expect("at least one try")
+}
+
+fn ok(st: Option<ExitStatus>) -> bool {
+    st.is_some_and(|s| s.success())
+}
+
+/// Programs that cannot bind their client (rdma_client) use the route's source address,
+/// 127.0.0.1, as their device: one such test at a time in this process.
+fn loopback_lock() -> std::sync::MutexGuard<'static, ()> {
+    static L: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    L.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn rping(extra: &[&str], count: usize) {
+    if !have("rping") {
+        return;
+    }
+    let (a, b) = (unique_addr().to_string(), unique_addr().to_string());
+    let port = free_tcp_port().to_string();
+    let c = count.to_string();
+    let mut sargs = vec!["-s", "-a", &a, "-p", &port, "-C", &c];
+    sargs.extend_from_slice(extra);
+    let mut server = Server::start("rping", &sargs);
+    let mut cargs = vec!["-c", "-a", &a, "-I", &b, "-p", &port, "-C", &c];
+    cargs.extend_from_slice(extra);
+    let (st, out, err) = client(&mut server, "rping", &cargs, 50);
+    let (sst, sout, _) = server.finish();
+    assert!(ok(st), "rping client failed: {out}\n{err}");
+    assert!(ok(sst), "rping server failed");
+    if extra.contains(&"-v") {
+        let pings = out.lines().filter(|l| l.starts_with("ping data: ")).count();
+        assert_eq!(pings, count, "client output:\n{out}");
+        let pings = sout
+            .lines()
+            .filter(|l| l.starts_with("server ping data: "))
+            .count();
+        assert_eq!(pings, count, "server output:\n{sout}");
+    }
+}
+
+/// rping with verbose and validated data, 10 pings of the default size.
+#[test]
+fn rping_verbose_validated() {
+    rping(&["-v", "-V"], 10);
+}
+
+/// rping with -S: 4 KiB pings, validated.
+#[test]
+fn rping_large_pings() {
+    rping(&["-V", "-S", "4096"], 20);
+}
+
+/// rping -q: the programs' own QPs, moved with rdma_init_qp_attr, rdma_establish.
+#[test]
+fn rping_self_created_qp() {
+    rping(&["-v", "-V", "-q"], 5);
+}
+
+/// rdma_server / rdma_client: rdma_getaddrinfo, rdma_create_ep, rdma_get_request, the
+/// rdma_verbs.h helpers on CM-made CQs.
+#[test]
+fn rdma_server_and_client() {
+    if !have("rdma_server") {
+        return;
+    }
+    let _g = loopback_lock();
+    let a = unique_addr().to_string();
+    let port = free_tcp_port().to_string();
+    let mut server = Server::start("rdma_server", &["-s", &a, "-p", &port]);
+    let (st, out, err) = client(&mut server, "rdma_client", &["-s", &a, "-p", &port], 50);
+    let (sst, sout, serr) = server.finish();
+    assert!(ok(st), "rdma_client failed: {out}\n{err}");
+    assert!(ok(sst), "rdma_server failed: {sout}\n{serr}");
+    assert!(out.contains("rdma_client: end 0"), "{out}");
+    assert!(sout.contains("rdma_server: end 0"), "{sout}");
+}
+
+/// udaddy: UD over the CM (SIDR), TOS option, address handles from the events.
+#[test]
+fn udaddy_server_and_client() {
+    if !have("udaddy") {
+        return;
+    }
+    let (a, b) = (unique_addr().to_string(), unique_addr().to_string());
+    let mut server = Server::start("udaddy", &["-b", &a, "-C", "10"]);
+    let (st, out, err) = client(&mut server, "udaddy", &["-s", &a, "-b", &b, "-C", "10"], 50);
+    let (sst, sout, serr) = server.finish();
+    assert!(ok(st), "udaddy client failed: {out}\n{err}");
+    assert!(ok(sst), "udaddy server failed: {sout}\n{serr}");
+    assert!(out.contains("test complete"), "{out}");
+    assert!(sout.contains("test complete"), "{sout}");
+}
+
+fn ucmatose(ps: &str) {
+    if !have("ucmatose") {
+        return;
+    }
+    let (a, b) = (unique_addr().to_string(), unique_addr().to_string());
+    let port = free_tcp_port().to_string();
+    let mut server = Server::start("ucmatose", &["-b", &a, "-p", &port, "-P", ps, "-c", "2"]);
+    let (st, out, err) = client(
+        &mut server,
+        "ucmatose",
+        &["-s", &a, "-b", &b, "-p", &port, "-P", ps, "-c", "2"],
+        50,
+    );
+    let (sst, sout, serr) = server.finish();
+    assert!(ok(st), "ucmatose client failed: {out}\n{err}");
+    assert!(ok(sst), "ucmatose server failed: {sout}\n{serr}");
+    assert!(out.contains("test complete"), "{out}");
+    assert!(sout.contains("test complete"), "{sout}");
+}
+
+/// ucmatose in the TCP port space: 2 RC connections, messages both ways, disconnect.
+#[test]
+fn ucmatose_tcp() {
+    ucmatose("tcp");
+}
+
+/// ucmatose in the IB port space.
+#[test]
+fn ucmatose_ib() {
+    ucmatose("ib");
+}
+
+/// cmtime: 10 connections set up and torn down at once, timed by the program (not by us).
+/// Its server serves until killed.
+#[test]
+fn cmtime_connections() {
+    if !have("cmtime") {
+        return;
+    }
+    let (a, b) = (unique_addr().to_string(), unique_addr().to_string());
+    let port = free_tcp_port().to_string();
+    let mut server = Server::start("cmtime", &["-b", &a, "-p", &port, "-c", "10"]);
+    let (st, out, err) = client(
+        &mut server,
+        "cmtime",
+        &["-s", &a, "-b", &b, "-p", &port, "-c", "10"],
+        50,
+    );
+    assert!(server.running(), "the cmtime server ended");
+    let _ = server.kill();
+    assert!(ok(st), "cmtime client failed: {out}\n{err}");
+    for step in [
+        "create id",
+        "resolve addr",
+        "create qp",
+        "connect",
+        "disconnect",
+        "destroy",
+    ] {
+        assert!(out.contains(step), "{out}");
+    }
+}
+
+/// The CM's errors for bad calls (tests/c/rdmacm_errors.c).
+#[test]
+fn rdmacm_bad_input() {
+    if !have_headers() {
+        return;
+    }
+    let exe = compile_c("rdmacm_errors", &["rdmacm_errors.c"]);
+    let a = unique_addr().to_string();
+    let (st, out, err) = run_bounded(
+        {
+            let mut c = command(&exe);
+            c.arg(&a);
+            c
+        },
+        LIMIT,
+    );
+    assert!(ok(st), "rdmacm_errors failed:\n{out}\n{err}");
+    assert!(out.contains("all checks passed"), "{out}");
+}
