@@ -276,9 +276,10 @@ fn ibv_rc_pingpong_new_send() {
 }
 
 /// The extended API from C in one process: create_qp_ex with send_ops_flags, the ibv_wr_*
-/// builders (SEND, RDMA WRITE, SEND with immediate and inline data, RDMA READ, an aborted
-/// batch), ibv_cq_ex polling, query_device_ex, ibv_qp_to_qp_ex on plain QPs (NULL), and
-/// EOPNOTSUPP for a timestamp CQ and a TSO QP.
+/// builders (SEND, RDMA WRITE, SEND with immediate and inline data, RDMA READ, atomics, UD
+/// with ibv_wr_set_ud_addr, an aborted batch, a batch failed by a setter), ibv_cq_ex
+/// polling, query_device_ex, ibv_qp_to_qp_ex on plain QPs (NULL), and EOPNOTSUPP for a
+/// timestamp CQ and a TSO QP.
 #[test]
 fn ex_api_c() {
     if !have_headers() {
