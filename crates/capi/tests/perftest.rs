@@ -69,51 +69,38 @@ fn perftest_cmd(
     c
 }
 
-/// Runs `prog` as server and client with `args`; returns the client's stdout after
-/// checking that both exited with status 0. With rdma_cm (`-R`) the server's readiness
-/// cannot be seen from outside, so a client refused before the server listens is retried.
+/// Runs `server`, waits until it listens on TCP `port`, runs `client`; checks both exit
+/// with status 0 and returns the client's stdout.
+fn server_client(server: Command, client: Command, port: u16) -> String {
+    let server = std::thread::spawn(move || run_bounded(server, LIMIT));
+    while !tcp_listening(port) && !server.is_finished() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (cst, cout, cerr) = run_bounded(client, LIMIT);
+    let (sst, sout, serr) = server.join().expect("server thread");
+    let report =
+        format!("--- client ({cst:?}):\n{cout}\n{cerr}\n--- server ({sst:?}):\n{sout}\n{serr}");
+    assert!(cst.is_some_and(|s| s.success()), "client failed:\n{report}");
+    assert!(sst.is_some_and(|s| s.success()), "server failed:\n{report}");
+    cout
+}
+
+/// Runs perftest's `prog` as server and client with `args` on two devices of their own;
+/// returns the client's stdout, which must hold a result table.
 fn run_pair(prog: &str, args: &[&str]) -> String {
     let srv = unique_addr();
     let cli = unique_addr();
     let devices = format!("{srv},{cli}");
     let port = free_tcp_port();
-    let rdma_cm = args.contains(&"-R");
-    let server = {
-        let c = perftest_cmd(prog, srv, &devices, port, args);
-        std::thread::spawn(move || run_bounded(c, LIMIT))
-    };
-    if !rdma_cm {
-        while !tcp_listening(port) && !server.is_finished() {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    let mut attempts = 0;
-    let (cst, cout, cerr) = loop {
-        let mut c = perftest_cmd(prog, cli, &devices, port, args);
-        c.arg(srv.to_string());
-        let (st, out, err) = run_bounded(c, LIMIT);
-        attempts += 1;
-        let refused =
-            rdma_cm && st.is_some_and(|s| !s.success()) && !server.is_finished() && attempts < 100;
-        if !refused {
-            break (st, out, err);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let (sst, sout, serr) = server.join().expect("server thread");
-    let report = format!(
-        "{prog} {args:?}\n--- client ({cst:?}):\n{cout}\n{cerr}\n--- server ({sst:?}):\n{sout}\n{serr}"
-    );
-    assert!(cst.is_some_and(|s| s.success()), "client failed:\n{report}");
-    assert!(sst.is_some_and(|s| s.success()), "server failed:\n{report}");
+    let server = perftest_cmd(prog, srv, &devices, port, args);
+    let mut client = perftest_cmd(prog, cli, &devices, port, args);
+    client.arg(srv.to_string());
+    let out = server_client(server, client, port);
     assert!(
-        cout.contains("#bytes")
-            && cout
-                .lines()
-                .any(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit())),
-        "no result table:\n{report}"
+        out.contains("#bytes") && !rows(&out).is_empty(),
+        "{prog} {args:?}: no result table:\n{out}"
     );
-    cout
+    out
 }
 
 /// The data rows of a perftest result table (lines starting with a message size).
@@ -257,22 +244,10 @@ fn ibv_rc_pingpong_new_send() {
             .arg(port.to_string());
         c
     };
-    let server = {
-        let c = cmd(srv);
-        std::thread::spawn(move || run_bounded(c, LIMIT))
-    };
-    while !tcp_listening(port) && !server.is_finished() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let mut c = cmd(cli);
-    c.arg(srv.to_string());
-    let (cst, cout, cerr) = run_bounded(c, LIMIT);
-    let (sst, sout, serr) = server.join().expect("server thread");
-    let report =
-        format!("--- client ({cst:?}):\n{cout}\n{cerr}\n--- server ({sst:?}):\n{sout}\n{serr}");
-    assert!(cst.is_some_and(|s| s.success()), "client failed:\n{report}");
-    assert!(sst.is_some_and(|s| s.success()), "server failed:\n{report}");
-    assert!(cout.contains("200 iters in"), "{report}");
+    let mut client = cmd(cli);
+    client.arg(srv.to_string());
+    let out = server_client(cmd(srv), client, port);
+    assert!(out.contains("200 iters in"), "{out}");
 }
 
 /// The extended API from C in one process: create_qp_ex with send_ops_flags, the ibv_wr_*
