@@ -195,15 +195,17 @@ fn rdma_server_and_client() {
     assert!(sout.contains("rdma_server: end 0"), "{sout}");
 }
 
-/// udaddy: UD over the CM (SIDR), TOS option, address handles from the events.
-#[test]
-fn udaddy_server_and_client() {
+fn udaddy(extra: &[&str]) {
     if !have("udaddy") {
         return;
     }
     let (a, b) = (unique_addr().to_string(), unique_addr().to_string());
-    let mut server = Server::start("udaddy", &["-b", &a, "-C", "10"]);
-    let (st, out, err) = client(&mut server, "udaddy", &["-s", &a, "-b", &b, "-C", "10"], 50);
+    let mut sargs = vec!["-b", &a, "-C", "10"];
+    sargs.extend_from_slice(extra);
+    let mut server = Server::start("udaddy", &sargs);
+    let mut cargs = vec!["-s", &a, "-b", &b, "-C", "10"];
+    cargs.extend_from_slice(extra);
+    let (st, out, err) = client(&mut server, "udaddy", &cargs, 50);
     let (sst, sout, serr) = server.finish();
     assert!(ok(st), "udaddy client failed: {out}\n{err}");
     assert!(ok(sst), "udaddy server failed: {sout}\n{serr}");
@@ -211,19 +213,31 @@ fn udaddy_server_and_client() {
     assert!(sout.contains("test complete"), "{sout}");
 }
 
-fn ucmatose(ps: &str) {
+/// udaddy: UD over the CM (SIDR in the UDP port space), address handles from the events,
+/// the GRH in front of each receive.
+#[test]
+fn udaddy_server_and_client() {
+    udaddy(&[]);
+}
+
+/// udaddy in the IPoIB port space with a type of service (rdma_set_option TOS).
+#[test]
+fn udaddy_ipoib_tos() {
+    udaddy(&["-P", "ipoib", "-t", "32"]);
+}
+
+fn ucmatose(ps: &str, extra: &[&str]) {
     if !have("ucmatose") {
         return;
     }
     let (a, b) = (unique_addr().to_string(), unique_addr().to_string());
     let port = free_tcp_port().to_string();
-    let mut server = Server::start("ucmatose", &["-b", &a, "-p", &port, "-P", ps, "-c", "2"]);
-    let (st, out, err) = client(
-        &mut server,
-        "ucmatose",
-        &["-s", &a, "-b", &b, "-p", &port, "-P", ps, "-c", "2"],
-        50,
-    );
+    let mut sargs = vec!["-b", &a, "-p", &port, "-P", ps, "-c", "2"];
+    sargs.extend_from_slice(extra);
+    let mut server = Server::start("ucmatose", &sargs);
+    let mut cargs = vec!["-s", &a, "-b", &b, "-p", &port, "-P", ps, "-c", "2"];
+    cargs.extend_from_slice(extra);
+    let (st, out, err) = client(&mut server, "ucmatose", &cargs, 50);
     let (sst, sout, serr) = server.finish();
     assert!(ok(st), "ucmatose client failed: {out}\n{err}");
     assert!(ok(sst), "ucmatose server failed: {sout}\n{serr}");
@@ -234,13 +248,20 @@ fn ucmatose(ps: &str) {
 /// ucmatose in the TCP port space: 2 RC connections, messages both ways, disconnect.
 #[test]
 fn ucmatose_tcp() {
-    ucmatose("tcp");
+    ucmatose("tcp", &[]);
+}
+
+/// ucmatose -m: every id moved to a new event channel (rdma_migrate_id) after the
+/// transfers; then the disconnect on the new channel.
+#[test]
+fn ucmatose_migrate() {
+    ucmatose("tcp", &["-m"]);
 }
 
 /// ucmatose in the IB port space.
 #[test]
 fn ucmatose_ib() {
-    ucmatose("ib");
+    ucmatose("ib", &[]);
 }
 
 /// cmtime: 10 connections set up and torn down at once, timed by the program (not by us).
@@ -274,6 +295,51 @@ fn cmtime_connections() {
     }
 }
 
+fn mckey(send_only: bool) {
+    if !have("mckey") {
+        return;
+    }
+    let (a, b) = (unique_addr(), unique_addr());
+    // A group of this test's own, from its receiver's address.
+    let o = a.octets();
+    let group = format!("239.{}.{}.{}", o[1], o[2], o[3]);
+    let (a, b) = (a.to_string(), b.to_string());
+    let mut receiver = Server::start("mckey", &["-m", &group, "-b", &a, "-C", "10"]);
+    let mut sargs = vec!["-m", group.as_str(), "-b", &b, "-s", "-C", "10"];
+    if send_only {
+        sargs.push("-o");
+    }
+    // The sender does not know whether the receiver has joined yet: it sends again while
+    // the receiver waits (each run sends 10 messages; the receiver wants 10 in all).
+    let mut sent = Vec::new();
+    for _ in 0..50 {
+        if !receiver.running() {
+            break;
+        }
+        let r = run_bounded(drop_in("mckey", &sargs), LIMIT);
+        assert!(ok(r.0), "mckey sender failed: {}\n{}", r.1, r.2);
+        sent.push(r.1);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (st, out, err) = receiver.finish();
+    assert!(ok(st), "mckey receiver failed: {out}\n{err}");
+    assert!(out.contains("test complete"), "{out}");
+    assert!(sent[0].contains("test complete"), "{}", sent[0]);
+}
+
+/// mckey: UD multicast over the CM (rdma_join_multicast_ex, rdma_create_qp_ex, address
+/// handles on the group), one receiver and a full-member sender.
+#[test]
+fn mckey_multicast() {
+    mckey(false);
+}
+
+/// mckey -o: the sender joins as a send-only full member.
+#[test]
+fn mckey_send_only_member() {
+    mckey(true);
+}
+
 /// The CM's errors for bad calls (tests/c/rdmacm_errors.c).
 #[test]
 fn rdmacm_bad_input() {
@@ -281,6 +347,8 @@ fn rdmacm_bad_input() {
         return;
     }
     let exe = compile_c("rdmacm_errors", &["rdmacm_errors.c"]);
+    // rdma_get_devices opens every device, 127.0.0.1's too.
+    let _g = loopback_lock();
     let a = unique_addr().to_string();
     let (st, out, err) = run_bounded(
         {
