@@ -171,6 +171,41 @@ int main(int argc, char **argv)
 	CHECK(((struct sockaddr_in *)rdma_get_local_addr(id))->sin_port == htons(port));
 	EXPECT_ERR(rdma_bind_addr(id, (struct sockaddr *)&me), EINVAL);
 	EXPECT_ERR(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one), EINVAL);
+
+	/* A QP through the CM: CQs and channels made for it (cq_context == id), INIT. */
+	struct ibv_srq_init_attr sa;
+	memset(&sa, 0, sizeof sa);
+	sa.attr.max_wr = 4;
+	sa.attr.max_sge = 1;
+	EXPECT_OK(rdma_create_srq(id, NULL, &sa));
+	CHECK(id->srq != NULL);
+	EXPECT_ERR(rdma_create_srq(id, NULL, &sa), EINVAL);
+	EXPECT_OK(rdma_create_qp(id, NULL, &qpa));
+	CHECK(id->qp != NULL && id->qp->state == IBV_QPS_INIT && id->qp->qp_type == IBV_QPT_RC);
+	CHECK(id->qp->pd == id->pd && id->qp->srq == id->srq && id->qp->context == id->verbs);
+	CHECK(id->send_cq != NULL && id->recv_cq != NULL && id->send_cq != id->recv_cq);
+	CHECK(id->send_cq->cq_context == id && id->recv_cq->cq_context == id);
+	CHECK(id->send_cq_channel != NULL && id->recv_cq_channel != NULL);
+	CHECK(id->send_cq->channel == id->send_cq_channel && id->send_cq_channel->fd >= 0);
+	CHECK(qpa.cap.max_send_wr >= 1);
+	EXPECT_ERR(rdma_create_qp(id, NULL, &qpa), EINVAL);
+	rdma_destroy_qp(id);
+	CHECK(id->qp == NULL && id->send_cq == NULL && id->recv_cq == NULL);
+	CHECK(id->send_cq_channel == NULL && id->recv_cq_channel == NULL);
+	rdma_destroy_srq(id);
+	CHECK(id->srq == NULL);
+	struct ibv_qp_init_attr_ex qx;
+	memset(&qx, 0, sizeof qx);
+	qx.qp_type = IBV_QPT_RC;
+	qx.cap = qpa.cap;
+	qx.comp_mask = IBV_QP_INIT_ATTR_PD;
+	qx.pd = id->pd;
+	EXPECT_OK(rdma_create_qp_ex(id, &qx));
+	CHECK(id->qp != NULL && id->qp->pd == qx.pd);
+	rdma_destroy_qp(id);
+	qpa.qp_type = IBV_QPT_UD;
+	EXPECT_ERR(rdma_create_qp(id, NULL, &qpa), EINVAL); /* UD in the TCP port space */
+	qpa.qp_type = IBV_QPT_RC;
 	EXPECT_OK(rdma_listen(id, 4));
 	EXPECT_OK(rdma_create_id(ch, &id2, NULL, RDMA_PS_TCP));
 	struct sockaddr_in same = sin_of(ip, port);
@@ -229,6 +264,14 @@ int main(int argc, char **argv)
 	me = sin_of(ip, 0);
 	EXPECT_OK(rdma_bind_addr(id, (struct sockaddr *)&me));
 	EXPECT_ERR(rdma_leave_multicast(id, (struct sockaddr *)&mc), EADDRNOTAVAIL);
+	qpa.qp_type = IBV_QPT_UD;
+	EXPECT_OK(rdma_create_qp(id, NULL, &qpa));
+	CHECK(id->qp != NULL && id->qp->state == IBV_QPS_RTS);
+	EXPECT_OK(rdma_join_multicast(id, (struct sockaddr *)&mc, (void *)0x77));
+	CHECK(next_event(ch, &st) == RDMA_CM_EVENT_MULTICAST_JOIN && st == 0);
+	EXPECT_ERR(rdma_join_multicast(id, (struct sockaddr *)&mc, NULL), EADDRINUSE);
+	EXPECT_OK(rdma_leave_multicast(id, (struct sockaddr *)&mc));
+	rdma_destroy_qp(id);
 	EXPECT_ERR(rdma_disconnect(id), EINVAL);
 	EXPECT_OK(rdma_destroy_id(id));
 
