@@ -3,8 +3,10 @@
 //! `tests/layout.rs` compiles an `offsetof` dump against the installed headers
 //! (libibverbs-dev, librdmacm-dev) and compares every size and offset.
 
+pub mod ex;
 pub mod rdmacm;
 pub mod verbs;
 
+pub use ex::*;
 pub use rdmacm::*;
 pub use verbs::*;

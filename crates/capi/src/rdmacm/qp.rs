@@ -226,6 +226,9 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
         } else {
             std::ptr::null_mut()
         };
+        if x.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            crate::verbs::ex::check_send_ops(x.qp_type, x.send_ops_flags)?;
+        }
         let mut a = QpAttrs {
             qp_context: x.qp_context,
             send_cq: x.send_cq,
@@ -237,6 +240,10 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
         };
         create_qp_c(c, pd, &mut a)?;
         x.cap = a.cap;
+        if x.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
+            // The ibv_wr_* table, so that ibv_qp_to_qp_ex(id->qp) works (checked above).
+            crate::verbs::ex::enable_qp_ex(c.hdr.qp, x.send_ops_flags)?;
+        }
         Ok(())
     })
 }

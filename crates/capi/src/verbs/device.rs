@@ -372,7 +372,8 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
 }
 
 /// `_ibv_query_gid_table@IBVERBS_1.11`: the number of entries written, or a negative errno
-/// (-EINVAL for flags, a short `entry_size`, NULL; -ENOMEM when `max_entries` is too small).
+/// (-EINVAL for flags, a short `entry_size`, NULL, or a `max_entries` below the table's
+/// length, as the kernel answers).
 #[no_mangle]
 pub unsafe extern "C" fn _ibv_query_gid_table(
     context: *mut ibv_context,
@@ -391,7 +392,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
         }
         let table = c.query_gid_table();
         if table.len() > max_entries {
-            return -(libc::ENOMEM as isize);
+            return -(EINVAL as isize);
         }
         if entries.is_null() && !table.is_empty() {
             return -(EINVAL as isize);

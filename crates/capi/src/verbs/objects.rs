@@ -319,19 +319,25 @@ pub unsafe fn wrapper<'a, H, T>(p: *mut H) -> Option<&'a T> {
 /// is returned. When the connection manager holds the object too, only the wrapper goes
 /// (the CM's reference keeps the object).
 ///
+/// `drop_rest` drops the wrapper's other fields that need it (say the `ex` tail of a QP or
+/// CQ) just before the memory is freed.
+///
 /// # Safety
-/// `w` must be a live boxed wrapper whose fields other than the `Arc` need no drop.
+/// `w` must be a live boxed wrapper; `drop_rest` must drop exactly its fields other than
+/// the `Arc` (and the C header, which needs no drop) that have drop glue.
 pub unsafe fn destroy_arc<W, T>(
     w: *mut W,
     field: impl FnOnce(*mut W) -> *mut Arc<T>,
+    drop_rest: impl FnOnce(*mut W),
     destroy: impl FnOnce(T) -> Result<(), softrdma::DestroyError<T>>,
 ) -> Result<(), i32> {
     let slot = field(w);
     // SAFETY: the slot holds an initialised Arc; it is written back or the wrapper freed.
     let arc = unsafe { ptr::read(slot) };
     let free = || {
-        // SAFETY: the wrapper was boxed; its Arc has been moved out and the rest needs no
-        // drop (caller's contract).
+        drop_rest(w);
+        // SAFETY: the wrapper was boxed; its Arc has been moved out and drop_rest dropped
+        // the rest (caller's contract).
         unsafe { std::alloc::dealloc(w.cast(), std::alloc::Layout::new::<W>()) }
     };
     match Arc::try_unwrap(arc) {
@@ -359,7 +365,7 @@ pub unsafe fn destroy_arc<W, T>(
 /// frees the wrapper; on failure the wrapper stays as it was and the errno is returned.
 ///
 /// # Safety
-/// As for [`destroy_arc`].
+/// `w` must be a live boxed wrapper whose fields other than `field` need no drop.
 pub unsafe fn destroy_owned<W, T>(
     w: *mut W,
     field: impl FnOnce(*mut W) -> *mut T,

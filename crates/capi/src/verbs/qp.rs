@@ -334,6 +334,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             objects::destroy_arc(
                 qp.cast::<CQp>(),
                 |w| std::ptr::addr_of_mut!((*w).qp),
+                |w| std::ptr::drop_in_place(std::ptr::addr_of_mut!((*w).ex)),
                 |q| q.destroy(),
             )
         }

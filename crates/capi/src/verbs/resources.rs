@@ -34,6 +34,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
             objects::destroy_arc(
                 pd.cast::<CPd>(),
                 |w| std::ptr::addr_of_mut!((*w).pd),
+                |_| {},
                 |p| p.dealloc(),
             )
         }
@@ -212,6 +213,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
             objects::destroy_arc(
                 channel.cast::<CChannel>(),
                 |w| std::ptr::addr_of_mut!((*w).ch),
+                |_| {},
                 |c| c.destroy(),
             )
         }
@@ -318,6 +320,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             objects::destroy_arc(
                 cq.cast::<CCq>(),
                 |w| std::ptr::addr_of_mut!((*w).cq),
+                |w| std::ptr::drop_in_place(std::ptr::addr_of_mut!((*w).ex)),
                 |c| c.destroy(),
             )
         }
@@ -476,6 +479,7 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             objects::destroy_arc(
                 srq.cast::<CSrq>(),
                 |w| std::ptr::addr_of_mut!((*w).srq),
+                |_| {},
                 |s| s.destroy(),
             )
         }

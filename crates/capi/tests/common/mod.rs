@@ -10,7 +10,10 @@ use std::sync::OnceLock;
 /// `target/<profile>`: the directory above the test binary's `deps/`.
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
-    exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf()
 }
 
 /// The directory holding `libibverbs.so.1` and `librdmacm.so.1`, linked by `link.sh` from
@@ -21,7 +24,11 @@ pub fn libdir() -> &'static Path {
     DIR.get_or_init(|| {
         let t = target_dir();
         let a = t.join("libsoftrdma_capi.a");
-        assert!(a.exists(), "{} is missing: cargo builds it with the tests", a.display());
+        assert!(
+            a.exists(),
+            "{} is missing: cargo builds it with the tests",
+            a.display()
+        );
         let name = std::env::current_exe()
             .unwrap()
             .file_name()
@@ -52,7 +59,9 @@ pub fn have_headers() -> bool {
             std::env::var_os("CI").is_none(),
             "CI must install libibverbs-dev, librdmacm-dev and cc"
         );
-        eprintln!("skipped: cc or the rdma-core headers (libibverbs-dev, librdmacm-dev) are missing");
+        eprintln!(
+            "skipped: cc or the rdma-core headers (libibverbs-dev, librdmacm-dev) are missing"
+        );
     }
     ok
 }
@@ -135,7 +144,12 @@ pub fn unique_addr() -> std::net::Ipv4Addr {
     static N: AtomicU32 = AtomicU32::new(1);
     let pid = std::process::id();
     let n = N.fetch_add(1, Ordering::Relaxed);
-    std::net::Ipv4Addr::new(127, 100 + (pid % 100) as u8, ((pid / 100) % 250) as u8, (n % 250) as u8 + 2)
+    std::net::Ipv4Addr::new(
+        127,
+        100 + (pid % 100) as u8,
+        ((pid / 100) % 250) as u8,
+        (n % 250) as u8 + 2,
+    )
 }
 
 /// A TCP port that was free a moment ago (the kernel's choice), for a program's

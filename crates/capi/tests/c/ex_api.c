@@ -1,0 +1,281 @@
+/*
+ * The extended verbs API over the drop-in libibverbs in one process: two RC QPs made by
+ * ibv_create_qp_ex with send_ops_flags, connected to each other over the loopback device
+ * named by argv[1]; work posted with the ibv_wr_* builders (SEND with an SGE, RDMA WRITE,
+ * SEND with immediate and inline data, an aborted batch), completions read with
+ * ibv_start_poll/ibv_next_poll and the ibv_wc_read_* readers of an ibv_cq_ex; and the
+ * answers for what the extended API does not offer here. Prints "ex_api: ok" on success.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <infiniband/verbs.h>
+
+#define CHECK(c, ...) do { if (!(c)) { fprintf(stderr, "%s:%d: ", __FILE__, __LINE__); \
+	fprintf(stderr, __VA_ARGS__); fprintf(stderr, " (errno %d)\n", errno); exit(1); } } while (0)
+
+enum { BUF = 4096 };
+
+static struct ibv_qp *make_qp(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq_ex *cq)
+{
+	struct ibv_qp_init_attr_ex a;
+	memset(&a, 0, sizeof(a));
+	a.send_cq = ibv_cq_ex_to_cq(cq);
+	a.recv_cq = ibv_cq_ex_to_cq(cq);
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = 16;
+	a.cap.max_recv_wr = 16;
+	a.cap.max_send_sge = 2;
+	a.cap.max_recv_sge = 1;
+	a.cap.max_inline_data = 64;
+	a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	a.pd = pd;
+	a.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+			   IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ;
+	struct ibv_qp *qp = ibv_create_qp_ex(ctx, &a);
+	CHECK(qp, "ibv_create_qp_ex");
+	CHECK(a.cap.max_inline_data >= 64, "max_inline_data %u", a.cap.max_inline_data);
+	return qp;
+}
+
+static void connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
+{
+	struct ibv_qp_attr at;
+	memset(&at, 0, sizeof(at));
+	at.qp_state = IBV_QPS_INIT;
+	at.port_num = 1;
+	at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	CHECK(!ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+			     IBV_QP_ACCESS_FLAGS), "INIT");
+	memset(&at, 0, sizeof(at));
+	at.qp_state = IBV_QPS_RTR;
+	at.path_mtu = IBV_MTU_1024;
+	at.dest_qp_num = dest;
+	at.rq_psn = 0;
+	at.max_dest_rd_atomic = 1;
+	at.min_rnr_timer = 12;
+	at.ah_attr.is_global = 1;
+	at.ah_attr.grh.dgid = *gid;
+	at.ah_attr.grh.hop_limit = 1;
+	at.ah_attr.port_num = 1;
+	CHECK(!ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+			     IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+			     IBV_QP_MIN_RNR_TIMER), "RTR");
+	memset(&at, 0, sizeof(at));
+	at.qp_state = IBV_QPS_RTS;
+	at.timeout = 14;
+	at.retry_cnt = 7;
+	at.rnr_retry = 7;
+	at.sq_psn = 0;
+	at.max_rd_atomic = 1;
+	CHECK(!ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+			     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC), "RTS");
+}
+
+struct seen {
+	uint64_t wr_id;
+	enum ibv_wc_opcode opcode;
+	uint32_t byte_len, qp_num, imm;
+	unsigned flags;
+};
+
+/* Reads completions until n are in; each must be successful. */
+static void poll_n(struct ibv_cq_ex *cq, struct seen *out, int n)
+{
+	struct ibv_poll_cq_attr pa = { .comp_mask = 0 };
+	int got = 0;
+	while (got < n) {
+		int ret = ibv_start_poll(cq, &pa);
+		if (ret == ENOENT)
+			continue;
+		CHECK(ret == 0, "ibv_start_poll %d", ret);
+		do {
+			CHECK(cq->status == IBV_WC_SUCCESS, "wr_id %llu status %s",
+			      (unsigned long long)cq->wr_id, ibv_wc_status_str(cq->status));
+			out[got].wr_id = cq->wr_id;
+			out[got].opcode = ibv_wc_read_opcode(cq);
+			out[got].byte_len = ibv_wc_read_byte_len(cq);
+			out[got].qp_num = ibv_wc_read_qp_num(cq);
+			out[got].flags = ibv_wc_read_wc_flags(cq);
+			out[got].imm = (out[got].flags & IBV_WC_WITH_IMM) ?
+				ntohl(ibv_wc_read_imm_data(cq)) : 0;
+			got++;
+			if (got == n)
+				break;
+			ret = ibv_next_poll(cq);
+		} while (ret == 0);
+		CHECK(ret == 0 || ret == ENOENT, "ibv_next_poll %d", ret);
+		ibv_end_poll(cq);
+	}
+}
+
+static struct seen *find(struct seen *s, int n, uint64_t wr_id)
+{
+	for (int i = 0; i < n; i++)
+		if (s[i].wr_id == wr_id)
+			return &s[i];
+	fprintf(stderr, "no completion for wr_id %llu\n", (unsigned long long)wr_id);
+	exit(1);
+}
+
+int main(int argc, char **argv)
+{
+	CHECK(argc == 2, "usage: ex_api DEVICE");
+	int num;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	CHECK(list, "ibv_get_device_list");
+	struct ibv_device *dev = NULL;
+	for (int i = 0; i < num; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
+			dev = list[i];
+	CHECK(dev, "device %s not listed", argv[1]);
+	struct ibv_context *ctx = ibv_open_device(dev);
+	CHECK(ctx, "ibv_open_device");
+	ibv_free_device_list(list);
+
+	/* ibv_query_device_ex through the verbs_context slot. */
+	struct ibv_device_attr_ex dx;
+	memset(&dx, 0xa5, sizeof(dx));
+	CHECK(!ibv_query_device_ex(ctx, NULL, &dx), "ibv_query_device_ex");
+	CHECK(dx.orig_attr.max_qp_wr > 0 && dx.orig_attr.phys_port_cnt == 1,
+	      "orig_attr: max_qp_wr %d ports %d", dx.orig_attr.max_qp_wr, dx.orig_attr.phys_port_cnt);
+	CHECK(dx.comp_mask == 0 && dx.odp_caps.general_caps == 0 && dx.phys_port_cnt_ex == 1,
+	      "extended attributes: comp_mask %u odp %llu ports %u", dx.comp_mask,
+	      (unsigned long long)dx.odp_caps.general_caps, dx.phys_port_cnt_ex);
+	struct ibv_query_device_ex_input in = { .comp_mask = 1 };
+	CHECK(ibv_query_device_ex(ctx, &in, &dx) == EINVAL, "input comp_mask");
+
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	CHECK(pd, "ibv_alloc_pd");
+	char *a_buf = calloc(1, BUF), *b_buf = calloc(1, BUF);
+	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	struct ibv_mr *a_mr = ibv_reg_mr(pd, a_buf, BUF, acc);
+	struct ibv_mr *b_mr = ibv_reg_mr(pd, b_buf, BUF, acc);
+	CHECK(a_mr && b_mr, "ibv_reg_mr");
+
+	/* A timestamp is not something this device can give. */
+	struct ibv_cq_init_attr_ex ca;
+	memset(&ca, 0, sizeof(ca));
+	ca.cqe = 64;
+	ca.wc_flags = IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+	errno = 0;
+	CHECK(!ibv_create_cq_ex(ctx, &ca) && errno == EOPNOTSUPP, "timestamp CQ");
+	ca.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM;
+	struct ibv_cq_ex *cq = ibv_create_cq_ex(ctx, &ca);
+	CHECK(cq, "ibv_create_cq_ex");
+	CHECK(ibv_cq_ex_to_cq(cq)->cqe >= 64, "cqe %d", ibv_cq_ex_to_cq(cq)->cqe);
+
+	struct ibv_qp *qa = make_qp(ctx, pd, cq), *qb = make_qp(ctx, pd, cq);
+	union ibv_gid gid;
+	CHECK(!ibv_query_gid(ctx, 1, 0, &gid), "ibv_query_gid");
+	connect_qp(qa, qb->qp_num, &gid);
+	connect_qp(qb, qa->qp_num, &gid);
+
+	/* Two receives at B: for the SEND and for the SEND with immediate. */
+	for (int i = 0; i < 2; i++) {
+		struct ibv_sge s = { (uintptr_t)(b_buf + 1024 * i), 1024, b_mr->lkey };
+		struct ibv_recv_wr r = { .wr_id = 100 + i, .sg_list = &s, .num_sge = 1 }, *bad;
+		CHECK(!ibv_post_recv(qb, &r, &bad), "ibv_post_recv");
+	}
+
+	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(qa);
+	CHECK(qx && &qx->qp_base == qa, "ibv_qp_to_qp_ex");
+
+	/* An aborted batch posts nothing. */
+	ibv_wr_start(qx);
+	qx->wr_id = 99;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(qx);
+	ibv_wr_set_sge(qx, a_mr->lkey, (uintptr_t)a_buf, 8);
+	ibv_wr_abort(qx);
+
+	strcpy(a_buf, "hello through ibv_wr_send");
+	strcpy(a_buf + 512, "written by ibv_wr_rdma_write");
+	char inl[32] = "inline with immediate";
+	ibv_wr_start(qx);
+	qx->wr_id = 1;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(qx);
+	struct ibv_sge two[2] = { { (uintptr_t)a_buf, 6, a_mr->lkey },
+				  { (uintptr_t)a_buf + 6, 20, a_mr->lkey } };
+	ibv_wr_set_sge_list(qx, 2, two);
+	qx->wr_id = 2;
+	ibv_wr_rdma_write(qx, b_mr->rkey, (uintptr_t)b_buf + 3000);
+	ibv_wr_set_sge(qx, a_mr->lkey, (uintptr_t)a_buf + 512, 29);
+	qx->wr_id = 3;
+	qx->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ibv_wr_send_imm(qx, htonl(0x12345678));
+	struct ibv_data_buf parts[2] = { { inl, 7 }, { inl + 7, 15 } };
+	ibv_wr_set_inline_data_list(qx, 2, parts);
+	memset(inl, 'X', sizeof(inl)); /* inline data was copied by the setter */
+	qx->wr_id = 4;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_read(qx, b_mr->rkey, (uintptr_t)b_buf + 3000);
+	ibv_wr_set_sge(qx, a_mr->lkey, (uintptr_t)a_buf + 2048, 29);
+	CHECK(ibv_wr_complete(qx) == 0, "ibv_wr_complete");
+
+	struct seen s[6];
+	poll_n(cq, s, 6);
+	struct seen *c;
+	c = find(s, 6, 1);
+	CHECK(c->opcode == IBV_WC_SEND && c->qp_num == qa->qp_num, "send completion");
+	c = find(s, 6, 2);
+	CHECK(c->opcode == IBV_WC_RDMA_WRITE, "write completion");
+	c = find(s, 6, 3);
+	CHECK(c->opcode == IBV_WC_SEND, "send_imm completion");
+	c = find(s, 6, 4);
+	CHECK(c->opcode == IBV_WC_RDMA_READ && c->byte_len == 29, "read completion");
+	c = find(s, 6, 100);
+	CHECK(c->opcode == IBV_WC_RECV && c->byte_len == 26 && c->qp_num == qb->qp_num &&
+	      !(c->flags & IBV_WC_WITH_IMM), "recv: opcode %d len %u", c->opcode, c->byte_len);
+	c = find(s, 6, 101);
+	CHECK(c->opcode == IBV_WC_RECV && c->byte_len == 22 && (c->flags & IBV_WC_WITH_IMM) &&
+	      c->imm == 0x12345678, "recv with imm: len %u imm %#x", c->byte_len, c->imm);
+	CHECK(!strcmp(b_buf, "hello through ibv_wr_send"), "sent data: %s", b_buf);
+	CHECK(!strcmp(b_buf + 3000, "written by ibv_wr_rdma_write"), "written data");
+	CHECK(!strcmp(a_buf + 2048, "written by ibv_wr_rdma_write"), "read data");
+	/* Nothing else: the aborted batch posted nothing. */
+	struct ibv_poll_cq_attr pa0 = { .comp_mask = 0 };
+	CHECK(ibv_start_poll(cq, &pa0) == ENOENT, "a completion too many");
+	CHECK(!memcmp(b_buf + 1024, "inline with immediate", 22), "inline data");
+
+	/* A QP made without the extended flags has no ibv_qp_ex. */
+	struct ibv_qp_init_attr pa;
+	memset(&pa, 0, sizeof(pa));
+	pa.send_cq = pa.recv_cq = ibv_cq_ex_to_cq(cq);
+	pa.qp_type = IBV_QPT_RC;
+	pa.cap.max_send_wr = pa.cap.max_recv_wr = 1;
+	pa.cap.max_send_sge = pa.cap.max_recv_sge = 1;
+	struct ibv_qp *plain = ibv_create_qp(pd, &pa);
+	CHECK(plain, "ibv_create_qp");
+	CHECK(ibv_qp_to_qp_ex(plain) == NULL, "ibv_qp_to_qp_ex on a plain QP");
+	/* Nor does one from ibv_create_qp_ex with the PD alone (the inline shortcut). */
+	struct ibv_qp_init_attr_ex px;
+	memset(&px, 0, sizeof(px));
+	px.send_cq = px.recv_cq = ibv_cq_ex_to_cq(cq);
+	px.qp_type = IBV_QPT_RC;
+	px.cap = pa.cap;
+	px.comp_mask = IBV_QP_INIT_ATTR_PD;
+	px.pd = pd;
+	struct ibv_qp *plain2 = ibv_create_qp_ex(ctx, &px);
+	CHECK(plain2 && ibv_qp_to_qp_ex(plain2) == NULL, "PD-only ibv_create_qp_ex");
+	/* A builder the device cannot honour fails at creation. */
+	px.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	px.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_TSO;
+	errno = 0;
+	CHECK(!ibv_create_qp_ex(ctx, &px) && errno == EOPNOTSUPP, "TSO QP");
+
+	CHECK(!ibv_destroy_qp(plain) && !ibv_destroy_qp(plain2), "destroy plain QPs");
+	CHECK(!ibv_destroy_qp(qa) && !ibv_destroy_qp(qb), "ibv_destroy_qp");
+	CHECK(!ibv_destroy_cq(ibv_cq_ex_to_cq(cq)), "ibv_destroy_cq");
+	CHECK(!ibv_dereg_mr(a_mr) && !ibv_dereg_mr(b_mr), "ibv_dereg_mr");
+	CHECK(!ibv_dealloc_pd(pd), "ibv_dealloc_pd");
+	CHECK(!ibv_close_device(ctx), "ibv_close_device");
+	free(a_buf);
+	free(b_buf);
+	printf("ex_api: ok\n");
+	return 0;
+}
