@@ -44,7 +44,34 @@ struct Server {
     name: String,
 }
 
+/// Waits until some process has bound UDP port 4791 of `addr` (the server's softrdma device
+/// is up: it is made by the server's rdma_bind_addr, just before its rdma_listen), reading
+/// /proc/net/udp so as not to take the port; gives up after [`LIMIT`] (the client's retries
+/// then cover it).
+fn wait_device(addr: &str) {
+    let ip: std::net::Ipv4Addr = addr.parse().expect("an IPv4 address");
+    let want = format!("{:08X}:12B7", u32::from_ne_bytes(ip.octets()));
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < LIMIT {
+        let table = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+        if table
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 impl Server {
+    /// Starts `prog` whose device is `addr` and waits until that device is up.
+    fn start_on(addr: &str, prog: &str, args: &[&str]) -> Server {
+        let s = Server::start(prog, args);
+        wait_device(addr);
+        s
+    }
+
     fn start(prog: &str, args: &[&str]) -> Server {
         let child = drop_in(prog, args)
             .stdout(Stdio::piped())
@@ -140,7 +167,7 @@ fn rping(extra: &[&str], count: usize) {
     let c = count.to_string();
     let mut sargs = vec!["-s", "-a", &a, "-p", &port, "-C", &c];
     sargs.extend_from_slice(extra);
-    let mut server = Server::start("rping", &sargs);
+    let mut server = Server::start_on(&a, "rping", &sargs);
     let mut cargs = vec!["-c", "-a", &a, "-I", &b, "-p", &port, "-C", &c];
     cargs.extend_from_slice(extra);
     let (st, out, err) = client(&mut server, "rping", &cargs, 50);
@@ -186,7 +213,7 @@ fn rdma_server_and_client() {
     let _g = loopback_lock();
     let a = unique_addr().to_string();
     let port = free_tcp_port().to_string();
-    let mut server = Server::start("rdma_server", &["-s", &a, "-p", &port]);
+    let mut server = Server::start_on(&a, "rdma_server", &["-s", &a, "-p", &port]);
     let (st, out, err) = client(&mut server, "rdma_client", &["-s", &a, "-p", &port], 50);
     let (sst, sout, serr) = server.finish();
     assert!(ok(st), "rdma_client failed: {out}\n{err}");
@@ -202,7 +229,7 @@ fn udaddy(extra: &[&str]) {
     let (a, b) = (unique_addr().to_string(), unique_addr().to_string());
     let mut sargs = vec!["-b", &a, "-C", "10"];
     sargs.extend_from_slice(extra);
-    let mut server = Server::start("udaddy", &sargs);
+    let mut server = Server::start_on(&a, "udaddy", &sargs);
     let mut cargs = vec!["-s", &a, "-b", &b, "-C", "10"];
     cargs.extend_from_slice(extra);
     let (st, out, err) = client(&mut server, "udaddy", &cargs, 50);
@@ -234,7 +261,7 @@ fn ucmatose(ps: &str, extra: &[&str]) {
     let port = free_tcp_port().to_string();
     let mut sargs = vec!["-b", &a, "-p", &port, "-P", ps, "-c", "2"];
     sargs.extend_from_slice(extra);
-    let mut server = Server::start("ucmatose", &sargs);
+    let mut server = Server::start_on(&a, "ucmatose", &sargs);
     let mut cargs = vec!["-s", &a, "-b", &b, "-p", &port, "-P", ps, "-c", "2"];
     cargs.extend_from_slice(extra);
     let (st, out, err) = client(&mut server, "ucmatose", &cargs, 50);
@@ -273,7 +300,7 @@ fn cmtime_connections() {
     }
     let (a, b) = (unique_addr().to_string(), unique_addr().to_string());
     let port = free_tcp_port().to_string();
-    let mut server = Server::start("cmtime", &["-b", &a, "-p", &port, "-c", "10"]);
+    let mut server = Server::start_on(&a, "cmtime", &["-b", &a, "-p", &port, "-c", "10"]);
     let (st, out, err) = client(
         &mut server,
         "cmtime",
@@ -304,7 +331,7 @@ fn mckey(send_only: bool) {
     let o = a.octets();
     let group = format!("239.{}.{}.{}", o[1], o[2], o[3]);
     let (a, b) = (a.to_string(), b.to_string());
-    let mut receiver = Server::start("mckey", &["-m", &group, "-b", &a, "-C", "10"]);
+    let mut receiver = Server::start_on(&a, "mckey", &["-m", &group, "-b", &a, "-C", "10"]);
     let mut sargs = vec!["-m", group.as_str(), "-b", &b, "-s", "-C", "10"];
     if send_only {
         sargs.push("-o");
