@@ -675,7 +675,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
 /// Fails with -1 and `EISCONN` when already established, `EINVAL` otherwise.
 #[export_name = "softrdma_rdma_notify"]
 pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, event: u32) -> c_int {
-    const IBV_EVENT_COMM_EST: u32 = 7;
+    const IBV_EVENT_COMM_EST: u32 = softrdma::EventType::CommEst as u32;
     on_id(id, |c| {
         if event != IBV_EVENT_COMM_EST {
             return Ok(());

@@ -143,6 +143,13 @@ int main(int argc, char **argv)
 	EXPECT_ERR(rdma_init_qp_attr(id, &qa, &mask), EINVAL);
 	EXPECT_ERR(rdma_init_qp_attr(id, NULL, &mask), EINVAL);
 	EXPECT_ERR(rdma_get_request(id, &id2), EINVAL);
+	EXPECT_ERR(rdma_notify(id, IBV_EVENT_COMM_EST), EINVAL);
+	EXPECT_OK(rdma_notify(id, IBV_EVENT_QP_FATAL));
+	EXPECT_ERR(rdma_reject_ece(id, NULL, 0), EINVAL);
+	struct ibv_ece ece;
+	memset(&ece, 0, sizeof ece);
+	EXPECT_ERR(rdma_get_remote_ece(id, &ece), EOPNOTSUPP);
+	EXPECT_ERR(rdma_set_local_ece(id, &ece), EOPNOTSUPP);
 
 	/* Options. */
 	uint8_t tos = 32;
@@ -180,6 +187,12 @@ int main(int argc, char **argv)
 	EXPECT_OK(rdma_create_srq(id, NULL, &sa));
 	CHECK(id->srq != NULL);
 	EXPECT_ERR(rdma_create_srq(id, NULL, &sa), EINVAL);
+	struct ibv_srq_init_attr_ex sx;
+	memset(&sx, 0, sizeof sx);
+	sx.attr = sa.attr;
+	sx.comp_mask = IBV_SRQ_INIT_ATTR_TYPE;
+	sx.srq_type = IBV_SRQT_XRC;
+	EXPECT_ERR(rdma_create_srq_ex(id, &sx), EOPNOTSUPP);
 	EXPECT_OK(rdma_create_qp(id, NULL, &qpa));
 	CHECK(id->qp != NULL && id->qp->state == IBV_QPS_INIT && id->qp->qp_type == IBV_QPT_RC);
 	CHECK(id->qp->pd == id->pd && id->qp->srq == id->srq && id->qp->context == id->verbs);
@@ -268,7 +281,11 @@ int main(int argc, char **argv)
 	EXPECT_OK(rdma_create_qp(id, NULL, &qpa));
 	CHECK(id->qp != NULL && id->qp->state == IBV_QPS_RTS);
 	EXPECT_OK(rdma_join_multicast(id, (struct sockaddr *)&mc, (void *)0x77));
-	CHECK(next_event(ch, &st) == RDMA_CM_EVENT_MULTICAST_JOIN && st == 0);
+	EXPECT_OK(rdma_get_cm_event(ch, &ev));
+	CHECK(ev->event == RDMA_CM_EVENT_MULTICAST_JOIN && ev->status == 0 && ev->id == id);
+	CHECK(ev->param.ud.private_data == (void *)0x77 && ev->param.ud.qkey == RDMA_UDP_QKEY);
+	CHECK(ev->param.ud.qp_num == 0xffffff && ev->param.ud.ah_attr.is_global);
+	EXPECT_OK(rdma_ack_cm_event(ev));
 	EXPECT_ERR(rdma_join_multicast(id, (struct sockaddr *)&mc, NULL), EADDRINUSE);
 	EXPECT_OK(rdma_leave_multicast(id, (struct sockaddr *)&mc));
 	rdma_destroy_qp(id);
