@@ -388,3 +388,18 @@ fn rdmacm_bad_input() {
     assert!(ok(st), "rdmacm_errors failed:\n{out}\n{err}");
     assert!(out.contains("all checks passed"), "{out}");
 }
+
+/// A connection's events with both ends in one process (tests/c/rdmacm_events.c): the new
+/// id of CONNECT_REQUEST, private data in REQ, REJ and REP, the QP states, DISCONNECTED.
+#[test]
+fn rdmacm_connection_events() {
+    if !have_headers() {
+        return;
+    }
+    let exe = compile_c("rdmacm_events", &["rdmacm_events.c"]);
+    let mut c = command(&exe);
+    c.arg(unique_addr().to_string());
+    let (st, out, err) = run_bounded(c, LIMIT);
+    assert!(ok(st), "rdmacm_events failed:\n{out}\n{err}");
+    assert!(out.contains("all checks passed"), "{out}");
+}
