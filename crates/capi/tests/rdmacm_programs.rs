@@ -44,7 +44,34 @@ struct Server {
     name: String,
 }
 
+/// Waits until some process has bound UDP port 4791 of `addr` (the server's softrdma device
+/// is up: it is made by the server's rdma_bind_addr, just before its rdma_listen), reading
+/// /proc/net/udp so as not to take the port; gives up after [`LIMIT`] (the client's retries
+/// then cover it).
+fn wait_device(addr: &str) {
+    let ip: std::net::Ipv4Addr = addr.parse().expect("an IPv4 address");
+    let want = format!("{:08X}:12B7", u32::from_ne_bytes(ip.octets()));
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < LIMIT {
+        let table = std::fs::read_to_string("/proc/net/udp").unwrap_or_default();
+        if table
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 impl Server {
+    /// Starts `prog` whose device is `addr` and waits until that device is up.
+    fn start_on(addr: &str, prog: &str, args: &[&str]) -> Server {
+        let s = Server::start(prog, args);
+        wait_device(addr);
+        s
+    }
+
     fn start(prog: &str, args: &[&str]) -> Server {
         let child = drop_in(prog, args)
             .stdout(Stdio::piped())
@@ -140,7 +167,7 @@ fn rping(extra: &[&str], count: usize) {
     let c = count.to_string();
     let mut sargs = vec!["-s", "-a", &a, "-p", &port, "-C", &c];
     sargs.extend_from_slice(extra);
-    let mut server = Server::start("rping", &sargs);
+    let mut server = Server::start_on(&a, "rping", &sargs);
     let mut cargs = vec!["-c", "-a", &a, "-I", &b, "-p", &port, "-C", &c];
     cargs.extend_from_slice(extra);
     let (st, out, err) = client(&mut server, "rping", &cargs, 50);
@@ -186,7 +213,7 @@ fn rdma_server_and_client() {
     let _g = loopback_lock();
     let a = unique_addr().to_string();
     let port = free_tcp_port().to_string();
-    let mut server = Server::start("rdma_server", &["-s", &a, "-p", &port]);
+    let mut server = Server::start_on(&a, "rdma_server", &["-s", &a, "-p", &port]);
     let (st, out, err) = client(&mut server, "rdma_client", &["-s", &a, "-p", &port], 50);
     let (sst, sout, serr) = server.finish();
     assert!(ok(st), "rdma_client failed: {out}\n{err}");
@@ -195,15 +222,17 @@ fn rdma_server_and_client() {
     assert!(sout.contains("rdma_server: end 0"), "{sout}");
 }
 
-/// udaddy: UD over the CM (SIDR), TOS option, address handles from the events.
-#[test]
-fn udaddy_server_and_client() {
+fn udaddy(extra: &[&str]) {
     if !have("udaddy") {
         return;
     }
     let (a, b) = (unique_addr().to_string(), unique_addr().to_string());
-    let mut server = Server::start("udaddy", &["-b", &a, "-C", "10"]);
-    let (st, out, err) = client(&mut server, "udaddy", &["-s", &a, "-b", &b, "-C", "10"], 50);
+    let mut sargs = vec!["-b", &a, "-C", "10"];
+    sargs.extend_from_slice(extra);
+    let mut server = Server::start_on(&a, "udaddy", &sargs);
+    let mut cargs = vec!["-s", &a, "-b", &b, "-C", "10"];
+    cargs.extend_from_slice(extra);
+    let (st, out, err) = client(&mut server, "udaddy", &cargs, 50);
     let (sst, sout, serr) = server.finish();
     assert!(ok(st), "udaddy client failed: {out}\n{err}");
     assert!(ok(sst), "udaddy server failed: {sout}\n{serr}");
@@ -211,19 +240,31 @@ fn udaddy_server_and_client() {
     assert!(sout.contains("test complete"), "{sout}");
 }
 
-fn ucmatose(ps: &str) {
+/// udaddy: UD over the CM (SIDR in the UDP port space), address handles from the events,
+/// the GRH in front of each receive.
+#[test]
+fn udaddy_server_and_client() {
+    udaddy(&[]);
+}
+
+/// udaddy in the IPoIB port space with a type of service (rdma_set_option TOS).
+#[test]
+fn udaddy_ipoib_tos() {
+    udaddy(&["-P", "ipoib", "-t", "32"]);
+}
+
+fn ucmatose(ps: &str, extra: &[&str]) {
     if !have("ucmatose") {
         return;
     }
     let (a, b) = (unique_addr().to_string(), unique_addr().to_string());
     let port = free_tcp_port().to_string();
-    let mut server = Server::start("ucmatose", &["-b", &a, "-p", &port, "-P", ps, "-c", "2"]);
-    let (st, out, err) = client(
-        &mut server,
-        "ucmatose",
-        &["-s", &a, "-b", &b, "-p", &port, "-P", ps, "-c", "2"],
-        50,
-    );
+    let mut sargs = vec!["-b", &a, "-p", &port, "-P", ps, "-c", "2"];
+    sargs.extend_from_slice(extra);
+    let mut server = Server::start_on(&a, "ucmatose", &sargs);
+    let mut cargs = vec!["-s", &a, "-b", &b, "-p", &port, "-P", ps, "-c", "2"];
+    cargs.extend_from_slice(extra);
+    let (st, out, err) = client(&mut server, "ucmatose", &cargs, 50);
     let (sst, sout, serr) = server.finish();
     assert!(ok(st), "ucmatose client failed: {out}\n{err}");
     assert!(ok(sst), "ucmatose server failed: {sout}\n{serr}");
@@ -234,13 +275,20 @@ fn ucmatose(ps: &str) {
 /// ucmatose in the TCP port space: 2 RC connections, messages both ways, disconnect.
 #[test]
 fn ucmatose_tcp() {
-    ucmatose("tcp");
+    ucmatose("tcp", &[]);
+}
+
+/// ucmatose -m: every id moved to a new event channel (rdma_migrate_id) after the
+/// transfers; then the disconnect on the new channel.
+#[test]
+fn ucmatose_migrate() {
+    ucmatose("tcp", &["-m"]);
 }
 
 /// ucmatose in the IB port space.
 #[test]
 fn ucmatose_ib() {
-    ucmatose("ib");
+    ucmatose("ib", &[]);
 }
 
 /// cmtime: 10 connections set up and torn down at once, timed by the program (not by us).
@@ -252,7 +300,7 @@ fn cmtime_connections() {
     }
     let (a, b) = (unique_addr().to_string(), unique_addr().to_string());
     let port = free_tcp_port().to_string();
-    let mut server = Server::start("cmtime", &["-b", &a, "-p", &port, "-c", "10"]);
+    let mut server = Server::start_on(&a, "cmtime", &["-b", &a, "-p", &port, "-c", "10"]);
     let (st, out, err) = client(
         &mut server,
         "cmtime",
@@ -274,6 +322,51 @@ fn cmtime_connections() {
     }
 }
 
+fn mckey(send_only: bool) {
+    if !have("mckey") {
+        return;
+    }
+    let (a, b) = (unique_addr(), unique_addr());
+    // A group of this test's own, from its receiver's address.
+    let o = a.octets();
+    let group = format!("239.{}.{}.{}", o[1], o[2], o[3]);
+    let (a, b) = (a.to_string(), b.to_string());
+    let mut receiver = Server::start_on(&a, "mckey", &["-m", &group, "-b", &a, "-C", "10"]);
+    let mut sargs = vec!["-m", group.as_str(), "-b", &b, "-s", "-C", "10"];
+    if send_only {
+        sargs.push("-o");
+    }
+    // The sender does not know whether the receiver has joined yet: it sends again while
+    // the receiver waits (each run sends 10 messages; the receiver wants 10 in all).
+    let mut sent = Vec::new();
+    for _ in 0..50 {
+        if !receiver.running() {
+            break;
+        }
+        let r = run_bounded(drop_in("mckey", &sargs), LIMIT);
+        assert!(ok(r.0), "mckey sender failed: {}\n{}", r.1, r.2);
+        sent.push(r.1);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (st, out, err) = receiver.finish();
+    assert!(ok(st), "mckey receiver failed: {out}\n{err}");
+    assert!(out.contains("test complete"), "{out}");
+    assert!(sent[0].contains("test complete"), "{}", sent[0]);
+}
+
+/// mckey: UD multicast over the CM (rdma_join_multicast_ex, rdma_create_qp_ex, address
+/// handles on the group), one receiver and a full-member sender.
+#[test]
+fn mckey_multicast() {
+    mckey(false);
+}
+
+/// mckey -o: the sender joins as a send-only full member.
+#[test]
+fn mckey_send_only_member() {
+    mckey(true);
+}
+
 /// The CM's errors for bad calls (tests/c/rdmacm_errors.c).
 #[test]
 fn rdmacm_bad_input() {
@@ -281,6 +374,8 @@ fn rdmacm_bad_input() {
         return;
     }
     let exe = compile_c("rdmacm_errors", &["rdmacm_errors.c"]);
+    // rdma_get_devices opens every device, 127.0.0.1's too.
+    let _g = loopback_lock();
     let a = unique_addr().to_string();
     let (st, out, err) = run_bounded(
         {
@@ -291,5 +386,20 @@ fn rdmacm_bad_input() {
         LIMIT,
     );
     assert!(ok(st), "rdmacm_errors failed:\n{out}\n{err}");
+    assert!(out.contains("all checks passed"), "{out}");
+}
+
+/// A connection's events with both ends in one process (tests/c/rdmacm_events.c): the new
+/// id of CONNECT_REQUEST, private data in REQ, REJ and REP, the QP states, DISCONNECTED.
+#[test]
+fn rdmacm_connection_events() {
+    if !have_headers() {
+        return;
+    }
+    let exe = compile_c("rdmacm_events", &["rdmacm_events.c"]);
+    let mut c = command(&exe);
+    c.arg(unique_addr().to_string());
+    let (st, out, err) = run_bounded(c, LIMIT);
+    assert!(ok(st), "rdmacm_events failed:\n{out}\n{err}");
     assert!(out.contains("all checks passed"), "{out}");
 }

@@ -173,6 +173,16 @@ fn refresh(c: &mut CId) {
         c.hdr.pd = glue::default_pd(c.hdr.verbs);
     }
     c.hdr.port_num = id.port_num();
+    if !c.hdr.qp.is_null() {
+        // The CM moves its QP (RTR/RTS on connect and accept, ERR on disconnect): the C
+        // header's `state` follows, as `ibv_modify_qp` keeps it.
+        // SAFETY: the id's QP is live while the id holds it.
+        unsafe {
+            if let Some(q) = crate::verbs::qp_arc(c.hdr.qp) {
+                (*c.hdr.qp).state = q.state() as u32;
+            }
+        }
+    }
     let (src, dst) = (id.local_addr(), id.peer_addr());
     c.hdr.route.addr.src = sa::to_c_or_zero(src);
     if dst.is_some() {
@@ -665,7 +675,7 @@ pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
 /// Fails with -1 and `EISCONN` when already established, `EINVAL` otherwise.
 #[export_name = "softrdma_rdma_notify"]
 pub unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, event: u32) -> c_int {
-    const IBV_EVENT_COMM_EST: u32 = 7;
+    const IBV_EVENT_COMM_EST: u32 = softrdma::EventType::CommEst as u32;
     on_id(id, |c| {
         if event != IBV_EVENT_COMM_EST {
             return Ok(());

@@ -1,10 +1,13 @@
 /*
  * The extended verbs API over the drop-in libibverbs in one process: two RC QPs made by
  * ibv_create_qp_ex with send_ops_flags, connected to each other over the loopback device
- * named by argv[1]; work posted with the ibv_wr_* builders (SEND with an SGE, RDMA WRITE,
- * SEND with immediate and inline data, an aborted batch), completions read with
- * ibv_start_poll/ibv_next_poll and the ibv_wc_read_* readers of an ibv_cq_ex; and the
- * answers for what the extended API does not offer here. Prints "ex_api: ok" on success.
+ * named by argv[1]; work posted with the ibv_wr_* builders (SEND with an SGE list, RDMA
+ * WRITE, SEND with immediate and inline data, RDMA READ, fetch-and-add, compare-and-swap,
+ * an aborted batch, a batch failed by a bad setter), UD SENDs with ibv_wr_set_ud_addr;
+ * completions read with ibv_start_poll/ibv_next_poll and the ibv_wc_read_* readers of an
+ * ibv_cq_ex; ibv_query_device_ex; and the answers for what the extended API does not offer
+ * here (NULL from ibv_qp_to_qp_ex on plain QPs, EOPNOTSUPP for a timestamp CQ and a TSO
+ * QP). Prints "ex_api: ok" on success.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -34,7 +37,8 @@ static struct ibv_qp *make_qp(struct ibv_context *ctx, struct ibv_pd *pd, struct
 	a.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
 	a.pd = pd;
 	a.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
-			   IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ;
+			   IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ |
+			   IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP;
 	struct ibv_qp *qp = ibv_create_qp_ex(ctx, &a);
 	CHECK(qp, "ibv_create_qp_ex");
 	CHECK(a.cap.max_inline_data >= 64, "max_inline_data %u", a.cap.max_inline_data);
@@ -47,7 +51,8 @@ static void connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
 	memset(&at, 0, sizeof(at));
 	at.qp_state = IBV_QPS_INIT;
 	at.port_num = 1;
-	at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			     IBV_ACCESS_REMOTE_ATOMIC;
 	CHECK(!ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 			     IBV_QP_ACCESS_FLAGS), "INIT");
 	memset(&at, 0, sizeof(at));
@@ -151,7 +156,8 @@ int main(int argc, char **argv)
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	CHECK(pd, "ibv_alloc_pd");
 	char *a_buf = calloc(1, BUF), *b_buf = calloc(1, BUF);
-	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+		  IBV_ACCESS_REMOTE_ATOMIC;
 	struct ibv_mr *a_mr = ibv_reg_mr(pd, a_buf, BUF, acc);
 	struct ibv_mr *b_mr = ibv_reg_mr(pd, b_buf, BUF, acc);
 	CHECK(a_mr && b_mr, "ibv_reg_mr");
@@ -217,7 +223,7 @@ int main(int argc, char **argv)
 	ibv_wr_set_sge(qx, a_mr->lkey, (uintptr_t)a_buf + 2048, 29);
 	CHECK(ibv_wr_complete(qx) == 0, "ibv_wr_complete");
 
-	struct seen s[6];
+	struct seen s[8];
 	poll_n(cq, s, 6);
 	struct seen *c;
 	c = find(s, 6, 1);
@@ -241,6 +247,96 @@ int main(int argc, char **argv)
 	struct ibv_poll_cq_attr pa0 = { .comp_mask = 0 };
 	CHECK(ibv_start_poll(cq, &pa0) == ENOENT, "a completion too many");
 	CHECK(!memcmp(b_buf + 1024, "inline with immediate", 22), "inline data");
+
+	/* Atomics: fetch-and-add then compare-and-swap on one 8-byte word at B. */
+	uint64_t *word = (uint64_t *)(b_buf + 3072), *old = (uint64_t *)(a_buf + 3072);
+	*word = 40;
+	ibv_wr_start(qx);
+	qx->wr_id = 5;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_atomic_fetch_add(qx, b_mr->rkey, (uintptr_t)word, 2);
+	ibv_wr_set_sge(qx, a_mr->lkey, (uintptr_t)old, 8);
+	qx->wr_id = 6;
+	qx->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_FENCE;
+	ibv_wr_atomic_cmp_swp(qx, b_mr->rkey, (uintptr_t)word, 42, 7);
+	ibv_wr_set_sge(qx, a_mr->lkey, (uintptr_t)(old + 1), 8);
+	CHECK(ibv_wr_complete(qx) == 0, "ibv_wr_complete (atomics)");
+	poll_n(cq, s, 2);
+	c = find(s, 2, 5);
+	CHECK(c->opcode == IBV_WC_FETCH_ADD, "fetch_add completion");
+	c = find(s, 2, 6);
+	CHECK(c->opcode == IBV_WC_COMP_SWAP, "cmp_swp completion");
+	CHECK(old[0] == 40 && old[1] == 42 && *word == 7, "atomics: %llu %llu %llu",
+	      (unsigned long long)old[0], (unsigned long long)old[1], (unsigned long long)*word);
+
+	/* A builder's error (an SGE list longer than max_send_sge) fails the whole batch. */
+	ibv_wr_start(qx);
+	qx->wr_id = 7;
+	ibv_wr_send(qx);
+	ibv_wr_set_sge(qx, a_mr->lkey, (uintptr_t)a_buf, 8);
+	qx->wr_id = 8;
+	ibv_wr_send(qx);
+	struct ibv_sge three[3] = { two[0], two[1], two[0] };
+	ibv_wr_set_sge_list(qx, 3, three);
+	CHECK(ibv_wr_complete(qx) == EINVAL, "ibv_wr_complete with a bad SGE list");
+
+	/* UD: SEND with ibv_wr_set_ud_addr to a second UD QP, GRH in front of the data. */
+	struct ibv_qp_init_attr_ex ua;
+	memset(&ua, 0, sizeof(ua));
+	ua.send_cq = ua.recv_cq = ibv_cq_ex_to_cq(cq);
+	ua.qp_type = IBV_QPT_UD;
+	ua.cap.max_send_wr = ua.cap.max_recv_wr = 4;
+	ua.cap.max_send_sge = ua.cap.max_recv_sge = 1;
+	ua.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	ua.pd = pd;
+	ua.send_ops_flags = IBV_QP_EX_WITH_SEND;
+	struct ibv_qp *ud[2];
+	for (int i = 0; i < 2; i++) {
+		ud[i] = ibv_create_qp_ex(ctx, &ua);
+		CHECK(ud[i], "UD ibv_create_qp_ex");
+		struct ibv_qp_attr at;
+		memset(&at, 0, sizeof(at));
+		at.qp_state = IBV_QPS_INIT;
+		at.port_num = 1;
+		at.qkey = 0x11111111;
+		CHECK(!ibv_modify_qp(ud[i], &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				     IBV_QP_QKEY), "UD INIT");
+		at.qp_state = IBV_QPS_RTR;
+		CHECK(!ibv_modify_qp(ud[i], &at, IBV_QP_STATE), "UD RTR");
+		at.qp_state = IBV_QPS_RTS;
+		at.sq_psn = 0;
+		CHECK(!ibv_modify_qp(ud[i], &at, IBV_QP_STATE | IBV_QP_SQ_PSN), "UD RTS");
+	}
+	memset(b_buf, 0, 256);
+	struct ibv_sge us = { (uintptr_t)b_buf, 256, b_mr->lkey };
+	struct ibv_recv_wr ur = { .wr_id = 200, .sg_list = &us, .num_sge = 1 }, *ubad;
+	CHECK(!ibv_post_recv(ud[1], &ur, &ubad), "UD ibv_post_recv");
+	struct ibv_ah_attr aa;
+	memset(&aa, 0, sizeof(aa));
+	aa.is_global = 1;
+	aa.grh.dgid = gid;
+	aa.grh.hop_limit = 1;
+	aa.port_num = 1;
+	struct ibv_ah *ah = ibv_create_ah(pd, &aa);
+	CHECK(ah, "ibv_create_ah");
+	struct ibv_qp_ex *ux = ibv_qp_to_qp_ex(ud[0]);
+	CHECK(ux, "UD ibv_qp_to_qp_ex");
+	strcpy(a_buf, "a datagram");
+	ibv_wr_start(ux);
+	ux->wr_id = 9;
+	ux->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(ux);
+	ibv_wr_set_ud_addr(ux, ah, ud[1]->qp_num, 0x11111111);
+	ibv_wr_set_sge(ux, a_mr->lkey, (uintptr_t)a_buf, 11);
+	CHECK(ibv_wr_complete(ux) == 0, "UD ibv_wr_complete");
+	poll_n(cq, s, 2);
+	c = find(s, 2, 9);
+	CHECK(c->opcode == IBV_WC_SEND, "UD send completion");
+	c = find(s, 2, 200);
+	CHECK(c->opcode == IBV_WC_RECV && c->byte_len == 40 + 11 && c->qp_num == ud[1]->qp_num,
+	      "UD receive: len %u", c->byte_len);
+	CHECK(!strcmp(b_buf + 40, "a datagram"), "UD data");
+	CHECK(!ibv_destroy_ah(ah) && !ibv_destroy_qp(ud[0]) && !ibv_destroy_qp(ud[1]), "UD teardown");
 
 	/* A QP made without the extended flags has no ibv_qp_ex. */
 	struct ibv_qp_init_attr pa;

@@ -3,6 +3,7 @@
  * Usage: rdmacm_errors ADDR  (a local address of the test's own; nothing listens on it). */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,10 +55,17 @@ static struct sockaddr_in sin_of(const char *ip, int port)
 	return s;
 }
 
-/* The next event of the channel (blocking), its type and status copied out, acked. */
+/* The next event of the channel, its type and status copied out, acked (-1 when none comes
+ * within 30 s: a hang guard, not a timing check). */
 static int next_event(struct rdma_event_channel *ch, int *status)
 {
 	struct rdma_cm_event *ev;
+	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+	if (poll(&p, 1, 30000) != 1) {
+		printf("FAIL no event\n");
+		failures++;
+		return -1;
+	}
 	if (rdma_get_cm_event(ch, &ev)) {
 		printf("FAIL rdma_get_cm_event: %s\n", strerror(errno));
 		failures++;
@@ -65,6 +73,7 @@ static int next_event(struct rdma_event_channel *ch, int *status)
 	}
 	int type = ev->event;
 	*status = ev->status;
+	printf("event %s status %d\n", rdma_event_str(ev->event), ev->status);
 	EXPECT_OK(rdma_ack_cm_event(ev));
 	return type;
 }
@@ -76,6 +85,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const char *ip = argv[1];
+	setvbuf(stdout, NULL, _IONBF, 0);
 	struct rdma_event_channel *ch = rdma_create_event_channel();
 	CHECK(ch != NULL && ch->fd >= 0);
 	struct rdma_cm_id *id = NULL, *id2 = NULL;
@@ -133,6 +143,13 @@ int main(int argc, char **argv)
 	EXPECT_ERR(rdma_init_qp_attr(id, &qa, &mask), EINVAL);
 	EXPECT_ERR(rdma_init_qp_attr(id, NULL, &mask), EINVAL);
 	EXPECT_ERR(rdma_get_request(id, &id2), EINVAL);
+	EXPECT_ERR(rdma_notify(id, IBV_EVENT_COMM_EST), EINVAL);
+	EXPECT_OK(rdma_notify(id, IBV_EVENT_QP_FATAL));
+	EXPECT_ERR(rdma_reject_ece(id, NULL, 0), EINVAL);
+	struct ibv_ece ece;
+	memset(&ece, 0, sizeof ece);
+	EXPECT_ERR(rdma_get_remote_ece(id, &ece), EOPNOTSUPP);
+	EXPECT_ERR(rdma_set_local_ece(id, &ece), EOPNOTSUPP);
 
 	/* Options. */
 	uint8_t tos = 32;
@@ -161,6 +178,47 @@ int main(int argc, char **argv)
 	CHECK(((struct sockaddr_in *)rdma_get_local_addr(id))->sin_port == htons(port));
 	EXPECT_ERR(rdma_bind_addr(id, (struct sockaddr *)&me), EINVAL);
 	EXPECT_ERR(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one), EINVAL);
+
+	/* A QP through the CM: CQs and channels made for it (cq_context == id), INIT. */
+	struct ibv_srq_init_attr sa;
+	memset(&sa, 0, sizeof sa);
+	sa.attr.max_wr = 4;
+	sa.attr.max_sge = 1;
+	EXPECT_OK(rdma_create_srq(id, NULL, &sa));
+	CHECK(id->srq != NULL);
+	EXPECT_ERR(rdma_create_srq(id, NULL, &sa), EINVAL);
+	struct ibv_srq_init_attr_ex sx;
+	memset(&sx, 0, sizeof sx);
+	sx.attr = sa.attr;
+	sx.comp_mask = IBV_SRQ_INIT_ATTR_TYPE;
+	sx.srq_type = IBV_SRQT_XRC;
+	EXPECT_ERR(rdma_create_srq_ex(id, &sx), EOPNOTSUPP);
+	EXPECT_OK(rdma_create_qp(id, NULL, &qpa));
+	CHECK(id->qp != NULL && id->qp->state == IBV_QPS_INIT && id->qp->qp_type == IBV_QPT_RC);
+	CHECK(id->qp->pd == id->pd && id->qp->srq == id->srq && id->qp->context == id->verbs);
+	CHECK(id->send_cq != NULL && id->recv_cq != NULL && id->send_cq != id->recv_cq);
+	CHECK(id->send_cq->cq_context == id && id->recv_cq->cq_context == id);
+	CHECK(id->send_cq_channel != NULL && id->recv_cq_channel != NULL);
+	CHECK(id->send_cq->channel == id->send_cq_channel && id->send_cq_channel->fd >= 0);
+	CHECK(qpa.cap.max_send_wr >= 1);
+	EXPECT_ERR(rdma_create_qp(id, NULL, &qpa), EINVAL);
+	rdma_destroy_qp(id);
+	CHECK(id->qp == NULL && id->send_cq == NULL && id->recv_cq == NULL);
+	CHECK(id->send_cq_channel == NULL && id->recv_cq_channel == NULL);
+	rdma_destroy_srq(id);
+	CHECK(id->srq == NULL);
+	struct ibv_qp_init_attr_ex qx;
+	memset(&qx, 0, sizeof qx);
+	qx.qp_type = IBV_QPT_RC;
+	qx.cap = qpa.cap;
+	qx.comp_mask = IBV_QP_INIT_ATTR_PD;
+	qx.pd = id->pd;
+	EXPECT_OK(rdma_create_qp_ex(id, &qx));
+	CHECK(id->qp != NULL && id->qp->pd == qx.pd);
+	rdma_destroy_qp(id);
+	qpa.qp_type = IBV_QPT_UD;
+	EXPECT_ERR(rdma_create_qp(id, NULL, &qpa), EINVAL); /* UD in the TCP port space */
+	qpa.qp_type = IBV_QPT_RC;
 	EXPECT_OK(rdma_listen(id, 4));
 	EXPECT_OK(rdma_create_id(ch, &id2, NULL, RDMA_PS_TCP));
 	struct sockaddr_in same = sin_of(ip, port);
@@ -173,7 +231,8 @@ int main(int argc, char **argv)
 	EXPECT_OK(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP));
 	EXPECT_ERR(rdma_resolve_addr(id, NULL, NULL, 100), EINVAL);
 	struct sockaddr_in dst = sin_of(ip, port);
-	EXPECT_OK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000));
+	me = sin_of(ip, 0);
+	EXPECT_OK(rdma_resolve_addr(id, (struct sockaddr *)&me, (struct sockaddr *)&dst, 2000));
 	int st;
 	CHECK(next_event(ch, &st) == RDMA_CM_EVENT_ADDR_RESOLVED && st == 0);
 	CHECK(id->verbs != NULL);
@@ -195,7 +254,7 @@ int main(int argc, char **argv)
 	/* Synchronous ids: a private channel; errors come back from the call. */
 	EXPECT_OK(rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP));
 	CHECK(id->channel != NULL && id->channel->fd >= 0 && id->channel != ch);
-	EXPECT_OK(rdma_resolve_addr(id, NULL, (struct sockaddr *)&dst, 2000));
+	EXPECT_OK(rdma_resolve_addr(id, (struct sockaddr *)&me, (struct sockaddr *)&dst, 2000));
 	CHECK(id->event != NULL && id->event->event == RDMA_CM_EVENT_ADDR_RESOLVED);
 	EXPECT_OK(rdma_resolve_route(id, 2000));
 	EXPECT_ERR(rdma_connect(id, &cp), ECONNREFUSED);
@@ -218,6 +277,18 @@ int main(int argc, char **argv)
 	me = sin_of(ip, 0);
 	EXPECT_OK(rdma_bind_addr(id, (struct sockaddr *)&me));
 	EXPECT_ERR(rdma_leave_multicast(id, (struct sockaddr *)&mc), EADDRNOTAVAIL);
+	qpa.qp_type = IBV_QPT_UD;
+	EXPECT_OK(rdma_create_qp(id, NULL, &qpa));
+	CHECK(id->qp != NULL && id->qp->state == IBV_QPS_RTS);
+	EXPECT_OK(rdma_join_multicast(id, (struct sockaddr *)&mc, (void *)0x77));
+	EXPECT_OK(rdma_get_cm_event(ch, &ev));
+	CHECK(ev->event == RDMA_CM_EVENT_MULTICAST_JOIN && ev->status == 0 && ev->id == id);
+	CHECK(ev->param.ud.private_data == (void *)0x77 && ev->param.ud.qkey == RDMA_UDP_QKEY);
+	CHECK(ev->param.ud.qp_num == 0xffffff && ev->param.ud.ah_attr.is_global);
+	EXPECT_OK(rdma_ack_cm_event(ev));
+	EXPECT_ERR(rdma_join_multicast(id, (struct sockaddr *)&mc, NULL), EADDRINUSE);
+	EXPECT_OK(rdma_leave_multicast(id, (struct sockaddr *)&mc));
+	rdma_destroy_qp(id);
 	EXPECT_ERR(rdma_disconnect(id), EINVAL);
 	EXPECT_OK(rdma_destroy_id(id));
 
