@@ -37,6 +37,7 @@ pub use rsocket::*;
 /// Errors of the Rust library as errno values.
 pub(crate) type Res<T = ()> = Result<T, i32>;
 
+/// The errno of a failure of the Rust library.
 pub(crate) fn err(e: softrdma::Error) -> i32 {
     e.errno()
 }

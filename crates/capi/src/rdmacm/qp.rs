@@ -11,12 +11,19 @@ use softrdma::{QpCap, QpType};
 
 /// What `rdma_create_qp` and `rdma_create_qp_ex` have in common.
 pub(crate) struct QpAttrs {
+    /// The program's `qp->qp_context`.
     pub qp_context: *mut c_void,
+    /// The send CQ (NULL: the CM makes one).
     pub send_cq: *mut ibv_cq,
+    /// The receive CQ (NULL: the CM makes one).
     pub recv_cq: *mut ibv_cq,
+    /// The SRQ (NULL: the id's, if any).
     pub srq: *mut ibv_srq,
+    /// Requested capabilities; the actual ones are written back.
     pub cap: ibv_qp_cap,
+    /// `enum ibv_qp_type`.
     pub qp_type: u32,
+    /// Every send completes signaled.
     pub sq_sig_all: bool,
 }
 
