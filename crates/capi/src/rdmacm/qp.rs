@@ -208,16 +208,18 @@ pub unsafe extern "C" fn rdma_create_qp(
 }
 
 /// `rdma_create_qp_ex`: as `rdma_create_qp`, with the PD from `comp_mask`'s
-/// `IBV_QP_INIT_ATTR_PD` (else the id's).
+/// `IBV_QP_INIT_ATTR_PD` (else the id's) and, with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, the
+/// `ibv_wr_*` table of `ibv_qp_to_qp_ex`.
 ///
-/// Fails like `rdma_create_qp`; `EOPNOTSUPP` for attributes beyond the PD and send
-/// operation flags.
+/// Fails like `rdma_create_qp`; `EOPNOTSUPP` for XRC, TSO, RSS, create flags and send
+/// operations the QP type cannot do here.
 #[export_name = "softrdma_rdma_create_qp_ex"]
 pub unsafe extern "C" fn rdma_create_qp_ex(
     id: *mut rdma_cm_id,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> c_int {
     const IBV_QP_INIT_ATTR_PD: u32 = 1;
+    const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
     const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
     ret_neg1(|| {
         let c = cid(id)?;
@@ -225,17 +227,22 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
             return Err(libc::EINVAL);
         }
         let x = &mut *attr;
-        if x.comp_mask & !(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
+        let known =
+            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if x.comp_mask & !known != 0
+            || (x.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && x.create_flags != 0)
+        {
             return Err(libc::EOPNOTSUPP);
+        }
+        let ops = (x.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(x.send_ops_flags);
+        if let Some(ops) = ops {
+            crate::verbs::ex::check_send_ops(x.qp_type, ops)?;
         }
         let pd = if x.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
             x.pd
         } else {
             std::ptr::null_mut()
         };
-        if x.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
-            crate::verbs::ex::check_send_ops(x.qp_type, x.send_ops_flags)?;
-        }
         let mut a = QpAttrs {
             qp_context: x.qp_context,
             send_cq: x.send_cq,
@@ -246,11 +253,13 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
             sq_sig_all: x.sq_sig_all != 0,
         };
         create_qp_c(c, pd, &mut a)?;
-        x.cap = a.cap;
-        if x.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
-            // The ibv_wr_* table, so that ibv_qp_to_qp_ex(id->qp) works (checked above).
-            crate::verbs::ex::enable_qp_ex(c.hdr.qp, x.send_ops_flags)?;
+        if let Some(ops) = ops {
+            if let Err(e) = crate::verbs::ex::enable_qp_ex(c.hdr.qp, ops) {
+                rdma_destroy_qp(id);
+                return Err(e);
+            }
         }
+        x.cap = a.cap;
         Ok(())
     })
 }
