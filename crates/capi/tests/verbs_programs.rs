@@ -152,6 +152,16 @@ fn ibv_devices_lists_softrdma_devices() {
     let (st, out, err) = run_bounded(with_devices("/usr/bin/ibv_devices", &[a]), LIMIT);
     assert!(st.is_some_and(|s| s.success()), "{out}{err}");
     assert!(out.contains(&format!("srdma_{a}")), "{out}");
+    // Entries that are not addresses of this machine are left out.
+    let mut c = command("/usr/bin/ibv_devices");
+    c.env("SOFTRDMA_DEVICES", format!("not-an-ip, 192.0.2.1,{a}"));
+    let (st, out2, err) = run_bounded(c, LIMIT);
+    assert!(st.is_some_and(|s| s.success()), "{out2}{err}");
+    assert!(out2.contains(&format!("srdma_{a}")), "{out2}");
+    assert!(
+        !out2.contains("192.0.2.1") && !out2.contains("not-an-ip"),
+        "{out2}"
+    );
     assert!(out.contains("srdma0"), "{out}");
     assert!(out.contains("025352"), "GUIDs start with 02:53:52: {out}");
 }

@@ -333,13 +333,17 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut i
     })
 }
 
-/// `ops.req_notify_cq`: 0, or the errno (`EINVAL` for a CQ without a channel).
+/// `ops.req_notify_cq`: 0, or the errno. Arming a CQ without a completion channel is
+/// accepted and does nothing, as rdma-core's providers do.
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: cq is NULL or a CQ of this library.
         let Some(c) = (unsafe { super::objects::wrapper::<_, CCq>(cq) }) else {
             return EINVAL;
         };
+        if c.c.channel.is_null() {
+            return 0;
+        }
         match c.cq.req_notify_cq(solicited_only != 0) {
             Ok(()) => 0,
             Err(e) => e.errno(),

@@ -262,8 +262,13 @@ pub unsafe extern "C" fn ibv_create_qp(
     })
 }
 
+/// The highest attribute bit the kernel's uverbs accepts (`IB_USER_LAST_QP_ATTR_MASK`,
+/// `IBV_QP_RATE_LIMIT`): masks with higher bits fail with EOPNOTSUPP before any check.
+const LAST_QP_ATTR_BIT: u32 = 25;
+
 /// `ibv_modify_qp`: 0, or the errno (EINVAL for NULL, an invalid transition, a missing or
-/// forbidden attribute, a value out of range).
+/// forbidden attribute, a value out of range; EOPNOTSUPP for mask bits above
+/// `IBV_QP_RATE_LIMIT`, as the kernel answers).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(
     qp: *mut ibv_qp,
@@ -275,6 +280,9 @@ pub unsafe extern "C" fn ibv_modify_qp(
         let w = unsafe { objects::wrapper::<_, CQp>(qp) }.ok_or(EINVAL)?;
         if attr.is_null() {
             return Err(EINVAL);
+        }
+        if (attr_mask as u32) >> (LAST_QP_ATTR_BIT + 1) != 0 {
+            return Err(libc::EOPNOTSUPP);
         }
         // SAFETY: the caller's attr.
         let a = qp_attr_from_c(unsafe { &*attr }, attr_mask)?;

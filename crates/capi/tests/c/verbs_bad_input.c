@@ -1,4 +1,5 @@
-/* Bad input on the verbs side of the drop-in libibverbs: every call below must fail
+/* Bad input on the verbs side of the drop-in libibverbs (and, on a loopback RC pair, each
+ * opcode through the ops table): every bad call below must fail
  * (or succeed) with the return value and errno rdma-core gives, never crash.
  * Usage: verbs_bad_input DEVICE_NAME OTHER_DEVICE_NAME
  * Prints "ok N checks" and exits 0, or names the first failed check and exits 1. */
@@ -50,7 +51,9 @@ static struct ibv_context *open_named(const char *name)
 static int to_rts(struct ibv_qp *qp, uint32_t remote, union ibv_gid *gid)
 {
 	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
-				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE |
+						    IBV_ACCESS_REMOTE_READ |
+						    IBV_ACCESS_REMOTE_ATOMIC };
 	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 				  IBV_QP_ACCESS_FLAGS))
 		return 1;
@@ -81,6 +84,31 @@ static int to_rts(struct ibv_qp *qp, uint32_t remote, union ibv_gid *gid)
 				  IBV_QP_MAX_QP_RD_ATOMIC))
 		return 3;
 	return 0;
+}
+
+/* Polls `cq` until `n` completions are in `wc` (a spin count guards against a hang). */
+static void wait_wcs(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	int got = 0;
+	long spins = 0;
+	while (got < n && spins++ < 50000000) {
+		int k = ibv_poll_cq(cq, n - got, wc + got);
+		CHECK(k >= 0);
+		got += k;
+	}
+	CHECK(got == n);
+	for (int i = 0; i < n; i++)
+		CHECK(wc[i].status == IBV_WC_SUCCESS);
+}
+
+/* The completion of `wc[0..n)` with opcode `op`. */
+static struct ibv_wc *find_wc(struct ibv_wc *wc, int n, enum ibv_wc_opcode op)
+{
+	for (int i = 0; i < n; i++)
+		if (wc[i].opcode == op)
+			return &wc[i];
+	CHECK(0);
+	return NULL;
 }
 
 int main(int argc, char **argv)
@@ -162,6 +190,7 @@ int main(int argc, char **argv)
 	FAILS_PTR(ibv_reg_dmabuf_mr(pd, 0, 4096, 0, 3, IBV_ACCESS_LOCAL_WRITE), EOPNOTSUPP);
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 8192,
 				       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				       IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC |
 				       IBV_ACCESS_RELAXED_ORDERING);
 	CHECK(mr && mr->addr == buf && mr->length == 8192 && mr->pd == pd);
 	CHECK(ibv_dealloc_pd(pd) == EBUSY);
@@ -188,6 +217,7 @@ int main(int argc, char **argv)
 	CHECK(ibv_resize_cq(cq, 8) == 0);
 	struct ibv_wc wc[4];
 	CHECK(ibv_poll_cq(cq, 0, wc) == 0);
+	CHECK(ibv_req_notify_cq(ocq, 0) == 0); /* no channel: accepted, nothing to notify */
 	CHECK(ibv_poll_cq(cq, 4, wc) == 0);
 	{
 		struct ibv_cq *ecq;
@@ -223,8 +253,7 @@ int main(int argc, char **argv)
 	FAILS_PTR(ibv_create_qp(pd, &ia), EINVAL);
 	ia.cap.max_send_sge = 2;
 	ia.qp_type = 77;
-	errno = 0;
-	CHECK(ibv_create_qp(pd, &ia) == NULL && errno != 0);
+	FAILS_PTR(ibv_create_qp(pd, &ia), EINVAL);
 	ia.qp_type = IBV_QPT_RC;
 	ia.qp_context = (void *)0x5678;
 	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
@@ -249,7 +278,8 @@ int main(int argc, char **argv)
 	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE) == EINVAL);
 	qa.qp_state = IBV_QPS_INIT;
 	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE) == EINVAL);
-	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE | (1 << 30)) != 0);
+	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE | (1 << 30)) == EOPNOTSUPP);
+	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE | (1 << 22)) == EINVAL);
 	qa.qp_state = 42;
 	CHECK(ibv_modify_qp(qp, &qa, IBV_QP_STATE) == EINVAL);
 	CHECK(ibv_modify_qp(qp, NULL, IBV_QP_STATE) == EINVAL);
@@ -327,6 +357,71 @@ int main(int argc, char **argv)
 			}
 			CHECK(got == 2 && !strcmp(buf, "inline"));
 		}
+	}
+
+	/* Each opcode through the ops table: the wr unions are read as the header lays
+	 * them out, immediate data stays in network order end to end. */
+	{
+		struct ibv_sge ls = { .addr = (uintptr_t)buf + 100, .length = 16, .lkey = mr->lkey };
+		struct ibv_sge rs = { .addr = (uintptr_t)buf + 512, .length = 64, .lkey = mr->lkey };
+		struct ibv_recv_wr rr = { .wr_id = 50, .sg_list = &rs, .num_sge = 1 };
+		struct ibv_send_wr w = { .wr_id = 60, .sg_list = &ls, .num_sge = 1,
+					 .send_flags = IBV_SEND_SIGNALED };
+		struct ibv_wc c[2], *x;
+		uint64_t *atom = (uint64_t *)(buf + 4096), *res = (uint64_t *)(buf + 4104);
+
+		strcpy(buf + 100, "payload-16bytes");
+		CHECK(ibv_post_recv(qp2, &rr, &rbad) == 0);
+		w.opcode = IBV_WR_SEND_WITH_IMM;
+		w.imm_data = htobe32(0x12345678);
+		CHECK(ibv_post_send(qp, &w, &bad) == 0);
+		wait_wcs(cq, 2, c);
+		x = find_wc(c, 2, IBV_WC_RECV);
+		CHECK((x->wc_flags & IBV_WC_WITH_IMM) && be32toh(x->imm_data) == 0x12345678);
+		CHECK(x->byte_len == 16 && x->qp_num == qp2->qp_num && x->wr_id == 50);
+		CHECK(!strcmp(buf + 512, "payload-16bytes"));
+		CHECK(find_wc(c, 2, IBV_WC_SEND)->qp_num == qp->qp_num);
+
+		w.opcode = IBV_WR_RDMA_WRITE;
+		w.wr.rdma.remote_addr = (uintptr_t)buf + 1024;
+		w.wr.rdma.rkey = mr->rkey;
+		CHECK(ibv_post_send(qp, &w, &bad) == 0);
+		wait_wcs(cq, 1, c);
+		CHECK(c[0].opcode == IBV_WC_RDMA_WRITE && !strcmp(buf + 1024, "payload-16bytes"));
+
+		CHECK(ibv_post_recv(qp2, &rr, &rbad) == 0);
+		w.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+		w.wr.rdma.remote_addr = (uintptr_t)buf + 1100;
+		w.imm_data = htobe32(7);
+		CHECK(ibv_post_send(qp, &w, &bad) == 0);
+		wait_wcs(cq, 2, c);
+		x = find_wc(c, 2, IBV_WC_RECV_RDMA_WITH_IMM);
+		CHECK(be32toh(x->imm_data) == 7 && !strcmp(buf + 1100, "payload-16bytes"));
+
+		strcpy(buf + 2048, "read-me");
+		ls.addr = (uintptr_t)buf + 3000;
+		w.opcode = IBV_WR_RDMA_READ;
+		w.wr.rdma.remote_addr = (uintptr_t)buf + 2048;
+		CHECK(ibv_post_send(qp, &w, &bad) == 0);
+		wait_wcs(cq, 1, c);
+		CHECK(c[0].opcode == IBV_WC_RDMA_READ && !strcmp(buf + 3000, "read-me"));
+
+		*atom = 5;
+		ls.addr = (uintptr_t)res;
+		ls.length = 8;
+		w.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+		w.wr.atomic.remote_addr = (uintptr_t)atom;
+		w.wr.atomic.rkey = mr->rkey;
+		w.wr.atomic.compare_add = 3;
+		CHECK(ibv_post_send(qp, &w, &bad) == 0);
+		wait_wcs(cq, 1, c);
+		CHECK(c[0].opcode == IBV_WC_FETCH_ADD && *res == 5 && *atom == 8);
+		w.opcode = IBV_WR_ATOMIC_CMP_AND_SWP;
+		w.wr.atomic.compare_add = 8;
+		w.wr.atomic.swap = 42;
+		CHECK(ibv_post_send(qp, &w, &bad) == 0);
+		wait_wcs(cq, 1, c);
+		CHECK(c[0].opcode == IBV_WC_COMP_SWAP && *res == 8 && *atom == 42);
 	}
 
 	/* Multicast needs a UD QP and a multicast GID. */
