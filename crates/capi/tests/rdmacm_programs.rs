@@ -279,10 +279,10 @@ fn udaddy_server_and_client() {
     udaddy(&[]);
 }
 
-/// udaddy in the IPoIB port space with a type of service (rdma_set_option TOS).
+/// udaddy in the IPoIB port space with a type of service (rdma_set_option TOS), three ids.
 #[test]
 fn udaddy_ipoib_tos() {
-    udaddy(&["-P", "ipoib", "-t", "32"]);
+    udaddy(&["-P", "ipoib", "-t", "32", "-c", "3"]);
 }
 
 fn ucmatose(ps: &str, extra: &[&str]) {
@@ -308,6 +308,12 @@ fn ucmatose(ps: &str, extra: &[&str]) {
 #[test]
 fn ucmatose_tcp() {
     ucmatose("tcp", &[]);
+}
+
+/// ucmatose with 8 connections of 20 messages of 1000 bytes each.
+#[test]
+fn ucmatose_many_connections() {
+    ucmatose("tcp", &["-c", "8", "-C", "20", "-S", "1000"]);
 }
 
 /// ucmatose -m: every id moved to a new event channel (rdma_migrate_id) after the
