@@ -166,6 +166,7 @@ pub(crate) unsafe fn create_qp_c(c: &mut CId, pd: *mut ibv_pd, a: &mut QpAttrs) 
     })();
     match r {
         Ok(q) => {
+            let _g = c.extra.lock().unwrap_or_else(|p| p.into_inner());
             c.hdr.qp = q;
             c.hdr.pd = pd;
             c.hdr.srq = srq;
@@ -269,11 +270,12 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     guard((), || {
         let Ok(c) = cid(id) else { return };
+        let qp = {
+            let _g = c.extra.lock().unwrap_or_else(|p| p.into_inner());
+            std::mem::replace(&mut c.hdr.qp, std::ptr::null_mut())
+        };
         c.id.destroy_qp();
-        if !c.hdr.qp.is_null() {
-            glue::destroy_qp(c.hdr.qp);
-            c.hdr.qp = std::ptr::null_mut();
-        }
+        glue::destroy_qp(qp);
         destroy_cm_cqs(c);
         let (s, r) = {
             let x = c.extra();
