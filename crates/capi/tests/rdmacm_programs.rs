@@ -203,6 +203,38 @@ fn rping_self_created_qp() {
     rping(&["-v", "-V", "-q"], 5);
 }
 
+/// rping -P: a persistent server (a thread per connection) serving two clients at once,
+/// then killed.
+#[test]
+fn rping_persistent_server() {
+    if !have("rping") {
+        return;
+    }
+    let a = unique_addr().to_string();
+    let port = free_tcp_port().to_string();
+    let mut server = Server::start_on(&a, "rping", &["-s", "-P", "-a", &a, "-p", &port, "-V"]);
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            let (a, port, b) = (a.clone(), port.clone(), unique_addr().to_string());
+            std::thread::spawn(move || {
+                let args = ["-c", "-a", &a, "-I", &b, "-p", &port, "-C", "5", "-v", "-V"];
+                run_bounded(drop_in("rping", &args), LIMIT)
+            })
+        })
+        .collect();
+    for c in clients {
+        let (st, out, err) = c.join().unwrap();
+        assert!(ok(st), "rping client failed: {out}\n{err}");
+        assert_eq!(
+            out.lines().filter(|l| l.starts_with("ping data: ")).count(),
+            5,
+            "{out}"
+        );
+    }
+    assert!(server.running(), "the persistent rping server ended");
+    let _ = server.kill();
+}
+
 /// rdma_server / rdma_client: rdma_getaddrinfo, rdma_create_ep, rdma_get_request, the
 /// rdma_verbs.h helpers on CM-made CQs.
 #[test]
@@ -247,10 +279,10 @@ fn udaddy_server_and_client() {
     udaddy(&[]);
 }
 
-/// udaddy in the IPoIB port space with a type of service (rdma_set_option TOS).
+/// udaddy in the IPoIB port space with a type of service (rdma_set_option TOS), three ids.
 #[test]
 fn udaddy_ipoib_tos() {
-    udaddy(&["-P", "ipoib", "-t", "32"]);
+    udaddy(&["-P", "ipoib", "-t", "32", "-c", "3"]);
 }
 
 fn ucmatose(ps: &str, extra: &[&str]) {
@@ -276,6 +308,12 @@ fn ucmatose(ps: &str, extra: &[&str]) {
 #[test]
 fn ucmatose_tcp() {
     ucmatose("tcp", &[]);
+}
+
+/// ucmatose with 8 connections of 20 messages of 1000 bytes each.
+#[test]
+fn ucmatose_many_connections() {
+    ucmatose("tcp", &["-c", "8", "-C", "20", "-S", "1000"]);
 }
 
 /// ucmatose -m: every id moved to a new event channel (rdma_migrate_id) after the

@@ -37,6 +37,7 @@ pub use rsocket::*;
 /// Errors of the Rust library as errno values.
 pub(crate) type Res<T = ()> = Result<T, i32>;
 
+/// The errno of a failure of the Rust library.
 pub(crate) fn err(e: softrdma::Error) -> i32 {
     e.errno()
 }
@@ -173,16 +174,6 @@ fn refresh(c: &mut CId) {
         c.hdr.pd = glue::default_pd(c.hdr.verbs);
     }
     c.hdr.port_num = id.port_num();
-    if !c.hdr.qp.is_null() {
-        // The CM moves its QP (RTR/RTS on connect and accept, ERR on disconnect): the C
-        // header's `state` follows, as `ibv_modify_qp` keeps it.
-        // SAFETY: the id's QP is live while the id holds it.
-        unsafe {
-            if let Some(q) = crate::verbs::qp_arc(c.hdr.qp) {
-                (*c.hdr.qp).state = q.state() as u32;
-            }
-        }
-    }
     let (src, dst) = (id.local_addr(), id.peer_addr());
     c.hdr.route.addr.src = sa::to_c_or_zero(src);
     if dst.is_some() {
@@ -210,6 +201,22 @@ fn refresh(c: &mut CId) {
         };
         c.hdr.route.path_rec = &mut c.path;
         c.hdr.route.num_paths = 1;
+    }
+}
+
+/// After the CM moved the id's QP (RTR/RTS on connect, accept and the active side's
+/// ESTABLISHED, ERR on REJECTED and disconnect), the C QP's `state` follows, as
+/// `ibv_modify_qp` keeps it. Only at those moments, where librdmacm itself modifies
+/// `id->qp`; under the id's lock, which `rdma_destroy_qp` takes to clear `id->qp`.
+fn sync_qp_state(c: &mut CId) {
+    let _g = c.extra.lock().unwrap_or_else(|p| p.into_inner());
+    if c.hdr.qp.is_null() {
+        return;
+    }
+    if let Some(q) = c.id.qp() {
+        // SAFETY: id->qp is the live QP the CM made for the id (cleared under this lock
+        // before it is destroyed).
+        unsafe { (*c.hdr.qp).state = q.state() as u32 };
     }
 }
 
@@ -431,6 +438,15 @@ pub unsafe extern "C" fn rdma_get_cm_event(
             }
             let c = &mut *c;
             refresh(c);
+            if matches!(
+                ev.event,
+                CmEventType::Established
+                    | CmEventType::Rejected
+                    | CmEventType::ConnectError
+                    | CmEventType::Unreachable
+            ) {
+                sync_qp_state(c);
+            }
             let info = ev.info();
             let e = make_event(
                 &info,
@@ -572,7 +588,9 @@ pub unsafe extern "C" fn rdma_connect(
         if conn_param.is_null() && c.hdr.qp.is_null() && c.id.qp_type() != QpType::Ud {
             return Err(libc::EINVAL);
         }
-        c.id.connect(&read_conn_param(conn_param)).map_err(err)
+        let r = c.id.connect(&read_conn_param(conn_param)).map_err(err);
+        sync_qp_state(c);
+        r
     })
 }
 
@@ -597,7 +615,9 @@ pub unsafe extern "C" fn rdma_accept(
         if conn_param.is_null() {
             p.retry_count = 0;
         }
-        c.id.accept(&p).map_err(err)
+        let r = c.id.accept(&p).map_err(err);
+        sync_qp_state(c);
+        r
     })
 }
 
@@ -666,7 +686,11 @@ pub unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut c_vo
 /// Fails with -1 and `EINVAL` when the id is not connected.
 #[export_name = "softrdma_rdma_disconnect"]
 pub unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
-    on_id(id, |c| c.id.disconnect().map_err(err))
+    on_id(id, |c| {
+        let r = c.id.disconnect().map_err(err);
+        sync_qp_state(c);
+        r
+    })
 }
 
 /// `rdma_notify`: `IBV_EVENT_COMM_EST` establishes a passive connection whose RTU is

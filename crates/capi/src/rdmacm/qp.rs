@@ -11,12 +11,19 @@ use softrdma::{QpCap, QpType};
 
 /// What `rdma_create_qp` and `rdma_create_qp_ex` have in common.
 pub(crate) struct QpAttrs {
+    /// The program's `qp->qp_context`.
     pub qp_context: *mut c_void,
+    /// The send CQ (NULL: the CM makes one).
     pub send_cq: *mut ibv_cq,
+    /// The receive CQ (NULL: the CM makes one).
     pub recv_cq: *mut ibv_cq,
+    /// The SRQ (NULL: the id's, if any).
     pub srq: *mut ibv_srq,
+    /// Requested capabilities; the actual ones are written back.
     pub cap: ibv_qp_cap,
+    /// `enum ibv_qp_type`.
     pub qp_type: u32,
+    /// Every send completes signaled.
     pub sq_sig_all: bool,
 }
 
@@ -159,6 +166,7 @@ pub(crate) unsafe fn create_qp_c(c: &mut CId, pd: *mut ibv_pd, a: &mut QpAttrs) 
     })();
     match r {
         Ok(q) => {
+            let _g = c.extra.lock().unwrap_or_else(|p| p.into_inner());
             c.hdr.qp = q;
             c.hdr.pd = pd;
             c.hdr.srq = srq;
@@ -201,16 +209,18 @@ pub unsafe extern "C" fn rdma_create_qp(
 }
 
 /// `rdma_create_qp_ex`: as `rdma_create_qp`, with the PD from `comp_mask`'s
-/// `IBV_QP_INIT_ATTR_PD` (else the id's).
+/// `IBV_QP_INIT_ATTR_PD` (else the id's) and, with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`, the
+/// `ibv_wr_*` table of `ibv_qp_to_qp_ex`.
 ///
-/// Fails like `rdma_create_qp`; `EOPNOTSUPP` for attributes beyond the PD and send
-/// operation flags.
+/// Fails like `rdma_create_qp`; `EOPNOTSUPP` for XRC, TSO, RSS, create flags and send
+/// operations the QP type cannot do here.
 #[export_name = "softrdma_rdma_create_qp_ex"]
 pub unsafe extern "C" fn rdma_create_qp_ex(
     id: *mut rdma_cm_id,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> c_int {
     const IBV_QP_INIT_ATTR_PD: u32 = 1;
+    const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
     const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
     ret_neg1(|| {
         let c = cid(id)?;
@@ -218,17 +228,22 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
             return Err(libc::EINVAL);
         }
         let x = &mut *attr;
-        if x.comp_mask & !(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 {
+        let known =
+            IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+        if x.comp_mask & !known != 0
+            || (x.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && x.create_flags != 0)
+        {
             return Err(libc::EOPNOTSUPP);
+        }
+        let ops = (x.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0).then_some(x.send_ops_flags);
+        if let Some(ops) = ops {
+            crate::verbs::ex::check_send_ops(x.qp_type, ops)?;
         }
         let pd = if x.comp_mask & IBV_QP_INIT_ATTR_PD != 0 {
             x.pd
         } else {
             std::ptr::null_mut()
         };
-        if x.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
-            crate::verbs::ex::check_send_ops(x.qp_type, x.send_ops_flags)?;
-        }
         let mut a = QpAttrs {
             qp_context: x.qp_context,
             send_cq: x.send_cq,
@@ -239,11 +254,13 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
             sq_sig_all: x.sq_sig_all != 0,
         };
         create_qp_c(c, pd, &mut a)?;
-        x.cap = a.cap;
-        if x.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 {
-            // The ibv_wr_* table, so that ibv_qp_to_qp_ex(id->qp) works (checked above).
-            crate::verbs::ex::enable_qp_ex(c.hdr.qp, x.send_ops_flags)?;
+        if let Some(ops) = ops {
+            if let Err(e) = crate::verbs::ex::enable_qp_ex(c.hdr.qp, ops) {
+                rdma_destroy_qp(id);
+                return Err(e);
+            }
         }
+        x.cap = a.cap;
         Ok(())
     })
 }
@@ -253,11 +270,12 @@ pub unsafe extern "C" fn rdma_create_qp_ex(
 pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     guard((), || {
         let Ok(c) = cid(id) else { return };
+        let qp = {
+            let _g = c.extra.lock().unwrap_or_else(|p| p.into_inner());
+            std::mem::replace(&mut c.hdr.qp, std::ptr::null_mut())
+        };
         c.id.destroy_qp();
-        if !c.hdr.qp.is_null() {
-            glue::destroy_qp(c.hdr.qp);
-            c.hdr.qp = std::ptr::null_mut();
-        }
+        glue::destroy_qp(qp);
         destroy_cm_cqs(c);
         let (s, r) = {
             let x = c.extra();

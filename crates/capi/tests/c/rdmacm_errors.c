@@ -215,7 +215,17 @@ int main(int argc, char **argv)
 	qx.pd = id->pd;
 	EXPECT_OK(rdma_create_qp_ex(id, &qx));
 	CHECK(id->qp != NULL && id->qp->pd == qx.pd);
+	CHECK(ibv_qp_to_qp_ex(id->qp) == NULL);
 	rdma_destroy_qp(id);
+	qx.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+	qx.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
+	EXPECT_OK(rdma_create_qp_ex(id, &qx));
+	CHECK(id->qp != NULL && ibv_qp_to_qp_ex(id->qp) == (struct ibv_qp_ex *)id->qp);
+	rdma_destroy_qp(id);
+	qx.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+	qx.create_flags = IBV_QP_CREATE_SCATTER_FCS;
+	EXPECT_ERR(rdma_create_qp_ex(id, &qx), EOPNOTSUPP);
+	CHECK(id->qp == NULL && id->send_cq == NULL);
 	qpa.qp_type = IBV_QPT_UD;
 	EXPECT_ERR(rdma_create_qp(id, NULL, &qpa), EINVAL); /* UD in the TCP port space */
 	qpa.qp_type = IBV_QPT_RC;
