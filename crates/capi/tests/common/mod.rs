@@ -16,6 +16,32 @@ pub fn target_dir() -> PathBuf {
         .to_path_buf()
 }
 
+/// The static library cargo built with this test binary: `cargo test` leaves it in
+/// `deps/` with its metadata hash (only `cargo build` copies it up to `target/<profile>`), so
+/// the newest `deps/libsoftrdma_capi-*.a` is this build's.
+fn staticlib(t: &Path) -> PathBuf {
+    let newest = std::fs::read_dir(t.join("deps"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            n.starts_with("libsoftrdma_capi-") && n.ends_with(".a")
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max();
+    let a = newest
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| t.join("libsoftrdma_capi.a"));
+    assert!(
+        a.exists(),
+        "{} is missing: cargo builds it with the tests",
+        a.display()
+    );
+    a
+}
+
 /// The directory holding `libibverbs.so.1` and `librdmacm.so.1`, linked by `link.sh` from
 /// the static library cargo built for this test run (one directory per test binary, so
 /// parallel test binaries never race on the files).
@@ -23,12 +49,7 @@ pub fn libdir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let t = target_dir();
-        let a = t.join("libsoftrdma_capi.a");
-        assert!(
-            a.exists(),
-            "{} is missing: cargo builds it with the tests",
-            a.display()
-        );
+        let a = staticlib(&t);
         let name = std::env::current_exe()
             .unwrap()
             .file_name()
