@@ -100,7 +100,7 @@ cap_stop() {
   [ -n "$CAP_PID" ] && kill "$CAP_PID" 2>/dev/null && wait "$CAP_PID" 2>/dev/null
   CAP_PID=
 }
-vm_kill_rping() { vmsh 'kill -9 $(pidof rping udaddy ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ib_write_bw) 2>/dev/null; true' >/dev/null; }
+vm_kill_rping() { vmsh 'kill -9 $(pidof rping udaddy ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ib_write_bw rdma_server) 2>/dev/null; true' >/dev/null; }
 
 # Servers are started in the background and the client only once they listen (a fixed sleep
 # is a race on a slow machine). wait_line FILE PATTERN PID: until FILE has PATTERN or the
@@ -404,6 +404,50 @@ c_ib_write_bw_from_kernel() {
   [ $rc = 0 ] && bw_ok "$OUT/$name.client.log" && grep -q '^rc=0$' "$OUT/$name.client.log"
 }
 
+# host_server_case NAME READY VMCMD CMD...: CMD (a server) on the host until its log shows
+# READY, then VMCMD (the kernel's client) in the VM; both must exit 0, and udaddy's logs must
+# say "test complete". vm_server_case NAME VMCMD CMD...: the other way round.
+host_server_case() {
+  local name=$1 ready=$2 vmcmd=$3
+  shift 3
+  "$@" >"$OUT/$name.server.log" 2>&1 &
+  local spid=$!
+  wait_line "$OUT/$name.server.log" "$ready" $spid
+  sleep 0.2   # (a program that says so before its rdma_listen: that call follows at once)
+  vmsh "$vmcmd; echo rc=\$?" >"$OUT/$name.client.log"
+  wait $spid
+  local rc=$?
+  log "kernel client: $(grep '^rc=' "$OUT/$name.client.log"); host server rc=$rc"
+  [ $rc = 0 ] && grep -q '^rc=0$' "$OUT/$name.client.log" && complete_if_udaddy "$name"
+}
+vm_server_case() {
+  local name=$1 vmcmd=$2
+  shift 2
+  vmsh "(setsid sh -c '$vmcmd; echo rc=\$?' </dev/null >/tmp/srv.log 2>&1 &); sleep 1" >/dev/null
+  "$@" >"$OUT/$name.client.log" 2>&1
+  local rc=$?
+  vm_server_log /tmp/srv.log >"$OUT/$name.server.log"
+  log "host client rc=$rc; kernel server: $(grep '^rc=' "$OUT/$name.server.log")"
+  [ $rc = 0 ] && grep -q '^rc=0$' "$OUT/$name.server.log" && complete_if_udaddy "$name"
+}
+complete_if_udaddy() {
+  case $1 in *udaddy*) grep -q 'test complete' "$OUT/$1.client.log" && grep -q 'test complete' "$OUT/$1.server.log" ;; esac
+}
+EX=$ROOT/target/release/examples
+# UD through SIDR, 10 messages each way: the client's messages carry its QPN in the
+# immediate data, which the kernel's udaddy server replies to.
+udaddy_to_kernel() { vm_server_case "$1" "udaddy -C 10" timeout 60 $NSX "$EX/udaddy" -s $VMIP -b $HOST -C 10; }
+udaddy_from_kernel() {
+  host_server_case "$1" 'listening on' "udaddy -s $HOST -C 10" timeout 60 $NSX "$EX/udaddy" -b $HOST -C 10
+}
+c_udaddy_to_kernel() { vm_server_case "$1" "udaddy -C 10" cdrop udaddy -s $VMIP -b $HOST -C 10; }
+c_udaddy_from_kernel() { host_server_case "$1" 'starting server' "udaddy -s $HOST -C 10" cdrop udaddy -b $HOST -C 10; }
+# rdma_server / rdma_client (synchronous ids, rdma_verbs.h helpers, inline SENDs).
+rdma_client_to_kernel() { vm_server_case "$1" "rdma_server" timeout 60 $NSX "$EX/rdma_client" -s $VMIP -b $HOST; }
+rdma_server_from_kernel() {
+  host_server_case "$1" 'listening on' "rdma_client -s $HOST" timeout 60 $NSX "$EX/rdma_server" -a $HOST
+}
+
 # The UC, UD and SRQ ping-pongs (PROG uc, ud or srq) both ways, with -c (the server checks
 # the client's marks): softrdma's uc_pingpong/ud_pingpong/srq_pingpong against the kernel's
 # ibv_uc_pingpong / ibv_ud_pingpong / ibv_srq_pingpong (16 RC QPs on one SRQ per side). UD messages are 1024 bytes, the port MTU of the 1500-byte link (both
@@ -527,8 +571,9 @@ done
 run_case rnr_from_kernel rnr_from_kernel rnr_from_kernel
 for s in $SIZES; do run_case "rping_to_kernel_$s" rping_to_kernel "$s" "rping_to_kernel_$s"; done
 for s in $SIZES; do run_case "rping_from_kernel_$s" rping_from_kernel "$s" "rping_from_kernel_$s"; done
-for c in c_rping_to_kernel c_rping_from_kernel c_rc_pingpong_to_kernel c_rc_pingpong_from_kernel \
-  c_ib_write_bw_to_kernel c_ib_write_bw_from_kernel; do
+for c in udaddy_to_kernel udaddy_from_kernel rdma_client_to_kernel rdma_server_from_kernel \
+  c_rping_to_kernel c_rping_from_kernel c_rc_pingpong_to_kernel c_rc_pingpong_from_kernel \
+  c_ib_write_bw_to_kernel c_ib_write_bw_from_kernel c_udaddy_to_kernel c_udaddy_from_kernel; do
   run_case $c $c $c
 done
 run_case rejected_by_kernel rejected_by_kernel rejected_by_kernel
