@@ -3,9 +3,17 @@
 //! the test's own, a client bound to another (where the program can bind), and a C program
 //! checking the errors of bad calls.
 //!
-//! A client may start before its server listens (there is no readiness signal to wait for):
-//! a client that fails while its server still runs is started again, a bounded number of
-//! times. Limits are hang guards only.
+//! Not run: rdma_xserver/rdma_xclient. The server listens on the wildcard address (it has no
+//! address option), which opens softrdma's listed devices (127.0.0.1 and the host's
+//! addresses), and the client cannot bind (its device is the route's source, 127.0.0.1):
+//! on one host the two would need the same device, i.e. UDP port 4791 of one address, in
+//! two processes. (rdma_client has no bind option either: its device is 127.0.0.1, so the
+//! tests that use that address take a lock.)
+//!
+//! A client starts once its server's device is up (UDP port 4791 of the server's address
+//! appears in /proc/net/udp; the server listens right after binding); a client that still
+//! fails while its server runs is started again, a bounded number of times. Limits are
+//! hang guards only.
 
 mod common;
 
