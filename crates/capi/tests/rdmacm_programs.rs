@@ -145,7 +145,8 @@ impl Server {
 }
 
 /// Runs the client until it succeeds, at most `tries` times while the server runs (an
-/// early client finds nobody listening); returns the last run's status and output.
+/// early client finds nobody listening) and only while it fails by itself; returns the last
+/// run's status and output.
 fn client(
     server: &mut Server,
     prog: &str,
@@ -162,9 +163,11 @@ fn client(
             r.1,
             r.2
         );
-        let ok = r.0.is_some_and(|s| s.success());
+        // Retried only when it ended by itself with a failure (refused before the server
+        // listened), not when it hung: the server may be past its connection phase then.
+        let retry = r.0.is_some_and(|s| !s.success());
         last = Some(r);
-        if ok || !server.running() {
+        if !retry || !server.running() {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
