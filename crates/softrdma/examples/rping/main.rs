@@ -66,6 +66,23 @@ fn get_addr(s: &str) -> Result<IpAddr, String> {
     }
 }
 
+/// C's `atoi`: leading blanks, an optional sign, then as many digits as there are; 0 when
+/// there are none (rping takes `-C abc` as 0, pinging until the server goes away).
+fn atoi(s: &str) -> i64 {
+    let t = s.trim_start();
+    let (neg, digits) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let mut n: i64 = 0;
+    for b in digits.bytes().take_while(u8::is_ascii_digit) {
+        n = n.saturating_mul(10).saturating_add(i64::from(b - b'0'));
+    }
+    // atoi returns an int: values past its range wrap as glibc's strtol-then-truncate does.
+    (if neg { -n } else { n }) as i32 as i64
+}
+
 /// Parses the flags as getopt("a:I:Pp:C:S:scvVdq") does: bundled flags (`-vV`), values
 /// attached (`-C20`) or separate (`-C 20`). Usage errors return the message to print.
 fn parse_args(args: &[String]) -> Result<Opts, String> {
@@ -110,23 +127,24 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                 ('a', Some(v)) => o.addr = Some(get_addr(&v)?),
                 ('I', Some(v)) => o.src = Some(get_addr(&v)?),
                 ('p', Some(v)) => {
-                    o.port = v.parse().map_err(|_| format!("invalid port {v:?}"))?;
+                    // htobe16(atoi(optarg)): the low 16 bits.
+                    o.port = atoi(&v) as u16;
                     debug_log!("port {}", o.port);
                 }
                 ('C', Some(v)) => {
-                    let n: i64 = v.parse().map_err(|_| format!("Invalid count {v:?}"))?;
-                    if !(0..=i64::from(i32::MAX)).contains(&n) {
+                    let n = atoi(&v);
+                    if n < 0 {
                         return Err(format!("Invalid count {n}"));
                     }
                     o.count = n as u32;
                     debug_log!("count {}", o.count);
                 }
                 ('S', Some(v)) => {
-                    let n: i64 = v.parse().unwrap_or(0);
+                    let n = atoi(&v);
                     if n < RPING_MIN_BUFSIZE as i64 || n > (RPING_BUFSIZE - 1) as i64 {
+                        // rping's message names RPING_BUFSIZE as the top, which it refuses.
                         return Err(format!(
-                            "Invalid size {v} (valid range is {RPING_MIN_BUFSIZE} to {})",
-                            RPING_BUFSIZE - 1
+                            "Invalid size {n} (valid range is {RPING_MIN_BUFSIZE} to {RPING_BUFSIZE})"
                         ));
                     }
                     o.size = n as usize;
@@ -176,6 +194,7 @@ fn main() {
     };
     if let Err(e) = r {
         eprintln!("rping: {e}");
-        std::process::exit(1);
+        // rping's failures return -1 from main (or exit(-1) from its CM thread): status 255.
+        std::process::exit(255);
     }
 }
