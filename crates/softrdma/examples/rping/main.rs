@@ -52,17 +52,28 @@ fn usage() {
     println!("\t-q\t\tuse self-created, self-modified QP");
 }
 
+/// How a command line is refused, as rping refuses it.
+enum ArgError {
+    /// getopt's refusals (and no -s/-c): the reason on stderr, the usage on stdout, EINVAL.
+    Usage(String),
+    /// A value out of range (-S, -C): the reason on stderr, no usage, EINVAL.
+    Value(String),
+    /// An address that does not resolve: rping's message on stdout, no usage, and
+    /// getaddrinfo's EAI_NONAME (-2) as the status (254).
+    Addr(String),
+}
+
 /// Resolves a host name or address as rping's `get_addr` does (with rdma_getaddrinfo).
-fn get_addr(s: &str) -> Result<IpAddr, String> {
+fn get_addr(s: &str) -> Result<IpAddr, ArgError> {
     match rdma_cm::getaddrinfo(Some(s), None, None) {
         Ok(v) => v
             .first()
             .and_then(|a| a.ai_dst_addr)
             .map(|a| a.ip())
-            .ok_or_else(|| format!("getaddrinfo gave no address for {s}")),
-        Err(e) => Err(format!(
+            .ok_or_else(|| ArgError::Addr(format!("getaddrinfo gave no address for {s}"))),
+        Err(e) => Err(ArgError::Addr(format!(
             "getaddrinfo failed ({e}) - invalid hostname or IP address"
-        )),
+        ))),
     }
 }
 
@@ -85,7 +96,7 @@ fn atoi(s: &str) -> i64 {
 
 /// Parses the flags as getopt("a:I:Pp:C:S:scvVdq") does: bundled flags (`-vV`), values
 /// attached (`-C20`) or separate (`-C 20`). Usage errors return the message to print.
-fn parse_args(args: &[String]) -> Result<Opts, String> {
+fn parse_args(args: &[String]) -> Result<Opts, ArgError> {
     let mut server: Option<bool> = None;
     let mut o = Opts {
         server: false,
@@ -105,7 +116,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         let arg = &args[i];
         i += 1;
         let Some(flags) = arg.strip_prefix('-').filter(|f| !f.is_empty()) else {
-            return Err(format!("unexpected argument {arg:?}"));
+            return Err(ArgError::Usage(format!("unexpected argument {arg:?}")));
         };
         for (pos, c) in flags.char_indices() {
             let takes_value = matches!(c, 'a' | 'I' | 'p' | 'C' | 'S');
@@ -117,7 +128,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                     i += 1;
                     args[i - 1].clone()
                 } else {
-                    return Err(format!("option -{c} needs a value"));
+                    return Err(ArgError::Usage(format!("option -{c} needs a value")));
                 };
                 Some(v)
             } else {
@@ -134,7 +145,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                 ('C', Some(v)) => {
                     let n = atoi(&v);
                     if n < 0 {
-                        return Err(format!("Invalid count {n}"));
+                        return Err(ArgError::Value(format!("Invalid count {n}")));
                     }
                     o.count = n as u32;
                     debug_log!("count {}", o.count);
@@ -143,9 +154,9 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                     let n = atoi(&v);
                     if n < RPING_MIN_BUFSIZE as i64 || n > (RPING_BUFSIZE - 1) as i64 {
                         // rping's message names RPING_BUFSIZE as the top, which it refuses.
-                        return Err(format!(
+                        return Err(ArgError::Value(format!(
                             "Invalid size {n} (valid range is {RPING_MIN_BUFSIZE} to {RPING_BUFSIZE})"
-                        ));
+                        )));
                     }
                     o.size = n as usize;
                     debug_log!("size {}", o.size);
@@ -163,16 +174,19 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                 ('V', None) => o.validate = true,
                 ('d', None) => DEBUG.store(true, Ordering::Relaxed),
                 ('q', None) => o.self_create_qp = true,
-                _ => return Err(format!("unknown option -{c}")),
+                _ => return Err(ArgError::Usage(format!("unknown option -{c}"))),
             }
             if takes_value {
                 break;
             }
         }
     }
-    o.server = server.ok_or("one of -s (server) or -c (client) is required")?;
+    o.server = server
+        .ok_or_else(|| ArgError::Usage("one of -s (server) or -c (client) is required".into()))?;
     if !o.server && o.addr.is_none() {
-        return Err("the client needs the server's address (-a addr)".into());
+        return Err(ArgError::Usage(
+            "the client needs the server's address (-a addr)".into(),
+        ));
     }
     Ok(o)
 }
@@ -181,10 +195,18 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let o = match parse_args(&args) {
         Ok(o) => o,
-        Err(e) => {
+        Err(ArgError::Usage(e)) => {
             eprintln!("rping: {e}");
             usage();
             std::process::exit(libc::EINVAL);
+        }
+        Err(ArgError::Value(e)) => {
+            eprintln!("{e}");
+            std::process::exit(libc::EINVAL);
+        }
+        Err(ArgError::Addr(e)) => {
+            println!("{e}");
+            std::process::exit(254);
         }
     };
     let r = if o.server {
