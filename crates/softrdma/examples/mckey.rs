@@ -286,6 +286,7 @@ fn main() -> ExitCode {
         ps: PortSpace::Udp,
         send_only: false,
     };
+    let mut group_arg: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let ok = match a.as_str() {
@@ -302,7 +303,11 @@ fn main() -> ExitCode {
                     return usage();
                 };
                 match flag {
-                    "-m" => v.parse().map(|x| o.group = Some(x)).is_ok(),
+                    // Resolved after "starting", as rdma-core's getaddrinfo of it.
+                    "-m" => {
+                        group_arg = Some(v);
+                        true
+                    }
                     "-b" => v.parse().map(|x| o.bind = Some(x)).is_ok(),
                     "-c" => v.parse().map(|x| o.connections = x).is_ok(),
                     "-C" => v.parse().map(|x| o.count = x).is_ok(),
@@ -327,9 +332,6 @@ fn main() -> ExitCode {
             return usage();
         }
     }
-    let Some(group) = o.group else {
-        return usage();
-    };
     if o.send_only && !o.sender {
         eprintln!("mckey: a send-only member must be a sender (-s)");
         return usage();
@@ -345,6 +347,15 @@ fn main() -> ExitCode {
         "mckey: starting {}",
         if o.sender { "client" } else { "server" }
     );
+    // No -m, or a group that is not an address: rdma-core's getaddrinfo fails (EAI_NONAME,
+    // -2), and mckey returns that (exit status 254).
+    let Some(group) = group_arg.as_deref().and_then(|g| g.parse::<IpAddr>().ok()) else {
+        println!("getaddrinfo failed (Name or service not known) - invalid hostname or IP address");
+        println!("test complete");
+        println!("return status -2");
+        return ExitCode::from(254);
+    };
+    o.group = Some(group);
     match run(&o, &ch, group) {
         Ok(()) => {
             println!("test complete");
