@@ -1,7 +1,7 @@
 //! mckey: librdmacm's multicast example, on softrdma.
 //!
 //! `mckey -m multicast_address [-b bind_address] [-s] [-c connections] [-C message_count]
-//! [-S message_size] [-p udp|ipoib] [-o]`. Each connection is a UDP id that resolves the
+//! [-S message_size] [-p 0x111|0x2] [-o]`. Each connection is a UDP id that resolves the
 //! group address (binding the device of `-b`), creates a UD QP, posts its receives and joins
 //! the group (`-o`: as a send-only member, which is not attached). On MULTICAST_JOIN it makes
 //! an address handle from the event's address vector; a sender (`-s`) then sends
