@@ -1,12 +1,14 @@
 //! mckey: librdmacm's multicast example, on softrdma.
 //!
 //! `mckey -m multicast_address [-b bind_address] [-s] [-c connections] [-C message_count]
-//! [-S message_size] [-p udp|ipoib] [-o]`. Each connection is a UDP id that resolves the
+//! [-S message_size] [-p 0x111|0x2] [-o]`. Each connection is a UDP id that resolves the
 //! group address (binding the device of `-b`), creates a UD QP, posts its receives and joins
 //! the group (`-o`: as a send-only member, which is not attached). On MULTICAST_JOIN it makes
 //! an address handle from the event's address vector; a sender (`-s`) then sends
 //! `message_count` datagrams of `message_size` bytes to the group (QPN 0xFFFFFF, the rdma_cm
-//! Q_Key), a receiver waits for as many. Over RoCE the group is the IP multicast group: on
+//! Q_Key), a receiver waits for as many completions, of any status, as rdma-core's does:
+//! failed completions, messages of another size or with mixed bytes are reported on stderr
+//! and do not change the exit status. Over RoCE the group is the IP multicast group: on
 //! loopback every process that joined it gets a copy.
 
 use softrdma::rdma_cm::*;
@@ -124,6 +126,9 @@ fn post_sends(n: &Node, o: &Opts) -> Res<()> {
     Ok(())
 }
 
+/// Polls `n`'s CQ for `want` completions of `op`. As rdma-core's mckey, a completion with an
+/// error status counts as one too and fails nothing: it is reported on stderr
+/// ("mckey: completion failed: ..."), and the program's status does not change.
 fn wait(n: &Node, want: usize, op: WcOpcode) -> Res<Vec<WorkCompletion>> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut got = Vec::new();
@@ -134,9 +139,9 @@ fn wait(n: &Node, want: usize, op: WcOpcode) -> Res<Vec<WorkCompletion>> {
                 .map_err(|e| format!("ibv_poll_cq: {e}"))?;
         for w in &wc[..k] {
             if w.status != WcStatus::Success {
-                return Err(format!("completion failed: {}", w.status.as_str()));
-            }
-            if w.opcode == op {
+                eprintln!("mckey: completion failed: {}", w.status.as_str());
+                got.push(*w);
+            } else if w.opcode == op {
                 got.push(*w);
             }
         }
@@ -151,6 +156,7 @@ fn wait(n: &Node, want: usize, op: WcOpcode) -> Res<Vec<WorkCompletion>> {
 }
 
 fn run(o: &Opts, ch: &EventChannel, group: IpAddr) -> Res<()> {
+    println!("mckey: joining");
     let mut nodes: Vec<Node> = Vec::new();
     for i in 0..o.connections {
         let id =
@@ -209,7 +215,12 @@ fn run(o: &Opts, ch: &EventChannel, group: IpAddr) -> Res<()> {
             }
         }
     }
-    println!("mckey: joined dgid: {group} mlid 0x0 sl 0");
+    // rdma-core prints the group's GID: an IPv4 group as its IPv4-mapped IPv6 address.
+    let dgid = match group {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    };
+    println!("mckey: joined dgid: {dgid} mlid 0x0 sl 0");
     if o.count > 0 {
         if o.sender {
             println!("initiating data transfers");
@@ -220,16 +231,19 @@ fn run(o: &Opts, ch: &EventChannel, group: IpAddr) -> Res<()> {
             println!("receiving data transfers");
             for n in &nodes {
                 let wcs = wait(n, o.count, WcOpcode::Recv)?;
-                for w in &wcs {
+                // rdma-core's mckey only counts the messages; this one also checks them and
+                // says on stderr what it finds, without failing for it (as rdma-core's).
+                for w in wcs.iter().filter(|w| w.status == WcStatus::Success) {
                     if w.byte_len as usize != o.size + GRH {
-                        return Err(format!("a message of {} bytes", w.byte_len));
+                        eprintln!("mckey: a message of {} bytes", w.byte_len);
+                        continue;
                     }
                     let off = w.wr_id as usize * (o.size + GRH) + GRH;
                     let mut got = vec![0u8; o.size];
                     n.buf.read(off, &mut got).map_err(|e| e.to_string())?;
                     let want = (got.first().copied().unwrap_or(0), o.size);
                     if got.iter().any(|b| *b != want.0) {
-                        return Err("a message with mixed bytes".into());
+                        eprintln!("mckey: a message with mixed bytes");
                     }
                 }
             }
@@ -246,16 +260,18 @@ fn run(o: &Opts, ch: &EventChannel, group: IpAddr) -> Res<()> {
     Ok(())
 }
 
+/// The usage text, on stdout as rdma-core prints it (less -M and -l, which this mckey
+/// lacks); exit status 1.
 fn usage() -> ExitCode {
-    eprintln!("usage: mckey");
-    eprintln!("\t-m multicast_address");
-    eprintln!("\t[-b bind_address]");
-    eprintln!("\t[-s(ender)] (default is receiver)");
-    eprintln!("\t[-c connections]");
-    eprintln!("\t[-C message_count]");
-    eprintln!("\t[-S message_size]");
-    eprintln!("\t[-p port_space - udp, ipoib]");
-    eprintln!("\t[-o join as a send-only full-member]");
+    println!("usage: mckey");
+    println!("\t-m multicast_address");
+    println!("\t[-s(ender)]");
+    println!("\t[-b bind_address]");
+    println!("\t[-c connections]");
+    println!("\t[-C message_count]");
+    println!("\t[-S message_size]");
+    println!("\t[-p port_space - 0x111 for UDP (default), 0x2 for IPOIB]");
+    println!("\t[-o join as a send-only full-member]");
     ExitCode::from(1)
 }
 
@@ -270,6 +286,7 @@ fn main() -> ExitCode {
         ps: PortSpace::Udp,
         send_only: false,
     };
+    let mut group_arg: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let ok = match a.as_str() {
@@ -286,17 +303,22 @@ fn main() -> ExitCode {
                     return usage();
                 };
                 match flag {
-                    "-m" => v.parse().map(|x| o.group = Some(x)).is_ok(),
+                    // Resolved after "starting", as rdma-core's getaddrinfo of it.
+                    "-m" => {
+                        group_arg = Some(v);
+                        true
+                    }
                     "-b" => v.parse().map(|x| o.bind = Some(x)).is_ok(),
                     "-c" => v.parse().map(|x| o.connections = x).is_ok(),
                     "-C" => v.parse().map(|x| o.count = x).is_ok(),
                     "-S" => v.parse().map(|x| o.size = x).is_ok(),
-                    "-p" => match v.as_str() {
-                        "udp" => {
+                    // The port space's number, as rdma-core's strtol(optarg, NULL, 0).
+                    "-p" => match v.to_ascii_lowercase().as_str() {
+                        "0x111" | "273" => {
                             o.ps = PortSpace::Udp;
                             true
                         }
-                        "ipoib" => {
+                        "0x2" | "2" | "02" => {
                             o.ps = PortSpace::Ipoib;
                             true
                         }
@@ -310,9 +332,6 @@ fn main() -> ExitCode {
             return usage();
         }
     }
-    let Some(group) = o.group else {
-        return usage();
-    };
     if o.send_only && !o.sender {
         eprintln!("mckey: a send-only member must be a sender (-s)");
         return usage();
@@ -328,6 +347,15 @@ fn main() -> ExitCode {
         "mckey: starting {}",
         if o.sender { "client" } else { "server" }
     );
+    // No -m, or a group that is not an address: rdma-core's getaddrinfo fails (EAI_NONAME,
+    // -2), and mckey returns that (exit status 254).
+    let Some(group) = group_arg.as_deref().and_then(|g| g.parse::<IpAddr>().ok()) else {
+        println!("getaddrinfo failed (Name or service not known) - invalid hostname or IP address");
+        println!("test complete");
+        println!("return status -2");
+        return ExitCode::from(254);
+    };
+    o.group = Some(group);
     match run(&o, &ch, group) {
         Ok(()) => {
             println!("test complete");

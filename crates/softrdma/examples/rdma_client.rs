@@ -5,15 +5,20 @@
 //! rdma_getaddrinfo, rdma_create_ep (address, route and QP), rdma_reg_msgs, rdma_post_recv,
 //! rdma_connect, rdma_post_send, rdma_get_send_comp, rdma_get_recv_comp, rdma_disconnect,
 //! rdma_destroy_ep. (`-b` is softrdma's addition: the source address, so that client and
-//! server can be two loopback "devices".)
+//! server can be two loopback "devices".) A failure ends with "rdma_client: end -1" and exit
+//! status 255 (main returns -1), as rdma-core's.
 
 use softrdma::rdma_cm::*;
 use softrdma::{Buffer, QpCap, SendFlags, WcStatus};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+/// rdma-core's usage text on stdout (and softrdma's `-b`); exit status 1.
 fn usage() -> ExitCode {
-    eprintln!("usage: rdma_client [-s server_address] [-p port] [-b bind_address]");
+    println!("usage: rdma_client");
+    println!("\t[-s server_address]");
+    println!("\t[-p port_number]");
+    println!("\t[-b bind_address] (softrdma's addition)");
     ExitCode::from(1)
 }
 
@@ -103,7 +108,8 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("rdma_client: {e}");
             println!("rdma_client: end -1");
-            ExitCode::from(1)
+            // rdma-core's main returns -1: status 255.
+            ExitCode::from(255)
         }
     }
 }

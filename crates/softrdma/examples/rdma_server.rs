@@ -1,20 +1,24 @@
 //! rdma_server: the synchronous-verbs server of librdmacm's examples, on softrdma.
 //!
-//! `rdma_server [-p PORT] [-a ADDR]` waits for one rdma_client (default port 7471, every
+//! `rdma_server [-s ADDR] [-p PORT]` waits for one rdma_client (default port 7471, every
 //! address), receives its 16-byte message, answers with a 16-byte message of its own (zeros,
 //! as rdma-core's never fills it), and disconnects: rdma_getaddrinfo
 //! (RAI_PASSIVE), rdma_create_ep with QP attributes, rdma_listen, rdma_get_request,
 //! rdma_reg_msgs, rdma_post_recv, rdma_accept, rdma_get_recv_comp, rdma_post_send,
-//! rdma_get_send_comp, rdma_disconnect, rdma_destroy_ep. (`-a` is softrdma's addition, so
-//! that a server can bind one loopback "device" of many.)
+//! rdma_get_send_comp, rdma_disconnect, rdma_destroy_ep. (`-a` is softrdma's older name
+//! for `-s`.) A failure ends with "rdma_server: end -1" and exit status 255 (main returns -1).
 
 use softrdma::rdma_cm::*;
 use softrdma::{Buffer, QpCap, SendFlags, WcStatus};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+/// rdma-core's usage text on stdout (and softrdma's `-a`); exit status 1.
 fn usage() -> ExitCode {
-    eprintln!("usage: rdma_server [-p port] [-a bind_address]");
+    println!("usage: rdma_server");
+    println!("\t[-s server_address]");
+    println!("\t[-p port_number]");
+    println!("\t[-a bind_address] (softrdma: the same as -s)");
     ExitCode::from(1)
 }
 
@@ -105,7 +109,8 @@ fn main() -> ExitCode {
                 Some(v) => port = v,
                 None => return usage(),
             },
-            "-a" => match args.next() {
+            // rdma-core's -s (the address to listen on), and softrdma's older -a.
+            "-s" | "-a" => match args.next() {
                 Some(v) => addr = Some(v),
                 None => return usage(),
             },
@@ -121,7 +126,8 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("rdma_server: {e}");
             println!("rdma_server: end -1");
-            ExitCode::from(1)
+            // rdma-core's main returns -1: status 255.
+            ExitCode::from(255)
         }
     }
 }

@@ -1,7 +1,9 @@
 //! udaddy: librdmacm's unreliable-datagram example, on softrdma.
 //!
-//! `udaddy [-s server_address] [-b bind_address] [-c connections] [-C message_count]
-//! [-S message_size] [-t tos] [-p udp|ipoib]`. The server (no `-s`) waits for `-c` SIDR
+//! `udaddy [-s server_address] [-b bind_address] [-f address_format] [-P udp|ipoib]
+//! [-c connections] [-C message_count] [-S message_size] [-t tos] [-p port_space]`, as
+//! rdma-core's (`-p` takes the number of the port space, 0x111 or 0x2; `-f` is accepted and
+//! only numeric addresses are taken). The server (no `-s`) waits for `-c` SIDR
 //! requests on port 7174, gives each a UD QP, receives `-C` messages on each, and answers
 //! every message with one of its own through an address handle made from the received
 //! work completion (ibv_create_ah_from_wc). The client resolves the server, creates UD QPs,
@@ -16,7 +18,52 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-type Res<T> = std::result::Result<T, String>;
+/// A failure: what udaddy returns from main (its exit status, modulo 256) and prints.
+struct Fail {
+    /// rdma-core's `ret`: -1 for most failures, an event's status, or -EINVAL.
+    status: i32,
+    msg: String,
+    /// Printed on stdout as it is (rdma-core's printf lines), not as "udaddy: msg" on stderr.
+    stdout: bool,
+}
+
+impl From<String> for Fail {
+    fn from(msg: String) -> Fail {
+        Fail {
+            status: -1,
+            msg,
+            stdout: false,
+        }
+    }
+}
+
+impl From<&str> for Fail {
+    fn from(msg: &str) -> Fail {
+        msg.to_string().into()
+    }
+}
+
+type Res<T> = std::result::Result<T, Fail>;
+
+/// rdma-core's verify_test_params: a message must fit the port's active MTU (-EINVAL).
+fn verify_test_params(id: &CmId, o: &Opts) -> Res<()> {
+    let ctx = id.verbs().ok_or("the id is not bound to a device")?;
+    let port = ctx
+        .query_port(id.port_num())
+        .map_err(|e| format!("ibv_query_port: {e}"))?;
+    let mtu = port.active_mtu.bytes() as usize;
+    if o.count > 0 && o.size > mtu {
+        return Err(Fail {
+            status: -libc::EINVAL,
+            msg: format!(
+                "udaddy: message_size {} is larger than active mtu {mtu}",
+                o.size
+            ),
+            stdout: true,
+        });
+    }
+    Ok(())
+}
 
 const PORT: u16 = 7174;
 const GRH: usize = 40;
@@ -94,7 +141,7 @@ fn post_recv(n: &Node, o: &Opts, wr_id: u64) -> Res<()> {
             lkey: n.mr.lkey(),
         }],
     }])
-    .map_err(|e| format!("ibv_post_recv: {e}"))
+    .map_err(|e| format!("ibv_post_recv: {e}").into())
 }
 
 fn post_sends(n: &Node, o: &Opts) -> Res<()> {
@@ -136,7 +183,7 @@ fn poll_cqs(nodes: &mut [Node], want: usize, recv: bool) -> Res<()> {
                     .map_err(|e| format!("ibv_poll_cq: {e}"))?;
             for w in &wc[..k] {
                 if w.status != WcStatus::Success {
-                    return Err(format!("completion failed: {}", w.status.as_str()));
+                    return Err(format!("completion failed: {}", w.status.as_str()).into());
                 }
                 if recv && w.opcode == WcOpcode::Recv {
                     if n.ah.is_none() {
@@ -188,15 +235,23 @@ fn server(o: &Opts, ch: &EventChannel) -> Res<()> {
         if ev.event != CmEventType::ConnectRequest {
             let e = format!("unexpected event {}", ev.event.as_str());
             ev.ack();
-            return Err(e);
+            return Err(e.into());
         }
         let id = ev.id.clone();
         ev.ack();
-        let node = match create_node(id.clone(), o) {
+        let node = match verify_test_params(&id, o).and_then(|()| create_node(id.clone(), o)) {
             Ok(n) => n,
             Err(e) => {
+                if e.stdout {
+                    println!("{}", e.msg);
+                } else {
+                    eprintln!("udaddy: {}", e.msg);
+                }
+                println!("udaddy: failing connection request");
                 let _ = id.reject(&[]);
-                return Err(e);
+                // As rdma-core's server: a failed request ends the wait for requests, and
+                // the test goes on with the connections it has (none: it completes at once).
+                break;
             }
         };
         node.id
@@ -249,6 +304,7 @@ fn client(o: &Opts, ch: &EventChannel, dst: IpAddr) -> Res<()> {
         match ev.event {
             CmEventType::AddrResolved => {
                 ev.ack();
+                verify_test_params(&id, o)?;
                 nodes.push(create_node(id.clone(), o)?);
                 id.resolve_route(2000)
                     .map_err(|e| format!("rdma_resolve_route: {e}"))?;
@@ -276,10 +332,12 @@ fn client(o: &Opts, ch: &EventChannel, dst: IpAddr) -> Res<()> {
             other => {
                 let status = ev.status;
                 ev.ack();
-                return Err(format!(
-                    "event: {}, error: {status}",
-                    other.as_str().to_lowercase()
-                ));
+                // rdma-core's udaddy returns the event's status.
+                return Err(Fail {
+                    status,
+                    msg: format!("udaddy: event: {}, error: {status}", other.as_str()),
+                    stdout: true,
+                });
             }
         }
     }
@@ -303,16 +361,33 @@ fn client(o: &Opts, ch: &EventChannel, dst: IpAddr) -> Res<()> {
     Ok(())
 }
 
+/// The usage text, on stdout as rdma-core prints it; exit status 1.
 fn usage() -> ExitCode {
-    eprintln!("usage: udaddy");
-    eprintln!("\t[-s server_address]");
-    eprintln!("\t[-b bind_address]");
-    eprintln!("\t[-c connections]");
-    eprintln!("\t[-C message_count]");
-    eprintln!("\t[-S message_size]");
-    eprintln!("\t[-t type_of_service]");
-    eprintln!("\t[-p port_space - udp, ipoib]");
+    println!("usage: udaddy");
+    println!("\t[-s server_address]");
+    println!("\t[-b bind_address]");
+    println!("\t[-f address_format]");
+    println!("\t    name, ip, ipv6, or gid");
+    println!("\t[-P port_space]");
+    println!("\t    udp or ipoib");
+    println!("\t[-c connections]");
+    println!("\t[-C message_count]");
+    println!("\t[-S message_size]");
+    println!("\t[-t type_of_service]");
+    println!("\t[-p port_space - 0x111 for UDP (default), 0x2 for IPOIB]");
     ExitCode::from(1)
+}
+
+/// C's strtol(s, NULL, 0) for the values udaddy takes: decimal, 0x hex, 0 octal.
+fn strtol0(s: &str) -> Option<i64> {
+    let t = s.trim();
+    if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        i64::from_str_radix(h, 16).ok()
+    } else if t.len() > 1 && t.starts_with('0') {
+        i64::from_str_radix(&t[1..], 8).ok()
+    } else {
+        t.parse().ok()
+    }
 }
 
 fn main() -> ExitCode {
@@ -336,20 +411,35 @@ fn main() -> ExitCode {
             "-c" => v.parse().map(|x| o.connections = x).is_ok(),
             "-C" => v.parse().map(|x| o.count = x).is_ok(),
             "-S" => v.parse().map(|x| o.size = x).is_ok(),
-            "-t" => u8::from_str_radix(v.trim_start_matches("0x"), 16)
-                .map(|x| o.tos = Some(x))
-                .is_ok(),
-            "-p" => match v.as_str() {
-                "udp" => {
+            "-t" => strtol0(&v).map(|x| o.tos = Some(x as u8)).is_some(),
+            // The port space's number (RDMA_PS_UDP 0x111, RDMA_PS_IPOIB 0x2).
+            "-p" => match strtol0(&v) {
+                Some(0x111) => {
                     o.ps = PortSpace::Udp;
                     true
                 }
-                "ipoib" => {
+                Some(0x2) => {
                     o.ps = PortSpace::Ipoib;
                     true
                 }
                 _ => false,
             },
+            "-P" => {
+                if v.to_ascii_lowercase().starts_with("ipoib") {
+                    o.ps = PortSpace::Ipoib;
+                } else if !v.to_ascii_lowercase().starts_with("udp") {
+                    eprintln!("Warning: unknown port space format");
+                }
+                true
+            }
+            // Address formats: the addresses are taken as numeric ones whatever it says.
+            "-f" => {
+                let f = v.to_ascii_lowercase();
+                if !(f.starts_with("ip") || f.starts_with("gid") || f.starts_with("name")) {
+                    eprintln!("Warning: unknown address format");
+                }
+                true
+            }
             _ => false,
         };
         if !ok {
@@ -380,10 +470,15 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("udaddy: {e}");
+            if e.stdout {
+                println!("{}", e.msg);
+            } else {
+                eprintln!("udaddy: {}", e.msg);
+            }
             println!("test complete");
-            println!("return status -1");
-            ExitCode::from(1)
+            println!("return status {}", e.status);
+            // main's return value, as the shell sees it.
+            ExitCode::from(e.status as u8)
         }
     }
 }

@@ -128,9 +128,10 @@ const LIMIT: Duration = Duration::from_secs(120);
 
 #[test]
 fn rdma_server_and_rdma_client_exchange_a_message() {
-    let s = server(
+    let (s, s_out) = server_with_output(
         "rdma_server",
-        &["-a", "127.0.0.80", "-p", "7480"],
+        // rdma-core's flag for the address to listen on.
+        &["-s", "127.0.0.80", "-p", "7480"],
         "listening",
     );
     let c = finish(
@@ -143,13 +144,13 @@ fn rdma_server_and_rdma_client_exchange_a_message() {
     assert!(c.status.success(), "client: {}", text(&c));
     assert!(text(&c).contains("rdma_client: end 0"));
     let s = finish(s, LIMIT);
-    assert!(s.status.success(), "server: {}", text(&s));
+    let st = format!("{}{}", s_out.recv().unwrap_or_default(), text(&s));
+    assert!(s.status.success(), "server: {st}");
     // The server got the client's message, and (as rdma-core's pair) answered with its own
     // unfilled buffer, which the client takes as it is.
     assert!(
-        text(&s).contains("rdma_server: received \"softrdma client!\""),
-        "{}",
-        text(&s)
+        st.contains("rdma_server: received \"softrdma client!\""),
+        "{st}"
     );
 }
 
@@ -171,12 +172,29 @@ fn rdma_client_to_a_port_nobody_listens_on_fails_with_connection_refused() {
     );
     let _ = s.kill();
     let _ = s.wait();
-    assert!(!c.status.success());
+    // rdma-core's rdma_client returns -1 from main: status 255.
+    assert_eq!(c.status.code(), Some(255), "{}", text(&c));
     let t = text(&c);
     assert!(
         t.contains("rdma_connect") && t.contains("REJECTED") && t.contains("rdma_client: end -1"),
         "{t}"
     );
+}
+
+/// rdma_server and rdma_client print rdma-core's usage on stdout and exit with status 1.
+#[test]
+fn rdma_server_and_rdma_client_usage_goes_to_stdout_with_status_1() {
+    for prog in ["rdma_server", "rdma_client"] {
+        let o = finish(spawn(prog, &["-x"]), LIMIT);
+        assert_eq!(o.status.code(), Some(1), "{prog}: {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.starts_with(&format!(
+                "usage: {prog}\n\t[-s server_address]\n\t[-p port_number]\n"
+            )),
+            "{prog}: {out}"
+        );
+    }
 }
 
 /// udaddy: two SIDR lookups, ten 100-byte datagrams each way per connection, replies through
@@ -227,12 +245,94 @@ fn udaddy_client_without_a_server_reports_unreachable() {
     );
     let _ = s.kill();
     let _ = s.wait();
-    assert!(!c.status.success());
-    let t = text(&c);
+    // rdma-core's udaddy prints the event on stdout and returns its status (1 here).
+    assert_eq!(c.status.code(), Some(1), "{}", text(&c));
+    let out = String::from_utf8_lossy(&c.stdout);
     assert!(
-        t.contains("rdma_cm_event_unreachable, error: 1") && t.contains("return status -1"),
-        "{t}"
+        out.contains("udaddy: event: RDMA_CM_EVENT_UNREACHABLE, error: 1\n")
+            && out.contains("return status 1\n"),
+        "{out}"
     );
+}
+
+/// udaddy checks the message size against the port's active MTU (4096 on loopback) as
+/// rdma-core's does: a client returns -EINVAL (exit status 234) before it connects; a server
+/// rejects the request and completes with nothing to transfer (status 0), and its client
+/// sees the SIDR lookup fail. `-p 0x111`, `-P udp` and `-f ip` are rdma-core's flags.
+#[test]
+fn udaddy_refuses_messages_larger_than_the_active_mtu() {
+    let c = finish(
+        spawn(
+            "udaddy",
+            &[
+                "-s",
+                "127.0.3.1",
+                "-b",
+                "127.0.3.2",
+                "-S",
+                "5000",
+                "-p",
+                "0x111",
+                "-P",
+                "udp",
+                "-f",
+                "ip",
+            ],
+        ),
+        LIMIT,
+    );
+    assert_eq!(c.status.code(), Some(234), "{}", text(&c));
+    let out = String::from_utf8_lossy(&c.stdout);
+    assert!(
+        out.contains("udaddy: message_size 5000 is larger than active mtu 4096\n")
+            && out.contains("return status -22\n"),
+        "{out}"
+    );
+
+    let (s, s_out) = server_with_output("udaddy", &["-b", "127.0.3.3", "-S", "5000"], "listening");
+    let c = finish(
+        spawn(
+            "udaddy",
+            &[
+                "-s",
+                "127.0.3.3",
+                "-b",
+                "127.0.3.4",
+                "-S",
+                "1000",
+                "-C",
+                "1",
+            ],
+        ),
+        LIMIT,
+    );
+    assert!(!c.status.success(), "client: {}", text(&c));
+    assert!(
+        text(&c).contains("RDMA_CM_EVENT_UNREACHABLE"),
+        "{}",
+        text(&c)
+    );
+    let s = finish(s, LIMIT);
+    let st = s_out.recv().unwrap_or_default();
+    assert!(s.status.success(), "server: {st}{}", text(&s));
+    assert!(
+        st.contains("udaddy: failing connection request\n") && st.contains("return status 0\n"),
+        "{st}"
+    );
+}
+
+/// Usage errors print rdma-core's usage text on stdout and exit with status 1.
+#[test]
+fn udaddy_usage_goes_to_stdout_with_status_1() {
+    for args in [&["-x"][..], &["-s"][..], &["-b", "127.0.3.5", "-C"][..]] {
+        let o = finish(spawn("udaddy", args), LIMIT);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.starts_with("usage: udaddy\n") && out.contains("\t[-P port_space]\n"),
+            "{args:?}: {out}"
+        );
+    }
 }
 
 /// mckey: two receivers in two processes join a group; a sender (a send-only member, not
@@ -270,16 +370,24 @@ fn mckey_receivers_in_two_processes_get_every_datagram_a_sender_multicasts() {
     );
     assert!(s.status.success(), "sender: {}", text(&s));
     assert!(text(&s).contains("return status 0"));
+    // rdma-core's lines: "joining", then the group's GID (IPv4-mapped).
+    assert!(
+        text(&s)
+            .contains("mckey: joining\nmckey: joined dgid: ::ffff:239.255.88.1 mlid 0x0 sl 0\n"),
+        "{}",
+        text(&s)
+    );
     // The receivers post 100-byte buffers by default: 200-byte datagrams do not fit
-    // (IBV_WC_LOC_LEN_ERR), as on a real device.
+    // (IBV_WC_LOC_LEN_ERR), as on a real device. rdma-core's mckey counts those completions
+    // as received and ends with status 0; this one does too, and says what failed.
     for r in [r1, r2] {
         let o = finish(r, LIMIT);
+        assert!(o.status.success(), "as rdma-core's mckey: {}", text(&o));
         assert!(
-            !o.status.success(),
-            "a size mismatch is an error: {}",
+            text(&o).contains("mckey: completion failed: local length error"),
+            "{}",
             text(&o)
         );
-        assert!(text(&o).contains("local length error"), "{}", text(&o));
     }
     let r1 = server(
         "mckey",
@@ -302,13 +410,35 @@ fn mckey_receivers_in_two_processes_get_every_datagram_a_sender_multicasts() {
     for r in [r1, r2] {
         let o = finish(r, LIMIT);
         assert!(o.status.success(), "receiver: {}", text(&o));
+        // Every datagram whole and of the sender's size.
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("mckey: "), "receiver: {err}");
     }
 }
 
 #[test]
 fn mckey_refuses_bad_arguments() {
-    let o = finish(spawn("mckey", &["-b", "127.0.0.93"]), LIMIT);
-    assert!(!o.status.success() && text(&o).contains("-m multicast_address"));
+    // Usage on stdout, status 1, as rdma-core's; -p takes the port space's number.
+    for args in [&["-x"][..], &["-m", "239.255.88.2", "-C"][..]] {
+        let o = finish(spawn("mckey", args), LIMIT);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(out.starts_with("usage: mckey\n"), "{args:?}: {out}");
+    }
+    // Without -m (or with a group that is no address) rdma-core's mckey fails in
+    // getaddrinfo and returns EAI_NONAME (-2): status 254.
+    for args in [
+        &["-b", "127.0.0.93"][..],
+        &["-m", "no-such-group", "-b", "127.0.0.93"],
+    ] {
+        let o = finish(spawn("mckey", args), LIMIT);
+        assert_eq!(o.status.code(), Some(254), "{args:?}: {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.contains("getaddrinfo failed") && out.contains("return status -2\n"),
+            "{args:?}: {out}"
+        );
+    }
     let o = finish(
         spawn("mckey", &["-m", "127.0.0.1", "-b", "127.0.0.93"]),
         LIMIT,
@@ -438,6 +568,25 @@ fn rc_pingpong_without_a_gid_index_cannot_connect() {
     assert!(!s.status.success(), "server: {}", text(&s));
     assert!(text(&s).contains("RTR"), "server: {}", text(&s));
     assert!(!c.status.success(), "client: {}", text(&c));
+}
+
+/// A client with no server behind the port fails as ibv_rc_pingpong does: "Couldn't connect
+/// to host:port", exit status 1.
+#[test]
+fn rc_pingpong_client_without_a_server_cannot_connect() {
+    let o = finish(
+        spawn(
+            "rc_pingpong",
+            &["-d", "127.0.3.7", "-g", "0", "-p", "18760", "127.0.3.6"],
+        ),
+        LIMIT,
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("Couldn't connect to 127.0.3.6:18760"),
+        "{}",
+        text(&o)
+    );
 }
 
 /// uc_pingpong and ud_pingpong (libibverbs' ibv_uc_pingpong and ibv_ud_pingpong): the same

@@ -631,7 +631,7 @@ fn move_to_rts(qp: &Qp, o: &Opts, my_psn: u32, dest: &Dest) -> Result<AhAttr, St
         m
     };
     qp.modify_qp(&attr, m.bits())
-        .map_err(|e| format!("cannot move the QP to RTR: {e}"))?;
+        .map_err(|e| format!("Failed to modify QP to RTR: {e}"))?;
     attr.qp_state = QpState::Rts;
     attr.timeout = 14;
     attr.retry_cnt = 7;
@@ -650,7 +650,7 @@ fn move_to_rts(qp: &Qp, o: &Opts, my_psn: u32, dest: &Dest) -> Result<AhAttr, St
         Kind::Uc | Kind::Ud => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
     };
     qp.modify_qp(&attr, m.bits())
-        .map_err(|e| format!("cannot move the QP to RTS: {e}"))?;
+        .map_err(|e| format!("Failed to modify QP to RTS: {e}"))?;
     Ok(ah_attr)
 }
 
@@ -702,7 +702,7 @@ fn client_exchange(host: &str, port: u16, mine: &[Dest]) -> Result<Vec<Dest>, St
     let mut s = addrs
         .into_iter()
         .find_map(|a| TcpStream::connect(a).ok())
-        .ok_or_else(|| format!("cannot connect to {host}:{port}"))?;
+        .ok_or_else(|| format!("Couldn't connect to {host}:{port}"))?;
     for me in mine {
         s.write_all(&me.to_msg())
             .map_err(|e| format!("cannot send the local address: {e}"))?;

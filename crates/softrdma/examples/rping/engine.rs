@@ -21,9 +21,12 @@ use std::time::Duration;
 
 /// `RPING_BUFSIZE`: sizes must stay below it.
 pub const RPING_BUFSIZE: usize = 64 * 1024;
-/// `RPING_MIN_BUFSIZE`: room for "rdma-ping-2147483647: " and its NUL, as rping computes it
-/// (`sizeof "2147483647"` + `sizeof "rdma-ping-%d: "`).
-pub const RPING_MIN_BUFSIZE: usize = 11 + 15;
+/// `RPING_MIN_BUFSIZE` as rdma-core's rping is built: `sizeof(stringify(INT_MAX))` +
+/// `sizeof "rdma-ping-%d: "`, where rping.c does not include <limits.h>, so INT_MAX is
+/// stringified as the 7 letters "INT_MAX" (8 with the NUL): 23, the minimum Debian's rping
+/// accepts. Shorter than "rdma-ping-N: " for large N; the pattern is then truncated, as
+/// rping's snprintf truncates it.
+pub const RPING_MIN_BUFSIZE: usize = 8 + 15;
 /// `RPING_SQ_DEPTH`.
 const RPING_SQ_DEPTH: u32 = 16;
 /// `sizeof(struct rping_rdma_info)`.
@@ -145,7 +148,7 @@ fn cm_thread(
             Ok(ev) => ev,
             Err(e) => {
                 eprintln!("rdma_get_cm_event: {e}");
-                std::process::exit(1);
+                std::process::exit(255);
             }
         };
         let (kind, status, id) = (ev.event, ev.status, ev.id.clone());

@@ -52,23 +52,51 @@ fn usage() {
     println!("\t-q\t\tuse self-created, self-modified QP");
 }
 
+/// How a command line is refused, as rping refuses it.
+enum ArgError {
+    /// getopt's refusals (and no -s/-c): the reason on stderr, the usage on stdout, EINVAL.
+    Usage(String),
+    /// A value out of range (-S, -C): the reason on stderr, no usage, EINVAL.
+    Value(String),
+    /// An address that does not resolve: rping's message on stdout, no usage, and
+    /// getaddrinfo's EAI_NONAME (-2) as the status (254).
+    Addr(String),
+}
+
 /// Resolves a host name or address as rping's `get_addr` does (with rdma_getaddrinfo).
-fn get_addr(s: &str) -> Result<IpAddr, String> {
+fn get_addr(s: &str) -> Result<IpAddr, ArgError> {
     match rdma_cm::getaddrinfo(Some(s), None, None) {
         Ok(v) => v
             .first()
             .and_then(|a| a.ai_dst_addr)
             .map(|a| a.ip())
-            .ok_or_else(|| format!("getaddrinfo gave no address for {s}")),
-        Err(e) => Err(format!(
+            .ok_or_else(|| ArgError::Addr(format!("getaddrinfo gave no address for {s}"))),
+        Err(e) => Err(ArgError::Addr(format!(
             "getaddrinfo failed ({e}) - invalid hostname or IP address"
-        )),
+        ))),
     }
+}
+
+/// C's `atoi`: leading blanks, an optional sign, then as many digits as there are; 0 when
+/// there are none (rping takes `-C abc` as 0, pinging until the server goes away).
+fn atoi(s: &str) -> i64 {
+    let t = s.trim_start();
+    let (neg, digits) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    let mut n: i64 = 0;
+    for b in digits.bytes().take_while(u8::is_ascii_digit) {
+        n = n.saturating_mul(10).saturating_add(i64::from(b - b'0'));
+    }
+    // atoi returns an int: values past its range wrap as glibc's strtol-then-truncate does.
+    (if neg { -n } else { n }) as i32 as i64
 }
 
 /// Parses the flags as getopt("a:I:Pp:C:S:scvVdq") does: bundled flags (`-vV`), values
 /// attached (`-C20`) or separate (`-C 20`). Usage errors return the message to print.
-fn parse_args(args: &[String]) -> Result<Opts, String> {
+fn parse_args(args: &[String]) -> Result<Opts, ArgError> {
     let mut server: Option<bool> = None;
     let mut o = Opts {
         server: false,
@@ -88,7 +116,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
         let arg = &args[i];
         i += 1;
         let Some(flags) = arg.strip_prefix('-').filter(|f| !f.is_empty()) else {
-            return Err(format!("unexpected argument {arg:?}"));
+            return Err(ArgError::Usage(format!("unexpected argument {arg:?}")));
         };
         for (pos, c) in flags.char_indices() {
             let takes_value = matches!(c, 'a' | 'I' | 'p' | 'C' | 'S');
@@ -100,7 +128,7 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                     i += 1;
                     args[i - 1].clone()
                 } else {
-                    return Err(format!("option -{c} needs a value"));
+                    return Err(ArgError::Usage(format!("option -{c} needs a value")));
                 };
                 Some(v)
             } else {
@@ -110,24 +138,25 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                 ('a', Some(v)) => o.addr = Some(get_addr(&v)?),
                 ('I', Some(v)) => o.src = Some(get_addr(&v)?),
                 ('p', Some(v)) => {
-                    o.port = v.parse().map_err(|_| format!("invalid port {v:?}"))?;
+                    // htobe16(atoi(optarg)): the low 16 bits.
+                    o.port = atoi(&v) as u16;
                     debug_log!("port {}", o.port);
                 }
                 ('C', Some(v)) => {
-                    let n: i64 = v.parse().map_err(|_| format!("Invalid count {v:?}"))?;
-                    if !(0..=i64::from(i32::MAX)).contains(&n) {
-                        return Err(format!("Invalid count {n}"));
+                    let n = atoi(&v);
+                    if n < 0 {
+                        return Err(ArgError::Value(format!("Invalid count {n}")));
                     }
                     o.count = n as u32;
                     debug_log!("count {}", o.count);
                 }
                 ('S', Some(v)) => {
-                    let n: i64 = v.parse().unwrap_or(0);
+                    let n = atoi(&v);
                     if n < RPING_MIN_BUFSIZE as i64 || n > (RPING_BUFSIZE - 1) as i64 {
-                        return Err(format!(
-                            "Invalid size {v} (valid range is {RPING_MIN_BUFSIZE} to {})",
-                            RPING_BUFSIZE - 1
-                        ));
+                        // rping's message names RPING_BUFSIZE as the top, which it refuses.
+                        return Err(ArgError::Value(format!(
+                            "Invalid size {n} (valid range is {RPING_MIN_BUFSIZE} to {RPING_BUFSIZE})"
+                        )));
                     }
                     o.size = n as usize;
                     debug_log!("size {}", o.size);
@@ -145,16 +174,19 @@ fn parse_args(args: &[String]) -> Result<Opts, String> {
                 ('V', None) => o.validate = true,
                 ('d', None) => DEBUG.store(true, Ordering::Relaxed),
                 ('q', None) => o.self_create_qp = true,
-                _ => return Err(format!("unknown option -{c}")),
+                _ => return Err(ArgError::Usage(format!("unknown option -{c}"))),
             }
             if takes_value {
                 break;
             }
         }
     }
-    o.server = server.ok_or("one of -s (server) or -c (client) is required")?;
+    o.server = server
+        .ok_or_else(|| ArgError::Usage("one of -s (server) or -c (client) is required".into()))?;
     if !o.server && o.addr.is_none() {
-        return Err("the client needs the server's address (-a addr)".into());
+        return Err(ArgError::Usage(
+            "the client needs the server's address (-a addr)".into(),
+        ));
     }
     Ok(o)
 }
@@ -163,10 +195,18 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let o = match parse_args(&args) {
         Ok(o) => o,
-        Err(e) => {
+        Err(ArgError::Usage(e)) => {
             eprintln!("rping: {e}");
             usage();
             std::process::exit(libc::EINVAL);
+        }
+        Err(ArgError::Value(e)) => {
+            eprintln!("{e}");
+            std::process::exit(libc::EINVAL);
+        }
+        Err(ArgError::Addr(e)) => {
+            println!("{e}");
+            std::process::exit(254);
         }
     };
     let r = if o.server {
@@ -176,6 +216,7 @@ fn main() {
     };
     if let Err(e) = r {
         eprintln!("rping: {e}");
-        std::process::exit(1);
+        // rping's failures return -1 from main (or exit(-1) from its CM thread): status 255.
+        std::process::exit(255);
     }
 }
