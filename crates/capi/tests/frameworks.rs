@@ -14,6 +14,7 @@
 //!   packet of a device that reports the service level there (UCX 1.18 reads the GRH);
 //! - an auxiliary transport for `rc_verbs` through UCP (`UCX_TLS=rc_verbs,ud_verbs:aux`,
 //!   what `UCX_TLS=rc` means): `rc_verbs` alone cannot connect a UCP endpoint.
+//!
 //! UCX keeps 15 characters of a device name (`UCT_MD_NAME_MAX`), fewer than `srdma_<ip>`
 //! may have, and its transport-level tests (`-x`) send the device name to the server, which
 //! opens the device of that name: so every process names its own address `srdma_ucx`
