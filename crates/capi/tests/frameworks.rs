@@ -283,15 +283,16 @@ fn fi_info_lists_the_device() {
     assert!(out.contains(&format!("domain: srdma_{a}-dgram")), "{out}");
 }
 
-/// `fi_pingpong` with `provider` and endpoint type `ep` between two devices' DGRAM domains.
-fn fi_pingpong(provider: &str, ep: &str) {
+/// `fi_pingpong` with `provider` and endpoint type `ep` between two devices' DGRAM domains,
+/// messages of `size` (`all`: 64 B to the largest); checks the client's result row `row`.
+fn fi_pingpong(provider: &str, ep: &str, size: &str, row: &str) {
     if !have_fabric() {
         return;
     }
     let port = free_tcp_port().to_string();
     let side = |addr: Ipv4Addr| {
         let mut c = fabric_cmd("fi_pingpong", addr);
-        c.args(["-p", provider, "-e", ep, "-I", "20", "-S", "all", "-d"])
+        c.args(["-p", provider, "-e", ep, "-I", "20", "-S", size, "-d"])
             .arg(format!("srdma_{addr}-dgram"));
         c
     };
@@ -301,15 +302,15 @@ fn fi_pingpong(provider: &str, ep: &str) {
     client.args(["-P", &port, "127.0.0.1"]);
     let out = server_client(server, client, port.parse().unwrap());
     assert!(out.contains("#sent"), "{out}");
-    assert!(out.lines().any(|l| l.starts_with("4k ")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with(row)), "{out}");
 }
 
 #[test]
 fn fi_pingpong_verbs_dgram() {
-    fi_pingpong("verbs", "dgram");
+    fi_pingpong("verbs", "dgram", "all", "4k ");
 }
 
 #[test]
 fn fi_pingpong_verbs_rxd_rdm() {
-    fi_pingpong("verbs;ofi_rxd", "rdm");
+    fi_pingpong("verbs;ofi_rxd", "rdm", "65536", "64k ");
 }
