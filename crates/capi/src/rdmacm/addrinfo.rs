@@ -157,7 +157,7 @@ unsafe fn free_list(mut p: *mut rdma_addrinfo) {
 /// `rdma_getaddrinfo`: resolves `node`/`service` into an `rdma_addrinfo` list.
 ///
 /// Returns 0, an `EAI_*` code, or -1 with errno (`EINVAL` when nothing is given or `res` is
-/// NULL, `EOPNOTSUPP` for `RAI_SA`); `EAI_SYSTEM` sets errno too.
+/// NULL, `EOPNOTSUPP` for `RAI_SA`, `ENOMEM`); `EAI_SYSTEM` sets errno too.
 #[export_name = "softrdma_rdma_getaddrinfo"]
 pub unsafe extern "C" fn rdma_getaddrinfo(
     node: *const c_char,
