@@ -38,6 +38,9 @@ PP_ITERS=${PP_ITERS:-300}
 CASES=${CASES:-.}
 REPEAT=${REPEAT:-1}
 PCAP_ICRC=$ROOT/target/release/examples/pcap_icrc
+# The drop-in libibverbs.so.1/librdmacm.so.1 (xtask capi), under Debian's own rping,
+# ibv_rc_pingpong and ib_write_bw on the host side of the c_* cases.
+CAPI=$ROOT/target/release/capi
 PASSED=0
 FAILED=0
 T0=$(date +%s)
@@ -58,7 +61,11 @@ rm -f "$OUT"/*.pcap "$OUT"/*.log
 
 echo "building softrdma (release)"
 (cd "$ROOT" && cargo build --release -q -p softrdma --examples &&
-  cargo build --release -q -p softrdma-wire --example pcap_icrc) || die "cargo build failed"
+  cargo build --release -q -p softrdma-wire --example pcap_icrc &&
+  cargo run --release -q -p xtask -- capi >/dev/null) || die "cargo build failed"
+for t in rping ibv_rc_pingpong ib_write_bw; do
+  [ -x /usr/bin/$t ] || die "/usr/bin/$t is missing (rdmacm-utils, ibverbs-utils, perftest)"
+done
 # The test binary whose ignored probe sends garbage connection requests to the kernel.
 HOSTILE=$(cd "$ROOT" && cargo test --release -p softrdma --test cm_hostile --no-run 2>&1 |
   grep -o 'target/release/deps/cm_hostile-[0-9a-f]*' | tail -1)
@@ -93,7 +100,7 @@ cap_stop() {
   [ -n "$CAP_PID" ] && kill "$CAP_PID" 2>/dev/null && wait "$CAP_PID" 2>/dev/null
   CAP_PID=
 }
-vm_kill_rping() { vmsh 'kill -9 $(pidof rping udaddy ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong) 2>/dev/null; true' >/dev/null; }
+vm_kill_rping() { vmsh 'kill -9 $(pidof rping udaddy ibv_rc_pingpong ibv_uc_pingpong ibv_ud_pingpong ibv_srq_pingpong ib_write_bw rdma_server) 2>/dev/null; true' >/dev/null; }
 
 # Servers are started in the background and the client only once they listen (a fixed sleep
 # is a race on a slow machine). wait_line FILE PATTERN PID: until FILE has PATTERN or the
@@ -310,6 +317,137 @@ rc_pingpong_from_kernel() {
     grep -q '^rc=0$' "$OUT/$name.client.log"
 }
 
+# Debian's unmodified programs on the host, on the drop-in C libraries (c_*), against the
+# same programs on the kernel's rxe in the VM, both ways. cdrop PROG ARGS: PROG from
+# /usr/bin in the namespace with the drop-in libraries and the host's device listed by name
+# (srdma_198.18.0.1), line-buffered so that a server's log can be waited on.
+cdrop() {
+  local prog=$1
+  shift
+  LD_LIBRARY_PATH=$CAPI SOFTRDMA_DEVICES=$HOST timeout 120 $NSX stdbuf -oL /usr/bin/"$prog" "$@"
+}
+c_rping_to_kernel() {
+  local name=$1
+  vmsh "(setsid sh -c 'rping -s -a $VMIP -v -V -C $COUNT -S 1024; echo rc=\$?' </dev/null >/tmp/rs.log 2>&1 &); sleep 1" >/dev/null
+  cdrop rping -c -a $VMIP -I $HOST -v -V -C "$COUNT" -S 1024 >"$OUT/$name.client.log" 2>&1
+  local rc=$?
+  vm_server_log /tmp/rs.log >"$OUT/$name.server.log"
+  local got srv
+  got=$(grep -c '^ping data: ' "$OUT/$name.client.log")
+  srv=$(grep -c '^server ping data: ' "$OUT/$name.server.log")
+  log "Debian rping client on softrdma rc=$rc, $got pings; kernel server: $srv pings, $(grep '^rc=' "$OUT/$name.server.log")"
+  [ $rc = 0 ] && [ "$got" = "$COUNT" ] && [ "$srv" = "$COUNT" ] && grep -q '^rc=0$' "$OUT/$name.server.log" &&
+    ! grep -qiE 'mismatch|error' "$OUT/$name.server.log" "$OUT/$name.client.log"
+}
+c_rping_from_kernel() {
+  local name=$1
+  cdrop rping -s -d -a $HOST -v -V -C "$COUNT" -S 1024 >"$OUT/$name.server.log" 2>&1 &
+  local spid=$!
+  # rping -d says so right after the bind; its rdma_listen follows at once.
+  wait_line "$OUT/$name.server.log" 'rdma_bind_addr successful' $spid
+  sleep 0.2
+  vmsh "rping -c -a $HOST -v -V -C $COUNT -S 1024; echo rc=\$?" >"$OUT/$name.client.log"
+  wait $spid
+  local rc=$?
+  local got srv
+  got=$(grep -c '^ping data: ' "$OUT/$name.client.log")
+  srv=$(grep -c '^server ping data: ' "$OUT/$name.server.log")
+  log "kernel client: $(grep '^rc=' "$OUT/$name.client.log"), $got pings; Debian rping server on softrdma rc=$rc, $srv pings"
+  [ $rc = 0 ] && [ "$got" = "$COUNT" ] && [ "$srv" = "$COUNT" ] && grep -q '^rc=0$' "$OUT/$name.client.log" &&
+    ! grep -qiE 'mismatch|error' "$OUT/$name.server.log" "$OUT/$name.client.log"
+}
+c_rc_pingpong_to_kernel() {
+  local name=$1
+  vmsh "(setsid sh -c 'ibv_rc_pingpong -g 1 -n $PP_ITERS; echo rc=\$?' </dev/null >/tmp/pp.log 2>&1 &)" >/dev/null
+  vm_wait_tcp_listen 18515
+  cdrop ibv_rc_pingpong -d srdma_$HOST -g 0 -n "$PP_ITERS" $VMIP >"$OUT/$name.client.log" 2>&1
+  local rc=$?
+  vm_server_log /tmp/pp.log >"$OUT/$name.server.log"
+  log "Debian client on softrdma rc=$rc: $(grep 'usec/iter' "$OUT/$name.client.log"); kernel server: $(grep '^rc=' "$OUT/$name.server.log")"
+  [ $rc = 0 ] && pp_ok "$OUT/$name.client.log" "$PP_ITERS" && pp_ok "$OUT/$name.server.log" "$PP_ITERS" &&
+    grep -q '^rc=0$' "$OUT/$name.server.log"
+}
+c_rc_pingpong_from_kernel() {
+  local name=$1
+  cdrop ibv_rc_pingpong -d srdma_$HOST -g 0 -n "$PP_ITERS" >"$OUT/$name.server.log" 2>&1 &
+  local spid=$!
+  wait_tcp_listen 18515
+  vmsh "ibv_rc_pingpong -g 1 -n $PP_ITERS $HOST; echo rc=\$?" >"$OUT/$name.client.log"
+  wait $spid
+  local rc=$?
+  log "kernel client: $(grep '^rc=' "$OUT/$name.client.log"); Debian server on softrdma rc=$rc: $(grep 'usec/iter' "$OUT/$name.server.log")"
+  [ $rc = 0 ] && pp_ok "$OUT/$name.client.log" "$PP_ITERS" && pp_ok "$OUT/$name.server.log" "$PP_ITERS" &&
+    grep -q '^rc=0$' "$OUT/$name.client.log"
+}
+# ib_write_bw, 64 KiB RDMA WRITEs (64 packets each at the link's path MTU of 1024): the
+# BW line of both sides.
+bw_ok() { grep -qE '^ 65536 +[0-9]+ +[0-9.]+ +[0-9.]+ ' "$1"; }
+c_ib_write_bw_to_kernel() {
+  local name=$1
+  vmsh "(setsid sh -c 'ib_write_bw -d rxe0 -x 1 -s 65536 -n 500; echo rc=\$?' </dev/null >/tmp/bw.log 2>&1 &)" >/dev/null
+  vm_wait_tcp_listen 18515
+  cdrop ib_write_bw -d srdma_$HOST -x 0 -s 65536 -n 500 $VMIP >"$OUT/$name.client.log" 2>&1
+  local rc=$?
+  vm_server_log /tmp/bw.log >"$OUT/$name.server.log"
+  log "Debian ib_write_bw client on softrdma rc=$rc: $(grep -E '^ 65536 ' "$OUT/$name.client.log"); kernel server: $(grep '^rc=' "$OUT/$name.server.log")"
+  [ $rc = 0 ] && bw_ok "$OUT/$name.client.log" && grep -q '^rc=0$' "$OUT/$name.server.log"
+}
+c_ib_write_bw_from_kernel() {
+  local name=$1
+  cdrop ib_write_bw -d srdma_$HOST -x 0 -s 65536 -n 500 >"$OUT/$name.server.log" 2>&1 &
+  local spid=$!
+  wait_tcp_listen 18515
+  vmsh "ib_write_bw -d rxe0 -x 1 -s 65536 -n 500 $HOST; echo rc=\$?" >"$OUT/$name.client.log"
+  wait $spid
+  local rc=$?
+  log "kernel ib_write_bw client: $(grep -E '^ 65536 ' "$OUT/$name.client.log"), $(grep '^rc=' "$OUT/$name.client.log"); Debian server on softrdma rc=$rc"
+  [ $rc = 0 ] && bw_ok "$OUT/$name.client.log" && grep -q '^rc=0$' "$OUT/$name.client.log"
+}
+
+# host_server_case NAME READY VMCMD CMD...: CMD (a server) on the host until its log shows
+# READY, then VMCMD (the kernel's client) in the VM; both must exit 0, and udaddy's logs must
+# say "test complete". vm_server_case NAME VMCMD CMD...: the other way round.
+host_server_case() {
+  local name=$1 ready=$2 vmcmd=$3
+  shift 3
+  "$@" >"$OUT/$name.server.log" 2>&1 &
+  local spid=$!
+  wait_line "$OUT/$name.server.log" "$ready" $spid
+  sleep 0.2   # (a program that says so before its rdma_listen: that call follows at once)
+  vmsh "$vmcmd; echo rc=\$?" >"$OUT/$name.client.log"
+  wait $spid
+  local rc=$?
+  log "kernel client: $(grep '^rc=' "$OUT/$name.client.log"); host server rc=$rc"
+  [ $rc = 0 ] && grep -q '^rc=0$' "$OUT/$name.client.log" && complete_if_udaddy "$name"
+}
+vm_server_case() {
+  local name=$1 vmcmd=$2
+  shift 2
+  vmsh "(setsid sh -c '$vmcmd; echo rc=\$?' </dev/null >/tmp/srv.log 2>&1 &); sleep 1" >/dev/null
+  "$@" >"$OUT/$name.client.log" 2>&1
+  local rc=$?
+  vm_server_log /tmp/srv.log >"$OUT/$name.server.log"
+  log "host client rc=$rc; kernel server: $(grep '^rc=' "$OUT/$name.server.log")"
+  [ $rc = 0 ] && grep -q '^rc=0$' "$OUT/$name.server.log" && complete_if_udaddy "$name"
+}
+complete_if_udaddy() {
+  case $1 in *udaddy*) grep -q 'test complete' "$OUT/$1.client.log" && grep -q 'test complete' "$OUT/$1.server.log" ;; esac
+}
+EX=$ROOT/target/release/examples
+# UD through SIDR, 10 messages each way: the client's messages carry its QPN in the
+# immediate data, which the kernel's udaddy server replies to.
+udaddy_to_kernel() { vm_server_case "$1" "udaddy -C 10" timeout 60 $NSX "$EX/udaddy" -s $VMIP -b $HOST -C 10; }
+udaddy_from_kernel() {
+  host_server_case "$1" 'listening on' "udaddy -s $HOST -C 10" timeout 60 $NSX "$EX/udaddy" -b $HOST -C 10
+}
+c_udaddy_to_kernel() { vm_server_case "$1" "udaddy -C 10" cdrop udaddy -s $VMIP -b $HOST -C 10; }
+c_udaddy_from_kernel() { host_server_case "$1" 'starting server' "udaddy -s $HOST -C 10" cdrop udaddy -b $HOST -C 10; }
+# rdma_server / rdma_client (synchronous ids, rdma_verbs.h helpers, inline SENDs).
+rdma_client_to_kernel() { vm_server_case "$1" "rdma_server" timeout 60 $NSX "$EX/rdma_client" -s $VMIP -b $HOST; }
+rdma_server_from_kernel() {
+  host_server_case "$1" 'listening on' "rdma_client -s $HOST" timeout 60 $NSX "$EX/rdma_server" -a $HOST
+}
+
 # The UC, UD and SRQ ping-pongs (PROG uc, ud or srq) both ways, with -c (the server checks
 # the client's marks): softrdma's uc_pingpong/ud_pingpong/srq_pingpong against the kernel's
 # ibv_uc_pingpong / ibv_ud_pingpong / ibv_srq_pingpong (16 RC QPs on one SRQ per side). UD messages are 1024 bytes, the port MTU of the 1500-byte link (both
@@ -433,6 +571,11 @@ done
 run_case rnr_from_kernel rnr_from_kernel rnr_from_kernel
 for s in $SIZES; do run_case "rping_to_kernel_$s" rping_to_kernel "$s" "rping_to_kernel_$s"; done
 for s in $SIZES; do run_case "rping_from_kernel_$s" rping_from_kernel "$s" "rping_from_kernel_$s"; done
+for c in udaddy_to_kernel udaddy_from_kernel rdma_client_to_kernel rdma_server_from_kernel \
+  c_rping_to_kernel c_rping_from_kernel c_rc_pingpong_to_kernel c_rc_pingpong_from_kernel \
+  c_ib_write_bw_to_kernel c_ib_write_bw_from_kernel c_udaddy_to_kernel c_udaddy_from_kernel; do
+  run_case $c $c $c
+done
 run_case rejected_by_kernel rejected_by_kernel rejected_by_kernel
 run_case rejected_by_softrdma rejected_by_softrdma rejected_by_softrdma
 run_case garbage_requests_to_kernel garbage_requests_to_kernel garbage_requests_to_kernel

@@ -108,7 +108,10 @@ fn post_sends(n: &Node, o: &Opts) -> Res<()> {
                 length: o.size as u32,
                 lkey: n.mr.lkey(),
             }],
-            opcode: WrOpcode::Send,
+            // As rdma-core's udaddy: the immediate data carries our QP number, which the
+            // peer's server answers (it reads the reply's QPN from there, not from the GRH).
+            opcode: WrOpcode::SendWithImm,
+            imm_data: qp.qp_num(),
             send_flags: SendFlags::SIGNALED,
             ah: Some(ah),
             remote_qpn: n.remote_qpn,
@@ -143,7 +146,14 @@ fn poll_cqs(nodes: &mut [Node], want: usize, recv: bool) -> Res<()> {
                             n.pd.create_ah_from_wc(1, w, &grh)
                                 .map_err(|e| format!("ibv_create_ah_from_wc: {e}"))?;
                         n.ah = Some(ah);
-                        n.remote_qpn = w.src_qp;
+                        // The sender's QP number, from the immediate data (rdma-core's
+                        // create_reply_ah); the DETH's source QP is the same for softrdma
+                        // and rxe peers, but the immediate is what udaddy defines.
+                        n.remote_qpn = if w.wc_flags.contains(WcFlags::WITH_IMM) {
+                            w.imm_data
+                        } else {
+                            w.src_qp
+                        };
                         n.remote_qkey = RDMA_UDP_QKEY;
                     }
                     done += 1;

@@ -351,8 +351,10 @@ impl Engine {
     }
 
     pub(crate) fn start_on_port(addr: IpAddr, port: u16, ifindex: u32) -> Result<Arc<Engine>> {
+        crate::log::init_from_env();
         let sock = UdpSock::bind(addr, port)?;
         let local = sock.local_addr()?;
+        tracing::debug!(%local, "device engine started");
         // Multicast sends leave from the device socket; a device whose interface cannot do
         // multicast still does unicast (its multicast sends are counted in tx_errors).
         if let Err(err) = sock.set_multicast_tx(addr, ifindex) {

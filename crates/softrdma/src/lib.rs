@@ -72,6 +72,7 @@ mod fd;
 mod gid;
 mod gsi;
 mod hold;
+pub mod log;
 pub mod mem;
 mod mr;
 mod pd;

@@ -1475,6 +1475,24 @@ fn rdma_listen_backlog_drops_requests_beyond_it_until_the_peer_retries() {
     }
 }
 
+/// An asynchronous RC id from `src` connects to `dst`, which does not answer: the id gets
+/// UNREACHABLE with `status`, its QP in ERR. Returns the channel and the id.
+fn connect_expecting_unreachable(src: &str, dst: &str, status: i32) -> (EventChannel, CmId) {
+    let ch = EventChannel::new().unwrap();
+    let c = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
+    c.resolve_addr(Some(addr(src)), addr(dst), 2000).unwrap();
+    expect(&ch, CmEventType::AddrResolved).ack();
+    c.resolve_route(2000).unwrap();
+    expect(&ch, CmEventType::RouteResolved).ack();
+    let qp = c.create_qp(None, &mut cap()).unwrap();
+    c.connect(&ConnParam::default()).unwrap();
+    let ev = expect(&ch, CmEventType::Unreachable);
+    assert_eq!(ev.status, status);
+    ev.ack();
+    assert_eq!(qp.query_qp().unwrap().0.qp_state, QpState::Err);
+    (ch, c)
+}
+
 /// Nobody answers the REQ (something holds the RoCEv2 port there but never replies, so no
 /// ICMP error comes back either): the CM retries it as rdma_cm does (15 retries of the
 /// 4-second CM response timeout), then UNREACHABLE with -ETIMEDOUT, the QP in ERR. This test
@@ -1482,19 +1500,9 @@ fn rdma_listen_backlog_drops_requests_beyond_it_until_the_peer_retries() {
 #[test]
 fn rdma_connect_to_an_address_nobody_answers_ends_unreachable() {
     let _black_hole = std::net::UdpSocket::bind("127.0.0.29:4791").unwrap();
-    let ch = EventChannel::new().unwrap();
-    let c = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
-    c.resolve_addr(Some(addr("127.0.0.28:0")), addr("127.0.0.29:7317"), 2000)
-        .unwrap();
-    expect(&ch, CmEventType::AddrResolved).ack();
-    c.resolve_route(2000).unwrap();
-    expect(&ch, CmEventType::RouteResolved).ack();
-    let qp = c.create_qp(None, &mut cap()).unwrap();
-    c.connect(&ConnParam::default()).unwrap();
-    let ev = expect(&ch, CmEventType::Unreachable);
-    assert_eq!(ev.status, -libc::ETIMEDOUT);
-    ev.ack();
-    assert_eq!(qp.query_qp().unwrap().0.qp_state, QpState::Err);
+    let (ch, c) =
+        connect_expecting_unreachable("127.0.0.28:0", "127.0.0.29:7317", -libc::ETIMEDOUT);
+    drop(ch);
     let stats = c.verbs().unwrap().cm_stats();
     // The first REQ and its 15 retransmissions (sent counts them all).
     assert_eq!((stats.cm.sent.req, stats.cm.retransmitted.req), (16, 15));
@@ -1507,19 +1515,8 @@ fn rdma_connect_to_an_address_nobody_answers_ends_unreachable() {
 /// 98 seconds of retries.
 #[test]
 fn rdma_connect_where_no_device_listens_is_refused_at_once() {
-    let ch = EventChannel::new().unwrap();
-    let c = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
-    c.resolve_addr(Some(addr("127.0.0.26:0")), addr("127.0.0.27:7317"), 2000)
-        .unwrap();
-    expect(&ch, CmEventType::AddrResolved).ack();
-    c.resolve_route(2000).unwrap();
-    expect(&ch, CmEventType::RouteResolved).ack();
-    let qp = c.create_qp(None, &mut cap()).unwrap();
-    c.connect(&ConnParam::default()).unwrap();
-    let ev = expect(&ch, CmEventType::Unreachable);
-    assert_eq!(ev.status, -libc::ECONNREFUSED);
-    ev.ack();
-    assert_eq!(qp.query_qp().unwrap().0.qp_state, QpState::Err);
+    let (_ch, c) =
+        connect_expecting_unreachable("127.0.0.26:0", "127.0.0.27:7317", -libc::ECONNREFUSED);
     let ctx = c.verbs().unwrap();
     assert!(ctx.counters().icmp_errors >= 1);
     assert_eq!(
