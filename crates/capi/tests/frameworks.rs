@@ -107,9 +107,10 @@ fn server_client(server: Command, client: Command, port: u16) -> String {
     cout
 }
 
-/// Makes `/dev/infiniband/uverbs_<name>` appear to `prog` for each of `names` (see the
-/// module notes); the returned directory, empty outside the namespace, is the caller's to
-/// remove.
+/// Run as `sh -c SCRIPT sh OLD NAMES PROG ARGS...` in a new user and mount namespace: moves
+/// the real `/dev` to the empty directory `OLD`, makes `/dev` a tmpfs of links to its
+/// entries plus `infiniband/uverbs_<name>` links to `/dev/null` for each of `NAMES`, then
+/// runs `PROG` (see the module notes).
 const UCX_DEV_SCRIPT: &str = r#"set -e
 old="$1"; names="$2"; shift 2
 mount --rbind /dev "$old"
@@ -122,10 +123,20 @@ for n in $names; do ln -s "$old/null" "/dev/infiniband/uverbs_$n"; done
 exec "$@"
 "#;
 
+/// A directory removed when dropped (even when the test fails).
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
 /// A UCX command: `prog args` in a namespace where the devices `names` pass UCX's
 /// `/dev/infiniband` check, with the drop-in libraries and `SOFTRDMA_DEVICES=devices`.
-/// Returns the command and the directory to remove once it has run.
-fn ucx_cmd(names: &[&str], devices: &str, prog: &str, args: &[&str]) -> (Command, PathBuf) {
+/// Returns the command and the directory (empty outside the namespace) it needs while it
+/// runs.
+fn ucx_cmd(names: &[&str], devices: &str, prog: &str, args: &[&str]) -> (Command, TempDir) {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
     let old = std::env::temp_dir().join(format!(
@@ -142,15 +153,7 @@ fn ucx_cmd(names: &[&str], devices: &str, prog: &str, args: &[&str]) -> (Command
         .args(args)
         .env("SOFTRDMA_DEVICES", devices)
         .env("UCX_WARN_UNUSED_ENV_VARS", "n");
-    (c, old)
-}
-
-/// Runs a UCX command made by [`ucx_cmd`] and removes its directory.
-fn ucx_run(cmd: (Command, PathBuf)) -> (Option<std::process::ExitStatus>, String, String) {
-    let (c, dir) = cmd;
-    let r = run_bounded(c, LIMIT);
-    let _ = std::fs::remove_dir(dir);
-    r
+    (c, TempDir(old))
 }
 
 #[test]
@@ -161,11 +164,11 @@ fn ucx_info_lists_the_device() {
     let name = "srdma_ucx";
     let devices = format!("{name}={}", unique_addr());
     for tls in [None, Some("rc_verbs,ud_verbs")] {
-        let mut cmd = ucx_cmd(&[name], &devices, "ucx_info", &["-d"]);
+        let (mut cmd, _dir) = ucx_cmd(&[name], &devices, "ucx_info", &["-d"]);
         if let Some(t) = tls {
-            cmd.0.env("UCX_TLS", t);
+            cmd.env("UCX_TLS", t);
         }
-        let (st, out, err) = ucx_run(cmd);
+        let (st, out, err) = run_bounded(cmd, LIMIT);
         assert!(st.is_some_and(|s| s.success()), "{out}\n{err}");
         for want in [
             format!("Memory domain: {name}"),
@@ -197,13 +200,11 @@ fn ucx_perftest(tls: &str, args: &[&str]) {
             .env("UCX_UD_VERBS_ETH_DGID_CHECK", "n");
         (c, dir)
     };
-    let (server, sdir) = side(&["-p", &port]);
+    let (server, _sdir) = side(&["-p", &port]);
     let mut cargs = vec!["127.0.0.1", "-p", &port];
     cargs.extend_from_slice(args);
-    let (client, cdir) = side(&cargs);
+    let (client, _cdir) = side(&cargs);
     let out = server_client(server, client, port.parse().unwrap());
-    let _ = std::fs::remove_dir(sdir);
-    let _ = std::fs::remove_dir(cdir);
     assert!(out.contains("Final:"), "{tls} {args:?}: no result:\n{out}");
 }
 
