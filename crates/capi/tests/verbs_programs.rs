@@ -166,6 +166,32 @@ fn ibv_devices_lists_softrdma_devices() {
     assert!(out.contains("025352"), "GUIDs start with 02:53:52: {out}");
 }
 
+/// `SOFTRDMA_DEVICES` entries `NAME=IP` list the address under that name (how two
+/// processes on one host each get a device of the same name); an empty name is skipped.
+#[test]
+fn ibv_devices_lists_named_devices() {
+    if !have("/usr/bin/ibv_devinfo") {
+        return;
+    }
+    let (a, b) = (unique_addr(), unique_addr());
+    let mut c = command("/usr/bin/ibv_devinfo");
+    c.env("SOFTRDMA_DEVICES", format!("rdma_a={a}, ={b}"))
+        .args(["-v", "-d", "rdma_a"]);
+    let (st, out, err) = run_bounded(c, LIMIT);
+    assert!(st.is_some_and(|s| s.success()), "{out}{err}");
+    assert!(out.contains("hca_id:\trdma_a"), "{out}");
+    assert!(out.contains(&format!("::ffff:{a}")), "{out}");
+    let mut c = command("/usr/bin/ibv_devices");
+    c.env("SOFTRDMA_DEVICES", format!("rdma_a={a}, ={b}"));
+    let (st, out, err) = run_bounded(c, LIMIT);
+    assert!(st.is_some_and(|s| s.success()), "{out}{err}");
+    assert!(out.contains("rdma_a"), "{out}");
+    assert!(
+        !out.contains(&format!("srdma_{a}")) && !out.contains(&b.to_string()),
+        "{out}"
+    );
+}
+
 #[test]
 fn ibv_devinfo_shows_a_roce_port() {
     if !have("/usr/bin/ibv_devinfo") {

@@ -66,75 +66,98 @@ pub(crate) unsafe fn from_c(r: &rdma_addrinfo) -> Res<AddrInfo> {
     })
 }
 
-/// One entry of a list `rdma_getaddrinfo` returns, with the storage its pointers use.
-#[repr(C)]
-struct CAddrInfo {
-    hdr: rdma_addrinfo,
-    src: rdma_sockaddr,
-    dst: rdma_sockaddr,
-    route: Vec<u8>,
-    connect: Vec<u8>,
-    src_canon: Option<CString>,
-    dst_canon: Option<CString>,
+/// A `malloc`ed copy of `len` bytes at `src` (NULL for none or when out of memory).
+unsafe fn c_copy(src: *const u8, len: usize) -> *mut c_void {
+    if len == 0 {
+        return std::ptr::null_mut();
+    }
+    let p = libc::malloc(len);
+    if !p.is_null() {
+        std::ptr::copy_nonoverlapping(src, p.cast::<u8>(), len);
+    }
+    p
 }
 
-fn to_c(a: &AddrInfo, next: *mut rdma_addrinfo) -> *mut rdma_addrinfo {
-    // SAFETY: all-zero is a valid rdma_addrinfo and rdma_sockaddr.
-    let mut b: Box<CAddrInfo> = Box::new(CAddrInfo {
-        hdr: unsafe { std::mem::zeroed() },
-        src: unsafe { std::mem::zeroed() },
-        dst: unsafe { std::mem::zeroed() },
-        route: a.ai_route.clone(),
-        connect: a.ai_connect.clone(),
-        src_canon: a
-            .ai_src_canonname
-            .as_deref()
-            .and_then(|s| CString::new(s).ok()),
-        dst_canon: a
-            .ai_dst_canonname
-            .as_deref()
-            .and_then(|s| CString::new(s).ok()),
-    });
-    b.hdr.ai_flags = a.ai_flags as c_int;
-    b.hdr.ai_family = a.ai_family;
-    b.hdr.ai_qp_type = a.ai_qp_type as c_int;
-    b.hdr.ai_port_space = c_int::from(a.ai_port_space.to_u16());
+/// A `malloc`ed copy of `s` as a C string (NULL for none, an interior NUL or no memory).
+unsafe fn c_string(s: Option<&str>) -> *mut c_char {
+    match s.and_then(|s| CString::new(s).ok()) {
+        Some(c) => c_copy(c.as_ptr().cast(), c.as_bytes_with_nul().len()).cast(),
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// One C entry for `a`, allocated as librdmacm does: the entry and each buffer it points
+/// to come from `malloc` separately, so that programs may `free` and replace a field (the
+/// verbs provider of libfabric swaps `ai_src_addr`/`ai_dst_addr`) and `rdma_freeaddrinfo`
+/// frees what the fields hold then. NULL when out of memory.
+unsafe fn to_c(a: &AddrInfo, next: *mut rdma_addrinfo) -> *mut rdma_addrinfo {
+    let r = libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()).cast::<rdma_addrinfo>();
+    if r.is_null() {
+        return r;
+    }
+    let h = &mut *r;
+    h.ai_next = next;
+    h.ai_flags = a.ai_flags as c_int;
+    h.ai_family = a.ai_family;
+    h.ai_qp_type = a.ai_qp_type as c_int;
+    h.ai_port_space = c_int::from(a.ai_port_space.to_u16());
+    let mut ok = true;
     if let Some(s) = &a.ai_src_addr {
         let (u, len) = sa_to_c(s);
-        b.src = u;
-        b.hdr.ai_src_len = len;
-        b.hdr.ai_src_addr = &mut b.src as *mut rdma_sockaddr as *mut sockaddr;
+        h.ai_src_addr = c_copy((&u as *const rdma_sockaddr).cast(), len as usize).cast();
+        h.ai_src_len = len;
+        ok &= !h.ai_src_addr.is_null();
     }
     if let Some(d) = &a.ai_dst_addr {
         let (u, len) = sa_to_c(d);
-        b.dst = u;
-        b.hdr.ai_dst_len = len;
-        b.hdr.ai_dst_addr = &mut b.dst as *mut rdma_sockaddr as *mut sockaddr;
+        h.ai_dst_addr = c_copy((&u as *const rdma_sockaddr).cast(), len as usize).cast();
+        h.ai_dst_len = len;
+        ok &= !h.ai_dst_addr.is_null();
     }
-    if !b.route.is_empty() {
-        b.hdr.ai_route_len = b.route.len();
-        b.hdr.ai_route = b.route.as_mut_ptr() as *mut c_void;
+    if !a.ai_route.is_empty() {
+        h.ai_route = c_copy(a.ai_route.as_ptr(), a.ai_route.len());
+        h.ai_route_len = a.ai_route.len();
+        ok &= !h.ai_route.is_null();
     }
-    if !b.connect.is_empty() {
-        b.hdr.ai_connect_len = b.connect.len();
-        b.hdr.ai_connect = b.connect.as_mut_ptr() as *mut c_void;
+    if !a.ai_connect.is_empty() {
+        h.ai_connect = c_copy(a.ai_connect.as_ptr(), a.ai_connect.len());
+        h.ai_connect_len = a.ai_connect.len();
+        ok &= !h.ai_connect.is_null();
     }
-    b.hdr.ai_src_canonname = b
-        .src_canon
-        .as_ref()
-        .map_or(std::ptr::null_mut(), |s| s.as_ptr() as *mut c_char);
-    b.hdr.ai_dst_canonname = b
-        .dst_canon
-        .as_ref()
-        .map_or(std::ptr::null_mut(), |s| s.as_ptr() as *mut c_char);
-    b.hdr.ai_next = next;
-    Box::into_raw(b) as *mut rdma_addrinfo
+    h.ai_src_canonname = c_string(a.ai_src_canonname.as_deref());
+    h.ai_dst_canonname = c_string(a.ai_dst_canonname.as_deref());
+    if !ok {
+        h.ai_next = std::ptr::null_mut();
+        free_list(r);
+        return std::ptr::null_mut();
+    }
+    r
+}
+
+/// Frees a C list: each entry and every buffer its fields point to at this moment.
+unsafe fn free_list(mut p: *mut rdma_addrinfo) {
+    while !p.is_null() {
+        let h = &*p;
+        let next = h.ai_next;
+        for f in [
+            h.ai_src_addr.cast::<c_void>(),
+            h.ai_dst_addr.cast(),
+            h.ai_src_canonname.cast(),
+            h.ai_dst_canonname.cast(),
+            h.ai_route,
+            h.ai_connect,
+        ] {
+            libc::free(f);
+        }
+        libc::free(p.cast());
+        p = next;
+    }
 }
 
 /// `rdma_getaddrinfo`: resolves `node`/`service` into an `rdma_addrinfo` list.
 ///
 /// Returns 0, an `EAI_*` code, or -1 with errno (`EINVAL` when nothing is given or `res` is
-/// NULL, `EOPNOTSUPP` for `RAI_SA`); `EAI_SYSTEM` sets errno too.
+/// NULL, `EOPNOTSUPP` for `RAI_SA`, `ENOMEM`); `EAI_SYSTEM` sets errno too.
 #[export_name = "softrdma_rdma_getaddrinfo"]
 pub unsafe extern "C" fn rdma_getaddrinfo(
     node: *const c_char,
@@ -180,7 +203,13 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
             Ok(list) => {
                 let mut next = std::ptr::null_mut();
                 for a in list.iter().rev() {
-                    next = to_c(a, next);
+                    let e = to_c(a, next);
+                    if e.is_null() {
+                        free_list(next);
+                        set_errno(libc::ENOMEM);
+                        return -1;
+                    }
+                    next = e;
                 }
                 *res = next;
                 0
@@ -195,14 +224,10 @@ pub unsafe extern "C" fn rdma_getaddrinfo(
     })
 }
 
-/// `rdma_freeaddrinfo`: frees a list `rdma_getaddrinfo` returned.
+/// `rdma_freeaddrinfo`: frees a list `rdma_getaddrinfo` returned, with `free` on each
+/// entry and on the buffers its fields point to (which the program may have replaced with
+/// `malloc`ed ones, as with librdmacm).
 #[export_name = "softrdma_rdma_freeaddrinfo"]
 pub unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
-    guard((), || {
-        let mut p = res;
-        while !p.is_null() {
-            let b = Box::from_raw(p as *mut CAddrInfo);
-            p = b.hdr.ai_next;
-        }
-    })
+    guard((), || free_list(res))
 }

@@ -823,13 +823,21 @@ pub unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
     guard(0, || cid(id).map_or(0, |c| c.id.dst_port().to_be()))
 }
 
-/// `rdma_get_devices`: a NULL-terminated array of the opened contexts of every device.
+/// `rdma_get_devices`: a NULL-terminated array of the opened contexts of every device (those
+/// of the `SOFTRDMA_DEVICES` addresses too, as `ibv_get_device_list` lists them).
 ///
 /// Fails with NULL and the errno of the device list (`ENOMEM`).
 #[export_name = "softrdma_rdma_get_devices"]
 pub unsafe extern "C" fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut ibv_context {
     crate::ffi::ret_ptr(|| {
-        let list = softrdma::rdma_cm::get_devices().map_err(err)?;
+        let mut list = softrdma::rdma_cm::get_devices().map_err(err)?;
+        for (_, ip) in crate::verbs::env_devices() {
+            if !list.iter().any(|c| c.device().addr() == ip) {
+                if let Ok(c) = softrdma::rdma_cm::device_context(ip) {
+                    list.push(c);
+                }
+            }
+        }
         let arr = libc::calloc(list.len() + 1, std::mem::size_of::<*mut ibv_context>())
             as *mut *mut ibv_context;
         if arr.is_null() {

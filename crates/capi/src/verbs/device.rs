@@ -7,9 +7,33 @@ use crate::ffi::{guard, ret_ptr, set_errno};
 use libc::{c_char, c_int, EINVAL};
 use std::sync::Arc;
 
+/// The devices `SOFTRDMA_DEVICES` asks for, as (name, address): its comma-separated entries
+/// are `IP` (the device `srdma_<ip>`) or `NAME=IP` (the address listed under `NAME`, so two
+/// processes on one host can each have a device of the same name, as programs that send
+/// their device name to the peer, such as ucx_perftest, need). Unusable entries (not an
+/// address, an empty name or one of 64 bytes or more) are skipped.
+pub fn env_devices() -> Vec<(String, std::net::IpAddr)> {
+    let Ok(v) = std::env::var("SOFTRDMA_DEVICES") else {
+        return Vec::new();
+    };
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .filter_map(|e| {
+            let (name, a) = match e.split_once('=') {
+                Some((n, a)) => (Some(n.trim()), a.trim()),
+                None => (None, e),
+            };
+            let ip = a.parse::<std::net::IpAddr>().ok()?;
+            let name = name.map_or_else(|| format!("srdma_{ip}"), str::to_string);
+            (!name.is_empty() && name.len() < 64).then_some((name, ip))
+        })
+        .collect()
+}
+
 /// The devices a C program sees: softrdma's own list (`srdma0` … one per local address),
-/// then `srdma_<ip>` for each address of the comma-separated `SOFTRDMA_DEVICES` that is not
-/// already listed under that name. Unusable entries of the variable are skipped.
+/// then those of [`env_devices`] whose name is not already listed (and whose address is
+/// one of this machine).
 pub fn c_device_list() -> softrdma::Result<Vec<*mut ibv_device>> {
     let mut out = Vec::new();
     let mut names: Vec<String> = Vec::new();
@@ -17,19 +41,13 @@ pub fn c_device_list() -> softrdma::Result<Vec<*mut ibv_device>> {
         out.push(objects::device_ptr(d.name(), &d));
         names.push(d.name().to_string());
     }
-    if let Ok(v) = std::env::var("SOFTRDMA_DEVICES") {
-        for a in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-            let Ok(ip) = a.parse::<std::net::IpAddr>() else {
-                continue;
-            };
-            let name = format!("srdma_{ip}");
-            if names.contains(&name) {
-                continue;
-            }
-            if let Ok(d) = softrdma::Device::from_addr(ip) {
-                out.push(objects::device_ptr(&name, &d));
-                names.push(name);
-            }
+    for (name, ip) in env_devices() {
+        if names.contains(&name) {
+            continue;
+        }
+        if let Ok(d) = softrdma::Device::from_addr(ip) {
+            out.push(objects::device_ptr(&name, &d));
+            names.push(name);
         }
     }
     Ok(out)

@@ -30,7 +30,9 @@ pub fn ah_attr_to_c(a: &AhAttr) -> ibv_ah_attr {
     }
 }
 
-/// A C address vector in softrdma form.
+/// A C address vector in softrdma form. The flow label keeps its low 20 bits, as Linux
+/// does: the kernel takes any 32-bit value (UCX passes `~0` on RoCE) where softrdma's
+/// own API answers EINVAL.
 pub fn ah_attr_from_c(c: &ibv_ah_attr) -> AhAttr {
     AhAttr {
         grh: GlobalRoute {
@@ -38,7 +40,7 @@ pub fn ah_attr_from_c(c: &ibv_ah_attr) -> AhAttr {
             dgid: Gid {
                 raw: unsafe { c.grh.dgid.raw },
             },
-            flow_label: c.grh.flow_label,
+            flow_label: c.grh.flow_label & 0xf_ffff,
             sgid_index: c.grh.sgid_index,
             hop_limit: c.grh.hop_limit,
             traffic_class: c.grh.traffic_class,

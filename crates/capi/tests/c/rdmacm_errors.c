@@ -314,6 +314,13 @@ int main(int argc, char **argv)
 	CHECK(res != NULL && res->ai_src_addr != NULL && res->ai_dst_len == 0);
 	CHECK(res->ai_port_space == RDMA_PS_TCP && res->ai_qp_type == IBV_QPT_RC);
 	CHECK(((struct sockaddr_in *)res->ai_src_addr)->sin_port == htons(7471));
+	/* Each field is malloc'ed on its own: a program may free and replace one (libfabric
+	 * does), and rdma_freeaddrinfo frees what the fields hold then. */
+	struct sockaddr_in *own = malloc(sizeof *own);
+	CHECK(own != NULL);
+	memcpy(own, res->ai_src_addr, sizeof *own);
+	free(res->ai_src_addr);
+	res->ai_src_addr = (struct sockaddr *)own;
 	rdma_freeaddrinfo(res);
 
 	/* Devices. */

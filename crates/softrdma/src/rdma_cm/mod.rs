@@ -363,6 +363,17 @@ pub fn get_devices() -> Result<Vec<Arc<Context>>> {
         .collect()
 }
 
+/// The context the connection manager opened for the device of the local address `addr`
+/// (the one ids bound there use; opened on first use and kept for the life of the
+/// process, as [`get_devices`] keeps its contexts), for listing a device that
+/// [`get_devices`] does not (a loopback alias such as 127.0.0.2).
+///
+/// Fails like [`Device::from_addr`] (`EADDRNOTAVAIL` for an address of another machine) and
+/// [`Device::open`].
+pub fn device_context(addr: IpAddr) -> Result<Arc<Context>> {
+    device_res(addr).map(|(c, _)| c)
+}
+
 /// Bound ports per port space: (port space, port) → the ids bound there.
 type PortTable = HashMap<(u16, u16), Vec<Weak<IdInner>>>;
 

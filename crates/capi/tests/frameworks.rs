@@ -1,0 +1,317 @@
+//! Debian's UCX (ucx-utils 1.13) and libfabric (libfabric-bin 1.17) tools, unmodified, on
+//! the drop-in libraries: each server/client pair runs on devices of its own
+//! (`SOFTRDMA_DEVICES`), with a free TCP port for the out-of-band exchange; the time limits
+//! only guard against a hang.
+//!
+//! UCX lists only the devices whose `/dev/infiniband/<ibv_device.dev_name>` is a character
+//! device it may open (`uct_ib_device_is_accessible`), which softrdma has no kernel driver
+//! for. The UCX programs therefore run in a private user and mount namespace
+//! (`unshare -rm`, no root needed) whose `/dev` is a tmpfs of links to the real entries
+//! plus `infiniband/uverbs_<name>` links to `/dev/null`; nothing changes outside it.
+//! UCX 1.13 further needs, on any RoCE device that is not a Mellanox one:
+//! - `UCX_UD_VERBS_ETH_DGID_CHECK=n` for `ud_verbs`: it takes the packet type (IPv4 or
+//!   IPv6) of a UD receive from `ibv_wc.sl` as ConnectX reports it, and drops every
+//!   packet of a device that reports the service level there (UCX 1.18 reads the GRH);
+//! - an auxiliary transport for `rc_verbs` through UCP (`UCX_TLS=rc_verbs,ud_verbs:aux`,
+//!   what `UCX_TLS=rc` means): `rc_verbs` alone cannot connect a UCP endpoint.
+//!
+//! UCX keeps 15 characters of a device name (`UCT_MD_NAME_MAX`), fewer than `srdma_<ip>`
+//! may have, and its transport-level tests (`-x`) send the device name to the server, which
+//! opens the device of that name: so every process names its own address `srdma_ucx`
+//! (`SOFTRDMA_DEVICES=srdma_ucx=<addr>`).
+//!
+//! libfabric's verbs provider offers MSG endpoints (and so `verbs;ofi_rxm`) only for devices
+//! of non-loopback interfaces, and its getinfo without a node (fi_pingpong's) keeps only
+//! the device of "localhost": not runnable on one host (nor on Linux). Its DGRAM
+//! endpoints, and RDM over them (`verbs;ofi_rxd`), run here. `FI_VERBS_IFACE=lo` keeps it
+//! from binding an rdma_cm id on every interface address, which would hold those devices
+//! for the process.
+
+mod common;
+
+use common::*;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// The hang guard for one program (never a timing assertion).
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Whether `prog` (of Debian's package `pkg`) is installed; outside CI a missing one skips
+/// the test with a message.
+fn have(prog: &str, pkg: &str) -> bool {
+    let ok = Path::new(prog).exists();
+    if !ok {
+        assert!(std::env::var_os("CI").is_none(), "CI must install {pkg}");
+        eprintln!("skipped: {prog} is not installed ({pkg})");
+    }
+    ok
+}
+
+/// Whether private user and mount namespaces can be made (`unshare -rm`), which the UCX
+/// tests need; outside CI their absence skips the test with a message.
+fn have_userns() -> bool {
+    let ok = Command::new("unshare")
+        .args(["-rm", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must allow user namespaces (unshare -rm)"
+        );
+        eprintln!("skipped: `unshare -rm` fails (no user namespaces)");
+    }
+    ok
+}
+
+/// Whether UCX's tools and the namespaces they need here are available.
+fn have_ucx() -> bool {
+    have("/usr/bin/ucx_perftest", "ucx-utils") && have_userns()
+}
+
+/// Whether libfabric's tools are installed.
+fn have_fabric() -> bool {
+    have("/usr/bin/fi_pingpong", "libfabric-bin")
+}
+
+/// Whether some socket listens on TCP `port` (from /proc/net/tcp{,6}, without connecting).
+fn tcp_listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let mut w = l.split_whitespace();
+                let local = w.nth(1).unwrap_or("");
+                let state = w.nth(1).unwrap_or("");
+                local.ends_with(&want) && state == "0A"
+            })
+        })
+    })
+}
+
+/// Runs `server`, waits until it listens on TCP `port`, runs `client`; checks both exit
+/// with status 0 and returns the client's stdout.
+fn server_client(server: Command, client: Command, port: u16) -> String {
+    let server = std::thread::spawn(move || run_bounded(server, LIMIT));
+    while !tcp_listening(port) && !server.is_finished() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (cst, cout, cerr) = run_bounded(client, LIMIT);
+    let (sst, sout, serr) = server.join().expect("server thread");
+    let report =
+        format!("--- client ({cst:?}):\n{cout}\n{cerr}\n--- server ({sst:?}):\n{sout}\n{serr}");
+    assert!(cst.is_some_and(|s| s.success()), "client failed:\n{report}");
+    assert!(sst.is_some_and(|s| s.success()), "server failed:\n{report}");
+    cout
+}
+
+/// Run as `sh -c SCRIPT sh OLD NAMES PROG ARGS...` in a new user and mount namespace: moves
+/// the real `/dev` to the empty directory `OLD`, makes `/dev` a tmpfs of links to its
+/// entries plus `infiniband/uverbs_<name>` links to `/dev/null` for each of `NAMES`, then
+/// runs `PROG` (see the module notes).
+const UCX_DEV_SCRIPT: &str = r#"set -e
+old="$1"; names="$2"; shift 2
+mount --rbind /dev "$old"
+mount -t tmpfs softrdma-dev /dev
+for e in "$old"/* "$old"/.[!.]*; do
+  if [ -e "$e" ] || [ -L "$e" ]; then ln -s "$e" "/dev/${e##*/}"; fi
+done
+mkdir /dev/infiniband
+for n in $names; do ln -s "$old/null" "/dev/infiniband/uverbs_$n"; done
+exec "$@"
+"#;
+
+/// A directory removed when dropped (even when the test fails).
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A UCX command: `prog args` in a namespace where the devices `names` pass UCX's
+/// `/dev/infiniband` check, with the drop-in libraries and `SOFTRDMA_DEVICES=devices`.
+/// Returns the command and the directory (empty outside the namespace) it needs while it
+/// runs.
+fn ucx_cmd(names: &[&str], devices: &str, prog: &str, args: &[&str]) -> (Command, TempDir) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let old = std::env::temp_dir().join(format!(
+        "softrdma-ucx-dev-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&old).unwrap();
+    let mut c = command("unshare");
+    c.args(["-rm", "sh", "-c", UCX_DEV_SCRIPT, "sh"])
+        .arg(&old)
+        .arg(names.join(" "))
+        .arg(prog)
+        .args(args)
+        .env("SOFTRDMA_DEVICES", devices)
+        .env("UCX_WARN_UNUSED_ENV_VARS", "n");
+    (c, TempDir(old))
+}
+
+#[test]
+fn ucx_info_lists_the_device() {
+    if !have_ucx() {
+        return;
+    }
+    let name = "srdma_ucx";
+    let devices = format!("{name}={}", unique_addr());
+    for tls in [None, Some("rc_verbs,ud_verbs")] {
+        let (mut cmd, _dir) = ucx_cmd(&[name], &devices, "ucx_info", &["-d"]);
+        if let Some(t) = tls {
+            cmd.env("UCX_TLS", t);
+        }
+        let (st, out, err) = run_bounded(cmd, LIMIT);
+        assert!(st.is_some_and(|s| s.success()), "{out}\n{err}");
+        for want in [
+            format!("Memory domain: {name}"),
+            "Transport: rc_verbs".to_string(),
+            "Transport: ud_verbs".to_string(),
+            format!("Device: {name}:1"),
+        ] {
+            assert!(
+                out.contains(&want),
+                "UCX_TLS={tls:?}: no {want:?} in\n{out}"
+            );
+        }
+    }
+}
+
+/// Runs `ucx_perftest` between two processes, each on a device of its own named
+/// `srdma_ucx`. Unless `args` name a transport (`-x`, with `-d srdma_ucx:1`), `UCX_TLS=tls`
+/// and `UCX_NET_DEVICES` pick them (UCP tests). Checks the client prints its result line.
+fn ucx_perftest(tls: &str, args: &[&str]) {
+    if !have_ucx() {
+        return;
+    }
+    let port = free_tcp_port().to_string();
+    let side = |args: &[&str]| {
+        let devices = format!("srdma_ucx={}", unique_addr());
+        let (mut c, dir) = ucx_cmd(&["srdma_ucx"], &devices, "ucx_perftest", args);
+        c.env("UCX_TLS", tls)
+            .env("UCX_NET_DEVICES", "srdma_ucx:1")
+            .env("UCX_UD_VERBS_ETH_DGID_CHECK", "n");
+        (c, dir)
+    };
+    let (server, _sdir) = side(&["-p", &port]);
+    let mut cargs = vec!["127.0.0.1", "-p", &port];
+    cargs.extend_from_slice(args);
+    let (client, _cdir) = side(&cargs);
+    let out = server_client(server, client, port.parse().unwrap());
+    assert!(out.contains("Final:"), "{tls} {args:?}: no result:\n{out}");
+}
+
+#[test]
+fn ucx_perftest_rc_verbs_tag_lat() {
+    ucx_perftest("rc_verbs,ud_verbs:aux", &["-t", "tag_lat", "-n", "500"]);
+}
+
+#[test]
+fn ucx_perftest_rc_verbs_ucp_put_bw() {
+    ucx_perftest("rc_verbs,ud_verbs:aux", &["-t", "ucp_put_bw", "-n", "500"]);
+}
+
+#[test]
+fn ucx_perftest_ud_verbs_tag_lat() {
+    ucx_perftest("ud_verbs", &["-t", "tag_lat", "-n", "500"]);
+}
+
+#[test]
+fn ucx_perftest_ud_verbs_ucp_put_bw() {
+    ucx_perftest("ud_verbs", &["-t", "ucp_put_bw", "-n", "500"]);
+}
+
+#[test]
+fn ucx_perftest_uct_rc_verbs_put_bw() {
+    let args = [
+        "-t",
+        "put_bw",
+        "-x",
+        "rc_verbs",
+        "-d",
+        "srdma_ucx:1",
+        "-n",
+        "500",
+    ];
+    ucx_perftest("rc_verbs", &args);
+}
+
+#[test]
+fn ucx_perftest_uct_ud_verbs_am_lat() {
+    let args = [
+        "-t",
+        "am_lat",
+        "-x",
+        "ud_verbs",
+        "-d",
+        "srdma_ucx:1",
+        "-n",
+        "500",
+    ];
+    ucx_perftest("ud_verbs", &args);
+}
+
+/// A libfabric command with the drop-in libraries, the device of `addr` listed, and no
+/// rdma_cm probing of the interfaces (see the module notes).
+fn fabric_cmd(prog: &str, addr: Ipv4Addr) -> Command {
+    let mut c = command(prog);
+    c.env("SOFTRDMA_DEVICES", addr.to_string())
+        .env("FI_VERBS_IFACE", "lo")
+        .env("FI_VERBS_DGRAM_USE_NAME_SERVER", "0");
+    c
+}
+
+/// `fi_info -p verbs` lists the device's DGRAM domain (and its `rdma_freeaddrinfo` of an
+/// `rdma_addrinfo` whose addresses it replaced no longer crashes at exit).
+#[test]
+fn fi_info_lists_the_device() {
+    if !have_fabric() {
+        return;
+    }
+    let a = unique_addr();
+    let mut c = fabric_cmd("fi_info", a);
+    c.args(["-p", "verbs"]);
+    let (st, out, err) = run_bounded(c, LIMIT);
+    assert!(st.is_some_and(|s| s.success()), "{out}\n{err}");
+    assert!(out.contains("provider: verbs"), "{out}");
+    assert!(out.contains(&format!("domain: srdma_{a}-dgram")), "{out}");
+}
+
+/// `fi_pingpong` with `provider` and endpoint type `ep` between two devices' DGRAM domains,
+/// messages of `size` (`all`: 64 B to the largest); checks the client's result row `row`.
+fn fi_pingpong(provider: &str, ep: &str, size: &str, row: &str) {
+    if !have_fabric() {
+        return;
+    }
+    let port = free_tcp_port().to_string();
+    let side = |addr: Ipv4Addr| {
+        let mut c = fabric_cmd("fi_pingpong", addr);
+        c.args(["-p", provider, "-e", ep, "-I", "20", "-S", size, "-d"])
+            .arg(format!("srdma_{addr}-dgram"));
+        c
+    };
+    let mut server = side(unique_addr());
+    server.args(["-B", &port]);
+    let mut client = side(unique_addr());
+    client.args(["-P", &port, "127.0.0.1"]);
+    let out = server_client(server, client, port.parse().unwrap());
+    assert!(out.contains("#sent"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with(row)), "{out}");
+}
+
+#[test]
+fn fi_pingpong_verbs_dgram() {
+    fi_pingpong("verbs", "dgram", "all", "4k ");
+}
+
+#[test]
+fn fi_pingpong_verbs_rxd_rdm() {
+    fi_pingpong("verbs;ofi_rxd", "rdm", "65536", "64k ");
+}
