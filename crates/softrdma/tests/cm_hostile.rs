@@ -457,9 +457,9 @@ fn malformed_packets_to_qp1_are_dropped_and_counted() {
         }),
     );
 
-    // Counted as malformed by the engine (before the ICRC check can even run).
+    // Counted as malformed by the engine (before the ICRC check can even run). (An empty
+    // datagram is a liveness probe, counted as such: below.)
     let mut malformed = Vec::new();
-    malformed.push(Vec::new()); // an empty datagram
     malformed.push(vec![0x64, 0, 0xff, 0xff, 0, 0, 0, 1, 0, 0]); // shorter than a BTH
                                                                  // A UD SEND_ONLY to QP 1 cut after the BTH: no DETH, no MAD.
     let mut p = a.mad_packet(&dreq);
@@ -557,8 +557,10 @@ fn malformed_packets_to_qp1_are_dropped_and_counted() {
     a.seal(&mut p);
     gsi_bad.push(p);
 
+    let empty = vec![Vec::new()];
     for p in malformed
         .iter()
+        .chain(&empty)
         .chain(&cnp)
         .chain(&icrc_bad)
         .chain(&gsi_bad)
@@ -569,6 +571,11 @@ fn malformed_packets_to_qp1_are_dropped_and_counted() {
     assert!(a.probe().is_empty(), "the device answered a dropped packet");
     let (c1, g1) = (t.ctx.counters(), t.ctx.cm_stats());
     assert_eq!(c1.malformed - c0.malformed, malformed.len() as u64);
+    assert_eq!(
+        c1.probes_received - c0.probes_received,
+        1,
+        "the empty datagram"
+    );
     assert_eq!(c1.cnp_received - c0.cnp_received, cnp.len() as u64);
     assert_eq!(c1.icrc_errors - c0.icrc_errors, icrc_bad.len() as u64);
     assert_eq!(g1.dropped - g0.dropped, gsi_bad.len() as u64);
