@@ -53,9 +53,34 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 pub const RDMA_MAX_RESP_RES: u8 = 0xff;
 /// `RDMA_MAX_INIT_DEPTH`: "use the device maximum".
 pub const RDMA_MAX_INIT_DEPTH: u8 = 0xff;
-/// The largest listen backlog, and the one a backlog of 0 or less means (Linux's
-/// `net.rdma_ucm.max_backlog` default).
+/// The largest listen backlog, and the one a backlog of 0 or less means, unless
+/// `SOFTRDMA_CM_MAX_BACKLOG` says otherwise (Linux's `net.rdma_ucm.max_backlog` default;
+/// see [`max_backlog`]).
 pub const MAX_BACKLOG: usize = 1024;
+
+/// `SOFTRDMA_CM_MAX_BACKLOG`: this process's largest listen backlog, as Linux's sysctl
+/// `net.rdma_ucm.max_backlog`.
+const ENV_MAX_BACKLOG: &str = "SOFTRDMA_CM_MAX_BACKLOG";
+
+/// The largest listen backlog of this process, and the one `rdma_listen` with a backlog of
+/// 0 or less gets: `SOFTRDMA_CM_MAX_BACKLOG` when it holds a positive number (read once, at
+/// the first call), else [`MAX_BACKLOG`]. Never fails: a value that does not parse is
+/// ignored with a warning.
+pub fn max_backlog() -> usize {
+    static M: OnceLock<usize> = OnceLock::new();
+    *M.get_or_init(|| max_backlog_from(std::env::var(ENV_MAX_BACKLOG).ok()))
+}
+
+fn max_backlog_from(v: Option<String>) -> usize {
+    match v.as_deref().map(|s| s.trim().parse::<usize>()) {
+        None => MAX_BACKLOG,
+        Some(Ok(n)) if n > 0 => n,
+        Some(_) => {
+            tracing::warn!("{ENV_MAX_BACKLOG}={v:?} is not a positive number; using {MAX_BACKLOG}");
+            MAX_BACKLOG
+        }
+    }
+}
 /// `RDMA_UDP_QKEY`: the Q_Key of every UD QP and multicast group the CM sets up.
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 /// The QP number that addresses a multicast group.
@@ -565,7 +590,7 @@ impl CmId {
                     req: None,
                     neg: None,
                     listening: None,
-                    backlog: MAX_BACKLOG,
+                    backlog: max_backlog(),
                     tos: 0,
                     reuseaddr: false,
                     afonly: false,
@@ -1331,9 +1356,12 @@ impl CmId {
     }
 
     /// Listens for connection requests (`rdma_listen`); CONNECT_REQUEST events follow, each
-    /// with a new id. At most `backlog` requests (0 or less, or above [`MAX_BACKLOG`]: that
-    /// maximum) wait to be taken with [`EventChannel::get_cm_event`]; one beyond is dropped
-    /// unanswered, as Linux drops it, so that the peer's CM retries it later. An id bound to a specific address listens on that device, one bound to
+    /// with a new id. At most `backlog` requests (0 or less, or above [`max_backlog`]: that
+    /// maximum, 1024 unless `SOFTRDMA_CM_MAX_BACKLOG` sets it) wait to be taken with
+    /// [`EventChannel::get_cm_event`]; one beyond is dropped unanswered and forgotten, as
+    /// Linux drops it, so that the peer's CM retries it later (its REQ timer, about 4 s a
+    /// try): the memory a flood of requests takes is bounded by the backlog, whether or not
+    /// the application ever takes them. An id bound to a specific address listens on that device, one bound to
     /// the wildcard on every device (including those started later by this process, once
     /// they exist when the request arrives).
     ///
@@ -1410,9 +1438,10 @@ impl CmId {
         }
         drop(r);
         s.listening = Some(sid);
+        let max = max_backlog();
         s.backlog = match usize::try_from(backlog) {
-            Ok(b) if b > 0 && b <= MAX_BACKLOG => b,
-            _ => MAX_BACKLOG,
+            Ok(b) if b > 0 && b <= max => b,
+            _ => max,
         };
         s.state = IdState::Listen;
         Ok(())
@@ -1944,4 +1973,19 @@ fn qp_to_err(qp: &Qp) {
         },
         QpAttrMask::STATE.bits(),
     );
+}
+
+#[cfg(test)]
+mod backlog_tests {
+    use super::{max_backlog_from, MAX_BACKLOG};
+
+    #[test]
+    fn the_largest_backlog_comes_from_the_environment_or_is_1024() {
+        assert_eq!(max_backlog_from(None), MAX_BACKLOG);
+        assert_eq!(max_backlog_from(Some("20000".into())), 20_000);
+        assert_eq!(max_backlog_from(Some(" 7\n".into())), 7);
+        for bad in ["0", "-3", "many", ""] {
+            assert_eq!(max_backlog_from(Some(bad.into())), MAX_BACKLOG, "{bad:?}");
+        }
+    }
 }
