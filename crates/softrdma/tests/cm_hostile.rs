@@ -1422,13 +1422,27 @@ fn req_flood_memory_probe() {
     let backlog = var("FLOOD_BACKLOG", 0) as i32;
     // What the application does with each CONNECT_REQUEST: 0 nothing (never takes one),
     // 1 takes and keeps it, 2 rejects and destroys its id, 3 destroys its id, 4 accepts it
-    // (the flood never answers the REP).
+    // (the flood never answers the REP), 5 drops its id (no rdma_destroy_id); 6 below.
     let app = var("FLOOD_APP", 0);
     let mut kept = Vec::new();
     let t = Target::with_backlog("127.13.0.1", 7131, backlog);
     let mut a = Attacker::new("127.13.0.2", "127.13.0.1");
     assert!(a.probe().is_empty());
     let sid = t.service_id();
+    // 6: another thread takes each request while the flood goes on and drops its id (no
+    // rdma_destroy_id), racing the device's thread for the rdma_cm registry.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let taker = (app == 6).then(|| {
+        let (ch, stop) = (t.ch.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                match ch.get_cm_event() {
+                    Ok(ev) => drop(ev.id.clone()),
+                    Err(_) => std::thread::yield_now(),
+                }
+            }
+        })
+    });
     let rss0 = rss_kib();
     println!("before: RSS {rss0} KiB");
     let mut answers = std::collections::BTreeMap::<String, u64>::new();
@@ -1446,7 +1460,10 @@ fn req_flood_memory_probe() {
             };
             *answers.entry(k).or_default() += 1;
         }
-        while let Some(ev) = (app != 0).then(|| t.ch.get_cm_event().ok()).flatten() {
+        while let Some(ev) = (app != 0 && app != 6)
+            .then(|| t.ch.get_cm_event().ok())
+            .flatten()
+        {
             let id = ev.id.clone();
             ev.ack();
             match app {
@@ -1466,6 +1483,7 @@ fn req_flood_memory_probe() {
                     .unwrap();
                     kept.push(id);
                 }
+                5 => drop(id),
                 _ => id.destroy(),
             }
         }
@@ -1479,5 +1497,9 @@ fn req_flood_memory_probe() {
                 g.pending_reqs
             );
         }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    if let Some(h) = taker {
+        h.join().unwrap();
     }
 }

@@ -280,15 +280,26 @@ impl Drop for IdInner {
         }
         if let (Some(conn), Some(engine)) = (s.conn.take(), s.engine.clone()) {
             engine.with_cm(|g, now| g.cm.destroy(now, conn));
-            // Its registry entry goes too (left to a later insert of the same key if the
-            // registry is busy now).
-            if let (Some(src), Ok(mut r)) = (s.src, registry_mutex().try_lock()) {
+            // Its registry entry goes too. The registry may be locked now (by another
+            // thread, or by this one around the drop of a candidate it looked up): then the
+            // key waits in the orphan list, which the next lock of the registry clears. A
+            // dead entry left in the map would keep this id's allocation (a `Weak` holds it)
+            // for good: comm IDs are random, so no later insert replaces it.
+            if let Some(src) = s.src {
                 let key = (src.ip(), conn.0);
-                if r.conns
-                    .get(&key)
-                    .is_some_and(|w| std::ptr::eq(w.as_ptr(), me))
-                {
-                    r.conns.remove(&key);
+                match registry_mutex().try_lock() {
+                    Ok(mut r) => {
+                        if r.conns
+                            .get(&key)
+                            .is_some_and(|w| std::ptr::eq(w.as_ptr(), me))
+                        {
+                            r.conns.remove(&key);
+                        }
+                    }
+                    Err(_) => orphans()
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(key),
                 }
             }
         }
@@ -515,8 +526,22 @@ fn registry_mutex() -> &'static Mutex<Registry> {
     R.get_or_init(|| Mutex::new(Registry::default()))
 }
 
+/// Registry keys of ids dropped while the registry was locked (see `IdInner::drop`).
+fn orphans() -> &'static Mutex<Vec<(IpAddr, u32)>> {
+    static O: OnceLock<Mutex<Vec<(IpAddr, u32)>>> = OnceLock::new();
+    O.get_or_init(|| Mutex::new(Vec::new()))
+}
+
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
-    registry_mutex().lock().unwrap_or_else(|p| p.into_inner())
+    let mut r = registry_mutex().lock().unwrap_or_else(|p| p.into_inner());
+    let keys = std::mem::take(&mut *orphans().lock().unwrap_or_else(|p| p.into_inner()));
+    for key in keys {
+        // Only a dead entry: the key may name a newer id by now.
+        if r.conns.get(&key).is_some_and(|w| w.strong_count() == 0) {
+            r.conns.remove(&key);
+        }
+    }
+    r
 }
 
 fn random_psn() -> u32 {
@@ -1977,7 +2002,41 @@ fn qp_to_err(qp: &Qp) {
 
 #[cfg(test)]
 mod backlog_tests {
-    use super::{max_backlog_from, MAX_BACKLOG};
+    use super::*;
+
+    /// An id with a connection dropped while the registry is locked (here by this thread,
+    /// as around the drop of a looked-up candidate; in a flood, by the device's thread
+    /// dispatching the next request) leaves no entry behind once the registry is next used:
+    /// a dead entry would keep the id's memory for good (issue 13's flood growth).
+    #[test]
+    fn an_id_dropped_while_the_registry_is_locked_leaves_no_entry_behind() {
+        let ip: IpAddr = "127.13.0.30".parse().unwrap();
+        let (ctx, _) = device_res(ip).unwrap();
+        let engine = ctx.inner.shared.engine().unwrap();
+        let conn = ConnId(0x5eed_0001);
+        let id = CmId::create(None, 0, PortSpace::Tcp).unwrap();
+        {
+            let mut s = id.inner.lock();
+            s.src = Some(SocketAddr::new(ip, 7130));
+            s.engine = Some(engine);
+            s.conn = Some(conn);
+        }
+        registry()
+            .conns
+            .insert((ip, conn.0), Arc::downgrade(&id.inner));
+        {
+            let r = registry();
+            assert!(r.conns.contains_key(&(ip, conn.0)));
+            drop(id);
+            assert!(
+                r.conns
+                    .get(&(ip, conn.0))
+                    .is_some_and(|w| w.strong_count() == 0),
+                "still there while the registry is locked"
+            );
+        }
+        assert!(!registry().conns.contains_key(&(ip, conn.0)));
+    }
 
     #[test]
     fn the_largest_backlog_comes_from_the_environment_or_is_1024() {
