@@ -29,7 +29,10 @@
 //! and torn down per second (the number of connections divided by the wall time of the
 //! `cm connect` and `disconnect` steps), and memory per connected RC QP (the process's
 //! VmRSS with every connection of the QP round established, minus VmRSS before the round
-//! created anything, divided by the connections). The last line is machine-readable:
+//! created anything, divided by the connections). A line of the device's connection-manager
+//! counters over the run (MADs sent and retransmitted, REJ 3 refusals, drops) shows whether a
+//! round waited on a retransmission timer (a REQ dropped by a full listen backlog or a full
+//! UDP receive buffer is retried about 6 s later). The last line is machine-readable:
 //! `cmtime-json {"role":…,"connections":…,"connect_per_sec":…,"disconnect_per_sec":…,
 //! "rss_per_qp_bytes":…,…}`.
 //!
@@ -735,8 +738,33 @@ impl Figures {
     }
 }
 
-fn print_additions(role: &str, connections: u32, qp: &Figures, no_qp: &Figures) {
+/// The connection manager's counters of the device at `ip` over the whole run: retries and
+/// drops show where a round waited on a retransmission timer (about 6 s for a REQ).
+fn cm_counters(ip: Option<IpAddr>) -> Option<String> {
+    let ctx = softrdma::Device::from_addr(ip?).ok()?.open().ok()?;
+    let g = ctx.cm_stats();
+    Some(format!(
+        "  connection manager: {} MADs sent, {} retransmitted, {} refused for no resources \
+         (REJ 3), {} dropped at the transmit-queue bound, {} events dropped",
+        g.cm.sent.total(),
+        g.cm.retransmitted.total(),
+        g.cm.dropped_no_resources,
+        g.cm.dropped_tx_overflow,
+        g.cm.dropped_events
+    ))
+}
+
+fn print_additions(
+    role: &str,
+    ip: Option<IpAddr>,
+    connections: u32,
+    qp: &Figures,
+    no_qp: &Figures,
+) {
     println!("softrdma additions (not part of rdma-core's cmtime output), {role}:");
+    if let Some(line) = cm_counters(ip) {
+        println!("{line}");
+    }
     println!(
         "  connections established per second:  {:>10.0} with QPs, {:>10.0} without",
         qp.connect_per_sec, no_qp.connect_per_sec
@@ -914,7 +942,13 @@ fn run_client(sh: &Arc<Shared>) {
     println!("Connect ({c}) test - no QPs");
     let without = client_connect(sh, 2, c, true);
     show_perf(&without);
-    print_additions("client", c, &Figures::of(&with), &Figures::of(&without));
+    print_additions(
+        "client",
+        sh.opts.src,
+        c,
+        &Figures::of(&with),
+        &Figures::of(&without),
+    );
 }
 
 /// The server's accept work (cmtime's `req_work_handler`): our own QP to INIT, RTR, RTS,
@@ -1025,7 +1059,13 @@ fn run_server(sh: &Arc<Shared>) {
     let without = server_connect(sh, 2, c, true);
     show_perf(&without);
     listen.destroy();
-    print_additions("server", c, &Figures::of(&with), &Figures::of(&without));
+    print_additions(
+        "server",
+        o.src,
+        c,
+        &Figures::of(&with),
+        &Figures::of(&without),
+    );
 }
 
 fn main() {

@@ -171,6 +171,23 @@ impl Context {
             .unwrap_or_default()
     }
 
+    /// Sets the bounds of the device's connection manager (QP 1) from now on: most
+    /// communication records (connections in any state, timewait included) and most
+    /// incoming requests not answered yet. Beyond either, an incoming REQ is rejected with
+    /// REJ 3 (no resources; the peer's `rdma_connect` gets REJECTED, status 3) and
+    /// `rdma_connect` fails with `ENOMEM`. Records already held stay. The defaults, 262,144
+    /// and 65,536, can be set for every device of a process with the environment variables
+    /// `SOFTRDMA_CM_MAX_CONNECTIONS` and `SOFTRDMA_CM_MAX_PENDING_REQS`; read them back with
+    /// [`Context::cm_stats`].
+    ///
+    /// Fails like the start of the device engine (`EADDRINUSE` when another process owns
+    /// UDP port 4791 on the device's address).
+    pub fn set_cm_limits(&self, max_connections: usize, max_pending_reqs: usize) -> Result<()> {
+        let e = self.inner.shared.engine()?;
+        e.with_cm(|g, _| g.cm.set_limits(max_connections, max_pending_reqs));
+        Ok(())
+    }
+
     /// Makes the device inject faults into every packet it sends from now on (`None`
     /// stops it), for tests of loss and corruption; see [`crate::FaultConfig`].
     ///

@@ -49,6 +49,36 @@ pub struct GsiStats {
     pub max_pending_reqs: usize,
 }
 
+/// `SOFTRDMA_CM_MAX_CONNECTIONS`: the default [`GsiStats::max_connections`] of every device
+/// this process opens.
+pub(crate) const ENV_MAX_CONNECTIONS: &str = "SOFTRDMA_CM_MAX_CONNECTIONS";
+/// `SOFTRDMA_CM_MAX_PENDING_REQS`: the default [`GsiStats::max_pending_reqs`] of every device
+/// this process opens.
+pub(crate) const ENV_MAX_PENDING_REQS: &str = "SOFTRDMA_CM_MAX_PENDING_REQS";
+
+/// The CM bounds `(max_connections, max_pending_reqs)` a new device takes: the proto
+/// defaults, each replaced by its variable (read through `var`) when that holds a decimal
+/// number; a value that does not parse is ignored with a warning.
+pub(crate) fn limits_from(var: impl Fn(&str) -> Option<String>) -> (usize, usize) {
+    let get = |k: &str, d: usize| match var(k) {
+        None => d,
+        Some(v) => v.trim().parse().unwrap_or_else(|_| {
+            tracing::warn!("{k}={v:?} is not a number; using {d}");
+            d
+        }),
+    };
+    (
+        get(
+            ENV_MAX_CONNECTIONS,
+            softrdma_proto::cm::DEFAULT_MAX_CONNECTIONS,
+        ),
+        get(
+            ENV_MAX_PENDING_REQS,
+            softrdma_proto::cm::DEFAULT_MAX_PENDING_REQS,
+        ),
+    )
+}
+
 /// QP 1 of one device.
 pub(crate) struct Gsi {
     pub(crate) cm: Cm,
@@ -63,8 +93,10 @@ impl Gsi {
     pub(crate) fn new(local: IpAddr, guid: u64) -> Gsi {
         let seed = (u64::from(crate::resources::random_u32()) << 32)
             | u64::from(crate::resources::random_u32());
+        let mut cfg = CmConfig::new(local, guid, seed);
+        (cfg.max_connections, cfg.max_pending_reqs) = limits_from(|k| std::env::var(k).ok());
         Gsi {
-            cm: Cm::new(CmConfig::new(local, guid, seed)),
+            cm: Cm::new(cfg),
             keep_unhandled: false,
             psn: crate::resources::random_u32() & 0xff_ffff,
             events: VecDeque::new(),
@@ -292,6 +324,28 @@ mod tests {
                 "CM attribute {a:#x} missing from {attrs:x?}"
             );
         }
+    }
+
+    #[test]
+    fn limits_come_from_the_environment_or_the_defaults() {
+        use super::{limits_from, ENV_MAX_CONNECTIONS, ENV_MAX_PENDING_REQS};
+        use softrdma_proto::cm::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PENDING_REQS};
+        let none = |_: &str| None;
+        assert_eq!(
+            limits_from(none),
+            (DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PENDING_REQS)
+        );
+        let set = |k: &str| match k {
+            ENV_MAX_CONNECTIONS => Some("500000".to_string()),
+            ENV_MAX_PENDING_REQS => Some(" 12 ".to_string()),
+            _ => None,
+        };
+        assert_eq!(limits_from(set), (500_000, 12));
+        let bad = |k: &str| (k == ENV_MAX_PENDING_REQS).then(|| "lots".to_string());
+        assert_eq!(
+            limits_from(bad),
+            (DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PENDING_REQS)
+        );
     }
 
     #[test]

@@ -320,6 +320,11 @@ struct Target {
 
 impl Target {
     fn new(ip: &str, port: u16) -> Target {
+        Target::with_backlog(ip, port, 0)
+    }
+
+    /// A target whose listener has `backlog` (0: the largest).
+    fn with_backlog(ip: &str, port: u16, backlog: i32) -> Target {
         let ctx = Device::from_addr(ip.parse().unwrap())
             .unwrap()
             .open()
@@ -330,9 +335,9 @@ impl Target {
         let addr = SocketAddr::new(ip.parse().unwrap(), port);
         let listener = CmId::create(Some(&ch), 1, PortSpace::Tcp).unwrap();
         listener.bind_addr(addr).unwrap();
-        // The largest backlog: the flood meets the device's own bound, not the listener's
-        // (a smaller backlog drops the excess unanswered: see rdma_cm_api's backlog test).
-        listener.listen(0).unwrap();
+        // By default the largest backlog: the flood meets the device's own bound, not the
+        // listener's.
+        listener.listen(backlog).unwrap();
         Target {
             ctx,
             ch,
@@ -910,7 +915,9 @@ fn cm_messages_for_unknown_communications_are_dropped_without_events() {
     t.listener.destroy();
 }
 
-/// 5,000 REQs with distinct communication IDs, TIDs and QPNs to a listened service: the CM
+/// 5,000 REQs with distinct communication IDs, TIDs and QPNs to a listened service on a
+/// device whose CM bounds are set to 4096 connections and 1024 pending requests
+/// ([`Context::set_cm_limits`]): the CM
 /// holds at most `max_pending_reqs` (1024) unanswered requests and answers every REQ beyond
 /// them with REJ 3 (no resources), keeping nothing for them; the application gets exactly
 /// one CONNECT_REQUEST per request held. While the application sits on them, a real client
@@ -922,6 +929,7 @@ fn a_req_flood_is_bounded_by_max_pending_reqs_and_answered_with_rej_3() {
     let t = Target::new("127.0.0.109", 7109);
     let mut a = Attacker::new("127.0.0.110", "127.0.0.109");
     assert!(a.probe().is_empty());
+    t.ctx.set_cm_limits(4096, 1024).unwrap();
     let g0 = t.ctx.cm_stats();
     assert_eq!((g0.max_pending_reqs, g0.max_connections), (1024, 4096));
     const FLOOD: u32 = 5000;
@@ -1037,6 +1045,141 @@ fn a_req_flood_is_bounded_by_max_pending_reqs_and_answered_with_rej_3() {
 
     t.connects_normally("127.0.0.111");
     t.assert_no_event();
+    t.listener.destroy();
+}
+
+/// With the device's default bounds (far above the flood), the listen backlog is what bounds
+/// a flood: 5,000 REQs with distinct communication IDs and QPNs to a listener with backlog
+/// 16 whose application takes nothing leave the CM holding 16 requests (and rdma_cm 16 new
+/// ids); every REQ beyond is dropped unanswered and forgotten, as Linux drops it, so the
+/// peer's CM retries it. Once the application has taken and refused those 16, a
+/// retransmission of a dropped REQ is handed to it as a new CONNECT_REQUEST, and a real client
+/// connects. (`req_flood_memory_probe` measures the process's memory under such a flood.)
+#[test]
+fn a_req_flood_beyond_the_listen_backlog_is_dropped_and_the_state_stays_bounded() {
+    const BACKLOG: u32 = 16;
+    let t = Target::with_backlog("127.13.0.3", 7133, BACKLOG as i32);
+    let mut a = Attacker::new("127.13.0.4", "127.13.0.3");
+    assert!(a.probe().is_empty());
+    let g0 = t.ctx.cm_stats();
+    assert_eq!(
+        (g0.max_connections, g0.max_pending_reqs),
+        (262_144, 65_536),
+        "the defaults (SOFTRDMA_CM_MAX_* unset)"
+    );
+    const FLOOD: u32 = 5000;
+    let sid = t.service_id();
+    let mut tids = Vec::new();
+    for start in (1..=FLOOD).step_by(250) {
+        for id in start..start + 250 {
+            let pd = a.cma_private_data(id as u16);
+            let tid = a.next_tid();
+            tids.push(tid);
+            let m = a.req(id, 0x1000 + id, sid, pd);
+            a.send_msg(tid, &m);
+        }
+        // Dropped, not refused: no answer at all.
+        assert_eq!(a.probe().len(), 0);
+        let g = t.ctx.cm_stats();
+        assert!(g.connections <= BACKLOG as usize, "{g:?}");
+        assert!(g.pending_reqs <= BACKLOG as usize, "{g:?}");
+    }
+    let g1 = t.ctx.cm_stats();
+    assert_eq!(g1.cm.received.req - g0.cm.received.req, u64::from(FLOOD));
+    assert_eq!(g1.cm.sent.rej, g0.cm.sent.rej);
+    assert_eq!((g1.connections, g1.pending_reqs), (16, 16));
+
+    // The application takes the 16 held (the first 16 REQs) and refuses them.
+    let mut held = Vec::new();
+    while let Ok(ev) = t.ch.get_cm_event() {
+        assert_eq!(ev.event, CmEventType::ConnectRequest);
+        held.push(ev.id.peer_addr().unwrap().port());
+        let id = ev.id.clone();
+        ev.ack();
+        id.reject(&[]).unwrap();
+        id.destroy();
+    }
+    assert_eq!(held, (1..=BACKLOG as u16).collect::<Vec<_>>());
+    let refused = a.probe();
+    assert_eq!(refused.len(), BACKLOG as usize);
+    let g2 = t.ctx.cm_stats();
+    assert_eq!((g2.connections, g2.pending_reqs), (0, 0));
+
+    // The peer's retransmission of a dropped REQ (same TID, same IDs) now gets through.
+    let id = 4242;
+    let pd = a.cma_private_data(id as u16);
+    let m = a.req(id, 0x1000 + id, sid, pd);
+    a.send_msg(tids[id as usize - 1], &m);
+    assert!(a.probe().is_empty());
+    let ev = expect(&t.ch, CmEventType::ConnectRequest);
+    assert_eq!(ev.id.peer_addr().unwrap().port(), id as u16);
+    let child = ev.id.clone();
+    ev.ack();
+    child.reject(&[]).unwrap();
+    child.destroy();
+    assert_eq!(a.probe().len(), 1);
+    t.assert_no_event();
+
+    t.connects_normally("127.13.0.5");
+    t.assert_no_event();
+    t.listener.destroy();
+}
+
+/// A device at its own `max_connections` ([`Context::set_cm_limits`]) refuses a new
+/// `rdma_connect` at once with `ENOMEM` and sends nothing (the server sees no request, so
+/// nobody waits on it); raising the bound lets the same id connect.
+#[test]
+fn connect_beyond_the_device_bound_fails_with_enomem_and_raising_it_lets_it_through() {
+    let t = Target::new("127.13.0.7", 7137);
+    let cctx = Device::from_addr("127.13.0.6".parse().unwrap())
+        .unwrap()
+        .open()
+        .unwrap();
+    cctx.set_cm_limits(1, 1).unwrap();
+    let g = cctx.cm_stats();
+    assert_eq!((g.max_connections, g.max_pending_reqs), (1, 1));
+    let cch = EventChannel::new().unwrap();
+    cch.set_nonblocking(true).unwrap();
+    let src = SocketAddr::new("127.13.0.6".parse().unwrap(), 0);
+    let ids: Vec<CmId> = (0..2)
+        .map(|i| {
+            let c = CmId::create(Some(&cch), i, PortSpace::Tcp).unwrap();
+            c.resolve_addr(Some(src), t.addr, 2000).unwrap();
+            expect(&cch, CmEventType::AddrResolved).ack();
+            c.resolve_route(2000).unwrap();
+            expect(&cch, CmEventType::RouteResolved).ack();
+            c
+        })
+        .collect();
+    // No QPs: made-up QP numbers, as cmtime's second round announces.
+    let param = |qpn| ConnParam {
+        qp_num: qpn,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..Default::default()
+    };
+    ids[0].connect(&param(0x4242)).unwrap();
+    let first = expect(&t.ch, CmEventType::ConnectRequest);
+    let e = ids[1].connect(&param(0x4243)).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOMEM);
+    t.assert_no_event();
+    cctx.set_cm_limits(2, 1).unwrap();
+    ids[1].connect(&param(0x4243)).unwrap();
+    let second = expect(&t.ch, CmEventType::ConnectRequest);
+    for ev in [first, second] {
+        let id = ev.id.clone();
+        ev.ack();
+        id.reject(&[]).unwrap();
+        id.destroy();
+    }
+    for _ in 0..2 {
+        let ev = expect(&cch, CmEventType::Rejected);
+        assert_eq!(ev.status, 28);
+        ev.ack();
+    }
+    for c in ids {
+        c.destroy();
+    }
     t.listener.destroy();
 }
 
@@ -1261,5 +1404,109 @@ fn a_linux_peer_answers_garbage_requests_as_softrdma_does() {
             Message::SidrRep(r) => assert_eq!(r.status, want, "SIDR_REQ {i}"),
             other => panic!("SIDR_REQ {i}: expected a SIDR_REP, got {other:?}"),
         }
+    }
+}
+
+/// The resident set of this process, in KiB (`VmRSS` of `/proc/self/status`).
+fn rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A measurement, not a check: `FLOOD_REQS` (default 250,000) REQs with distinct
+/// communication IDs and QPNs to a listener with backlog `FLOOD_BACKLOG` (default 0: the
+/// largest) whose application never takes an event, printing the process's RSS every 50,000
+/// and the device's CM occupancy. Run with
+/// `cargo test --release -p softrdma --test cm_hostile -- --ignored --nocapture req_flood_memory`.
+#[test]
+#[ignore]
+fn req_flood_memory_probe() {
+    let var = |k: &str, d: u64| std::env::var(k).map_or(d, |v| v.parse().unwrap());
+    let n = var("FLOOD_REQS", 250_000) as u32;
+    let backlog = var("FLOOD_BACKLOG", 0) as i32;
+    // What the application does with each CONNECT_REQUEST: 0 nothing (never takes one),
+    // 1 takes and keeps it, 2 rejects and destroys its id, 3 destroys its id, 4 accepts it
+    // (the flood never answers the REP), 5 drops its id (no rdma_destroy_id); 6 below.
+    let app = var("FLOOD_APP", 0);
+    let mut kept = Vec::new();
+    let t = Target::with_backlog("127.13.0.1", 7131, backlog);
+    let mut a = Attacker::new("127.13.0.2", "127.13.0.1");
+    assert!(a.probe().is_empty());
+    let sid = t.service_id();
+    // 6: another thread takes each request while the flood goes on and drops its id (no
+    // rdma_destroy_id), racing the device's thread for the rdma_cm registry.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let taker = (app == 6).then(|| {
+        let (ch, stop) = (t.ch.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Acquire) {
+                match ch.get_cm_event() {
+                    Ok(ev) => drop(ev.id.clone()),
+                    Err(_) => std::thread::yield_now(),
+                }
+            }
+        })
+    });
+    let rss0 = rss_kib();
+    println!("before: RSS {rss0} KiB");
+    let mut answers = std::collections::BTreeMap::<String, u64>::new();
+    for start in (1..=n).step_by(250) {
+        for id in start..(start + 250).min(n + 1) {
+            let pd = a.cma_private_data(id as u16);
+            let tid = a.next_tid();
+            let m = a.req(id, 0x1000 + id, sid, pd);
+            a.send_msg(tid, &m);
+        }
+        for (_, m) in a.probe() {
+            let k = match m {
+                Message::Rej(r) => format!("REJ {}", r.reason.to_u16()),
+                other => format!("{:?}", other.attribute_id()),
+            };
+            *answers.entry(k).or_default() += 1;
+        }
+        while let Some(ev) = (app != 0 && app != 6)
+            .then(|| t.ch.get_cm_event().ok())
+            .flatten()
+        {
+            let id = ev.id.clone();
+            ev.ack();
+            match app {
+                1 => kept.push(id),
+                2 => {
+                    let _ = id.reject(&[]);
+                    id.destroy();
+                }
+                4 => {
+                    let qpn = 0x10_0000 + kept.len() as u32;
+                    id.accept(&ConnParam {
+                        qp_num: qpn,
+                        responder_resources: 1,
+                        initiator_depth: 1,
+                        ..Default::default()
+                    })
+                    .unwrap();
+                    kept.push(id);
+                }
+                5 => drop(id),
+                _ => id.destroy(),
+            }
+        }
+        let sent = (start + 249).min(n);
+        if sent % 50_000 == 0 || sent == n {
+            let g = t.ctx.cm_stats();
+            println!(
+                "{sent} REQs: RSS {} KiB, CM connections {} pending {}, answers {answers:?}",
+                rss_kib(),
+                g.connections,
+                g.pending_reqs
+            );
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    if let Some(h) = taker {
+        h.join().unwrap();
     }
 }

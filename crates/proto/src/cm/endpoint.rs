@@ -228,6 +228,15 @@ impl Cm {
         &self.cfg
     }
 
+    /// Changes [`CmConfig::max_connections`] and [`CmConfig::max_pending_reqs`] from now on.
+    /// Records already held stay, whatever the new bounds: a bound below the present
+    /// occupancy only refuses new communications (REJ 3 for REQs, `TooManyConnections` for
+    /// `connect`) until enough of them have gone. Never fails.
+    pub fn set_limits(&mut self, max_connections: usize, max_pending_reqs: usize) {
+        self.cfg.max_connections = max_connections;
+        self.cfg.max_pending_reqs = max_pending_reqs;
+    }
+
     /// Counters.
     pub fn stats(&self) -> CmStats {
         self.stats

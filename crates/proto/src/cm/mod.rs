@@ -97,5 +97,5 @@ mod tests;
 pub use endpoint::{cm_ack_timeout, ip_to_gid, Cm, EVENT_QUEUE_LIMIT, TX_QUEUE_LIMIT};
 pub use types::{
     AcceptParams, CmConfig, CmError, CmEvent, CmStats, ConnId, ConnectRequest, MsgCounts, RepInfo,
-    ReqInfo,
+    ReqInfo, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PENDING_REQS,
 };

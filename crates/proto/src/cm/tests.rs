@@ -509,3 +509,53 @@ fn api_errors() {
     a.listen(5).unwrap();
     a.destroy(now, ConnId(12345));
 }
+
+/// The default bounds are the documented ones, far above a few thousand connections, and
+/// `set_limits` changes them at once: a REQ beyond `max_pending_reqs` gets REJ 3 and a
+/// `connect` beyond `max_connections` fails, while the records already held stay; raising the
+/// bounds again lets the next ones in.
+#[test]
+fn limits_are_large_by_default_and_set_limits_changes_them() {
+    let (ia, ib) = (v4(10, 0, 0, 1), v4(10, 0, 0, 2));
+    let mut a = cm(ia, 1, 1);
+    let mut b = cm(ib, 2, 2);
+    assert_eq!(
+        (b.config().max_connections, b.config().max_pending_reqs),
+        (
+            super::DEFAULT_MAX_CONNECTIONS,
+            super::DEFAULT_MAX_PENDING_REQS
+        )
+    );
+    const { assert!(super::DEFAULT_MAX_CONNECTIONS >= 100_000) };
+    let now = Instant::now();
+    let mut p = frame361_request();
+    p.dst = ib;
+    b.listen(p.service_id).unwrap();
+    b.set_limits(10, 2);
+    let mut reasons = Vec::new();
+    for i in 0..3u32 {
+        let mut q = p.clone();
+        q.local_qpn = 0x100 + i;
+        a.connect(now, q).unwrap();
+        for (_, m) in drain(&mut a) {
+            b.handle_mad(now, ia, &m);
+        }
+        for (_, m) in drain(&mut b) {
+            let Ok(Message::Rej(r)) = Message::parse(&mad::Packet::new_checked(&m[..]).unwrap())
+            else {
+                panic!("expected only REJs")
+            };
+            reasons.push(r.reason);
+        }
+    }
+    assert_eq!(reasons, vec![RejectReason::NoResources]);
+    assert_eq!((b.pending_count(), b.connection_count()), (2, 2));
+    // Below the occupancy: nothing held goes, nothing new comes.
+    a.set_limits(2, 2);
+    let mut q = p.clone();
+    q.local_qpn = 0x200;
+    assert_eq!(a.connect(now, q.clone()), Err(CmError::TooManyConnections));
+    assert_eq!(a.connection_count(), 3);
+    a.set_limits(4, 2);
+    assert!(a.connect(now, q).is_ok());
+}

@@ -30,16 +30,30 @@ pub struct CmConfig {
     pub local_ack_delay: u8,
     /// Most communication records kept at once (connections in any state including timewait,
     /// SIDR requests in flight and answered). Beyond it `connect`/`sidr_request` fail and
-    /// incoming REQs are rejected with reason 3 (no resources).
+    /// incoming REQs are rejected with reason 3 (no resources). Default
+    /// [`DEFAULT_MAX_CONNECTIONS`].
     pub max_connections: usize,
     /// Most passive requests (REQ and SIDR_REQ) the owner has not answered yet. Excess REQs
     /// are rejected with reason 3, excess SIDR_REQs are dropped (the requester retries).
+    /// Default [`DEFAULT_MAX_PENDING_REQS`].
     pub max_pending_reqs: usize,
 }
 
+/// Default [`CmConfig::max_connections`]: 262,144 communication records, the order of the
+/// connections Linux's CM serves on one host (its comm IDs come from an allocator with no
+/// fixed small bound). A record costs a few hundred bytes, so the bound is a guard against
+/// runaway state, not a sizing: every record in it is an id the owner made or a request it
+/// was handed, or a timewait that ends on its own.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1 << 18;
+/// Default [`CmConfig::max_pending_reqs`]: 65,536 requests not answered yet. The owner's
+/// own queue (rdma_cm's listen backlog) is meant to be the tighter bound on requests nobody
+/// has looked at; this one caps requests handed to the application and left unanswered.
+pub const DEFAULT_MAX_PENDING_REQS: usize = 1 << 16;
+
 impl CmConfig {
     /// A configuration with rdma_cm's RoCE values: 15 retries, response timeout 20, packet
-    /// lifetime 18, ACK delay 15, 4096 connections and 1024 pending requests.
+    /// lifetime 18, ACK delay 15, [`DEFAULT_MAX_CONNECTIONS`] connections and
+    /// [`DEFAULT_MAX_PENDING_REQS`] pending requests.
     pub fn new(local_addr: IpAddr, ca_guid: u64, seed: u64) -> Self {
         CmConfig {
             local_addr,
@@ -49,8 +63,8 @@ impl CmConfig {
             cm_response_timeout: cma::CMA_CM_RESPONSE_TIMEOUT,
             packet_lifetime: cma::CMA_IBOE_PACKET_LIFETIME,
             local_ack_delay: 15,
-            max_connections: 4096,
-            max_pending_reqs: 1024,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_pending_reqs: DEFAULT_MAX_PENDING_REQS,
         }
     }
 }

@@ -53,9 +53,34 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 pub const RDMA_MAX_RESP_RES: u8 = 0xff;
 /// `RDMA_MAX_INIT_DEPTH`: "use the device maximum".
 pub const RDMA_MAX_INIT_DEPTH: u8 = 0xff;
-/// The largest listen backlog, and the one a backlog of 0 or less means (Linux's
-/// `net.rdma_ucm.max_backlog` default).
+/// The largest listen backlog, and the one a backlog of 0 or less means, unless
+/// `SOFTRDMA_CM_MAX_BACKLOG` says otherwise (Linux's `net.rdma_ucm.max_backlog` default;
+/// see [`max_backlog`]).
 pub const MAX_BACKLOG: usize = 1024;
+
+/// `SOFTRDMA_CM_MAX_BACKLOG`: this process's largest listen backlog, as Linux's sysctl
+/// `net.rdma_ucm.max_backlog`.
+const ENV_MAX_BACKLOG: &str = "SOFTRDMA_CM_MAX_BACKLOG";
+
+/// The largest listen backlog of this process, and the one `rdma_listen` with a backlog of
+/// 0 or less gets: `SOFTRDMA_CM_MAX_BACKLOG` when it holds a positive number (read once, at
+/// the first call), else [`MAX_BACKLOG`]. Never fails: a value that does not parse is
+/// ignored with a warning.
+pub fn max_backlog() -> usize {
+    static M: OnceLock<usize> = OnceLock::new();
+    *M.get_or_init(|| max_backlog_from(std::env::var(ENV_MAX_BACKLOG).ok()))
+}
+
+fn max_backlog_from(v: Option<String>) -> usize {
+    match v.as_deref().map(|s| s.trim().parse::<usize>()) {
+        None => MAX_BACKLOG,
+        Some(Ok(n)) if n > 0 => n,
+        Some(_) => {
+            tracing::warn!("{ENV_MAX_BACKLOG}={v:?} is not a positive number; using {MAX_BACKLOG}");
+            MAX_BACKLOG
+        }
+    }
+}
 /// `RDMA_UDP_QKEY`: the Q_Key of every UD QP and multicast group the CM sets up.
 pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
 /// The QP number that addresses a multicast group.
@@ -255,15 +280,26 @@ impl Drop for IdInner {
         }
         if let (Some(conn), Some(engine)) = (s.conn.take(), s.engine.clone()) {
             engine.with_cm(|g, now| g.cm.destroy(now, conn));
-            // Its registry entry goes too (left to a later insert of the same key if the
-            // registry is busy now).
-            if let (Some(src), Ok(mut r)) = (s.src, registry_mutex().try_lock()) {
+            // Its registry entry goes too. The registry may be locked now (by another
+            // thread, or by this one around the drop of a candidate it looked up): then the
+            // key waits in the orphan list, which the next lock of the registry clears. A
+            // dead entry left in the map would keep this id's allocation (a `Weak` holds it)
+            // for good: comm IDs are random, so no later insert replaces it.
+            if let Some(src) = s.src {
                 let key = (src.ip(), conn.0);
-                if r.conns
-                    .get(&key)
-                    .is_some_and(|w| std::ptr::eq(w.as_ptr(), me))
-                {
-                    r.conns.remove(&key);
+                match registry_mutex().try_lock() {
+                    Ok(mut r) => {
+                        if r.conns
+                            .get(&key)
+                            .is_some_and(|w| std::ptr::eq(w.as_ptr(), me))
+                        {
+                            r.conns.remove(&key);
+                        }
+                    }
+                    Err(_) => orphans()
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(key),
                 }
             }
         }
@@ -501,8 +537,22 @@ fn registry_mutex() -> &'static Mutex<Registry> {
     R.get_or_init(|| Mutex::new(Registry::default()))
 }
 
+/// Registry keys of ids dropped while the registry was locked (see `IdInner::drop`).
+fn orphans() -> &'static Mutex<Vec<(IpAddr, u32)>> {
+    static O: OnceLock<Mutex<Vec<(IpAddr, u32)>>> = OnceLock::new();
+    O.get_or_init(|| Mutex::new(Vec::new()))
+}
+
 fn registry() -> std::sync::MutexGuard<'static, Registry> {
-    registry_mutex().lock().unwrap_or_else(|p| p.into_inner())
+    let mut r = registry_mutex().lock().unwrap_or_else(|p| p.into_inner());
+    let keys = std::mem::take(&mut *orphans().lock().unwrap_or_else(|p| p.into_inner()));
+    for key in keys {
+        // Only a dead entry: the key may name a newer id by now.
+        if r.conns.get(&key).is_some_and(|w| w.strong_count() == 0) {
+            r.conns.remove(&key);
+        }
+    }
+    r
 }
 
 fn random_psn() -> u32 {
@@ -576,7 +626,7 @@ impl CmId {
                     req: None,
                     neg: None,
                     listening: None,
-                    backlog: MAX_BACKLOG,
+                    backlog: max_backlog(),
                     tos: 0,
                     reuseaddr: false,
                     afonly: false,
@@ -1342,9 +1392,12 @@ impl CmId {
     }
 
     /// Listens for connection requests (`rdma_listen`); CONNECT_REQUEST events follow, each
-    /// with a new id. At most `backlog` requests (0 or less, or above [`MAX_BACKLOG`]: that
-    /// maximum) wait to be taken with [`EventChannel::get_cm_event`]; one beyond is dropped
-    /// unanswered, as Linux drops it, so that the peer's CM retries it later. An id bound to a specific address listens on that device, one bound to
+    /// with a new id. At most `backlog` requests (0 or less, or above [`max_backlog`]: that
+    /// maximum, 1024 unless `SOFTRDMA_CM_MAX_BACKLOG` sets it) wait to be taken with
+    /// [`EventChannel::get_cm_event`]; one beyond is dropped unanswered and forgotten, as
+    /// Linux drops it, so that the peer's CM retries it later (its REQ timer, about 4 s a
+    /// try): the memory a flood of requests takes is bounded by the backlog, whether or not
+    /// the application ever takes them. An id bound to a specific address listens on that device, one bound to
     /// the wildcard on every device (including those started later by this process, once
     /// they exist when the request arrives).
     ///
@@ -1421,9 +1474,10 @@ impl CmId {
         }
         drop(r);
         s.listening = Some(sid);
+        let max = max_backlog();
         s.backlog = match usize::try_from(backlog) {
-            Ok(b) if b > 0 && b <= MAX_BACKLOG => b,
-            _ => MAX_BACKLOG,
+            Ok(b) if b > 0 && b <= max => b,
+            _ => max,
         };
         s.state = IdState::Listen;
         Ok(())
@@ -1955,4 +2009,53 @@ fn qp_to_err(qp: &Qp) {
         },
         QpAttrMask::STATE.bits(),
     );
+}
+
+#[cfg(test)]
+mod backlog_tests {
+    use super::*;
+
+    /// An id with a connection dropped while the registry is locked (here by this thread,
+    /// as around the drop of a looked-up candidate; in a flood, by the device's thread
+    /// dispatching the next request) leaves no entry behind once the registry is next used:
+    /// a dead entry would keep the id's memory for good (issue 13's flood growth).
+    #[test]
+    fn an_id_dropped_while_the_registry_is_locked_leaves_no_entry_behind() {
+        let ip: IpAddr = "127.13.0.30".parse().unwrap();
+        let (ctx, _) = device_res(ip).unwrap();
+        let engine = ctx.inner.shared.engine().unwrap();
+        let conn = ConnId(0x5eed_0001);
+        let id = CmId::create(None, 0, PortSpace::Tcp).unwrap();
+        {
+            let mut s = id.inner.lock();
+            s.src = Some(SocketAddr::new(ip, 7130));
+            s.engine = Some(engine);
+            s.conn = Some(conn);
+        }
+        registry()
+            .conns
+            .insert((ip, conn.0), Arc::downgrade(&id.inner));
+        {
+            let r = registry();
+            assert!(r.conns.contains_key(&(ip, conn.0)));
+            drop(id);
+            assert!(
+                r.conns
+                    .get(&(ip, conn.0))
+                    .is_some_and(|w| w.strong_count() == 0),
+                "still there while the registry is locked"
+            );
+        }
+        assert!(!registry().conns.contains_key(&(ip, conn.0)));
+    }
+
+    #[test]
+    fn the_largest_backlog_comes_from_the_environment_or_is_1024() {
+        assert_eq!(max_backlog_from(None), MAX_BACKLOG);
+        assert_eq!(max_backlog_from(Some("20000".into())), 20_000);
+        assert_eq!(max_backlog_from(Some(" 7\n".into())), 7);
+        for bad in ["0", "-3", "many", ""] {
+            assert_eq!(max_backlog_from(Some(bad.into())), MAX_BACKLOG, "{bad:?}");
+        }
+    }
 }
