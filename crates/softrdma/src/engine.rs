@@ -35,8 +35,10 @@
 //! the check with identification 0, the receiver solves for the identification that makes
 //! the ICRC match ([`softrdma_wire::icrc::ident`]) and accepts the packet if there is one,
 //! counting it in `icrc_ident_solved`. Such packets get a 16-bit check: a corrupted packet
-//! passes it with probability about 2^-16, from any sender (the wire crate documents the
-//! details). Packets that fail both are counted (`icrc_errors`) and dropped.
+//! passes it with probability about 2^-16 (the wire crate documents the details). So a sender
+//! whose first packets all verify with identification 0 (64 of them, none solved: a softrdma
+//! peer) gets no solving from then on, only the full check: a corrupted packet of a softrdma
+//! peer is never accepted. Packets that fail are counted (`icrc_errors`) and dropped.
 
 use crate::cq::WorkCompletion;
 use crate::error::Result;
@@ -1110,16 +1112,20 @@ fn check_packet(
     engine: &Engine,
     pkt: &[u8],
     src: SocketAddr,
-    prefix: &IcrcPrefix,
+    flow: &mut RxFlow,
     solver: &mut IdentSolver,
 ) -> Option<u32> {
     let c = &engine.counters;
+    let prefix = &flow.prefix;
+    // A sender whose packets all verified with identification 0 (a softrdma peer) keeps the
+    // full 32-bit check: its packets are never accepted through a solved identification.
+    let solve = flow.solved_any || flow.zero_ident < ZERO_IDENT_PEER;
     let Ok(view) = softrdma_wire::roce::Packet::new_checked(pkt) else {
         if is_cnp(pkt) {
             // BTH, 16 reserved bytes, ICRC: counted when the ICRC is good, then dropped.
             let (covered, icrc) = pkt.split_at(pkt.len() - 4);
             let icrc = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
-            if check_icrc(c, prefix, solver, covered, icrc).is_some() {
+            if check_icrc(c, prefix, solve.then_some(solver), covered, icrc).is_some() {
                 c.cnp_received.fetch_add(1, Ordering::Relaxed);
             }
             return None;
@@ -1127,7 +1133,18 @@ fn check_packet(
         c.malformed.fetch_add(1, Ordering::Relaxed);
         return None;
     };
-    let ident = verify_icrc(c, prefix, solver, &view)?;
+    let ident = check_icrc(
+        c,
+        prefix,
+        solve.then_some(solver),
+        view.icrc_covered(),
+        view.icrc(),
+    )?;
+    if ident == 0 {
+        flow.zero_ident = flow.zero_ident.saturating_add(1);
+    } else {
+        flow.solved_any = true;
+    }
     c.rx_packets.fetch_add(1, Ordering::Relaxed);
     c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
     if crate::capture::active() && !crate::device::is_local_engine(src) {
@@ -1136,7 +1153,8 @@ fn check_packet(
     Some(view.bth().dest_qp())
 }
 
-/// Verifies the ICRC of a received packet against its flow's prefix: first as sent with
+/// Verifies the ICRC of a received packet against its flow's prefix (no per-sender
+/// history: the multicast path): first as sent with
 /// IPv4 identification 0 (softrdma peers; the full 32-bit check, and all the work done when
 /// it passes), then, for IPv4, with the identification solved from the ICRC (other stacks).
 /// Returns the identification that matched; counts and returns `None` when none does.
@@ -1146,7 +1164,23 @@ pub(crate) fn verify_icrc(
     solver: &mut IdentSolver,
     view: &softrdma_wire::roce::Packet<&[u8]>,
 ) -> Option<u16> {
-    check_icrc(c, prefix, solver, view.icrc_covered(), view.icrc())
+    check_icrc(c, prefix, Some(solver), view.icrc_covered(), view.icrc())
+}
+
+/// Packets verified with identification 0, and none through a solved one, after which a
+/// sender counts as a softrdma peer whose packets get only the full check (a corrupted
+/// packet would otherwise pass the 16-bit check of a solved identification with probability
+/// 2^-16: one in about 65,000 corrupted packets). Linux rxe varies the identification per
+/// packet, so its flows solve one long before this many zeros.
+const ZERO_IDENT_PEER: u32 = 64;
+
+/// What the receive path keeps per sender: its ICRC prefix and how its packets verified.
+pub(crate) struct RxFlow {
+    prefix: IcrcPrefix,
+    /// Packets verified with identification 0 (saturating).
+    zero_ident: u32,
+    /// Whether a packet ever verified through a solved identification (another stack).
+    solved_any: bool,
 }
 
 /// Whether a UDP payload is a RoCEv2 CNP: opcode `0x81` in a packet of exactly its size
@@ -1160,13 +1194,13 @@ fn is_cnp(pkt: &[u8]) -> bool {
 fn check_icrc(
     c: &Counters,
     prefix: &IcrcPrefix,
-    solver: &mut IdentSolver,
+    solver: Option<&mut IdentSolver>,
     covered: &[u8],
     icrc: u32,
 ) -> Option<u16> {
     match prefix.compute(covered) {
         Ok(crc) if crc == icrc => Some(0),
-        Ok(crc) => match prefix.solve_ident(solver, covered.len(), crc, icrc) {
+        Ok(crc) => match solver.and_then(|s| prefix.solve_ident(s, covered.len(), crc, icrc)) {
             Some(ident) => {
                 c.icrc_ident_solved.fetch_add(1, Ordering::Relaxed);
                 Some(ident)
@@ -1327,7 +1361,7 @@ fn raise_srq_limit(qp: &Arc<QpInner>) {
 pub(crate) struct RxState {
     bufs: Vec<Vec<u8>>,
     meta: Vec<RxMsg>,
-    prefixes: HashMap<SocketAddr, IcrcPrefix>,
+    prefixes: HashMap<SocketAddr, RxFlow>,
     /// Solves for the IPv4 identification of packets from other stacks.
     ident: IdentSolver,
     /// The multicast side: group snapshot, ICRC flows, and the copy a member receives.
@@ -1409,13 +1443,15 @@ impl Engine {
                     continue;
                 };
                 // One flow lookup per message: the datagrams of a GRO batch share a sender.
-                let prefix = &*prefixes
-                    .entry(src)
-                    .or_insert_with(|| rx_flow(src, self.local.ip()));
+                let flow = prefixes.entry(src).or_insert_with(|| RxFlow {
+                    prefix: rx_flow(src, self.local.ip()),
+                    zero_ident: 0,
+                    solved_any: false,
+                });
                 run.clear();
                 let mut run_qpn = None;
                 for pkt in pkts {
-                    let Some(qpn) = check_packet(self, pkt, src, prefix, ident) else {
+                    let Some(qpn) = check_packet(self, pkt, src, flow, ident) else {
                         continue;
                     };
                     if qpn == softrdma_wire::mad::GSI_QPN {

@@ -1510,3 +1510,79 @@ fn req_flood_memory_probe() {
         h.join().unwrap();
     }
 }
+
+/// `pkt` (sealed as the attacker's) re-sealed with the ICRC it has when its IPv4 header
+/// carries identification `ident`, as a kernel stack (rxe) sends it.
+fn seal_with_ident(a: &Attacker, pkt: &mut [u8], ident: u16) {
+    use softrdma_wire::ip::{Ipv4Packet, Ipv4Repr, UdpPacket, UdpRepr, IP_PROTOCOL_UDP};
+    let mut iph = [0u8; 20];
+    Ipv4Repr {
+        src_addr: a.me,
+        dst_addr: a.dev,
+        protocol: IP_PROTOCOL_UDP,
+        payload_len: 8 + pkt.len(),
+        ttl: 64,
+        tos: 0,
+        ident,
+        dont_frag: true,
+    }
+    .emit(&mut Ipv4Packet::new_unchecked(&mut iph[..]))
+    .unwrap();
+    let mut udph = [0u8; 8];
+    UdpRepr {
+        src_port: ROCE_PORT,
+        dst_port: ROCE_PORT,
+        payload_len: pkt.len(),
+    }
+    .emit(&mut UdpPacket::new_unchecked(&mut udph[..]))
+    .unwrap();
+    let n = pkt.len() - 4;
+    let crc = softrdma_wire::icrc::icrc_ipv4(&iph, &udph, &pkt[..n]);
+    pkt[n..].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// A packet from a new sender whose ICRC matches only with a nonzero IPv4 identification is
+/// accepted through the solved identification (Linux rxe sends such packets); once a sender
+/// has sent enough packets that verified with identification 0 (a softrdma peer), a packet of
+/// its that matches only that way is an ICRC error: softrdma peers keep the full 32-bit check.
+#[test]
+fn solved_identifications_only_for_senders_that_are_not_softrdma_peers() {
+    let t = Target::new("127.13.5.1", 7101);
+    let mut fresh = Attacker::new("127.13.5.2", "127.13.5.1");
+    let mut peer = Attacker::new("127.13.5.3", "127.13.5.1");
+    let c0 = t.ctx.counters();
+    // A fresh sender: accepted through the solved identification (then dropped: no such QP).
+    let mut p = fresh.packet(Opcode::RC_SEND_ONLY, 0x00ab_cdef, None, &[7; 16]);
+    seal_with_ident(&fresh, &mut p, 0x1234);
+    fresh.send(&p);
+    // The softrdma-like sender: 80 packets verified with identification 0 first.
+    for _ in 0..80 {
+        let mut p = peer.packet(Opcode::RC_SEND_ONLY, 0x00ab_cdef, None, &[7; 16]);
+        peer.seal(&mut p);
+        peer.send(&p);
+    }
+    let mut p = peer.packet(Opcode::RC_SEND_ONLY, 0x00ab_cdef, None, &[7; 16]);
+    seal_with_ident(&peer, &mut p, 0x1234);
+    peer.send(&p);
+    // Until the device has read all 82 (a hang guard, not a speed check).
+    let t0 = Instant::now();
+    let c1 = loop {
+        let c = t.ctx.counters();
+        if c.unknown_qp + c.icrc_errors - c0.unknown_qp - c0.icrc_errors >= 82 {
+            break c;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{c:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert_eq!(
+        c1.icrc_ident_solved - c0.icrc_ident_solved,
+        1,
+        "the fresh sender's"
+    );
+    assert_eq!(c1.unknown_qp - c0.unknown_qp, 81);
+    assert_eq!(
+        c1.icrc_errors - c0.icrc_errors,
+        1,
+        "the peer's packet with a solved identification"
+    );
+}
