@@ -555,8 +555,13 @@ impl VerifyRecv<'_> {
         if data != &scratch[..] {
             let first = (0..len).find(|&j| data[j] != scratch[j]).unwrap_or(0);
             let number = (len >= 8).then(|| u64::from_le_bytes(data[..8].try_into().unwrap()));
+            let differ = (0..len).filter(|&j| data[j] != scratch[j]).count();
+            let end_at = (first + 8).min(len);
             return Err(Error::invalid(format!(
-                "verify: message {n} ({len} B) differs from byte {first} (its number field reads {number:?})"
+                "verify: message {n} ({len} B) differs in {differ} bytes from byte {first}: \
+                 {:02x?} where {:02x?} was sent (its number field reads {number:?})",
+                &data[first..end_at],
+                &scratch[first..end_at]
             )));
         }
         Ok(())
@@ -762,6 +767,13 @@ pub fn run(args: &PerfArgs, mut on_point: impl FnMut(&Point)) -> Result<Outcome>
                 expect.store(sent, Ordering::Relaxed);
                 stop.store(true, Ordering::Relaxed);
                 let server = srv.join().expect("server thread");
+                if let (Err(pe), Err(se)) = (&points, &server) {
+                    // The server's failure is usually the cause of the client's.
+                    return Err(Error::new(
+                        se.kind(),
+                        format!("server: {}; client: {}", se.message(), pe.message()),
+                    ));
+                }
                 let points = points?;
                 let server = server?;
                 Ok(Outcome {
