@@ -84,6 +84,12 @@ enum Command {
         /// Print one JSON object with the results as the last line.
         #[arg(long)]
         json: bool,
+        /// Check every message (SEND bandwidth, both sides in this process): each carries
+        /// its own number and a pattern from it, in a buffer slot of its own on both sides,
+        /// and the receiver fails the run unless every message arrives exactly once, in
+        /// order, byte-exact. For soaks under SOFTRDMA_FAULTS (scripts/loss_bench.sh).
+        #[arg(long)]
+        verify: bool,
         /// Capture every packet of this process's devices into FILE (pcap, with the IP and
         /// UDP headers they have on the wire; Wireshark decodes them as RoCEv2).
         #[arg(long, value_name = "FILE")]
@@ -216,6 +222,7 @@ fn main() -> ExitCode {
             connect,
             port,
             json,
+            verify,
             pcap,
         } => (|| {
             if let Some(path) = &pcap {
@@ -245,6 +252,12 @@ fn main() -> ExitCode {
                 (None, Some(addr)) => perf::Mode::Client(addr),
                 (None, None) => perf::Mode::Local,
             };
+            if verify && (mode != perf::Mode::Local || op != perf::Op::Send || lat) {
+                return Err(softrdma::Error::invalid(
+                    "--verify is for SEND bandwidth with both sides in this process \
+                     (no --server, --connect or --lat)",
+                ));
+            }
             let args = perf::PerfArgs {
                 op,
                 sizes,
@@ -257,6 +270,7 @@ fn main() -> ExitCode {
                 client: client_addr,
                 server: server_addr,
                 json,
+                verify,
                 mode,
                 port: if mode == perf::Mode::Local { 0 } else { port },
             };
@@ -518,7 +532,7 @@ fn outcome_sides_json(sides: &[perf::SideCounters]) -> Vec<String> {
         .map(|s| {
             let (d, q) = (&s.device, &s.qp);
             format!(
-                "{{\"who\":\"{}\",\"addr\":\"{}\",\"device\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"icrc_errors\":{},\"malformed\":{},\"tx_errors\":{}}},\"qp\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"retransmitted_packets\":{},\"retries\":{},\"timeouts\":{},\"duplicates\":{},\"rnr_naks_sent\":{},\"rnr_naks_received\":{},\"seq_naks_sent\":{},\"seq_naks_received\":{},\"err_naks_sent\":{},\"err_naks_received\":{},\"credit_waits\":{}}}}}",
+                "{{\"who\":\"{}\",\"addr\":\"{}\",\"device\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"icrc_errors\":{},\"malformed\":{},\"tx_errors\":{}}},\"qp\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"retransmitted_packets\":{},\"retries\":{},\"timeouts\":{},\"probes\":{},\"duplicates\":{},\"rnr_naks_sent\":{},\"rnr_naks_received\":{},\"seq_naks_sent\":{},\"seq_naks_received\":{},\"err_naks_sent\":{},\"err_naks_received\":{},\"credit_waits\":{}}}}}",
                 s.who,
                 s.addr,
                 d.tx_packets,
@@ -535,6 +549,7 @@ fn outcome_sides_json(sides: &[perf::SideCounters]) -> Vec<String> {
                 q.retransmitted_packets,
                 q.retries,
                 q.timeouts,
+                q.probes,
                 q.duplicates,
                 q.rnr_naks_sent,
                 q.rnr_naks_received,
@@ -563,9 +578,9 @@ fn print_device_counters(who: &str, addr: std::net::IpAddr, d: &softrdma::Device
 
 fn print_qp_counters(who: &str, q: &softrdma::QpCounters) {
     println!(
-        " {who} QP: tx {} pkts / {} B, rx {} pkts / {} B, retransmitted {} (retries {}, timeouts {}), duplicates {}, \
+        " {who} QP: tx {} pkts / {} B, rx {} pkts / {} B, retransmitted {} (retries {}, timeouts {}, probes {}), duplicates {}, \
          RNR NAKs {}/{}, sequence NAKs {}/{}, error NAKs {}/{} (sent/received), waits for credits {}",
-        q.tx_packets, q.tx_bytes, q.rx_packets, q.rx_bytes, q.retransmitted_packets, q.retries, q.timeouts, q.duplicates,
+        q.tx_packets, q.tx_bytes, q.rx_packets, q.rx_bytes, q.retransmitted_packets, q.retries, q.timeouts, q.probes, q.duplicates,
         q.rnr_naks_sent, q.rnr_naks_received, q.seq_naks_sent, q.seq_naks_received, q.err_naks_sent, q.err_naks_received,
         q.credit_waits
     );

@@ -23,7 +23,7 @@ use softrdma::rdma_cm::{CmEventType, CmId, ConnParam, PortSpace};
 use softrdma::*;
 use std::io::{IsTerminal, Write};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -99,6 +99,8 @@ pub struct PerfArgs {
     pub client: IpAddr,
     pub server: IpAddr,
     pub json: bool,
+    /// Check every message (local SEND bandwidth only): exactly once, in order, byte-exact.
+    pub verify: bool,
     pub mode: Mode,
     /// The server's port (0 in local mode: an ephemeral one).
     pub port: u16,
@@ -277,6 +279,16 @@ impl End {
         }
     }
 
+    /// A receive of `len` bytes at `off` in the buffer.
+    fn post_recv_slot(&self, wr_id: u64, off: usize, len: usize) -> Result<()> {
+        let sge = [self.sge(off, len)];
+        self.qp.post_recv(&[RecvWr {
+            wr_id,
+            sg_list: &sge,
+        }])?;
+        Ok(())
+    }
+
     /// A receive of the whole buffer.
     fn post_recv(&self, wr_id: u64) -> Result<()> {
         let sge = [self.sge(0, self.buf.len())];
@@ -327,7 +339,10 @@ fn listen(addr: IpAddr, port: u16) -> Result<CmId> {
 
 /// Takes connection requests until one is a valid `softrdma perf` request, prepares the
 /// server's side for it and accepts it (synchronously: returns once ESTABLISHED).
-fn accept_one(listener: &CmId) -> Result<(End, Request)> {
+///
+/// With `verify`, the buffer holds one slot of `max_size` bytes per receive, and receive
+/// `i` lands in slot `i` (see [`VerifyRecv`]).
+fn accept_one(listener: &CmId, verify: bool) -> Result<(End, Request)> {
     loop {
         let id = listener.get_request()?;
         let data = id.event().map(|e| e.param.private_data).unwrap_or_default();
@@ -346,16 +361,16 @@ fn accept_one(listener: &CmId) -> Result<(End, Request)> {
         };
         // Receives: perftest's rx_depth (512), and never fewer than the client's send depth.
         let recv_depth = req.tx_depth.max(RX_DEPTH);
-        let end = End::new(
-            id,
-            (req.max_size as usize).max(64),
-            req.tx_depth,
-            recv_depth,
-            req.inline,
-        )?;
+        let slot = (req.max_size as usize).max(64);
+        let slots = if verify { recv_depth as usize } else { 1 };
+        let end = End::new(id, slot * slots, req.tx_depth, recv_depth, req.inline)?;
         if req.op == Op::Send {
             for i in 0..recv_depth {
-                end.post_recv(u64::from(i))?;
+                if verify {
+                    end.post_recv_slot(u64::from(i), i as usize * slot, slot)?;
+                } else {
+                    end.post_recv(u64::from(i))?;
+                }
             }
         }
         let t = Target {
@@ -375,9 +390,10 @@ fn dial(args: &PerfArgs, server: SocketAddr, max: usize) -> Result<(End, Target)
     let id = CmId::create(None, 0, PortSpace::Tcp)?;
     id.resolve_addr(Some(SocketAddr::new(args.client, 0)), server, 2000)?;
     id.resolve_route(2000)?;
+    let slots = if args.verify { args.tx_depth } else { 1 };
     let end = End::new(
         id,
-        max.max(64),
+        max.max(64) * slots,
         args.tx_depth as u32,
         args.tx_depth as u32,
         args.inline,
@@ -441,10 +457,36 @@ fn dial(args: &PerfArgs, server: SocketAddr, max: usize) -> Result<(End, Target)
 /// The server's part of a SEND test until `stop` is set or the connection ends (its
 /// receives are flushed): reposts each receive and, for latency, answers each message with
 /// one of the same length.
-fn serve_sends(end: &End, req: &Request, stop: &AtomicBool) -> Result<u64> {
+fn serve_sends(
+    end: &End,
+    req: &Request,
+    stop: &AtomicBool,
+    verify: Option<VerifyRecv>,
+) -> Result<u64> {
     let mut wc = [WorkCompletion::default(); 64];
     let mut got = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    let mut expected = Vec::new();
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            let Some(v) = &verify else { break };
+            let want = v.expect.load(Ordering::Relaxed);
+            if got >= want {
+                // One more look for a message delivered twice.
+                std::thread::sleep(Duration::from_millis(50));
+                let n = end.cq.poll(&mut wc)?;
+                if wc[..n].iter().any(|w| w.opcode == WcOpcode::Recv) {
+                    return Err(Error::invalid(format!(
+                        "verify: a receive completed after all {want} messages"
+                    )));
+                }
+                if got != want {
+                    return Err(Error::invalid(format!(
+                        "verify: {got} messages received, {want} sent"
+                    )));
+                }
+                break;
+            }
+        }
         let n = end.cq.poll(&mut wc)?;
         for w in &wc[..n] {
             if w.status == WcStatus::WrFlushErr {
@@ -452,6 +494,12 @@ fn serve_sends(end: &End, req: &Request, stop: &AtomicBool) -> Result<u64> {
             }
             check(w)?;
             if w.opcode != WcOpcode::Recv {
+                continue;
+            }
+            if let Some(v) = &verify {
+                v.check(end, w, got, &mut expected)?;
+                got += 1;
+                end.post_recv_slot(w.wr_id, w.wr_id as usize * v.slot, v.slot)?;
                 continue;
             }
             got += 1;
@@ -477,6 +525,63 @@ fn serve_sends(end: &End, req: &Request, stop: &AtomicBool) -> Result<u64> {
     Ok(got)
 }
 
+/// The receiver's side of `--verify`.
+struct VerifyRecv<'a> {
+    /// Bytes per receive slot.
+    slot: usize,
+    /// How many messages the client sent, once it knows (`u64::MAX` before).
+    expect: &'a AtomicU64,
+}
+
+impl VerifyRecv<'_> {
+    /// Checks that the receive `w` holds message number `n`, byte-exact. Receives complete
+    /// in the order posted, so a message lost, delivered twice or out of order shows as the
+    /// wrong number here.
+    fn check(&self, end: &End, w: &WorkCompletion, n: u64, scratch: &mut Vec<u8>) -> Result<()> {
+        let at = w.wr_id as usize * self.slot;
+        let len = w.byte_len as usize;
+        if at + len > end.buf.len() {
+            return Err(Error::invalid(format!(
+                "verify: message {n}: receive {} of {len} B is outside the buffer",
+                w.wr_id
+            )));
+        }
+        scratch.resize(len, 0);
+        fill_pattern(n, scratch);
+        // SAFETY: in bounds (checked above); the receive that covered these bytes completed
+        // and is posted again only after this read, so nothing writes them meanwhile.
+        let data =
+            unsafe { std::slice::from_raw_parts((end.buf.addr() as usize + at) as *const u8, len) };
+        if data != &scratch[..] {
+            let first = (0..len).find(|&j| data[j] != scratch[j]).unwrap_or(0);
+            let number = (len >= 8).then(|| u64::from_le_bytes(data[..8].try_into().unwrap()));
+            let differ = (0..len).filter(|&j| data[j] != scratch[j]).count();
+            let end_at = (first + 8).min(len);
+            return Err(Error::invalid(format!(
+                "verify: message {n} ({len} B) differs in {differ} bytes from byte {first}: \
+                 {:02x?} where {:02x?} was sent (its number field reads {number:?})",
+                &data[first..end_at],
+                &scratch[first..end_at]
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Message `i`'s bytes under `--verify`: its number (little-endian) in the first 8, then a
+/// pattern that depends on the number and the offset.
+fn fill_pattern(i: u64, buf: &mut [u8]) {
+    let mut x = i.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    for chunk in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    let n = buf.len().min(8);
+    buf[..n].copy_from_slice(&i.to_le_bytes()[..n]);
+}
+
 /// `softrdma perf --server`: waits for one client, serves its test and returns the
 /// server's counters once the client disconnected. `ready` is called with the address
 /// listened on before the first request is awaited.
@@ -491,7 +596,7 @@ pub fn serve(
         .local_addr()
         .ok_or_else(|| Error::invalid("the listener has no address"))?;
     ready(local);
-    let (end, req) = accept_one(&listener)?;
+    let (end, req) = accept_one(&listener, false)?;
     listener.destroy();
     let peer = end
         .id
@@ -499,7 +604,7 @@ pub fn serve(
         .unwrap_or_else(|| SocketAddr::new(addr, 0));
     connected(peer, &req);
     if req.op == Op::Send {
-        serve_sends(&end, &req, &AtomicBool::new(false))?;
+        serve_sends(&end, &req, &AtomicBool::new(false), None)?;
     }
     // Wait for the client's disconnect (a SEND test saw its receives flushed already).
     let ch = end.id.channel();
@@ -632,11 +737,16 @@ pub fn run(args: &PerfArgs, mut on_point: impl FnMut(&Point)) -> Result<Outcome>
                 .map(|a| a.port())
                 .ok_or_else(|| Error::invalid("the listener has no port"))?;
             let stop = AtomicBool::new(false);
+            let expect = AtomicU64::new(u64::MAX);
             let out = std::thread::scope(|scope| -> Result<Outcome> {
                 let srv = scope.spawn(|| -> Result<End> {
-                    let (end, req) = accept_one(&listener)?;
+                    let (end, req) = accept_one(&listener, args.verify)?;
                     if req.op == Op::Send {
-                        serve_sends(&end, &req, &stop)?;
+                        let v = args.verify.then(|| VerifyRecv {
+                            slot: (req.max_size as usize).max(64),
+                            expect: &expect,
+                        });
+                        serve_sends(&end, &req, &stop, v)?;
                     }
                     Ok(end)
                 });
@@ -650,8 +760,20 @@ pub fn run(args: &PerfArgs, mut on_point: impl FnMut(&Point)) -> Result<Outcome>
                     }
                 };
                 let points = measure(&client.0, &client.1);
+                // With --verify the receiver goes on until it has checked every message sent.
+                let sent = points
+                    .as_ref()
+                    .map_or(0, |p| p.iter().map(|p| p.iters).sum::<u64>());
+                expect.store(sent, Ordering::Relaxed);
                 stop.store(true, Ordering::Relaxed);
                 let server = srv.join().expect("server thread");
+                if let (Err(pe), Err(se)) = (&points, &server) {
+                    // The server's failure is usually the cause of the client's.
+                    return Err(Error::new(
+                        se.kind(),
+                        format!("server: {}; client: {}", se.message(), pe.message()),
+                    ));
+                }
                 let points = points?;
                 let server = server?;
                 Ok(Outcome {
@@ -704,7 +826,20 @@ fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point>
             });
         }
         while posted < limit && posted - completed < depth {
-            let sge = [c.sge(0, size)];
+            let sge = if args.verify {
+                // A slot per outstanding message: slot posted % depth was last used by
+                // message posted - depth, which has completed.
+                let off = (posted % depth) as usize * size;
+                // SAFETY: the slot is inside the buffer (it has tx_depth slots of the
+                // largest size) and no posted request reads it any more.
+                let slot = unsafe {
+                    std::slice::from_raw_parts_mut((c.buf.addr() as usize + off) as *mut u8, size)
+                };
+                fill_pattern(posted, slot);
+                [c.sge(off, size)]
+            } else {
+                [c.sge(0, size)]
+            };
             let signaled = (posted + 1) % cq_mod == 0 || posted + 1 == limit;
             let mut flags = if signaled {
                 SendFlags::SIGNALED

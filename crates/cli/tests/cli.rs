@@ -766,3 +766,48 @@ fn ping_client_notices_a_killed_server() {
     );
     assert!(text.contains("DISCONNECT EVENT"), "{text}");
 }
+
+/// `perf send --verify`: every message checked at the receiver (exactly once, in order,
+/// byte-exact), also under packet loss, duplication and reordering; refused where it cannot
+/// check (WRITE, latency).
+#[test]
+fn perf_send_verify_checks_every_message_under_faults() {
+    let run = |faults: &str| {
+        Command::new(env!("CARGO_BIN_EXE_softrdma"))
+            .args([
+                "perf",
+                "send",
+                "--verify",
+                "-s",
+                "1000",
+                "-n",
+                "3000",
+                "--client-addr",
+                "127.0.0.171",
+                "--server-addr",
+                "127.0.0.172",
+            ])
+            .env("SOFTRDMA_FAULTS", faults)
+            .output()
+            .expect("run softrdma")
+    };
+    for faults in ["", "drop=0.05,dup=0.02,reorder=0.02,seed=3"] {
+        let out = run(faults);
+        let (so, se) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{faults}: {se}\n{so}");
+        assert!(so.contains(" 1000       3000 "), "{faults}: {so}");
+    }
+    for bad in [
+        &["perf", "write", "--verify", "-n", "10"][..],
+        &["perf", "send", "--verify", "--lat", "-n", "10"][..],
+    ] {
+        let (ok, _, err) = softrdma(bad);
+        assert!(
+            !ok && err.contains("--verify is for SEND bandwidth"),
+            "{err}"
+        );
+    }
+}

@@ -585,8 +585,16 @@ fn peer_gone_retry_exceeded() {
         );
         let st = sim.nodes[0].qp.stats();
         assert_eq!(st.timeouts, u64::from(retry_cnt) + 1);
+        // Tail-loss probes go out between the timeouts (two packets each: the first
+        // unacknowledged and the last sent), but consume no retry: RETRY_EXC_ERR still comes
+        // after exactly retry_cnt + 1 local ACK timeouts.
+        assert!(st.probes > 0);
+        assert_eq!(st.retries, u64::from(retry_cnt));
         // Each retry resends the 6 packets of both messages.
-        assert_eq!(st.retransmitted_packets, 6 * u64::from(retry_cnt));
+        assert_eq!(
+            st.retransmitted_packets,
+            6 * u64::from(retry_cnt) + 2 * st.probes
+        );
         let t = sim.now - sim.base;
         let one = softrdma_proto::local_ack_timeout(10).unwrap();
         assert_eq!(t, one * (u32::from(retry_cnt) + 1));
@@ -887,4 +895,93 @@ fn rc_soak() {
         let mtu = [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096][(seed % 3) as usize];
         rc_run(seed + 1_000_000, loss, mtu, 16);
     }
+}
+
+/// A lost tail packet, a lost ACK, and a lost sequence NAK (with the gap it reported) are
+/// each recovered by a tail-loss probe long before the local ACK timeout (19: 2.1 s, as
+/// rdma_cm sets it), and the probe consumes no retry: with retry_cnt 0 the SEND still
+/// succeeds. Packets: #0..#2 the SEND's three, #3 the responder's ACK (or NAK).
+#[test]
+fn lone_losses_recovered_by_probe_not_timeout() {
+    for (what, drop) in [
+        ("tail packet", vec![2u64]),
+        ("ACK", vec![3]),
+        ("middle packet and its NAK", vec![1, 3]),
+    ] {
+        let mut sim = simple_sim(QpType::Rc);
+        for n in &mut sim.nodes {
+            let mut cfg = *n.qp.config();
+            cfg.timeout = 19;
+            cfg.retry_cnt = 0;
+            n.qp.set_config(cfg);
+        }
+        sim.drop_packets = drop;
+        post_recv(&mut sim, 1, 10, 4096);
+        let r = req(1, SendOp::Send, 3000, &sim);
+        sim.post(0, r);
+        let done = sim.run(Duration::from_secs(10), |s| {
+            s.nodes[0].comps.len() == 1 && s.nodes[1].comps.len() == 1
+        });
+        assert!(done, "{what}: did not finish");
+        assert_eq!(statuses(&sim, 0), vec![(1, WcStatus::Success)], "{what}");
+        let rc = &sim.nodes[1].comps[0];
+        assert_eq!(
+            (rc.status, rc.byte_len),
+            (WcStatus::Success, 3000),
+            "{what}"
+        );
+        let base = sim.nodes[1].env.base(RECV);
+        let got = sim.nodes[1].env.bytes(RECV, base, 3000);
+        assert!(got.iter().enumerate().all(|(i, &b)| b == i as u8), "{what}");
+        let st = sim.nodes[0].qp.stats();
+        assert_eq!(st.timeouts, 0, "{what}: {st:?}");
+        assert!(st.probes >= 1, "{what}: {st:?}");
+        let took = sim.now - sim.base;
+        assert!(took < Duration::from_millis(10), "{what}: {took:?}");
+        if what.contains("NAK") {
+            assert_eq!(sim.nodes[1].qp.stats().seq_naks_sent, 1, "{what}");
+        }
+    }
+}
+
+/// A sequence NAK restarts the sending at the missing PSN, and that packet goes out twice
+/// (the responder NAKs a gap once; if the resent packet were lost too it would stay silent
+/// until a probe): one loss, one NAK, no probe, no timeout.
+#[test]
+fn seq_nak_resends_missing_packet_twice() {
+    let mut sim = simple_sim(QpType::Rc);
+    sim.record = Some(Vec::new());
+    sim.drop_packets = vec![1];
+    post_recv(&mut sim, 1, 10, 4096);
+    let r = req(1, SendOp::Send, 3000, &sim);
+    sim.post(0, r);
+    assert!(
+        sim.run(Duration::from_secs(10), |s| s.nodes[1].comps.len() == 1
+            && s.nodes[0].comps.len() == 1)
+    );
+    let st = sim.nodes[0].qp.stats();
+    assert_eq!(
+        (st.seq_naks_received, st.probes, st.timeouts),
+        (1, 0, 0),
+        "{st:?}"
+    );
+    let rec = sim.record.as_ref().unwrap();
+    let sent: Vec<u32> = rec
+        .iter()
+        .filter(|(n, _)| *n == 0)
+        .map(|(_, r)| r.bth.psn)
+        .collect();
+    let p0 = sent[0];
+    let p = |i: u32| (p0 + i) & 0xff_ffff;
+    // #0 #1(lost) #2, NAK(#1), then #1 (asking for an ACK), #1, #2.
+    assert_eq!(sent, vec![p(0), p(1), p(2), p(1), p(1), p(2)]);
+    assert!(
+        rec.iter()
+            .filter(|(n, _)| *n == 0)
+            .nth(3)
+            .unwrap()
+            .1
+            .bth
+            .ack_req
+    );
 }

@@ -30,6 +30,9 @@ pub struct QpStats {
     pub retries: u64,
     /// Retransmit-timer expiries with packets outstanding.
     pub timeouts: u64,
+    /// Tail-loss probes: go-back-N resends after a short wait without ACK progress (a
+    /// round-trip estimate, well before the local ACK timeout); they consume no retry.
+    pub probes: u64,
     /// Times the requester held a new SEND back because the responder's end-to-end credits
     /// (the receives it advertised in its ACKs) were used up; it goes on when an ACK brings
     /// more.
@@ -356,6 +359,7 @@ impl Qp {
         }
         [
             self.sq.retrans_deadline,
+            self.sq.probe_deadline,
             self.sq.rnr_deadline,
             self.sq.credit_probe_at,
         ]

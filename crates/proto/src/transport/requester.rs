@@ -17,7 +17,7 @@ use softrdma_wire::aeth::{self, NakCode, Syndrome};
 use softrdma_wire::opcode::Opcode;
 use softrdma_wire::{atomic_eth, deth, ieth, immdt, reth, roce};
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Most unacknowledged PSNs the requester lets out (`RXE_MAX_UNACKED_PSNS`).
 pub(super) const WINDOW: u32 = 128;
@@ -25,6 +25,18 @@ pub(super) const WINDOW: u32 = 128;
 pub(super) const MAX_PKT_PER_ACK: u32 = 64;
 /// The largest message (2^31 bytes).
 pub(super) const MAX_MSG: u64 = 1 << 31;
+/// The shortest tail-loss probe interval.
+pub(super) const PROBE_MIN: Duration = Duration::from_micros(50);
+/// The probe interval before any round trip was measured.
+pub(super) const PROBE_INITIAL: Duration = Duration::from_millis(1);
+/// The longest probe interval (short of the local ACK timeout): a round-trip estimate
+/// inflated by a stalled thread, or doubled by probes without answer, still probes this
+/// often (two packets each).
+pub(super) const PROBE_MAX: Duration = Duration::from_millis(10);
+/// Most doublings of the probe interval without progress.
+const PROBE_MAX_BACKOFF: u32 = 5;
+/// The smallest send window a loss shrinks the requester's to, in PSNs.
+pub(super) const CWND_MIN: u32 = 8;
 
 /// What a work request does on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +128,39 @@ pub(super) struct SendQueue {
     /// The `comp_psn` of the last go-back-N restart, to start only one per point.
     retry_mark: Option<Psn>,
     pub(super) retrans_deadline: Option<Instant>,
+    /// Tail-loss probe: when, with packets outstanding and no ACK progress, the requester
+    /// resends from `comp_psn` without waiting for the local ACK timeout (see
+    /// [`Qp::probe_interval`]). Set when a packet goes out, moved on progress.
+    pub(super) probe_deadline: Option<Instant>,
+    /// Probes since the last progress (each doubles the next interval).
+    probes: u32,
+    /// The packets a probe still has to send, by PSN: the first unacknowledged one and the
+    /// last one sent.
+    probe_psns: [Option<Psn>; 2],
+    /// The packet being built is a probe's: it asks for an ACK (and the window does not
+    /// hold it back).
+    probe_ack_req: bool,
+    /// The first PSN a probe sent again, until an ACK moves `comp_psn`: an ACK of exactly
+    /// that PSN, short of `high_psn`, restarts the sending after it (the responder was
+    /// waiting for that packet, and dropped what followed it).
+    probe_sent: Option<Psn>,
+    /// The send window in PSNs ([`CWND_MIN`]..=[`WINDOW`]): halved by each go-back-N
+    /// restart (sequence NAK, missing response), set to [`CWND_MIN`] by a timeout (a probe,
+    /// which may be spurious on a busy host, leaves it),
+    /// grown back as ACKs come (doubling per round trip below `ssthresh`, one PSN per
+    /// window above). Every unacknowledged PSN is resent on a go-back-N restart (a
+    /// responder drops what follows a gap), so a window far beyond the round trip costs a
+    /// window of resends per loss; lossless, it stays at [`WINDOW`].
+    pub(super) cwnd: u32,
+    ssthresh: u32,
+    /// PSNs acknowledged toward the next one-PSN growth above `ssthresh`.
+    cwnd_acc: u32,
+    /// Smoothed round-trip time and its variation (RFC 6298), from ACKs of fresh packets.
+    srtt: Option<Duration>,
+    rttvar: Duration,
+    /// The packet being timed for the next round-trip sample: its last PSN and send time
+    /// (cleared by any go-back-N restart: Karn's rule).
+    rtt_sample: Option<(Psn, Instant)>,
     pub(super) rnr_deadline: Option<Instant>,
     /// The `rwqe_seq` of the last message that consumes a receive request to have started.
     rwqe_started: u32,
@@ -178,6 +223,17 @@ impl SendQueue {
             rnr_left: cfg.rnr_retry,
             retry_mark: None,
             retrans_deadline: None,
+            probe_deadline: None,
+            probes: 0,
+            probe_psns: [None; 2],
+            probe_ack_req: false,
+            probe_sent: None,
+            cwnd: WINDOW,
+            ssthresh: WINDOW,
+            cwnd_acc: 0,
+            srtt: None,
+            rttvar: Duration::ZERO,
+            rtt_sample: None,
             rnr_deadline: None,
             rwqe_started: 0,
             rwqe_retired: 0,
@@ -290,6 +346,8 @@ impl Qp {
         self.sq.offset = 0;
         self.sq.rd_outstanding = 0;
         self.sq.retrans_deadline = None;
+        self.sq.probe_deadline = None;
+        self.sq.probe_psns = [None; 2];
         self.sq.rnr_deadline = None;
     }
 
@@ -319,8 +377,48 @@ impl Qp {
         None
     }
 
-    /// The requester half of [`Qp::poll_transmit`].
+    /// The requester half of [`Qp::poll_transmit`]: a probe's packets first, then the
+    /// next packet at the cursor.
     pub(super) fn requester_transmit(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        env: &mut dyn Env,
+    ) -> Option<Transmit> {
+        while let Some(psn) = self.sq.probe_psns.iter_mut().find_map(Option::take) {
+            if self.error || self.sq.rnr_deadline.is_some() {
+                self.sq.probe_psns = [None; 2];
+                break;
+            }
+            if !self.sq.outstanding()
+                || psn.is_before(self.sq.comp_psn)
+                || !psn.is_before(self.sq.high_psn)
+            {
+                continue;
+            }
+            // Send the packet at `psn` as it was sent, asking for an ACK, and put the cursor
+            // back where it was.
+            let saved = (self.sq.cur, self.sq.offset, self.sq.next_psn, self.sq.noack);
+            self.reposition(psn);
+            let started = self.sq.wqes.get(self.sq.cur).is_some_and(|w| w.started);
+            let t = if started {
+                self.sq.probe_ack_req = true;
+                let t = self.next_request_packet(now, buf, env);
+                self.sq.probe_ack_req = false;
+                t
+            } else {
+                None
+            };
+            (self.sq.cur, self.sq.offset, self.sq.next_psn, self.sq.noack) = saved;
+            if t.is_some() {
+                return t;
+            }
+        }
+        self.next_request_packet(now, buf, env)
+    }
+
+    /// Builds the packet at the cursor and moves the cursor past it.
+    fn next_request_packet(
         &mut self,
         now: Instant,
         buf: &mut [u8],
@@ -335,7 +433,10 @@ impl Qp {
             let mtu = u64::from(self.mtu);
             let idx = self.sq.cur;
             let w = self.sq.wqes.get(idx)?;
-            if rc && self.sq.comp_psn.distance_to(self.sq.next_psn) >= WINDOW {
+            if rc
+                && !self.sq.probe_ack_req
+                && self.sq.comp_psn.distance_to(self.sq.next_psn) >= self.sq.cwnd
+            {
                 return None;
             }
             let offset = self.sq.offset;
@@ -417,7 +518,17 @@ impl Qp {
                 _ => 1,
             };
             let noack = self.sq.noack + 1;
-            let ack_req = rc && (last || noack >= MAX_PKT_PER_ACK);
+            let after = psn.add(consumed);
+            // An ACK is asked for at the end of each message, every MAX_PKT_PER_ACK packets,
+            // and on the last packet the requester can send for now (the window is full, or
+            // it ends a resent tail), so that the ACK that moves the window on comes without
+            // a probe.
+            let ack_req = rc
+                && (last
+                    || self.sq.probe_ack_req
+                    || noack >= MAX_PKT_PER_ACK
+                    || self.sq.comp_psn.distance_to(after) >= self.sq.cwnd
+                    || (self.sq.sent_any && after == self.sq.high_psn));
             let se = w.req.solicited && last;
             let base: u8 = match self.cfg.qp_type {
                 QpType::Rc => 0x00,
@@ -594,6 +705,8 @@ impl Qp {
             self.sq.noack = if ack_req { 0 } else { noack };
             if self.sq.sent_any && psn.is_before(self.sq.high_psn) {
                 self.stats.retransmitted_packets += 1;
+            } else if rc && ack_req && self.sq.rtt_sample.is_none() {
+                self.sq.rtt_sample = Some((psn.add(consumed - 1), now));
             }
             self.sq.next_psn = psn.add(consumed);
             if !self.sq.sent_any || self.sq.next_psn.is_after(self.sq.high_psn) {
@@ -609,6 +722,9 @@ impl Qp {
             if rc {
                 if self.sq.retrans_deadline.is_none() {
                     self.sq.retrans_deadline = local_ack_timeout(self.cfg.timeout).map(|d| now + d);
+                }
+                if self.sq.probe_deadline.is_none() {
+                    self.sq.probe_deadline = self.probe_interval().map(|d| now + d);
                 }
             } else {
                 self.pop_done();
@@ -644,13 +760,58 @@ impl Qp {
         self.sq.next_psn = psn;
     }
 
-    /// Go-back-N: resend from `comp_psn`.
-    fn rewind(&mut self) {
+    /// A loss seen by a go-back-N restart: halves the send window (a timeout: to the least).
+    fn on_loss(&mut self, timeout: bool) {
+        let half = (self.sq.cwnd / 2).max(CWND_MIN);
+        self.sq.ssthresh = half;
+        self.sq.cwnd = if timeout { CWND_MIN } else { half };
+        self.sq.cwnd_acc = 0;
+    }
+
+    /// `acked` more PSNs were acknowledged: grows the send window.
+    fn grow_window(&mut self, acked: u32) {
+        let sq = &mut self.sq;
+        if sq.cwnd < sq.ssthresh {
+            sq.cwnd = (sq.cwnd + acked).min(sq.ssthresh);
+        } else if sq.cwnd < WINDOW {
+            sq.cwnd_acc += acked;
+            if sq.cwnd_acc >= sq.cwnd {
+                sq.cwnd_acc -= sq.cwnd;
+                sq.cwnd += 1;
+            }
+        }
+    }
+
+    /// Go-back-N: resend from `comp_psn`; the local ACK timer restarts with the resend.
+    fn rewind(&mut self, now: Instant) {
+        self.go_back(now);
+        self.sq.retrans_deadline = None;
+        self.stats.retries += 1;
+    }
+
+    /// Puts the cursor back on `comp_psn` and marks the restart.
+    fn go_back(&mut self, _now: Instant) {
         let psn = self.sq.comp_psn;
         self.reposition(psn);
         self.sq.retry_mark = Some(psn);
-        self.sq.retrans_deadline = None;
-        self.stats.retries += 1;
+        self.sq.rtt_sample = None;
+        self.sq.probe_deadline = None;
+        self.sq.probe_psns = [None; 2];
+    }
+
+    /// The interval of the next tail-loss probe: twice the smoothed round trip, or the
+    /// round trip plus four times its variation if more, at least [`PROBE_MIN`]
+    /// ([`PROBE_INITIAL`] before a round trip was measured), doubled for each probe since
+    /// the last progress, at most [`PROBE_MAX`] and never past the local ACK timeout
+    /// (`None` when the QP has no timer, timeout 0, and so no probes either).
+    pub(super) fn probe_interval(&self) -> Option<Duration> {
+        let limit = local_ack_timeout(self.cfg.timeout)?;
+        let base = match self.sq.srtt {
+            Some(s) => (s * 2).max(s + self.sq.rttvar * 4).max(PROBE_MIN),
+            None => PROBE_INITIAL,
+        };
+        let d = base.saturating_mul(1 << self.sq.probes.min(PROBE_MAX_BACKOFF));
+        Some(d.min(PROBE_MAX).min(limit))
     }
 
     /// Starts a retry (timeout, sequence NAK, missing response), consuming `retry_cnt`; when
@@ -658,7 +819,7 @@ impl Qp {
     /// the IBTA spec and hardware have it (only the RNR retry count has an infinite value, 7;
     /// Linux rxe treats a retry_cnt of 7 as infinite too, which makes a dead peer undetectable
     /// for rping and every rdma_cm user, which all pass 7).
-    fn start_retry(&mut self, timeout: bool) {
+    fn start_retry(&mut self, now: Instant, timeout: bool) {
         if !timeout && self.sq.retry_mark == Some(self.sq.comp_psn) {
             return;
         }
@@ -670,21 +831,71 @@ impl Qp {
             return;
         }
         self.sq.retry_left -= 1;
-        self.rewind();
+        self.on_loss(timeout);
+        self.rewind(now);
     }
 
-    fn on_progress(&mut self, now: Instant) {
+    fn on_progress(&mut self, now: Instant, acked: u32) {
+        self.grow_window(acked);
         self.sq.retry_left = self.cfg.retry_cnt;
         self.sq.rnr_left = self.cfg.rnr_retry;
         self.sq.retry_mark = None;
-        self.sq.retrans_deadline = if self.sq.outstanding() {
+        if self
+            .sq
+            .rtt_sample
+            .is_some_and(|(psn, _)| psn.is_before(self.sq.comp_psn))
+        {
+            // Acknowledged by a later ACK than its own: no sample (that ACK's wait is not
+            // a round trip).
+            self.sq.rtt_sample = None;
+        }
+        self.sq.probes = 0;
+        let outstanding = self.sq.outstanding();
+        let probed = self.sq.probe_sent.take();
+        if outstanding && probed.is_some_and(|p| p.next() == self.sq.comp_psn) {
+            // The ACK a probe drew stops short of the last PSN sent: the responder took
+            // what it was waiting for and dropped what followed; send the rest again.
+            self.go_back(now);
+        }
+        self.sq.retrans_deadline = if outstanding {
             local_ack_timeout(self.cfg.timeout).map(|d| now + d)
+        } else {
+            None
+        };
+        self.sq.probe_deadline = if outstanding {
+            self.probe_interval().map(|d| now + d)
         } else {
             None
         };
         if self.sq.next_psn.is_before(self.sq.comp_psn) {
             let psn = self.sq.comp_psn;
             self.reposition(psn);
+        }
+    }
+
+    /// The response to the packet at `psn` came (its own ACK, READ response or ATOMIC
+    /// ACK): a round-trip sample if that packet is being timed.
+    fn rtt_answer(&mut self, now: Instant, psn: Psn) {
+        if let Some((p, sent)) = self.sq.rtt_sample {
+            if p == psn {
+                self.sq.rtt_sample = None;
+                self.rtt_update(now.saturating_duration_since(sent));
+            }
+        }
+    }
+
+    /// Takes a round-trip sample (RFC 6298's smoothing).
+    fn rtt_update(&mut self, r: Duration) {
+        match self.sq.srtt {
+            None => {
+                self.sq.srtt = Some(r);
+                self.sq.rttvar = r / 2;
+            }
+            Some(s) => {
+                let diff = s.abs_diff(r);
+                self.sq.rttvar = (self.sq.rttvar * 3 + diff) / 4;
+                self.sq.srtt = Some((s * 7 + r) / 8);
+            }
         }
     }
 
@@ -723,7 +934,8 @@ impl Qp {
             self.sq.comp_psn = upto;
         }
         if self.sq.comp_psn.is_after(before) {
-            self.on_progress(now);
+            let acked = before.distance_to(self.sq.comp_psn);
+            self.on_progress(now, acked);
         }
         blocked
     }
@@ -750,9 +962,10 @@ impl Qp {
             Opcode::RC_ACKNOWLEDGE => match aeth.syndrome {
                 Syndrome::Ack { credit } => {
                     self.stats.acks_received += 1;
+                    self.rtt_answer(now, psn);
                     let upto = psn.next();
                     if upto.is_after(self.sq.comp_psn) && self.advance(now, upto) {
-                        self.start_retry(false);
+                        self.start_retry(now, false);
                     }
                     self.update_credits(psn, credit);
                 }
@@ -767,7 +980,15 @@ impl Qp {
                     }
                     self.advance(now, psn);
                     if self.sq.rnr_deadline.is_none() {
-                        self.start_retry(false);
+                        let before = self.stats.retries;
+                        self.start_retry(now, false);
+                        if self.stats.retries != before {
+                            // The responder NAKs a gap once: if the first packet of the
+                            // resend is lost too, it drops everything until a probe. That
+                            // packet goes out twice (the copy asks for an ACK; a duplicate
+                            // only draws one).
+                            self.sq.probe_psns = [Some(self.sq.comp_psn), None];
+                        }
                     }
                 }
                 Syndrome::Nak(code) => {
@@ -840,6 +1061,7 @@ impl Qp {
         }
         self.sq.rnr_deadline = Some(now + rnr_timer(timer));
         self.sq.retrans_deadline = None;
+        self.sq.probe_deadline = None;
     }
 
     /// Common checks of a READ response / ATOMIC ACK at `psn`: implicit ACK of what
@@ -851,7 +1073,7 @@ impl Qp {
         }
         let blocked = self.advance(now, psn);
         if blocked || psn != self.sq.comp_psn {
-            self.start_retry(false);
+            self.start_retry(now, false);
             return false;
         }
         true
@@ -861,6 +1083,7 @@ impl Qp {
         if !self.response_in_order(now, psn) {
             return;
         }
+        self.rtt_answer(now, psn);
         let mtu = u64::from(self.mtu);
         let Some(f) = self.sq.wqes.front() else {
             self.stats.malformed += 1;
@@ -885,13 +1108,14 @@ impl Qp {
         if last {
             self.complete_front(WcStatus::Success);
         }
-        self.on_progress(now);
+        self.on_progress(now, 1);
     }
 
     fn on_atomic_ack(&mut self, now: Instant, psn: Psn, orig: u64, env: &mut dyn Env) {
         if !self.response_in_order(now, psn) {
             return;
         }
+        self.rtt_answer(now, psn);
         let Some(f) = self.sq.wqes.front() else {
             self.stats.malformed += 1;
             return;
@@ -909,7 +1133,7 @@ impl Qp {
         }
         self.sq.comp_psn = psn.next();
         self.complete_front(WcStatus::Success);
-        self.on_progress(now);
+        self.on_progress(now, 1);
     }
 
     /// The timer half of [`Qp::handle_timeout`].
@@ -917,15 +1141,45 @@ impl Qp {
         if self.sq.rnr_deadline.is_some_and(|d| d <= now) {
             self.sq.rnr_deadline = None;
             if self.sq.outstanding() {
-                self.rewind();
+                self.rewind(now);
             }
         }
         if self.sq.retrans_deadline.is_some_and(|d| d <= now) {
             self.sq.retrans_deadline = None;
             if self.sq.outstanding() {
                 self.stats.timeouts += 1;
-                self.start_retry(true);
+                self.start_retry(now, true);
+                return;
             }
         }
+        if self.sq.probe_deadline.is_some_and(|d| d <= now) {
+            self.sq.probe_deadline = None;
+            if self.sq.outstanding() && self.sq.rnr_deadline.is_none() && !self.error {
+                self.probe(now);
+            }
+        }
+    }
+
+    /// Tail-loss probe: no ACK moved `comp_psn` for a probe interval while packets are
+    /// outstanding, so the last of them, or the ACK of them, or the NAK of a gap among them
+    /// was lost (a responder NAKs a gap once, then drops what follows until the missing PSN
+    /// arrives). Sends two packets again, each asking for an ACK: the first unacknowledged
+    /// one and the last one sent. Whatever the responder lacks, one of them gets an answer:
+    /// the first is the PSN a responder that lost it waits for (and its ACK, or the ACK a
+    /// duplicate gets, moves `comp_psn`); the last completes a lost tail, or draws the NAK
+    /// of a gap before it (a go-back-N from there, as any sequence NAK). The cursor and the
+    /// local ACK timer are left alone and `retry_cnt` is not consumed: a probe is no retry
+    /// in the IBTA sense (a requester may resend what is unacknowledged; a responder
+    /// answers duplicates with ACKs), so a dead peer still gets RETRY_EXC_ERR after exactly
+    /// `retry_cnt` + 1 local ACK timeouts.
+    fn probe(&mut self, now: Instant) {
+        self.stats.probes += 1;
+        self.sq.probes = self.sq.probes.saturating_add(1);
+        self.sq.probe_sent = Some(self.sq.comp_psn);
+        self.sq.rtt_sample = None;
+        let first = self.sq.comp_psn;
+        let last = self.sq.high_psn.sub(1);
+        self.sq.probe_psns = [Some(first), (last != first).then_some(last)];
+        self.sq.probe_deadline = self.probe_interval().map(|d| now + d);
     }
 }

@@ -410,7 +410,13 @@ fn timeout_and_rnr_timers() {
     qp.post_send(send(1, SendOp::Send, 10)).unwrap();
     assert_eq!(drain(&mut qp, &mut env, t0).len(), 1);
     let rto = crate::timer::local_ack_timeout(14).unwrap();
-    assert_eq!(qp.poll_timeout(), Some(t0 + rto));
+    // The tail-loss probe comes first (no round trip measured yet), the local ACK timeout
+    // after it.
+    assert_eq!(
+        qp.poll_timeout(),
+        Some(t0 + super::requester::PROBE_INITIAL)
+    );
+    assert_eq!(qp.sq.retrans_deadline, Some(t0 + rto));
     // RNR NAK: the retransmit timer stops, the RNR timer (code 5 = 60 µs) runs.
     qp.handle_packet(t0, &ack(0, Syndrome::RnrNak { timer: 5 }), &META, &mut env);
     assert_eq!(qp.poll_timeout(), Some(t0 + Duration::from_micros(60)));

@@ -254,6 +254,13 @@ pub struct Sim {
     buf: Vec<u8>,
     /// Every emitted packet (opcode, psn) per node, when recording.
     pub record: Option<Vec<(usize, roce::Repr)>>,
+    /// Link serialization time per byte, in picoseconds (0: infinitely fast links): a
+    /// packet leaves once the link toward its destination is free and takes its length
+    /// times this, lost or not, before its delay starts.
+    pub link_ps_per_byte: u64,
+    link_free: [Duration; 2],
+    /// Packets to lose, by their number among all emitted packets (from 0, both nodes).
+    pub drop_packets: Vec<u64>,
 }
 
 pub fn config(
@@ -323,6 +330,9 @@ impl Sim {
             corrupted_drops: 0,
             buf: vec![0u8; 4096 + 128],
             record: None,
+            link_ps_per_byte: 0,
+            link_free: [Duration::ZERO; 2],
+            drop_packets: Vec::new(),
         }
     }
 
@@ -332,6 +342,12 @@ impl Sim {
 
     fn schedule(&mut self, to: usize, pkt: Vec<u8>) {
         let net = self.net;
+        let mut sent = self.now - self.base;
+        if self.link_ps_per_byte != 0 {
+            let wire = Duration::from_nanos(pkt.len() as u64 * self.link_ps_per_byte / 1000);
+            sent = sent.max(self.link_free[to]) + wire;
+            self.link_free[to] = sent;
+        }
         if net.blackhole || self.rng.chance(net.loss) {
             return;
         }
@@ -349,7 +365,7 @@ impl Sim {
                 let i = self.rng.below(p.len() as u64) as usize;
                 p[i] ^= 1 << self.rng.below(8);
             }
-            let at = self.now - self.base + delay;
+            let at = sent + delay;
             self.seq += 1;
             self.inflight.push(Reverse((at, self.seq, to, icrc, p)));
         }
@@ -381,8 +397,12 @@ impl Sim {
                 if let Some(r) = &mut self.record {
                     r.push((i, repr));
                 }
+                let number = self.packets;
                 self.packets += 1;
                 self.hash = fnv(self.hash, &pkt);
+                if self.drop_packets.contains(&number) {
+                    continue;
+                }
                 self.schedule(1 - i, pkt);
             }
             let node = &mut self.nodes[i];
