@@ -13,9 +13,7 @@
 #
 # Environment: REPS (3), N (bench: 2000 messages), SOAK_N (1000000), SIZE (bench 65536, soak
 # 1024), LIMIT (seconds one run may take, 300), ADDR_C / ADDR_S (the two devices' addresses,
-# 127.77.0.1 / 127.77.0.2), CORRUPT (1; 0: no corruption in the mix: an IPv4 packet whose ICRC
-# fails is accepted when an IP identification makes it match, a 16-bit check that a 0x5a flip
-# at one offset of a 1 KiB SEND passes every time, see BENCHMARKS.md).
+# 127.77.0.1 / 127.77.0.2), CORRUPT (1; 0: no corruption in the mix).
 set -u
 cd "$(dirname "$0")/.."
 cargo build --release -p softrdma-cli >&2 || exit 1
