@@ -76,37 +76,6 @@ fn have_fabric() -> bool {
     have("/usr/bin/fi_pingpong", "libfabric-bin")
 }
 
-/// Whether some socket listens on TCP `port` (from /proc/net/tcp{,6}, without connecting).
-fn tcp_listening(port: u16) -> bool {
-    let want = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let mut w = l.split_whitespace();
-                let local = w.nth(1).unwrap_or("");
-                let state = w.nth(1).unwrap_or("");
-                local.ends_with(&want) && state == "0A"
-            })
-        })
-    })
-}
-
-/// Runs `server`, waits until it listens on TCP `port`, runs `client`; checks both exit
-/// with status 0 and returns the client's stdout.
-fn server_client(server: Command, client: Command, port: u16) -> String {
-    let server = std::thread::spawn(move || run_bounded(server, LIMIT));
-    while !tcp_listening(port) && !server.is_finished() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let (cst, cout, cerr) = run_bounded(client, LIMIT);
-    let (sst, sout, serr) = server.join().expect("server thread");
-    let report =
-        format!("--- client ({cst:?}):\n{cout}\n{cerr}\n--- server ({sst:?}):\n{sout}\n{serr}");
-    assert!(cst.is_some_and(|s| s.success()), "client failed:\n{report}");
-    assert!(sst.is_some_and(|s| s.success()), "server failed:\n{report}");
-    cout
-}
-
 /// Run as `sh -c SCRIPT sh OLD NAMES PROG ARGS...` in a new user and mount namespace: moves
 /// the real `/dev` to the empty directory `OLD`, makes `/dev` a tmpfs of links to its
 /// entries plus `infiniband/uverbs_<name>` links to `/dev/null` for each of `NAMES`, then
@@ -204,7 +173,7 @@ fn ucx_perftest(tls: &str, args: &[&str]) {
     let mut cargs = vec!["127.0.0.1", "-p", &port];
     cargs.extend_from_slice(args);
     let (client, _cdir) = side(&cargs);
-    let out = server_client(server, client, port.parse().unwrap());
+    let out = server_client(server, client, port.parse().unwrap(), LIMIT);
     assert!(out.contains("Final:"), "{tls} {args:?}: no result:\n{out}");
 }
 
@@ -301,7 +270,7 @@ fn fi_pingpong(provider: &str, ep: &str, size: &str, row: &str) {
     server.args(["-B", &port]);
     let mut client = side(unique_addr());
     client.args(["-P", &port, "127.0.0.1"]);
-    let out = server_client(server, client, port.parse().unwrap());
+    let out = server_client(server, client, port.parse().unwrap(), LIMIT);
     assert!(out.contains("#sent"), "{out}");
     assert!(out.lines().any(|l| l.starts_with(row)), "{out}");
 }

@@ -34,23 +34,6 @@ fn have_perftest() -> bool {
     ok
 }
 
-/// Whether some socket listens on TCP `port` (any address), from /proc/net/tcp{,6}: the
-/// server is ready for its client without a probe connection, which it would take for the
-/// client's.
-fn tcp_listening(port: u16) -> bool {
-    let want = format!(":{port:04X}");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let mut w = l.split_whitespace();
-                let local = w.nth(1).unwrap_or("");
-                let state = w.nth(1).unwrap_or("");
-                local.ends_with(&want) && state == "0A"
-            })
-        })
-    })
-}
-
 /// A perftest command on the device of `addr`, with both devices of the pair listed.
 fn perftest_cmd(
     prog: &str,
@@ -69,22 +52,6 @@ fn perftest_cmd(
     c
 }
 
-/// Runs `server`, waits until it listens on TCP `port`, runs `client`; checks both exit
-/// with status 0 and returns the client's stdout.
-fn server_client(server: Command, client: Command, port: u16) -> String {
-    let server = std::thread::spawn(move || run_bounded(server, LIMIT));
-    while !tcp_listening(port) && !server.is_finished() {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let (cst, cout, cerr) = run_bounded(client, LIMIT);
-    let (sst, sout, serr) = server.join().expect("server thread");
-    let report =
-        format!("--- client ({cst:?}):\n{cout}\n{cerr}\n--- server ({sst:?}):\n{sout}\n{serr}");
-    assert!(cst.is_some_and(|s| s.success()), "client failed:\n{report}");
-    assert!(sst.is_some_and(|s| s.success()), "server failed:\n{report}");
-    cout
-}
-
 /// Runs perftest's `prog` as server and client with `args` on two devices of their own;
 /// returns the client's stdout, which must hold a result table.
 fn run_pair(prog: &str, args: &[&str]) -> String {
@@ -95,7 +62,7 @@ fn run_pair(prog: &str, args: &[&str]) -> String {
     let server = perftest_cmd(prog, srv, &devices, port, args);
     let mut client = perftest_cmd(prog, cli, &devices, port, args);
     client.arg(srv.to_string());
-    let out = server_client(server, client, port);
+    let out = server_client(server, client, port, LIMIT);
     assert!(
         out.contains("#bytes") && !rows(&out).is_empty(),
         "{prog} {args:?}: no result table:\n{out}"
@@ -246,7 +213,7 @@ fn ibv_rc_pingpong_new_send() {
     };
     let mut client = cmd(cli);
     client.arg(srv.to_string());
-    let out = server_client(cmd(srv), client, port);
+    let out = server_client(cmd(srv), client, port, LIMIT);
     assert!(out.contains("200 iters in"), "{out}");
 }
 

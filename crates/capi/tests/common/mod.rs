@@ -182,3 +182,39 @@ pub fn free_tcp_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Whether something listens on TCP `port` (any address, IPv4 or IPv6), from /proc/net.
+pub fn tcp_listening(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let mut w = l.split_whitespace();
+                let local = w.nth(1).unwrap_or("");
+                let state = w.nth(1).unwrap_or("");
+                local.ends_with(&want) && state == "0A"
+            })
+        })
+    })
+}
+
+/// Runs `server`, waits until it listens on TCP `port`, runs `client` (each bounded by
+/// `limit`); checks both exit with status 0 and returns the client's stdout.
+pub fn server_client(
+    server: Command,
+    client: Command,
+    port: u16,
+    limit: std::time::Duration,
+) -> String {
+    let server = std::thread::spawn(move || run_bounded(server, limit));
+    while !tcp_listening(port) && !server.is_finished() {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (cst, cout, cerr) = run_bounded(client, limit);
+    let (sst, sout, serr) = server.join().expect("server thread");
+    let report =
+        format!("--- client ({cst:?}):\n{cout}\n{cerr}\n--- server ({sst:?}):\n{sout}\n{serr}");
+    assert!(cst.is_some_and(|s| s.success()), "client failed:\n{report}");
+    assert!(sst.is_some_and(|s| s.success()), "server failed:\n{report}");
+    cout
+}
