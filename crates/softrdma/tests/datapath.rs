@@ -602,8 +602,10 @@ fn rc_sender_ahead_of_the_receives_waits_for_credits_instead_of_rnr_storms() {
     // (An RNR NAK sent for a copy of a probe the sender has since completed may still be
     // on its way when the counters are read.)
     assert!(ca.rnr_naks_received <= cb.rnr_naks_sent, "{ca:?} {cb:?}");
+    // A tail-loss probe (2 packets) may fire when an ACK is late on a busy host: those are
+    // counted as probes, not as the RNR storm this test is about.
     assert!(
-        ca.retransmitted_packets <= ca.rnr_naks_received,
+        ca.retransmitted_packets <= ca.rnr_naks_received + 2 * ca.probes,
         "an RNR NAK made the sender resend more than the one message: {ca:?}"
     );
 }
