@@ -602,12 +602,17 @@ fn rc_sender_ahead_of_the_receives_waits_for_credits_instead_of_rnr_storms() {
     // (An RNR NAK sent for a copy of a probe the sender has since completed may still be
     // on its way when the counters are read.)
     assert!(ca.rnr_naks_received <= cb.rnr_naks_sent, "{ca:?} {cb:?}");
-    // A tail-loss probe (2 packets) may fire when an ACK is late on a busy host: those are
-    // counted as probes, not as the RNR storm this test is about.
-    assert!(
-        ca.retransmitted_packets <= ca.rnr_naks_received + 2 * ca.probes,
-        "an RNR NAK made the sender resend more than the one message: {ca:?}"
-    );
+    // Few RNR NAKs at all (a storm sends one per message sent ahead of the receives).
+    assert!(cb.rnr_naks_sent <= 4, "{ca:?} {cb:?}");
+    // On a busy host an ACK can be late enough for a tail-loss probe, whose ACK then restarts
+    // the tail (resends counted with the probe, not as retries): the exact bound holds only
+    // when no probe fired.
+    if ca.probes == 0 {
+        assert!(
+            ca.retransmitted_packets <= ca.rnr_naks_received,
+            "an RNR NAK made the sender resend more than the one message: {ca:?}"
+        );
+    }
 }
 
 /// A receiver that polls its CQ gets the SEND in its own thread, and the ACK of it is held
