@@ -152,20 +152,25 @@ pub unsafe extern "C" fn post_send(
     })
 }
 
-/// Translates and posts a C receive list with `post`.
+/// Translates and posts a C receive list with `post`, the posting function of the QP or SRQ
+/// the list is for; `None` (a NULL QP or SRQ) fails the whole list with EINVAL.
 ///
 /// # Safety
 /// `wr` must be a valid list.
 unsafe fn post_recv_list(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
-    post: impl Fn(&[RecvWr<'_>]) -> Result<(), softrdma::PostError>,
+    post: Option<impl Fn(&[RecvWr<'_>]) -> Result<(), softrdma::PostError>>,
 ) -> c_int {
     let set_bad = |p: *mut ibv_recv_wr| {
         if !bad_wr.is_null() {
             // SAFETY: bad_wr is the caller's out pointer.
             unsafe { *bad_wr = p };
         }
+    };
+    let Some(post) = post else {
+        set_bad(wr);
+        return EINVAL;
     };
     let mut arr: [RecvWr<'_>; CHUNK] = [RecvWr::default(); CHUNK];
     let mut ptrs: [*mut ibv_recv_wr; CHUNK] = [std::ptr::null_mut(); CHUNK];
@@ -215,15 +220,9 @@ pub unsafe extern "C" fn post_recv(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: qp is NULL or a QP of this library.
-        let Some(q) = (unsafe { super::objects::wrapper::<_, CQp>(qp) }) else {
-            if !bad_wr.is_null() {
-                // SAFETY: out pointer.
-                unsafe { *bad_wr = wr };
-            }
-            return EINVAL;
-        };
+        let q = unsafe { super::objects::wrapper::<_, CQp>(qp) };
         // SAFETY: the caller's list.
-        unsafe { post_recv_list(wr, bad_wr, |w| q.qp.post_recv(w)) }
+        unsafe { post_recv_list(wr, bad_wr, q.map(|q| |w: &[RecvWr<'_>]| q.qp.post_recv(w))) }
     })
 }
 
@@ -235,15 +234,15 @@ pub unsafe extern "C" fn post_srq_recv(
 ) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: srq is NULL or an SRQ of this library.
-        let Some(s) = (unsafe { super::objects::wrapper::<_, CSrq>(srq) }) else {
-            if !bad_wr.is_null() {
-                // SAFETY: out pointer.
-                unsafe { *bad_wr = wr };
-            }
-            return EINVAL;
-        };
+        let s = unsafe { super::objects::wrapper::<_, CSrq>(srq) };
         // SAFETY: the caller's list.
-        unsafe { post_recv_list(wr, bad_wr, |w| s.srq.post_srq_recv(w)) }
+        unsafe {
+            post_recv_list(
+                wr,
+                bad_wr,
+                s.map(|s| |w: &[RecvWr<'_>]| s.srq.post_srq_recv(w)),
+            )
+        }
     })
 }
 
