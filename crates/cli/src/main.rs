@@ -503,15 +503,16 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
             .map(|p| {
                 if args.lat {
                     format!(
-                        "{{\"size\":{},\"lat_us_p50\":{:.3},\"lat_us_p99\":{:.3}}}",
+                        "{{\"size\":{},\"lat_us_p50\":{:.3},\"lat_us_p99\":{:.3},\"preemptions\":{}}}",
                         p.size,
                         perf::quantile(&p.lat_us, 0.5),
-                        perf::quantile(&p.lat_us, 0.99)
+                        perf::quantile(&p.lat_us, 0.99),
+                        p.preemptions
                     )
                 } else {
                     format!(
-                        "{{\"size\":{},\"bw_gbps\":{:.4},\"msg_rate_mps\":{:.4}}}",
-                        p.size, p.bw_gbps, p.msg_rate_mps
+                        "{{\"size\":{},\"bw_gbps\":{:.4},\"msg_rate_mps\":{:.4},\"preemptions\":{}}}",
+                        p.size, p.bw_gbps, p.msg_rate_mps, p.preemptions
                     )
                 }
             })

@@ -116,6 +116,22 @@ pub struct Point {
     pub msg_rate_mps: f64,
     /// One-way latencies in microseconds, sorted.
     pub lat_us: Vec<f64>,
+    /// Times this process's threads were preempted (involuntary context switches) while
+    /// the point was measured: a busy-polling benchmark that was preempted often measured
+    /// the machine's load, not softrdma.
+    pub preemptions: u64,
+}
+
+/// Involuntary context switches of this process so far (`getrusage`'s `ru_nivcsw`).
+pub fn preemptions() -> u64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut ru) != 0 {
+            return 0;
+        }
+        ru.ru_nivcsw as u64
+    }
 }
 
 /// The counters of one side at the end of a run.
@@ -230,6 +246,8 @@ impl Target {
 struct End {
     ctx: Arc<Context>,
     _pd: Arc<Pd>,
+    /// The CQ's completion channel (non-blocking), on which an idle SEND server sleeps.
+    channel: CompChannel,
     cq: Arc<Cq>,
     qp: Arc<Qp>,
     buf: Arc<Buffer>,
@@ -249,7 +267,9 @@ impl End {
             .verbs()
             .ok_or_else(|| Error::invalid("the id is not bound to a device"))?;
         let pd = Arc::new(ctx.alloc_pd()?);
-        let cq = Arc::new(ctx.create_cq((depth + recv_depth) * 2, 0, None, 0)?);
+        let channel = ctx.create_comp_channel()?;
+        channel.set_nonblocking(true)?;
+        let cq = Arc::new(ctx.create_cq((depth + recv_depth) * 2, 0, Some(&channel), 0)?);
         let mut cap = QpCap {
             max_send_wr: depth,
             max_recv_wr: recv_depth,
@@ -263,6 +283,7 @@ impl End {
         Ok(End {
             ctx,
             _pd: pd,
+            channel,
             cq,
             qp,
             buf,
@@ -466,6 +487,7 @@ fn serve_sends(
     let mut wc = [WorkCompletion::default(); 64];
     let mut got = 0u64;
     let mut expected = Vec::new();
+    let mut idle = Idle::new(req.lat);
     loop {
         if stop.load(Ordering::Relaxed) {
             let Some(v) = &verify else { break };
@@ -519,10 +541,80 @@ fn serve_sends(
             }
         }
         if n == 0 {
-            std::hint::spin_loop();
+            idle.wait(end)?;
+        } else {
+            idle.busy();
         }
     }
     Ok(got)
+}
+
+/// How the SEND server waits when its CQ is empty: it busy-polls for [`Idle::SPIN`], then
+/// arms the CQ and sleeps on its completion channel until a completion comes (or 10 ms pass,
+/// to look at the stop flag). A thread that only spins is at the mercy of the scheduler on a
+/// machine with fewer free cores than running threads: preempted, it leaves its receive queue
+/// empty for a whole time slice (the client then waits for credits and the message rate
+/// collapses); a thread that sleeps is woken at once when its completion comes.
+struct Idle {
+    /// Latency tests spin only: a sleep would add the wake-up to every round trip.
+    spin_only: bool,
+    /// Since when the polls found nothing.
+    since: Option<Instant>,
+    /// Whether the CQ was armed after the last poll that found something.
+    armed: bool,
+}
+
+impl Idle {
+    /// Busy polling this long with nothing to do before sleeping.
+    const SPIN: Duration = Duration::from_micros(50);
+
+    fn new(spin_only: bool) -> Idle {
+        Idle {
+            spin_only,
+            since: None,
+            armed: false,
+        }
+    }
+
+    /// A poll found completions.
+    fn busy(&mut self) {
+        self.since = None;
+        self.armed = false;
+    }
+
+    /// A poll found none: spin on, or arm the CQ (the caller polls once more, so a
+    /// completion that came before the arming is not slept through), or, armed, sleep.
+    fn wait(&mut self, end: &End) -> Result<()> {
+        if self.spin_only {
+            std::hint::spin_loop();
+            return Ok(());
+        }
+        let now = Instant::now();
+        let since = *self.since.get_or_insert(now);
+        if now.duration_since(since) < Self::SPIN {
+            std::hint::spin_loop();
+            return Ok(());
+        }
+        if !self.armed {
+            end.cq.req_notify_cq(false)?;
+            self.armed = true;
+            return Ok(());
+        }
+        let mut pfd = libc::pollfd {
+            fd: end.channel.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut pfd, 1, 10) };
+        let mut events = 0;
+        while end.channel.get_cq_event().is_ok() {
+            events += 1;
+        }
+        end.cq.ack_cq_events(events);
+        self.busy();
+        Ok(())
+    }
 }
 
 /// The receiver's side of `--verify`.
@@ -803,6 +895,7 @@ fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point>
     let depth = args.tx_depth as u64;
     let cq_mod = (depth / 4).max(1);
     let inline = size as u32 <= args.inline && matches!(op, Op::Write | Op::Send);
+    let preempted0 = preemptions();
     let t0 = Instant::now();
     let deadline = args.duration.map(|d| t0 + d);
     let mut posted = 0u64;
@@ -812,6 +905,7 @@ fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point>
     let mut limit = if deadline.is_some() { u64::MAX } else { iters };
     let mut progress = Progress::new();
     let mut rounds = 0u32;
+    let mut idle = Idle::new(false);
     while completed < limit {
         rounds = rounds.wrapping_add(1);
         if rounds % 1024 == 0 {
@@ -825,6 +919,7 @@ fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point>
                 )
             });
         }
+        let posted_before = posted;
         while posted < limit && posted - completed < depth {
             let sge = if args.verify {
                 // A slot per outstanding message: slot posted % depth was last used by
@@ -875,6 +970,12 @@ fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point>
             // Each signaled completion stands for every request since the previous one.
             completed = w.wr_id + 1;
         }
+        if n == 0 && posted == posted_before {
+            idle.wait(c)?;
+        } else {
+            idle.busy();
+        }
+
         if let Some(d) = deadline {
             if limit == u64::MAX && Instant::now() >= d {
                 limit = posted;
@@ -891,10 +992,12 @@ fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point>
         bw_gbps: (n as f64 * size as f64) / secs / 1e9,
         msg_rate_mps: n as f64 / secs / 1e6,
         lat_us: Vec::new(),
+        preemptions: preemptions() - preempted0,
     })
 }
 
 fn latency(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point> {
+    let preempted0 = preemptions();
     // With a duration, round trips go on until the deadline however many that is.
     let deadline = args.duration.map(|d| Instant::now() + d);
     let iters = match (deadline, args.iters) {
@@ -1002,6 +1105,7 @@ fn latency(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point> {
         bw_gbps: 0.0,
         msg_rate_mps: 0.0,
         lat_us: samples,
+        preemptions: preemptions() - preempted0,
     })
 }
 

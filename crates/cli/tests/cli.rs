@@ -100,6 +100,11 @@ fn perf_write_local_prints_the_table_counters_and_json() {
     assert_eq!(json_field(json, "iters"), "300");
     assert!(json_field(json, "bw_gbps").parse::<f64>().unwrap() > 0.0);
     assert!(json_field(json, "msg_rate_mps").parse::<f64>().unwrap() > 0.0);
+    // How often the run was preempted (what scripts/spread.sh reports for slow runs).
+    assert!(
+        json_field(json, "preemptions").parse::<u64>().is_ok(),
+        "{json}"
+    );
 }
 
 #[test]
