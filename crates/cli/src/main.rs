@@ -64,6 +64,10 @@ enum Command {
         /// Outstanding work requests.
         #[arg(short = 't', long, default_value_t = 128)]
         tx_depth: usize,
+        /// QPs measured at once (perftest's -q): that many connections, each driven by a
+        /// thread of its own; the table shows their aggregate (bandwidth tests only).
+        #[arg(short = 'q', long = "qps", default_value_t = 1, value_name = "N")]
+        qps: usize,
         /// Address of the client device.
         #[arg(long, default_value = "127.0.0.1")]
         client_addr: std::net::IpAddr,
@@ -216,6 +220,7 @@ fn main() -> ExitCode {
             inline,
             mtu,
             tx_depth,
+            qps,
             client_addr,
             server_addr,
             server,
@@ -258,8 +263,20 @@ fn main() -> ExitCode {
                      (no --server, --connect or --lat)",
                 ));
             }
+            if qps == 0 || qps > perf::MAX_QPS {
+                return Err(softrdma::Error::invalid(format!(
+                    "-q {qps}: from 1 to {} QPs",
+                    perf::MAX_QPS
+                )));
+            }
+            if qps > 1 && lat {
+                return Err(softrdma::Error::invalid(
+                    "latency tests use one QP (as perftest's): leave out -q or --lat",
+                ));
+            }
             let args = perf::PerfArgs {
                 op,
+                qps,
                 sizes,
                 iters: iters.unwrap_or(0),
                 duration: duration.map(std::time::Duration::from_secs_f64),
@@ -426,8 +443,8 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
         args.mtu.bytes()
     );
     println!(
-        " TX depth       : {}   Inline: {}",
-        args.tx_depth, args.inline
+        " TX depth       : {}   Inline: {}   QPs: {}",
+        args.tx_depth, args.inline, args.qps
     );
     println!("{}", "-".repeat(88));
     if args.lat {
@@ -477,6 +494,7 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
         let mut items = vec![
             format!("\"op\":\"{}\"", args.op.name()),
             format!("\"mode\":\"{mode}\""),
+            format!("\"qps\":{}", args.qps),
             format!("\"size\":{}", last.size),
             format!("\"iters\":{}", last.iters),
             format!("\"secs\":{:.4}", last.secs),
@@ -567,7 +585,12 @@ fn outcome_sides_json(sides: &[perf::SideCounters]) -> Vec<String> {
 /// The device and QP counters of one side, at the end of `perf`.
 fn print_counters(side: &perf::SideCounters) {
     print_device_counters(side.who, side.addr, &side.device);
-    print_qp_counters(side.who, &side.qp);
+    let label = if side.qps > 1 {
+        format!("{} QPs ({}, summed)", side.who, side.qps)
+    } else {
+        format!("{} QP", side.who)
+    };
+    print_qp_counters(&label, &side.qp);
 }
 
 fn print_device_counters(who: &str, addr: std::net::IpAddr, d: &softrdma::DeviceCounters) {
@@ -577,9 +600,10 @@ fn print_device_counters(who: &str, addr: std::net::IpAddr, d: &softrdma::Device
     );
 }
 
-fn print_qp_counters(who: &str, q: &softrdma::QpCounters) {
+/// One line of QP counters, after `label` ("client QP", ...).
+fn print_qp_counters(label: &str, q: &softrdma::QpCounters) {
     println!(
-        " {who} QP: tx {} pkts / {} B, rx {} pkts / {} B, retransmitted {} (retries {}, timeouts {}, probes {}), duplicates {}, \
+        " {label}: tx {} pkts / {} B, rx {} pkts / {} B, retransmitted {} (retries {}, timeouts {}, probes {}), duplicates {}, \
          RNR NAKs {}/{}, sequence NAKs {}/{}, error NAKs {}/{} (sent/received), waits for credits {}",
         q.tx_packets, q.tx_bytes, q.rx_packets, q.rx_bytes, q.retransmitted_packets, q.retries, q.timeouts, q.probes, q.duplicates,
         q.rnr_naks_sent, q.rnr_naks_received, q.seq_naks_sent, q.seq_naks_received, q.err_naks_sent, q.err_naks_received,
@@ -602,12 +626,14 @@ fn run_perf_server(args: &perf::PerfArgs, addr: std::net::IpAddr) -> softrdma::R
         },
         |peer, req| {
             println!(
-                "client {peer}: {} {}, messages up to {} B, {} outstanding, inline {}",
+                "client {peer}: {} {}, messages up to {} B, {} outstanding, inline {}, {} QP{}",
                 req.op.name(),
                 if req.lat { "latency" } else { "bandwidth" },
                 req.max_size,
                 req.tx_depth,
-                req.inline
+                req.inline,
+                req.qps,
+                if req.qps == 1 { "" } else { "s" }
             );
             let _ = std::io::stdout().flush();
         },
@@ -643,7 +669,7 @@ fn run_ping(args: &ping::PingArgs) -> Result<(), String> {
         print_device_counters(who, *addr, d);
     }
     for q in &out.qps {
-        print_qp_counters(who, q);
+        print_qp_counters(&format!("{who} QP"), q);
     }
     Ok(())
 }

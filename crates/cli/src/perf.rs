@@ -7,7 +7,9 @@
 //! The client decides everything; the server follows. The client's connection request
 //! carries 24 bytes of private data (big-endian): `"SRPF"`, version 1, the operation (0 write,
 //! 1 read, 2 send, 3 atomic), flags (bit 0: latency test), 0, the largest message size (u32),
-//! the outstanding work requests (u32), the inline size (u32), 0 (u32). The server creates its
+//! the outstanding work requests (u32), the inline size (u32), the number of QPs (u32; 0 means 1).
+//! With `-q N` the client makes N such connections, one after the other, all with the same
+//! request, and the server accepts that many. For each, the server creates its
 //! QP (that many work requests, that inline size) and a buffer of that size, registered for
 //! remote write, read and atomics, posts max(512, work requests) receives for SEND tests (perftest's rx_depth),
 //! and accepts with 24 bytes of private data: `"SRPF"`, version 1, 0, 0, 0, the buffer's
@@ -89,6 +91,8 @@ pub enum Mode {
 #[derive(Debug, Clone)]
 pub struct PerfArgs {
     pub op: Op,
+    /// QPs (connections) measured at once, each driven by its own thread (perftest's `-q`).
+    pub qps: usize,
     pub sizes: Vec<usize>,
     pub iters: u64,
     pub duration: Option<Duration>,
@@ -142,7 +146,22 @@ pub struct SideCounters {
     /// The device's address.
     pub addr: IpAddr,
     pub device: DeviceCounters,
+    /// The QP's counters; with several QPs, their sums.
     pub qp: QpCounters,
+    /// How many QPs `qp` sums.
+    pub qps: usize,
+}
+
+impl SideCounters {
+    /// The counters of one side with several QPs: the device's, and the QPs' summed.
+    fn of(who: &'static str, ends: &[End]) -> SideCounters {
+        let mut side = ends[0].counters(who);
+        for e in &ends[1..] {
+            side.qp += e.qp.counters();
+        }
+        side.qps = ends.len();
+        side
+    }
 }
 
 /// What a run measured.
@@ -158,6 +177,8 @@ const VERSION: u8 = 1;
 const MSG_LEN: usize = 24;
 /// The most outstanding work requests a server agrees to.
 const MAX_DEPTH: u32 = 16384;
+/// The most QPs of one test.
+pub const MAX_QPS: usize = 256;
 
 /// Receives the server of a SEND test keeps posted (perftest's default rx_depth), unless the
 /// client's send depth is larger: a receiver that reposts as fast as it consumes then never
@@ -172,6 +193,8 @@ pub struct Request {
     pub max_size: u32,
     pub tx_depth: u32,
     pub inline: u32,
+    /// Connections (QPs) the client makes for the test.
+    pub qps: u32,
 }
 
 impl Request {
@@ -182,7 +205,7 @@ impl Request {
         b.extend_from_slice(&self.max_size.to_be_bytes());
         b.extend_from_slice(&self.tx_depth.to_be_bytes());
         b.extend_from_slice(&self.inline.to_be_bytes());
-        b.extend_from_slice(&0u32.to_be_bytes());
+        b.extend_from_slice(&self.qps.to_be_bytes());
         b
     }
 
@@ -201,7 +224,14 @@ impl Request {
             max_size: u32_at(8),
             tx_depth: u32_at(12),
             inline: u32_at(16),
+            qps: u32_at(20).max(1),
         };
+        if r.qps as usize > MAX_QPS {
+            return Err(Error::invalid(format!(
+                "the client asked for {} QPs (at most {MAX_QPS})",
+                r.qps
+            )));
+        }
         if r.max_size > 1 << 30 || r.tx_depth == 0 || r.tx_depth > MAX_DEPTH {
             return Err(Error::invalid(format!(
                 "the client asked for {} bytes and {} work requests (at most 1 GiB and {MAX_DEPTH})",
@@ -326,6 +356,7 @@ impl End {
             addr: self.ctx.device().addr(),
             device: self.ctx.counters(),
             qp: self.qp.counters(),
+            qps: 1,
         }
     }
 }
@@ -341,8 +372,9 @@ fn conn_param(private_data: Vec<u8>) -> ConnParam {
     }
 }
 
-/// A synchronous listener on `addr:port` (port 0: an ephemeral one).
-fn listen(addr: IpAddr, port: u16) -> Result<CmId> {
+/// A synchronous listener on `addr:port` (port 0: an ephemeral one) for `backlog`
+/// connection requests.
+fn listen(addr: IpAddr, port: u16, backlog: usize) -> Result<CmId> {
     let l = CmId::create(None, 0, PortSpace::Tcp)?;
     l.bind_addr(SocketAddr::new(addr, port)).map_err(|e| {
         Error::new(
@@ -354,7 +386,7 @@ fn listen(addr: IpAddr, port: u16) -> Result<CmId> {
             ),
         )
     })?;
-    l.listen(1)?;
+    l.listen(backlog.clamp(1, MAX_QPS) as i32)?;
     Ok(l)
 }
 
@@ -404,6 +436,24 @@ fn accept_one(listener: &CmId, verify: bool) -> Result<(End, Request)> {
     }
 }
 
+/// Accepts the connections of one test: the first valid request says how many (its `qps`);
+/// the others must ask for the same test.
+fn accept_all(listener: &CmId, verify: bool) -> Result<(Vec<End>, Request)> {
+    let (first, req) = accept_one(listener, verify)?;
+    let mut ends = vec![first];
+    while ends.len() < req.qps as usize {
+        let (end, r) = accept_one(listener, verify)?;
+        if r != req {
+            return Err(Error::invalid(format!(
+                "connection {} of the test asked for another test ({r:?}, not {req:?})",
+                ends.len() + 1
+            )));
+        }
+        ends.push(end);
+    }
+    Ok((ends, req))
+}
+
 /// The client's side: connects from `args.client` to `server` through the connection
 /// manager (synchronous ids, as perftest's `-R` does with librdmacm) and reads the server's
 /// buffer from the accept's private data.
@@ -430,6 +480,7 @@ fn dial(args: &PerfArgs, server: SocketAddr, max: usize) -> Result<(End, Target)
         max_size: max as u32,
         tx_depth: args.tx_depth as u32,
         inline: args.inline,
+        qps: args.qps as u32,
     };
     eprintln!(
         "softrdma: connecting to {server} (waiting for the server's answer; a host with no RDMA device there refuses at once, a silent one times out after about 98 s)"
@@ -683,22 +734,44 @@ pub fn serve(
     ready: impl FnOnce(SocketAddr),
     connected: impl FnOnce(SocketAddr, &Request),
 ) -> Result<SideCounters> {
-    let listener = listen(addr, args.port)?;
+    let listener = listen(addr, args.port, MAX_QPS)?;
     let local = listener
         .local_addr()
         .ok_or_else(|| Error::invalid("the listener has no address"))?;
     ready(local);
-    let (end, req) = accept_one(&listener, false)?;
+    let (ends, req) = accept_all(&listener, false)?;
     listener.destroy();
-    let peer = end
+    let peer = ends[0]
         .id
         .peer_addr()
         .unwrap_or_else(|| SocketAddr::new(addr, 0));
     connected(peer, &req);
-    if req.op == Op::Send {
-        serve_sends(&end, &req, &AtomicBool::new(false), None)?;
-    }
-    // Wait for the client's disconnect (a SEND test saw its receives flushed already).
+    std::thread::scope(|scope| -> Result<()> {
+        let servers: Vec<_> = ends
+            .iter()
+            .map(|end| {
+                scope.spawn(move || -> Result<()> {
+                    if req.op == Op::Send {
+                        serve_sends(end, &req, &AtomicBool::new(false), None)?;
+                    }
+                    wait_disconnect(end)
+                })
+            })
+            .collect();
+        for s in servers {
+            s.join().expect("server thread")?;
+        }
+        Ok(())
+    })?;
+    // The peer's DREQ moved each QP to ERR already; no rdma_disconnect here (on a
+    // synchronous id whose DISCONNECTED was taken from its channel it would wait ~2 s for
+    // one more event). Dropping the ends destroys the ids.
+    Ok(SideCounters::of("server", &ends))
+}
+
+/// Waits for the client's disconnect of `end` (a SEND test saw its receives flushed
+/// already).
+fn wait_disconnect(end: &End) -> Result<()> {
     let ch = end.id.channel();
     loop {
         let ev = ch.get_cm_event()?;
@@ -708,13 +781,9 @@ pub fn serve(
             kind,
             CmEventType::Disconnected | CmEventType::DeviceRemoval | CmEventType::TimewaitExit
         ) {
-            break;
+            return Ok(());
         }
     }
-    // The peer's DREQ moved the QP to ERR already; no rdma_disconnect here (on a
-    // synchronous id whose DISCONNECTED was taken from its channel it would wait ~2 s for
-    // one more event). Dropping the end destroys the id.
-    Ok(end.counters("server"))
 }
 
 /// The live progress line of a long run: on stderr, at most once a second from the first
@@ -798,51 +867,93 @@ fn libc_eio() -> i32 {
 /// the client against a server process ([`Mode::Client`]).
 pub fn run(args: &PerfArgs, mut on_point: impl FnMut(&Point)) -> Result<Outcome> {
     let max = args.sizes.iter().copied().max().unwrap_or(8).max(8);
-    let mut measure = |c: &End, t: &Target| -> Result<Vec<Point>> {
+    if args.qps == 0 || args.qps > MAX_QPS {
+        return Err(Error::invalid(format!(
+            "{} QPs asked for (1 to {MAX_QPS})",
+            args.qps
+        )));
+    }
+    if args.qps > 1 && args.lat {
+        return Err(Error::invalid(
+            "latency tests use one QP (as perftest's): leave out -q or --lat",
+        ));
+    }
+    // The points, and the messages each QP sent in all.
+    let mut measure = |clients: &[(End, Target)]| -> Result<(Vec<Point>, Vec<u64>)> {
         let mut out = Vec::new();
+        let mut sent = vec![0u64; clients.len()];
         for &size in &args.sizes {
             let p = if args.lat {
-                latency(args, c, t, size)?
+                latency(args, &clients[0].0, &clients[0].1, size)?
+            } else if clients.len() == 1 {
+                bandwidth(args, &clients[0].0, &clients[0].1, size)?
             } else {
-                bandwidth(args, c, t, size)?
+                let each = bandwidth_together(args, clients, size)?;
+                for (n, p) in sent.iter_mut().zip(&each) {
+                    *n += p.iters;
+                }
+                aggregate(&each)
             };
+            if clients.len() == 1 {
+                sent[0] += p.iters;
+            }
             on_point(&p);
             out.push(p);
         }
-        Ok(out)
+        Ok((out, sent))
     };
     match args.mode {
         Mode::Client(server) => {
-            let (client, t) = dial(args, SocketAddr::new(server, args.port), max)?;
-            let points = measure(&client, &t)?;
+            let clients = dial_all(args, SocketAddr::new(server, args.port), max)?;
+            let (points, _) = measure(&clients)?;
             // Counters after the disconnect: it sends what the QP still had to say (an ACK
             // held back for the program's answer goes before the QP leaves RTS), so that
             // the client's packets sent match what the server counted.
-            client.id.disconnect()?;
-            let sides = vec![client.counters("client")];
+            for (c, _) in &clients {
+                c.id.disconnect()?;
+            }
+            let ends: Vec<End> = clients.into_iter().map(|(e, _)| e).collect();
+            let sides = vec![SideCounters::of("client", &ends)];
             Ok(Outcome { points, sides })
         }
         Mode::Local => {
-            let listener = listen(args.server, 0)?;
+            let listener = listen(args.server, 0, args.qps)?;
             let port = listener
                 .local_addr()
                 .map(|a| a.port())
                 .ok_or_else(|| Error::invalid("the listener has no port"))?;
             let stop = AtomicBool::new(false);
-            let expect = AtomicU64::new(u64::MAX);
+            let expect: Vec<AtomicU64> = (0..args.qps).map(|_| AtomicU64::new(u64::MAX)).collect();
             let out = std::thread::scope(|scope| -> Result<Outcome> {
-                let srv = scope.spawn(|| -> Result<End> {
-                    let (end, req) = accept_one(&listener, args.verify)?;
+                let srv = scope.spawn(|| -> Result<Vec<End>> {
+                    let (ends, req) = accept_all(&listener, args.verify)?;
                     if req.op == Op::Send {
-                        let v = args.verify.then(|| VerifyRecv {
-                            slot: (req.max_size as usize).max(64),
-                            expect: &expect,
-                        });
-                        serve_sends(&end, &req, &stop, v)?;
+                        // A receiver per QP; the connections were made one after the other,
+                        // so QP i here is the client's QP i.
+                        std::thread::scope(|inner| -> Result<()> {
+                            let servers: Vec<_> = ends
+                                .iter()
+                                .zip(&expect)
+                                .map(|(end, expect)| {
+                                    let stop = &stop;
+                                    inner.spawn(move || -> Result<u64> {
+                                        let v = args.verify.then(|| VerifyRecv {
+                                            slot: (req.max_size as usize).max(64),
+                                            expect,
+                                        });
+                                        serve_sends(end, &req, stop, v)
+                                    })
+                                })
+                                .collect();
+                            for s in servers {
+                                s.join().expect("server thread")?;
+                            }
+                            Ok(())
+                        })?;
                     }
-                    Ok(end)
+                    Ok(ends)
                 });
-                let client = match dial(args, SocketAddr::new(args.server, port), max) {
+                let clients = match dial_all(args, SocketAddr::new(args.server, port), max) {
                     Ok(c) => c,
                     Err(e) => {
                         // Wake the server thread out of rdma_get_request.
@@ -851,12 +962,15 @@ pub fn run(args: &PerfArgs, mut on_point: impl FnMut(&Point)) -> Result<Outcome>
                         return Err(e);
                     }
                 };
-                let points = measure(&client.0, &client.1);
-                // With --verify the receiver goes on until it has checked every message sent.
+                let points = measure(&clients);
+                // With --verify each receiver goes on until it has checked every message
+                // sent to it.
                 let sent = points
                     .as_ref()
-                    .map_or(0, |p| p.iter().map(|p| p.iters).sum::<u64>());
-                expect.store(sent, Ordering::Relaxed);
+                    .map_or_else(|_| vec![0; args.qps], |(_, sent)| sent.clone());
+                for (e, n) in expect.iter().zip(sent) {
+                    e.store(n, Ordering::Relaxed);
+                }
                 stop.store(true, Ordering::Relaxed);
                 let server = srv.join().expect("server thread");
                 if let (Err(pe), Err(se)) = (&points, &server) {
@@ -866,17 +980,69 @@ pub fn run(args: &PerfArgs, mut on_point: impl FnMut(&Point)) -> Result<Outcome>
                         format!("server: {}; client: {}", se.message(), pe.message()),
                     ));
                 }
-                let points = points?;
+                let (points, _) = points?;
                 let server = server?;
+                let ends: Vec<End> = clients.into_iter().map(|(e, _)| e).collect();
                 Ok(Outcome {
                     points,
-                    sides: vec![client.0.counters("client"), server.counters("server")],
+                    sides: vec![
+                        SideCounters::of("client", &ends),
+                        SideCounters::of("server", &server),
+                    ],
                 })
             })?;
             listener.destroy();
             Ok(out)
         }
         Mode::Server(_) => Err(Error::invalid("perf::run is for clients; use perf::serve")),
+    }
+}
+
+/// The client's `args.qps` connections to `server`, made one after the other.
+fn dial_all(args: &PerfArgs, server: SocketAddr, max: usize) -> Result<Vec<(End, Target)>> {
+    (0..args.qps).map(|_| dial(args, server, max)).collect()
+}
+
+/// One size on every QP at once, each QP driven by a thread of its own; they start
+/// together. The points of each QP, in order.
+fn bandwidth_together(
+    args: &PerfArgs,
+    clients: &[(End, Target)],
+    size: usize,
+) -> Result<Vec<Point>> {
+    let start = std::sync::Barrier::new(clients.len());
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = clients
+            .iter()
+            .map(|(c, t)| {
+                let start = &start;
+                scope.spawn(move || {
+                    start.wait();
+                    bandwidth(args, c, t, size)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().expect("client thread"))
+            .collect()
+    })
+}
+
+/// The aggregate of QPs measured together: every message over the time of the slowest.
+fn aggregate(each: &[Point]) -> Point {
+    let secs = each.iter().map(|p| p.secs).fold(0.0, f64::max);
+    let iters: u64 = each.iter().map(|p| p.iters).sum();
+    let bytes: f64 = each.iter().map(|p| p.iters as f64 * p.size as f64).sum();
+    Point {
+        size: each[0].size,
+        iters,
+        secs,
+        bw_gbps: bytes / secs / 1e9,
+        msg_rate_mps: iters as f64 / secs / 1e6,
+        lat_us: Vec::new(),
+        // Each thread counted the whole process's preemptions over its own interval.
+        preemptions: each.iter().map(|p| p.preemptions).max().unwrap_or(0),
     }
 }
 

@@ -85,6 +85,77 @@ pub struct QpStats {
     pub ud_oversize: u64,
 }
 
+impl std::ops::AddAssign for QpStats {
+    /// Adds every counter of `o` (the total over several QPs).
+    fn add_assign(&mut self, o: QpStats) {
+        // Destructured, so that a counter added later cannot be forgotten here.
+        let QpStats {
+            tx_packets,
+            tx_bytes,
+            rx_packets,
+            rx_bytes,
+            retransmitted_packets,
+            retries,
+            timeouts,
+            probes,
+            credit_waits,
+            acks_sent,
+            acks_received,
+            seq_naks_sent,
+            seq_naks_received,
+            rnr_naks_sent,
+            rnr_naks_received,
+            err_naks_sent,
+            err_naks_received,
+            inv_req_naks_sent,
+            inv_req_naks_received,
+            access_naks_sent,
+            access_naks_received,
+            op_naks_sent,
+            op_naks_received,
+            duplicates,
+            read_replays,
+            atomic_replays,
+            out_of_sequence,
+            malformed,
+            qkey_violations,
+            no_recv_drops,
+            ud_oversize,
+        } = o;
+        self.tx_packets += tx_packets;
+        self.tx_bytes += tx_bytes;
+        self.rx_packets += rx_packets;
+        self.rx_bytes += rx_bytes;
+        self.retransmitted_packets += retransmitted_packets;
+        self.retries += retries;
+        self.timeouts += timeouts;
+        self.probes += probes;
+        self.credit_waits += credit_waits;
+        self.acks_sent += acks_sent;
+        self.acks_received += acks_received;
+        self.seq_naks_sent += seq_naks_sent;
+        self.seq_naks_received += seq_naks_received;
+        self.rnr_naks_sent += rnr_naks_sent;
+        self.rnr_naks_received += rnr_naks_received;
+        self.err_naks_sent += err_naks_sent;
+        self.err_naks_received += err_naks_received;
+        self.inv_req_naks_sent += inv_req_naks_sent;
+        self.inv_req_naks_received += inv_req_naks_received;
+        self.access_naks_sent += access_naks_sent;
+        self.access_naks_received += access_naks_received;
+        self.op_naks_sent += op_naks_sent;
+        self.op_naks_received += op_naks_received;
+        self.duplicates += duplicates;
+        self.read_replays += read_replays;
+        self.atomic_replays += atomic_replays;
+        self.out_of_sequence += out_of_sequence;
+        self.malformed += malformed;
+        self.qkey_violations += qkey_violations;
+        self.no_recv_drops += no_recv_drops;
+        self.ud_oversize += ud_oversize;
+    }
+}
+
 impl QpStats {
     /// Counts an error NAK (not a PSN-sequence or RNR NAK) sent or received, in the total
     /// and by kind.
@@ -543,6 +614,33 @@ pub(super) fn scatter(
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn stats_add_up_field_by_field() {
+        let a = QpStats {
+            tx_packets: 3,
+            credit_waits: 1,
+            ud_oversize: 2,
+            ..QpStats::default()
+        };
+        let mut sum = a;
+        sum += QpStats {
+            tx_packets: 4,
+            probes: 5,
+            ud_oversize: 1,
+            ..QpStats::default()
+        };
+        assert_eq!(
+            sum,
+            QpStats {
+                tx_packets: 7,
+                credit_waits: 1,
+                probes: 5,
+                ud_oversize: 3,
+                ..QpStats::default()
+            }
+        );
+    }
 
     struct VecEnv {
         mem: HashMap<u32, Vec<u8>>,

@@ -1,0 +1,176 @@
+//! `softrdma perf -q N`: several QPs measured at once, in one process and in two.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+fn softrdma(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(args)
+        .output()
+        .expect("run softrdma");
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// A loopback address of this test process's own: 127.A.B.C from the pid and a counter,
+/// proven free by binding the device's UDP port on it.
+fn addr() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let pid = std::process::id();
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let a = format!(
+            "127.{}.{}.{}",
+            150 + (pid >> 16) % 100,
+            (pid >> 8) & 0xff,
+            ((pid & 0xff) + n * 7) % 250 + 2
+        );
+        if std::net::UdpSocket::bind((a.as_str(), 4791)).is_ok() {
+            return a;
+        }
+    }
+}
+
+/// The value of `"key":` in a one-line JSON object (numbers and strings only).
+fn json_field<'a>(json: &'a str, key: &str) -> &'a str {
+    let pat = format!("\"{key}\":");
+    let start = json
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key} in {json}"))
+        + pat.len();
+    let rest = &json[start..];
+    let end = rest.find([',', '}']).unwrap();
+    rest[..end].trim_matches('"')
+}
+
+/// The packets counted on a QP counters line starting with `label`: (tx, rx).
+fn packets(out: &str, label: &str) -> (u64, u64) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!(" {label}: tx ")))
+        .unwrap_or_else(|| panic!("no {label} line in {out}"));
+    let num = |after: &str| -> u64 {
+        let i = line.find(after).unwrap() + after.len();
+        line[i..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (num(": tx "), num(", rx "))
+}
+
+#[test]
+fn perf_q3_send_verifies_every_message_on_every_qp() {
+    let (c, s) = (addr(), addr());
+    let (ok, out, err) = softrdma(&[
+        "perf",
+        "send",
+        "-s",
+        "1024",
+        "-n",
+        "3000",
+        "-q",
+        "3",
+        "--verify",
+        "--client-addr",
+        &c,
+        "--server-addr",
+        &s,
+        "--json",
+    ]);
+    assert!(ok, "{err}\n{out}");
+    assert!(out.contains("QPs: 3"), "{out}");
+    let json = out.lines().last().unwrap();
+    assert_eq!(json_field(json, "qps"), "3");
+    // -n is per QP, as in perftest; the table shows the aggregate.
+    assert_eq!(json_field(json, "iters"), "9000");
+    let (ctx, _) = packets(&out, "client QPs (3, summed)");
+    let (_, srx) = packets(&out, "server QPs (3, summed)");
+    assert!(ctx >= 9000 && srx >= 9000, "{out}");
+}
+
+#[test]
+fn perf_q2_write_and_read_report_the_aggregate() {
+    for op in ["write", "read", "atomic"] {
+        let (c, s) = (addr(), addr());
+        let (ok, out, err) = softrdma(&[
+            "perf",
+            op,
+            "-s",
+            "8192",
+            "-n",
+            "500",
+            "-q",
+            "2",
+            "--client-addr",
+            &c,
+            "--server-addr",
+            &s,
+            "--json",
+        ]);
+        assert!(ok, "{op}: {err}");
+        let json = out.lines().last().unwrap();
+        assert_eq!(json_field(json, "iters"), "1000", "{op}: {json}");
+        assert!(json_field(json, "bw_gbps").parse::<f64>().unwrap() > 0.0);
+    }
+}
+
+#[test]
+fn perf_q_with_a_server_process() {
+    let (c, s) = (addr(), addr());
+    let mut server = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(["perf", "send", "--server", &s, "--port", "18777"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(server.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("waiting for a client"), "{first}");
+    let (ok, out, err) = softrdma(&[
+        "perf",
+        "send",
+        "-s",
+        "512",
+        "-n",
+        "2000",
+        "-q",
+        "4",
+        "--connect",
+        &s,
+        "--port",
+        "18777",
+        "--client-addr",
+        &c,
+    ]);
+    let rest: Vec<String> = lines.map_while(|l| l.ok()).collect();
+    let sout = rest.join("\n");
+    let st = server.wait().unwrap();
+    assert!(ok, "{err}\n{out}");
+    assert!(st.success(), "server:\n{sout}");
+    assert!(
+        sout.contains("send bandwidth, messages up to 512 B"),
+        "{sout}"
+    );
+    assert!(sout.contains(", 4 QPs"), "{sout}");
+    let (ctx, _) = packets(&out, "client QPs (4, summed)");
+    let (_, srx) = packets(&format!("\n{sout}"), "server QPs (4, summed)");
+    // Every message of every QP reached the server (resent packets may add to both).
+    assert!(ctx >= 8000 && srx >= 8000, "{out}\n{sout}");
+}
+
+#[test]
+fn perf_q_refuses_what_it_cannot_measure() {
+    let (ok, _, err) = softrdma(&["perf", "send", "--lat", "-q", "2"]);
+    assert!(!ok);
+    assert!(err.contains("latency tests use one QP"), "{err}");
+    let (ok, _, err) = softrdma(&["perf", "write", "-q", "0"]);
+    assert!(!ok);
+    assert!(err.contains("-q 0: from 1 to 256 QPs"), "{err}");
+}
