@@ -81,6 +81,7 @@ pub mod rdma_cm;
 mod resources;
 mod sock;
 mod srq;
+pub mod testing;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
 pub use capture::{start_capture, stop_capture};
