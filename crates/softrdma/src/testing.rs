@@ -193,7 +193,11 @@ mod tests {
         let r = unsafe { libc::fcntl(other.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) };
         std::mem::forget(other);
         assert_eq!(r, 0);
-        assert_eq!(fl.l_type, libc::F_WRLCK as _, "another process sees the lock");
+        assert_eq!(
+            fl.l_type,
+            libc::F_WRLCK as _,
+            "another process sees the lock"
+        );
     }
 
     #[test]
