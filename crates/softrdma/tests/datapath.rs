@@ -253,10 +253,19 @@ fn rc_no_receive_posted_is_rnr_retry_exc_err() {
     send(&a, 1, WrOpcode::Send, &[a.sge(0, 10)], |_| {});
     let c = a.wait(1);
     assert_eq!(c[0].status, WcStatus::RnrRetryExcErr);
-    // The first try and two retries, each answered with an RNR NAK.
+    // The first try and two retries, each answered with an RNR NAK. On a busy host (a test
+    // run beside another, or beside `softrdma perf`) a tail-loss probe or a timeout resend
+    // can send the message once more while the sender waits, and that copy draws an RNR NAK
+    // of its own: the exact count holds when neither fired.
     let (ca, cb) = (a.qp.counters(), b.qp.counters());
-    assert_eq!(ca.rnr_naks_received, 3);
-    assert_eq!(cb.rnr_naks_sent, 3);
+    let extra = ca.probes + ca.timeouts;
+    if extra == 0 {
+        assert_eq!(ca.rnr_naks_received, 3, "{ca:?}");
+        assert_eq!(cb.rnr_naks_sent, 3, "{cb:?}");
+    } else {
+        assert!((3..=3 + extra).contains(&ca.rnr_naks_received), "{ca:?}");
+        assert!((3..=3 + extra).contains(&cb.rnr_naks_sent), "{cb:?}");
+    }
     assert!(ca.retransmitted_packets >= 2, "{ca:?}");
 }
 
