@@ -2,6 +2,12 @@
 
 use std::process::Command;
 
+/// A loopback address no other process on this machine uses (see `softrdma::testing`), as
+/// text: a device address of the test's own.
+fn unique() -> String {
+    softrdma::testing::unique_loopback_addr().to_string()
+}
+
 fn softrdma(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
         .args(args)
@@ -29,9 +35,10 @@ fn devices_lists_loopback_like_ibv_devinfo() {
 
 #[test]
 fn devices_verbose_for_a_loopback_alias_prints_the_limits() {
-    let (ok, out, err) = softrdma(&["devices", "-v", "-d", "127.0.0.5"]);
+    let ip_5 = unique();
+    let (ok, out, err) = softrdma(&["devices", "-v", "-d", ip_5.as_str()]);
     assert!(ok, "{err}");
-    assert!(out.contains("hca_id:\tsrdma_127.0.0.5"), "{out}");
+    assert!(out.contains(&format!("hca_id:\tsrdma_{ip_5}")), "{out}");
     assert!(out.contains("max_qp_wr:"), "{out}");
     assert!(out.contains("active_mtu:\t\t4096 (5)"), "{out}");
     assert_eq!(out.matches("hca_id").count(), 1);
@@ -74,22 +81,30 @@ fn qp_packets(out: &str, who: &str) -> (u64, u64) {
 
 #[test]
 fn perf_write_local_prints_the_table_counters_and_json() {
+    let ip_132 = unique();
+    let ip_133 = unique();
     let (ok, out, err) = softrdma(&[
         "perf",
         "write",
         "-n",
         "300",
         "--client-addr",
-        "127.0.0.132",
+        ip_132.as_str(),
         "--server-addr",
-        "127.0.0.133",
+        ip_133.as_str(),
         "--json",
     ]);
     assert!(ok, "{err}");
     assert!(out.contains("RDMA_Write BW Test"), "{out}");
     assert!(out.contains(" 65536      300 "), "{out}");
-    assert!(out.contains(" client device 127.0.0.132: tx "), "{out}");
-    assert!(out.contains(" server device 127.0.0.133: tx "), "{out}");
+    assert!(
+        out.contains(&format!(" client device {ip_132}: tx ")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(" server device {ip_133}: tx ")),
+        "{out}"
+    );
     // 300 WRITEs of 64 KiB are 16 packets each at MTU 4096; the server got them all.
     let (ctx, _) = qp_packets(&out, "client");
     let (_, srx) = qp_packets(&out, "server");
@@ -109,6 +124,8 @@ fn perf_write_local_prints_the_table_counters_and_json() {
 
 #[test]
 fn perf_send_latency_local_over_every_size() {
+    let ip_134 = unique();
+    let ip_135 = unique();
     let (ok, out, err) = softrdma(&[
         "perf",
         "send",
@@ -117,9 +134,9 @@ fn perf_send_latency_local_over_every_size() {
         "-n",
         "20",
         "--client-addr",
-        "127.0.0.134",
+        ip_134.as_str(),
         "--server-addr",
-        "127.0.0.135",
+        ip_135.as_str(),
         "--json",
     ]);
     assert!(ok, "{err}");
@@ -200,16 +217,18 @@ impl Server {
 
 #[test]
 fn perf_two_processes_write_bandwidth() {
+    let ip_136 = unique();
+    let ip_137 = unique();
     let server = Server::start(&[
         "perf",
         "write",
         "--server",
-        "127.0.0.136",
+        ip_136.as_str(),
         "--port",
         "18611",
     ]);
     assert!(
-        server.first.contains("127.0.0.136:18611"),
+        server.first.contains(&format!("{ip_136}:18611")),
         "{}",
         server.first
     );
@@ -219,11 +238,11 @@ fn perf_two_processes_write_bandwidth() {
         "-n",
         "200",
         "--connect",
-        "127.0.0.136",
+        ip_136.as_str(),
         "--port",
         "18611",
         "--client-addr",
-        "127.0.0.137",
+        ip_137.as_str(),
         "--json",
     ]);
     assert!(ok, "{err}");
@@ -231,10 +250,10 @@ fn perf_two_processes_write_bandwidth() {
     assert!(sok, "server: {serr}");
     assert!(out.contains("RDMA_Write BW Test"), "{out}");
     assert!(
-        out.contains("127.0.0.137 -> 127.0.0.136 port 18611"),
+        out.contains(&format!("{ip_137} -> {ip_136} port 18611")),
         "{out}"
     );
-    assert!(out.contains(" client device 127.0.0.137: "), "{out}");
+    assert!(out.contains(&format!(" client device {ip_137}: ")), "{out}");
     assert!(!out.contains(" server device"), "{out}");
     let json = out.lines().last().unwrap();
     assert_eq!(json_field(json, "mode"), "client");
@@ -242,7 +261,7 @@ fn perf_two_processes_write_bandwidth() {
     assert!(json_field(json, "bw_gbps").parse::<f64>().unwrap() > 0.0);
     // The server learnt the test from the request and saw every packet of it.
     assert!(
-        sout.contains("client 127.0.0.137:")
+        sout.contains(&format!("client {ip_137}:"))
             && sout.contains("write bandwidth, messages up to 65536 B"),
         "{sout}"
     );
@@ -254,11 +273,14 @@ fn perf_two_processes_write_bandwidth() {
 
 #[test]
 fn perf_two_processes_send_bandwidth_and_latency_over_every_size() {
+    let ip_139 = unique();
+    let ip_140 = unique();
+    let ip_138 = unique();
     for (lat, port, client) in [
-        (false, "18612", "127.0.0.139"),
-        (true, "18613", "127.0.0.140"),
+        (false, "18612", ip_139.as_str()),
+        (true, "18613", ip_140.as_str()),
     ] {
-        let server = Server::start(&["perf", "send", "--server", "127.0.0.138", "-p", port]);
+        let server = Server::start(&["perf", "send", "--server", ip_138.as_str(), "-p", port]);
         let mut args = vec![
             "perf",
             "send",
@@ -266,7 +288,7 @@ fn perf_two_processes_send_bandwidth_and_latency_over_every_size() {
             "-n",
             "20",
             "-c",
-            "127.0.0.138",
+            ip_138.as_str(),
             "-p",
             port,
             "--client-addr",
@@ -298,13 +320,16 @@ fn perf_two_processes_send_bandwidth_and_latency_over_every_size() {
 
 #[test]
 fn perf_server_rejects_a_stranger_then_serves_a_client() {
+    let ip_141 = unique();
+    let ip_143 = unique();
+    let ip_142 = unique();
     use softrdma::rdma_cm::{CmId, ConnParam, PortSpace};
-    let server = Server::start(&["perf", "read", "--server", "127.0.0.141", "-p", "18614"]);
+    let server = Server::start(&["perf", "read", "--server", ip_141.as_str(), "-p", "18614"]);
     // A connection request without perf's private data is rejected...
     let id = CmId::create(None, 0, PortSpace::Tcp).unwrap();
     id.resolve_addr(
-        Some("127.0.0.142:0".parse().unwrap()),
-        "127.0.0.141:18614".parse().unwrap(),
+        Some(format!("{ip_142}:0").parse().unwrap()),
+        format!("{ip_141}:18614").parse().unwrap(),
         2000,
     )
     .unwrap();
@@ -331,18 +356,18 @@ fn perf_server_rejects_a_stranger_then_serves_a_client() {
         "-n",
         "50",
         "-c",
-        "127.0.0.141",
+        ip_141.as_str(),
         "-p",
         "18614",
         "--client-addr",
-        "127.0.0.143",
+        ip_143.as_str(),
     ]);
     assert!(ok, "{err}");
     assert!(out.contains("RDMA_Read Latency Test"), "{out}");
     let (sok, sout, serr) = server.finish();
     assert!(sok, "server: {serr}");
     assert!(
-        serr.contains("rejected a connection request from 127.0.0.142"),
+        serr.contains(&format!("rejected a connection request from {ip_142}")),
         "{serr}"
     );
     assert!(sout.contains("read latency"), "{sout}");
@@ -350,12 +375,14 @@ fn perf_server_rejects_a_stranger_then_serves_a_client() {
 
 #[test]
 fn ping_two_processes_verifies_and_prints_the_data_and_counters() {
+    let ip_146 = unique();
+    let ip_147 = unique();
     // -d: rping's debug lines, to know when the server listens.
     let server = Server::start_until(
         &[
             "ping",
             "--server",
-            "127.0.0.146",
+            ip_146.as_str(),
             "-p",
             "7302",
             "-S",
@@ -367,9 +394,9 @@ fn ping_two_processes_verifies_and_prints_the_data_and_counters() {
     let (ok, out, err) = softrdma(&[
         "ping",
         "-c",
-        "127.0.0.146",
+        ip_146.as_str(),
         "-I",
-        "127.0.0.147",
+        ip_147.as_str(),
         "-p",
         "7302",
         "-C",
@@ -397,8 +424,14 @@ fn ping_two_processes_verifies_and_prints_the_data_and_counters() {
     }
     assert!(out.contains("5 pings of 100 B, data verified"), "{out}");
     // Counters: five pings are 3 SENDs, a READ and a WRITE each, on both QPs.
-    assert!(out.contains(" client device 127.0.0.147: tx "), "{out}");
-    assert!(sout.contains(" server device 127.0.0.146: tx "), "{sout}");
+    assert!(
+        out.contains(&format!(" client device {ip_147}: tx ")),
+        "{out}"
+    );
+    assert!(
+        sout.contains(&format!(" server device {ip_146}: tx ")),
+        "{sout}"
+    );
     let (ctx, crx) = qp_packets(&out, "client");
     let (stx, srx) = qp_packets(&sout, "server");
     assert!(
@@ -413,19 +446,21 @@ fn ping_two_processes_verifies_and_prints_the_data_and_counters() {
 
 #[test]
 fn ping_refused_and_bad_sizes_fail_clearly() {
+    let ip_148 = unique();
+    let ip_149 = unique();
     // A live device with nobody on the port: the server's CM rejects the request.
     let server = Server::start_until(
-        &["ping", "--server", "127.0.0.148", "-p", "7303", "-d"],
+        &["ping", "--server", ip_148.as_str(), "-p", "7303", "-d"],
         "rdma_listen successful",
     );
     let (ok, _, err) = softrdma(&[
         "ping",
         "-c",
-        "127.0.0.148",
+        ip_148.as_str(),
         "-p",
         "7304",
         "-I",
-        "127.0.0.149",
+        ip_149.as_str(),
         "-C",
         "1",
     ]);
@@ -434,7 +469,7 @@ fn ping_refused_and_bad_sizes_fail_clearly() {
     let mut child = server.child;
     let _ = child.kill();
     let _ = child.wait();
-    let (ok, _, err) = softrdma(&["ping", "-c", "127.0.0.1", "-S", "10"]);
+    let (ok, _, err) = softrdma(&["ping", "-c", ip_148.as_str(), "-S", "10"]);
     assert!(!ok);
     assert!(err.contains("size 10 is out of range"), "{err}");
     let (ok, _, err) = softrdma(&["ping", "-C", "1"]);
@@ -447,6 +482,8 @@ fn ping_refused_and_bad_sizes_fail_clearly() {
 
 #[test]
 fn perf_progress_line_only_on_a_terminal_or_when_asked() {
+    let ip_144 = unique();
+    let ip_145 = unique();
     // A run of 1.5 s: long enough for the progress line (from the first second on).
     let run = |progress: Option<&str>| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_softrdma"));
@@ -458,9 +495,9 @@ fn perf_progress_line_only_on_a_terminal_or_when_asked() {
             "-D",
             "1.5",
             "--client-addr",
-            "127.0.0.144",
+            ip_144.as_str(),
             "--server-addr",
-            "127.0.0.145",
+            ip_145.as_str(),
         ]);
         match progress {
             Some(v) => cmd.env("SOFTRDMA_PROGRESS", v),
@@ -489,6 +526,8 @@ fn perf_progress_line_only_on_a_terminal_or_when_asked() {
 /// both devices are in this process), and `--json` carries each side's counters.
 #[test]
 fn perf_pcap_captures_every_packet_and_json_carries_the_counters() {
+    let ip_160 = unique();
+    let ip_161 = unique();
     let path = std::env::temp_dir().join(format!("softrdma-cli-{}.pcap", std::process::id()));
     let p = path.to_str().unwrap();
     let (ok, out, err) = softrdma(&[
@@ -499,9 +538,9 @@ fn perf_pcap_captures_every_packet_and_json_carries_the_counters() {
         "-n",
         "50",
         "--client-addr",
-        "127.0.0.160",
+        ip_160.as_str(),
         "--server-addr",
-        "127.0.0.161",
+        ip_161.as_str(),
         "--pcap",
         p,
         "--json",
@@ -557,7 +596,10 @@ fn perf_pcap_captures_every_packet_and_json_carries_the_counters() {
 /// sentence saying what to do, instead of hanging or panicking.
 #[test]
 fn perf_on_a_device_whose_port_is_taken_says_what_to_do() {
-    let _squatter = std::net::UdpSocket::bind("127.0.0.163:4791").expect("bind 127.0.0.163:4791");
+    let ip_164 = unique();
+    let ip_163 = unique();
+    let _squatter =
+        std::net::UdpSocket::bind(format!("{ip_163}:4791")).expect("bind the squatter's port 4791");
     let (ok, _, err) = softrdma(&[
         "perf",
         "write",
@@ -566,14 +608,15 @@ fn perf_on_a_device_whose_port_is_taken_says_what_to_do() {
         "-n",
         "10",
         "--client-addr",
-        "127.0.0.164",
+        ip_164.as_str(),
         "--server-addr",
-        "127.0.0.163",
+        ip_163.as_str(),
     ]);
     assert!(!ok);
     assert!(
-        err.contains("UDP port 4791 on 127.0.0.163 is used by another process")
-            && err.contains("another 127.0.0.x")
+        err.contains(&format!(
+            "UDP port 4791 on {ip_163} is used by another process"
+        )) && err.contains("another 127.0.0.x")
             && err.contains("EADDRINUSE"),
         "{err}"
     );
@@ -581,24 +624,23 @@ fn perf_on_a_device_whose_port_is_taken_says_what_to_do() {
 
 #[test]
 fn run_puts_the_drop_in_libraries_first_and_adds_devices() {
+    let ip_9 = unique();
+    let ip_8 = unique();
     let dir = std::env::temp_dir().join(format!("softrdma-run-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("libibverbs.so.1"), b"").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
         .args(["run", "--lib-dir"])
         .arg(&dir)
-        .args(["--device", "127.0.0.9", "--", "sh", "-c"])
+        .args(["--device", ip_9.as_str(), "--", "sh", "-c"])
         .arg("echo \"$LD_LIBRARY_PATH|$SOFTRDMA_DEVICES\"; exit 3")
         .env("LD_LIBRARY_PATH", "/old")
-        .env("SOFTRDMA_DEVICES", "127.0.0.8")
+        .env("SOFTRDMA_DEVICES", ip_8.as_str())
         .output()
         .unwrap();
     let so = String::from_utf8_lossy(&out.stdout);
     let canon = dir.canonicalize().unwrap();
-    assert_eq!(
-        so.trim(),
-        format!("{}:/old|127.0.0.8,127.0.0.9", canon.display())
-    );
+    assert_eq!(so.trim(), format!("{}:/old|{ip_8},{ip_9}", canon.display()));
     assert_eq!(out.status.code(), Some(3), "the program's own exit status");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -654,11 +696,21 @@ fn cm_attrs(payloads: &[Vec<u8>]) -> Vec<u16> {
 
 #[test]
 fn softrdma_pcap_keeps_every_packet_to_the_end_and_across_sigterm() {
+    let ip_150 = unique();
+    let ip_151 = unique();
     let dir = std::env::temp_dir().join(format!("softrdma-pcap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (sp, cp) = (dir.join("server.pcap"), dir.join("client.pcap"));
     let server = Server::start_until_env(
-        &["ping", "--server", "127.0.0.150", "-p", "7306", "-P", "-d"],
+        &[
+            "ping",
+            "--server",
+            ip_150.as_str(),
+            "-p",
+            "7306",
+            "-P",
+            "-d",
+        ],
         "rdma_listen successful",
         &[("SOFTRDMA_PCAP", sp.to_str().unwrap())],
     );
@@ -667,9 +719,9 @@ fn softrdma_pcap_keeps_every_packet_to_the_end_and_across_sigterm() {
         .args([
             "ping",
             "-c",
-            "127.0.0.150",
+            ip_150.as_str(),
             "-I",
-            "127.0.0.151",
+            ip_151.as_str(),
             "-p",
             "7306",
             "-C",
@@ -727,17 +779,19 @@ fn softrdma_pcap_keeps_every_packet_to_the_end_and_across_sigterm() {
 /// client sees DISCONNECTED and ends, instead of waiting for ever on a receive.
 #[test]
 fn ping_client_notices_a_killed_server() {
+    let ip_164 = unique();
+    let ip_165 = unique();
     let server = Server::start_until(
-        &["ping", "--server", "127.0.0.164", "-p", "7307", "-d"],
+        &["ping", "--server", ip_164.as_str(), "-p", "7307", "-d"],
         "rdma_listen successful",
     );
     let client = Command::new(env!("CARGO_BIN_EXE_softrdma"))
         .args([
             "ping",
             "-c",
-            "127.0.0.164",
+            ip_164.as_str(),
             "-I",
-            "127.0.0.165",
+            ip_165.as_str(),
             "-p",
             "7307",
             "-C",
@@ -777,6 +831,8 @@ fn ping_client_notices_a_killed_server() {
 /// check (WRITE, latency).
 #[test]
 fn perf_send_verify_checks_every_message_under_faults() {
+    let ip_171 = unique();
+    let ip_172 = unique();
     let run = |faults: &str| {
         Command::new(env!("CARGO_BIN_EXE_softrdma"))
             .args([
@@ -788,9 +844,9 @@ fn perf_send_verify_checks_every_message_under_faults() {
                 "-n",
                 "3000",
                 "--client-addr",
-                "127.0.0.171",
+                ip_171.as_str(),
                 "--server-addr",
-                "127.0.0.172",
+                ip_172.as_str(),
             ])
             .env("SOFTRDMA_FAULTS", faults)
             .output()

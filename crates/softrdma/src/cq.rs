@@ -523,7 +523,7 @@ mod tests {
 
     #[test]
     fn solicited_only_fires_on_solicited_or_error_completions() {
-        let ctx = Device::from_addr("127.0.0.1".parse().unwrap())
+        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
             .unwrap()
             .open()
             .unwrap();
@@ -558,7 +558,7 @@ mod tests {
 
     #[test]
     fn destroying_a_cq_removes_its_pending_events_from_the_channel() {
-        let ctx = Device::from_addr("127.0.0.1".parse().unwrap())
+        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
             .unwrap()
             .open()
             .unwrap();

@@ -202,6 +202,11 @@ mod tests {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
+    /// A device address of this run's own, as text.
+    fn unique() -> String {
+        crate::testing::unique_loopback_addr().to_string()
+    }
+
     fn engine(addr: &str) -> (crate::Context, Arc<Engine>) {
         let ctx = Device::from_addr(addr.parse().unwrap())
             .unwrap()
@@ -250,18 +255,19 @@ mod tests {
     fn two_devices_connect_and_disconnect_over_qp1() {
         let pcap = std::env::temp_dir().join(format!("softrdma-cm-{}.pcap", std::process::id()));
         crate::start_capture(&pcap).unwrap();
-        let (_c1, client) = engine("127.0.0.9");
-        let (_c2, server) = engine("127.0.0.10");
+        let (ca, sa) = (unique(), unique());
+        let (_c1, client) = engine(&ca);
+        let (_c2, server) = engine(&sa);
         server
             .with_cm(|g, _| g.cm.listen(service_id(PortSpace::Tcp, 7471)))
             .unwrap();
         let id = client
-            .with_cm(|g, now| g.cm.connect(now, request("127.0.0.10", 7471)))
+            .with_cm(|g, now| g.cm.connect(now, request(&sa, 7471)))
             .unwrap();
         let CmEvent::ReqReceived { id: sid, src, req } = next_event(&server) else {
             panic!("expected a REQ")
         };
-        assert_eq!(src, "127.0.0.9".parse::<std::net::IpAddr>().unwrap());
+        assert_eq!(src, ca.parse::<std::net::IpAddr>().unwrap());
         assert_eq!((req.remote_qpn, req.starting_psn), (0x123, 0x456));
         assert_eq!(&req.private_data[..5], b"hello");
         server
@@ -350,10 +356,11 @@ mod tests {
 
     #[test]
     fn a_request_nobody_listens_for_is_rejected_with_reason_8() {
-        let (_c1, client) = engine("127.0.0.11");
-        let (_c2, _server) = engine("127.0.0.12");
+        let (ca, sa) = (unique(), unique());
+        let (_c1, client) = engine(&ca);
+        let (_c2, _server) = engine(&sa);
         let id = client
-            .with_cm(|g, now| g.cm.connect(now, request("127.0.0.12", 9999)))
+            .with_cm(|g, now| g.cm.connect(now, request(&sa, 9999)))
             .unwrap();
         match next_event(&client) {
             CmEvent::Rejected { id: x, reason, .. } => {

@@ -44,7 +44,10 @@
 //! ```
 //! use softrdma::{Device, Buffer, AccessFlags, QpType, QpInitAttr, QpCap};
 //! use std::sync::Arc;
-//! let dev = Device::from_addr("127.0.0.1".parse().unwrap()).unwrap();
+//! // Any local address is a device; this one is a loopback address no other run on this
+//! // machine uses (see `softrdma::testing`).
+//! let addr = softrdma::testing::unique_loopback_addr().into();
+//! let dev = Device::from_addr(addr).unwrap();
 //! let ctx = dev.open().unwrap();
 //! let pd = ctx.alloc_pd().unwrap();
 //! let buf = Arc::new(Buffer::new(4096));
@@ -81,6 +84,7 @@ pub mod rdma_cm;
 mod resources;
 mod sock;
 mod srq;
+pub mod testing;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
 pub use capture::{start_capture, stop_capture};

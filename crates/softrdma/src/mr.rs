@@ -481,7 +481,7 @@ mod tests {
     use crate::{Buffer, Device};
 
     fn setup() -> (crate::Context, Pd, Pd) {
-        let ctx = Device::from_addr("127.0.0.1".parse().unwrap())
+        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
             .unwrap()
             .open()
             .unwrap();

@@ -968,7 +968,9 @@ impl Qp {
     ///
     /// ```
     /// # use softrdma::*;
-    /// let ctx = Device::from_addr("127.0.0.1".parse().unwrap()).unwrap().open().unwrap();
+    /// // A loopback device address of this run's own (see `softrdma::testing`).
+    /// let addr = softrdma::testing::unique_loopback_addr().into();
+    /// let ctx = Device::from_addr(addr).unwrap().open().unwrap();
     /// let pd = ctx.alloc_pd().unwrap();
     /// let cq = ctx.create_cq(4, 0, None, 0).unwrap();
     /// let qp = pd

@@ -18,15 +18,9 @@ fn every_packet_sent_is_valid_rocev2_with_a_correct_icrc() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("all.pcap");
     start_capture(&file).unwrap();
-    // RC: every operation, several sizes; UC and UD too. Devices 127.0.0.7/.8 are this
-    // binary's own.
-    let (a, b) = pair_on(
-        "127.0.0.7",
-        "127.0.0.8",
-        QpType::Rc,
-        1 << 20,
-        &Opts::default(),
-    );
+    // RC: every operation, several sizes; UC and UD too, on this binary's two devices.
+    let (da, db) = pair_addrs();
+    let (a, b) = pair_on(da, db, QpType::Rc, 1 << 20, &Opts::default());
     for (i, len) in [1usize, 5000, 70_000].into_iter().enumerate() {
         b.post_recv(i as u64, 0, 1 << 20);
         send(&a, i as u64, WrOpcode::SendWithImm, &[a.sge(0, len)], |w| {
@@ -53,24 +47,12 @@ fn every_packet_sent_is_valid_rocev2_with_a_correct_icrc() {
         w.rkey = b.mr.rkey();
     });
     a.wait(2);
-    let (u, v) = pair_on(
-        "127.0.0.7",
-        "127.0.0.8",
-        QpType::Uc,
-        65536,
-        &Opts::default(),
-    );
+    let (u, v) = pair_on(da, db, QpType::Uc, 65536, &Opts::default());
     v.post_recv(1, 0, 65536);
     send(&u, 1, WrOpcode::Send, &[u.sge(0, 3000)], |_| {});
     u.wait(1);
     v.wait(1);
-    let (x, y) = pair_on(
-        "127.0.0.7",
-        "127.0.0.8",
-        QpType::Ud,
-        65536,
-        &Opts::default(),
-    );
+    let (x, y) = pair_on(da, db, QpType::Ud, 65536, &Opts::default());
     let ah = x.pd.create_ah(&AhAttr::for_ip(y.addr)).unwrap();
     y.post_recv(1, 0, 4096);
     send(&x, 1, WrOpcode::Send, &[x.sge(0, 100)], |w| {

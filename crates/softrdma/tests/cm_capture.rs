@@ -6,7 +6,8 @@
 //! (IP version, addresses, port) is what the active side sent, read back both from our own
 //! parse and from tshark's fields and bytes.
 //!
-//! One test: the capture is process-wide. Addresses 127.0.0.120 – 127.0.0.127 are this file's.
+//! One test: the capture is process-wide. Its two devices are loopback addresses of this run's
+//! own (see `softrdma::testing`).
 
 use softrdma::rdma_cm::{CmEvent, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use softrdma::*;
@@ -17,8 +18,22 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::process::Command;
 
-const SERVER: &str = "127.0.0.120";
-const CLIENT: &str = "127.0.0.121";
+/// This binary's (server, client) device addresses.
+fn addrs() -> &'static (String, String) {
+    static A: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    A.get_or_init(|| {
+        let u = || softrdma::testing::unique_loopback_addr().to_string();
+        (u(), u())
+    })
+}
+
+fn server_addr() -> &'static str {
+    &addrs().0
+}
+
+fn client_addr() -> &'static str {
+    &addrs().1
+}
 const RC_PORT: u16 = 7120;
 const UD_PORT: u16 = 7121;
 const RC_DATA: &[u8] = b"rc private data";
@@ -46,7 +61,7 @@ fn cap() -> QpCap {
 
 fn listener(ch: &EventChannel, ps: PortSpace, port: u16) -> CmId {
     let l = CmId::create(Some(ch), 1, ps).unwrap();
-    l.bind_addr(addr(SERVER, port)).unwrap();
+    l.bind_addr(addr(server_addr(), port)).unwrap();
     l.listen(4).unwrap();
     l
 }
@@ -54,8 +69,12 @@ fn listener(ch: &EventChannel, ps: PortSpace, port: u16) -> CmId {
 /// A client id on the client device, resolved to the server's `port`, with a QP.
 fn client(ch: &EventChannel, ps: PortSpace, port: u16) -> CmId {
     let c = CmId::create(Some(ch), 2, ps).unwrap();
-    c.resolve_addr(Some(addr(CLIENT, 0)), addr(SERVER, port), 2000)
-        .unwrap();
+    c.resolve_addr(
+        Some(addr(client_addr(), 0)),
+        addr(server_addr(), port),
+        2000,
+    )
+    .unwrap();
     expect(ch, CmEventType::AddrResolved).ack();
     c.resolve_route(2000).unwrap();
     expect(ch, CmEventType::RouteResolved).ack();
@@ -173,7 +192,7 @@ fn rdma_cm_connection_and_sidr_traffic_decodes_as_infiniband_cm_in_tshark() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("cm.pcap");
     // Both devices exist before the capture starts, so it holds the CM traffic only.
-    let _devs: Vec<Context> = [SERVER, CLIENT]
+    let _devs: Vec<Context> = [server_addr(), client_addr()]
         .iter()
         .map(|a| {
             let c = Device::from_addr(a.parse().unwrap())
@@ -218,8 +237,8 @@ fn rdma_cm_connection_and_sidr_traffic_decodes_as_infiniband_cm_in_tshark() {
         ["REQ", "REP", "RTU", "DREQ", "DREP", "SIDR_REQ", "SIDR_REP"],
         "the CM messages of the capture"
     );
-    let client_ip: IpAddr = CLIENT.parse().unwrap();
-    let server_ip: IpAddr = SERVER.parse().unwrap();
+    let client_ip: IpAddr = client_addr().parse().unwrap();
+    let server_ip: IpAddr = server_addr().parse().unwrap();
     for f in cm.values() {
         match &f.msg {
             Message::Req(r) => {
@@ -330,8 +349,8 @@ fn rdma_cm_connection_and_sidr_traffic_decodes_as_infiniband_cm_in_tshark() {
                             number(get("infiniband.cm.req.ip_cm.sport")),
                             u64::from(rc_port)
                         );
-                        assert_eq!(get("infiniband.cm.req.ip_cm.sip4"), CLIENT);
-                        assert_eq!(get("infiniband.cm.req.ip_cm.dip4"), SERVER);
+                        assert_eq!(get("infiniband.cm.req.ip_cm.sip4"), client_addr());
+                        assert_eq!(get("infiniband.cm.req.ip_cm.dip4"), server_addr());
                         let user = unhex(get("infiniband.cm.req.ip_cm.private"));
                         assert_eq!(&user[..RC_DATA.len()], RC_DATA);
                     }

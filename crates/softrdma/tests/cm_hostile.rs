@@ -10,9 +10,9 @@
 //! the CM events of each before it reads the next, so when the probe's answer arrives every
 //! earlier packet has been handled, counted, and had its events (if any) queued.
 //!
-//! Addresses 127.0.0.100 – 127.0.0.119 are this file's: per test a device under attack, the
-//! attacker's socket (bound to port 4791, where the device sends its answers) and a client
-//! device for the final connection.
+//! Each test takes loopback addresses of its own (see `softrdma::testing`): a device under
+//! attack, the attacker's socket (bound to port 4791, where the device sends its answers) and
+//! a client device for the final connection.
 
 use softrdma::rdma_cm::{CmEvent, CmEventType, CmId, ConnParam, EventChannel, PortSpace};
 use softrdma::*;
@@ -28,6 +28,12 @@ use softrdma_wire::{bth, deth, immdt, mad, roce};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
+
+/// A loopback address no other process on this machine uses (see `softrdma::testing`), as
+/// text: a device address of the test's own.
+fn unique() -> String {
+    softrdma::testing::unique_loopback_addr().to_string()
+}
 
 const ROCE_PORT: u16 = 4791;
 /// The attacker's CA GUID in the REQs it sends.
@@ -442,8 +448,11 @@ fn expect(ch: &EventChannel, want: CmEventType) -> CmEvent {
 /// application.
 #[test]
 fn malformed_packets_to_qp1_are_dropped_and_counted() {
-    let t = Target::new("127.0.0.100", 7100);
-    let mut a = Attacker::new("127.0.0.101", "127.0.0.100");
+    let ip_100 = unique();
+    let ip_101 = unique();
+    let ip_102 = unique();
+    let t = Target::new(&ip_100, 7100);
+    let mut a = Attacker::new(&ip_101, &ip_100);
     assert!(a.probe().is_empty());
     let (c0, g0) = (t.ctx.counters(), t.ctx.cm_stats());
     assert_eq!(g0.cm.received.total(), 1, "the probe");
@@ -591,7 +600,7 @@ fn malformed_packets_to_qp1_are_dropped_and_counted() {
     assert_eq!((g1.connections, g1.pending_reqs), (0, 0));
     t.assert_no_event();
 
-    t.connects_normally("127.0.0.102");
+    t.connects_normally(&ip_102);
     t.assert_no_event();
     t.listener.destroy();
 }
@@ -602,8 +611,11 @@ fn malformed_packets_to_qp1_are_dropped_and_counted() {
 /// unmangled does reach the application.
 #[test]
 fn mads_that_are_not_cm_messages_we_handle_are_dropped_and_counted() {
-    let t = Target::new("127.0.0.103", 7103);
-    let mut a = Attacker::new("127.0.0.104", "127.0.0.103");
+    let ip_103 = unique();
+    let ip_104 = unique();
+    let ip_105 = unique();
+    let t = Target::new(&ip_103, 7103);
+    let mut a = Attacker::new(&ip_104, &ip_103);
     assert!(a.probe().is_empty());
     let g0 = t.ctx.cm_stats();
     let sid = t.service_id();
@@ -738,7 +750,7 @@ fn mads_that_are_not_cm_messages_we_handle_are_dropped_and_counted() {
     }
     t.assert_no_event();
 
-    t.connects_normally("127.0.0.105");
+    t.connects_normally(&ip_105);
     t.listener.destroy();
 }
 
@@ -748,8 +760,11 @@ fn mads_that_are_not_cm_messages_we_handle_are_dropped_and_counted() {
 /// reaches the application.
 #[test]
 fn cm_messages_for_unknown_communications_are_dropped_without_events() {
-    let t = Target::new("127.0.0.106", 7106);
-    let mut a = Attacker::new("127.0.0.107", "127.0.0.106");
+    let ip_106 = unique();
+    let ip_107 = unique();
+    let ip_108 = unique();
+    let t = Target::new(&ip_106, 7106);
+    let mut a = Attacker::new(&ip_107, &ip_106);
     assert!(a.probe().is_empty());
     let g0 = t.ctx.cm_stats();
     let mut rng = Rng(0x5eed);
@@ -910,7 +925,7 @@ fn cm_messages_for_unknown_communications_are_dropped_without_events() {
     assert_eq!((g1.connections, g1.pending_reqs), (0, 0));
     t.assert_no_event();
 
-    t.connects_normally("127.0.0.108");
+    t.connects_normally(&ip_108);
     t.assert_no_event();
     t.listener.destroy();
 }
@@ -926,8 +941,11 @@ fn cm_messages_for_unknown_communications_are_dropped_without_events() {
 /// it answers them, the device connects normally.
 #[test]
 fn a_req_flood_is_bounded_by_max_pending_reqs_and_answered_with_rej_3() {
-    let t = Target::new("127.0.0.109", 7109);
-    let mut a = Attacker::new("127.0.0.110", "127.0.0.109");
+    let ip_109 = unique();
+    let ip_110 = unique();
+    let ip_111 = unique();
+    let t = Target::new(&ip_109, 7109);
+    let mut a = Attacker::new(&ip_110, &ip_109);
     assert!(a.probe().is_empty());
     t.ctx.set_cm_limits(4096, 1024).unwrap();
     let g0 = t.ctx.cm_stats();
@@ -997,7 +1015,7 @@ fn a_req_flood_is_bounded_by_max_pending_reqs_and_answered_with_rej_3() {
     cch.set_nonblocking(true).unwrap();
     let c = CmId::create(Some(&cch), 9, PortSpace::Tcp).unwrap();
     c.resolve_addr(
-        Some(SocketAddr::new("127.0.0.111".parse().unwrap(), 0)),
+        Some(SocketAddr::new(ip_111.parse().unwrap(), 0)),
         t.addr,
         2000,
     )
@@ -1043,7 +1061,7 @@ fn a_req_flood_is_bounded_by_max_pending_reqs_and_answered_with_rej_3() {
     assert_eq!((g2.connections, g2.pending_reqs), (0, 0));
     t.assert_no_event();
 
-    t.connects_normally("127.0.0.111");
+    t.connects_normally(&ip_111);
     t.assert_no_event();
     t.listener.destroy();
 }
@@ -1057,9 +1075,12 @@ fn a_req_flood_is_bounded_by_max_pending_reqs_and_answered_with_rej_3() {
 /// connects. (`req_flood_memory_probe` measures the process's memory under such a flood.)
 #[test]
 fn a_req_flood_beyond_the_listen_backlog_is_dropped_and_the_state_stays_bounded() {
+    let ip_13_0_3 = unique();
+    let ip_13_0_4 = unique();
+    let ip_13_0_5 = unique();
     const BACKLOG: u32 = 16;
-    let t = Target::with_backlog("127.13.0.3", 7133, BACKLOG as i32);
-    let mut a = Attacker::new("127.13.0.4", "127.13.0.3");
+    let t = Target::with_backlog(&ip_13_0_3, 7133, BACKLOG as i32);
+    let mut a = Attacker::new(&ip_13_0_4, &ip_13_0_3);
     assert!(a.probe().is_empty());
     let g0 = t.ctx.cm_stats();
     assert_eq!(
@@ -1120,7 +1141,7 @@ fn a_req_flood_beyond_the_listen_backlog_is_dropped_and_the_state_stays_bounded(
     assert_eq!(a.probe().len(), 1);
     t.assert_no_event();
 
-    t.connects_normally("127.13.0.5");
+    t.connects_normally(&ip_13_0_5);
     t.assert_no_event();
     t.listener.destroy();
 }
@@ -1130,8 +1151,10 @@ fn a_req_flood_beyond_the_listen_backlog_is_dropped_and_the_state_stays_bounded(
 /// nobody waits on it); raising the bound lets the same id connect.
 #[test]
 fn connect_beyond_the_device_bound_fails_with_enomem_and_raising_it_lets_it_through() {
-    let t = Target::new("127.13.0.7", 7137);
-    let cctx = Device::from_addr("127.13.0.6".parse().unwrap())
+    let ip_13_0_7 = unique();
+    let ip_13_0_6 = unique();
+    let t = Target::new(&ip_13_0_7, 7137);
+    let cctx = Device::from_addr(ip_13_0_6.parse().unwrap())
         .unwrap()
         .open()
         .unwrap();
@@ -1140,7 +1163,7 @@ fn connect_beyond_the_device_bound_fails_with_enomem_and_raising_it_lets_it_thro
     assert_eq!((g.max_connections, g.max_pending_reqs), (1, 1));
     let cch = EventChannel::new().unwrap();
     cch.set_nonblocking(true).unwrap();
-    let src = SocketAddr::new("127.13.0.6".parse().unwrap(), 0);
+    let src = SocketAddr::new(ip_13_0_6.parse().unwrap(), 0);
     let ids: Vec<CmId> = (0..2)
         .map(|i| {
             let c = CmId::create(Some(&cch), i, PortSpace::Tcp).unwrap();
@@ -1191,8 +1214,11 @@ fn connect_beyond_the_device_bound_fails_with_enomem_and_raising_it_lets_it_thro
 /// a service nobody listens on gets REJ 8.
 #[test]
 fn a_req_with_a_garbage_cma_header_is_rejected_with_reason_28() {
-    let t = Target::new("127.0.0.112", 7112);
-    let mut a = Attacker::new("127.0.0.113", "127.0.0.112");
+    let ip_112 = unique();
+    let ip_113 = unique();
+    let ip_114 = unique();
+    let t = Target::new(&ip_112, 7112);
+    let mut a = Attacker::new(&ip_113, &ip_112);
     assert!(a.probe().is_empty());
     let g0 = t.ctx.cm_stats();
     let cases = a.garbage_cma_headers();
@@ -1262,7 +1288,7 @@ fn a_req_with_a_garbage_cma_header_is_rejected_with_reason_28() {
     t.assert_no_event();
     ud.destroy();
 
-    t.connects_normally("127.0.0.114");
+    t.connects_normally(&ip_114);
     t.assert_no_event();
     t.listener.destroy();
 }
@@ -1274,9 +1300,13 @@ fn a_req_with_a_garbage_cma_header_is_rejected_with_reason_28() {
 /// that only for a REQ from the connection's own peer, and this one comes from elsewhere.
 #[test]
 fn a_stale_req_from_a_stranger_is_refused_and_the_connection_stays() {
-    let t = Target::new("127.0.0.115", 7115);
-    let mut a = Attacker::new("127.0.0.117", "127.0.0.115");
-    let client_ip = "127.0.0.116";
+    let ip_115 = unique();
+    let ip_117 = unique();
+    let ip_116 = unique();
+    let ip_118 = unique();
+    let t = Target::new(&ip_115, 7115);
+    let mut a = Attacker::new(&ip_117, &ip_115);
+    let client_ip = &ip_116;
     let cch = EventChannel::new().unwrap();
     cch.set_nonblocking(true).unwrap();
     let c = CmId::create(Some(&cch), 7, PortSpace::Tcp).unwrap();
@@ -1340,7 +1370,7 @@ fn a_stale_req_from_a_stranger_is_refused_and_the_connection_stays() {
     c.destroy();
     s.destroy();
 
-    t.connects_normally("127.0.0.118");
+    t.connects_normally(&ip_118);
     t.listener.destroy();
 }
 
@@ -1424,6 +1454,8 @@ fn rss_kib() -> u64 {
 #[test]
 #[ignore]
 fn req_flood_memory_probe() {
+    let ip_13_0_1 = unique();
+    let ip_13_0_2 = unique();
     let var = |k: &str, d: u64| std::env::var(k).map_or(d, |v| v.parse().unwrap());
     let n = var("FLOOD_REQS", 250_000) as u32;
     let backlog = var("FLOOD_BACKLOG", 0) as i32;
@@ -1432,8 +1464,8 @@ fn req_flood_memory_probe() {
     // (the flood never answers the REP), 5 drops its id (no rdma_destroy_id); 6 below.
     let app = var("FLOOD_APP", 0);
     let mut kept = Vec::new();
-    let t = Target::with_backlog("127.13.0.1", 7131, backlog);
-    let mut a = Attacker::new("127.13.0.2", "127.13.0.1");
+    let t = Target::with_backlog(&ip_13_0_1, 7131, backlog);
+    let mut a = Attacker::new(&ip_13_0_2, &ip_13_0_1);
     assert!(a.probe().is_empty());
     let sid = t.service_id();
     // 6: another thread takes each request while the flood goes on and drops its id (no
@@ -1547,9 +1579,12 @@ fn seal_with_ident(a: &Attacker, pkt: &mut [u8], ident: u16) {
 /// its that matches only that way is an ICRC error: softrdma peers keep the full 32-bit check.
 #[test]
 fn solved_identifications_only_for_senders_that_are_not_softrdma_peers() {
-    let t = Target::new("127.13.5.1", 7101);
-    let mut fresh = Attacker::new("127.13.5.2", "127.13.5.1");
-    let mut peer = Attacker::new("127.13.5.3", "127.13.5.1");
+    let ip_13_5_1 = unique();
+    let ip_13_5_2 = unique();
+    let ip_13_5_3 = unique();
+    let t = Target::new(&ip_13_5_1, 7101);
+    let mut fresh = Attacker::new(&ip_13_5_2, &ip_13_5_1);
+    let mut peer = Attacker::new(&ip_13_5_3, &ip_13_5_1);
     let c0 = t.ctx.counters();
     // A fresh sender: accepted through the solved identification (then dropped: no such QP).
     let mut p = fresh.packet(Opcode::RC_SEND_ONLY, 0x00ab_cdef, None, &[7; 16]);

@@ -1,5 +1,5 @@
-//! The data path over real UDP sockets on loopback: two devices (127.0.0.1 and 127.0.0.2) in
-//! one process, every operation and QP type, the error statuses provoked on purpose, and
+//! The data path over real UDP sockets on loopback: two devices (loopback addresses of this
+//! run's own, see `softrdma::testing`) in one process, every operation and QP type, the error statuses provoked on purpose, and
 //! delivery under injected loss, duplication, reordering and corruption.
 
 #[path = "common/pair.rs"]
@@ -7,6 +7,7 @@ mod pair;
 
 use pair::*;
 use softrdma::*;
+use std::net::IpAddr;
 use std::time::Duration;
 
 #[test]
@@ -252,10 +253,19 @@ fn rc_no_receive_posted_is_rnr_retry_exc_err() {
     send(&a, 1, WrOpcode::Send, &[a.sge(0, 10)], |_| {});
     let c = a.wait(1);
     assert_eq!(c[0].status, WcStatus::RnrRetryExcErr);
-    // The first try and two retries, each answered with an RNR NAK.
+    // The first try and two retries, each answered with an RNR NAK. On a busy host (a test
+    // run beside another, or beside `softrdma perf`) a tail-loss probe or a timeout resend
+    // can send the message once more while the sender waits, and that copy draws an RNR NAK
+    // of its own: the exact count holds when neither fired.
     let (ca, cb) = (a.qp.counters(), b.qp.counters());
-    assert_eq!(ca.rnr_naks_received, 3);
-    assert_eq!(cb.rnr_naks_sent, 3);
+    let extra = ca.probes + ca.timeouts;
+    if extra == 0 {
+        assert_eq!(ca.rnr_naks_received, 3, "{ca:?}");
+        assert_eq!(cb.rnr_naks_sent, 3, "{cb:?}");
+    } else {
+        assert!((3..=3 + extra).contains(&ca.rnr_naks_received), "{ca:?}");
+        assert!((3..=3 + extra).contains(&cb.rnr_naks_sent), "{cb:?}");
+    }
     assert!(ca.retransmitted_packets >= 2, "{ca:?}");
 }
 
@@ -339,7 +349,7 @@ fn rc_delivers_exactly_once_in_order_under_loss_duplication_reordering_and_corru
         timeout: 6,
         ..Opts::default()
     };
-    let (a, b) = pair_on("127.0.0.5", "127.0.0.6", QpType::Rc, 1 << 20, &o);
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 20, &o);
     for (side, seed) in [(&a, 1u64), (&b, 2)] {
         side.ctx
             .set_fault_injection(Some(FaultConfig {
@@ -474,9 +484,12 @@ fn ud_send_has_the_grh_and_source_qp() {
         "the reply goes to the sender"
     );
     b.pd.create_ah_from_wc(1, &r[0], &area).unwrap();
+    let IpAddr::V4(src) = a.addr else {
+        panic!("an IPv4 pair")
+    };
     assert_eq!(
-        &grh[20 + 12..20 + 16],
-        &[127, 0, 0, 1],
+        grh[20 + 12..20 + 16],
+        src.octets(),
         "IPv4 source in the GRH area"
     );
     // A wrong Q_Key is dropped silently.
@@ -492,8 +505,9 @@ fn ud_send_has_the_grh_and_source_qp() {
 
 #[test]
 fn srq_feeds_receives_to_a_qp() {
-    let (a, _) = Side::new("127.0.0.1", QpType::Rc, 65536, false);
-    let (b, srq) = Side::new("127.0.0.2", QpType::Rc, 65536, true);
+    let (x, y) = pair_addrs();
+    let (a, _) = Side::new(x, QpType::Rc, 65536, false);
+    let (b, srq) = Side::new(y, QpType::Rc, 65536, true);
     connect(&a, &b, &Opts::default());
     let srq = srq.unwrap();
     for i in 0..4 {
@@ -516,10 +530,22 @@ fn srq_feeds_receives_to_a_qp() {
 
 #[test]
 fn rc_over_ipv6_loopback() {
-    // Both QPs on the ::1 device: a device can talk to itself, as a NIC in loopback.
-    if Device::from_addr("::1".parse().unwrap()).is_err() {
+    // Both QPs on the ::1 device: a device can talk to itself, as a NIC in loopback. IPv6
+    // has no loopback range to give each run an address of its own, so another run may hold
+    // ::1 port 4791: then the test says so and skips. Starting the engine here binds the
+    // port for the QPs below (engines live as long as the process), so nothing can take it
+    // in between.
+    let Ok(dev) = Device::from_addr("::1".parse().unwrap()) else {
         eprintln!("skipped: no IPv6 loopback on this machine");
         return;
+    };
+    match dev.open().and_then(|c| c.local_udp_addr()) {
+        Ok(_) => {}
+        Err(e) if e.errno() == libc::EADDRINUSE => {
+            eprintln!("SKIPPED rc_over_ipv6_loopback: another process holds [::1]:4791: {e}");
+            return;
+        }
+        Err(e) => panic!("starting the ::1 device: {e}"),
     }
     let (a, b) = pair_on("::1", "::1", QpType::Rc, 65536, &Opts::default());
     b.post_recv(1, 0, 65536);
@@ -570,7 +596,7 @@ fn rc_sender_ahead_of_the_receives_waits_for_credits_instead_of_rnr_storms() {
         timeout: 20,
         ..Opts::default()
     };
-    let (a, b) = pair_on("127.0.0.13", "127.0.0.14", QpType::Rc, 65536, &o);
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 65536, &o);
     const N: usize = 300;
     const RECVS: usize = 16;
     for i in 0..RECVS {
@@ -661,7 +687,8 @@ fn rc_ack_held_for_a_polling_receiver_still_reaches_the_sender() {
         assert_eq!((c[0].status, c[0].wr_id), (WcStatus::Success, wr_id));
     };
     // It stops polling: the ACK goes anyway (the progress thread sends it).
-    let (a, b) = pair_on("127.0.0.15", "127.0.0.16", QpType::Rc, 4096, &o);
+    let (x, y) = (unique(), unique());
+    let (a, b) = pair_on(&x, &y, QpType::Rc, 4096, &o);
     exchange(&a, &b, 1);
     done(&a, 1);
     // It moves its QP to ERR at once: the held ACK goes first.
@@ -676,7 +703,7 @@ fn rc_ack_held_for_a_polling_receiver_still_reaches_the_sender() {
     .unwrap();
     done(&a, 2);
     // On a fresh pair, it drops its QP without destroying it: the held ACK goes first.
-    let (a, b) = pair_on("127.0.0.15", "127.0.0.16", QpType::Rc, 4096, &o);
+    let (a, b) = pair_on(&x, &y, QpType::Rc, 4096, &o);
     exchange(&a, &b, 3);
     let Side { qp, .. } = b;
     drop(qp);
@@ -693,7 +720,7 @@ fn rc_unsent_sends_go_out_in_batches_of_64_while_an_ack_is_outstanding() {
         timeout: 0,
         ..Opts::default()
     };
-    let (a, b) = pair_on("127.0.0.165", "127.0.0.166", QpType::Rc, 65536, &o);
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 65536, &o);
     for i in 0..100 {
         b.post_recv(i, 0, 64);
     }

@@ -1,5 +1,5 @@
 //! The examples as programs: `examples/rping` runs as server and client in two processes on
-//! loopback addresses of their own (127.0.0.70–.75), pings with verification at several
+//! loopback addresses of their own (each test's, see `softrdma::testing`), pings with verification at several
 //! sizes and with self-created QPs (`-q`), serves two clients in a row as a persistent
 //! server, and fails clearly against a port nobody listens on.
 //!
@@ -16,6 +16,12 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// A loopback address no other process on this machine uses (see `softrdma::testing`), as
+/// text: a device address of the test's own.
+fn unique() -> String {
+    softrdma::testing::unique_loopback_addr().to_string()
+}
 
 /// How long any one process may take before it is killed (a hang, not a slow machine).
 const DEADLINE: Duration = Duration::from_secs(180);
@@ -213,17 +219,10 @@ fn ping_ok(name: &str, args: &[&str], size: usize, count: u32) {
     }
 }
 
-/// Tests that use the devices 127.0.0.70 and .71 take turns (a device address is one UDP
-/// socket: two processes cannot run it at once).
-static DEVICES_70_71: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn devices_70_71() -> std::sync::MutexGuard<'static, ()> {
-    DEVICES_70_71.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 #[test]
 fn rping_pings_with_verification_at_several_sizes() {
-    let _devices = devices_70_71();
+    let ip_70 = unique();
+    let ip_71 = unique();
     // Small, the minimum, around the 4096-byte path MTU, and the largest rping allows
     // (RPING_BUFSIZE - 1 = 65535). Default port (7174).
     // 23 is rping's minimum as rdma-core builds it (its ping header is then cut short).
@@ -231,22 +230,12 @@ fn rping_pings_with_verification_at_several_sizes() {
         let s = size.to_string();
         let srv = server(
             &format!("server -S {size}"),
-            &["-s", "-a", "127.0.0.70", "-S", &s, "-v", "-d"],
+            &["-s", "-a", &ip_70, "-S", &s, "-v", "-d"],
         );
         ping_ok(
             &format!("client -S {size}"),
             &[
-                "-c",
-                "-a",
-                "127.0.0.70",
-                "-I",
-                "127.0.0.71",
-                "-S",
-                &s,
-                "-C",
-                "20",
-                "-v",
-                "-V",
+                "-c", "-a", &ip_70, "-I", &ip_71, "-S", &s, "-C", "20", "-v", "-V",
             ],
             size,
             20,
@@ -278,34 +267,13 @@ fn rping_pings_with_verification_at_several_sizes() {
 /// (the wire is the same).
 #[test]
 fn rping_with_self_created_qps_pings_with_verification() {
-    let _devices = devices_70_71();
+    let ip_70 = unique();
+    let ip_71 = unique();
     for (server_q, client_q) in [(true, true), (false, true), (true, false)] {
         let name = format!("server -q {server_q}, client -q {client_q}");
-        let mut sargs = vec![
-            "-s",
-            "-a",
-            "127.0.0.70",
-            "-p",
-            "7320",
-            "-S",
-            "1000",
-            "-v",
-            "-d",
-        ];
+        let mut sargs = vec!["-s", "-a", &ip_70, "-p", "7320", "-S", "1000", "-v", "-d"];
         let mut cargs = vec![
-            "-c",
-            "-a",
-            "127.0.0.70",
-            "-p",
-            "7320",
-            "-I",
-            "127.0.0.71",
-            "-S",
-            "1000",
-            "-C",
-            "20",
-            "-v",
-            "-V",
+            "-c", "-a", &ip_70, "-p", "7320", "-I", &ip_71, "-S", "1000", "-C", "20", "-v", "-V",
         ];
         if server_q {
             sargs.push("-q");
@@ -343,36 +311,17 @@ fn rping_with_self_created_qps_pings_with_verification() {
 
 #[test]
 fn rping_persistent_server_serves_two_clients_in_a_row() {
+    let ip_72 = unique();
+    let ip_73 = unique();
     let mut srv = server(
         "persistent server",
-        &[
-            "-s",
-            "-P",
-            "-a",
-            "127.0.0.72",
-            "-p",
-            "7301",
-            "-S",
-            "1000",
-            "-d",
-        ],
+        &["-s", "-P", "-a", &ip_72, "-p", "7301", "-S", "1000", "-d"],
     );
     for i in 0..2 {
         ping_ok(
             &format!("client {i}"),
             &[
-                "-c",
-                "-a",
-                "127.0.0.72",
-                "-p",
-                "7301",
-                "-I",
-                "127.0.0.73",
-                "-S",
-                "1000",
-                "-C",
-                "20",
-                "-v",
+                "-c", "-a", &ip_72, "-p", "7301", "-I", &ip_73, "-S", "1000", "-C", "20", "-v",
                 "-V",
             ],
             1000,
@@ -386,22 +335,14 @@ fn rping_persistent_server_serves_two_clients_in_a_row() {
 
 #[test]
 fn rping_client_to_a_port_nobody_listens_on_fails_clearly() {
-    // A server on 127.0.0.74 port 7310 makes the address a live device; port 7311 has no
+    let ip_74 = unique();
+    let ip_75 = unique();
+    // A server on ip_74 port 7310 makes the address a live device; port 7311 has no
     // listener, so the server side's CM rejects the request (reason 8).
-    let _srv = server("server", &["-s", "-a", "127.0.0.74", "-p", "7310", "-d"]);
+    let _srv = server("server", &["-s", "-a", &ip_74, "-p", "7310", "-d"]);
     let (st, out, err) = Proc::spawn(
         "client",
-        &[
-            "-c",
-            "-a",
-            "127.0.0.74",
-            "-p",
-            "7311",
-            "-I",
-            "127.0.0.75",
-            "-C",
-            "1",
-        ],
+        &["-c", "-a", &ip_74, "-p", "7311", "-I", &ip_75, "-C", "1"],
     )
     .finish();
     let st = st.expect("the client ends");
@@ -417,41 +358,36 @@ fn rping_client_to_a_port_nobody_listens_on_fails_clearly() {
 /// (EAI_NONAME, -2).
 #[test]
 fn rping_usage_errors_exit_non_zero() {
+    let ip_70 = unique();
     // (arguments, stderr says, stdout says, usage printed, exit status)
     let cases: [(&[&str], &str, &str, bool, i32); 8] = [
         (
-            &["-c", "-a", "127.0.0.70", "-S", "22"],
+            &["-c", "-a", &ip_70, "-S", "22"],
             "Invalid size 22 (valid range is 23 to 65536)",
             "",
             false,
             22,
         ),
         (
-            &["-c", "-a", "127.0.0.70", "-S", "65536"],
+            &["-c", "-a", &ip_70, "-S", "65536"],
             "Invalid size 65536",
             "",
             false,
             22,
         ),
         (
-            &["-c", "-a", "127.0.0.70", "-C", "-1"],
+            &["-c", "-a", &ip_70, "-C", "-1"],
             "Invalid count -1",
             "",
             false,
             22,
         ),
-        (
-            &["-a", "127.0.0.70"],
-            "-s (server) or -c (client)",
-            "",
-            true,
-            22,
-        ),
+        (&["-a", &ip_70], "-s (server) or -c (client)", "", true, 22),
         (&["-c"], "needs the server's address", "", true, 22),
         (&["-c", "-x"], "unknown option -x", "", true, 22),
         // -C is read with atoi, as rping does: "abc" is 0 (ping forever), not an error.
         (
-            &["-c", "-a", "127.0.0.70", "-C", "abc", "-x"],
+            &["-c", "-a", &ip_70, "-C", "abc", "-x"],
             "unknown option -x",
             "",
             true,

@@ -1,12 +1,18 @@
 //! The librdmacm and libibverbs example programs (examples/rdma_server, rdma_client, udaddy,
 //! mckey, cmtime, rc_pingpong, uc_pingpong, ud_pingpong, srq_pingpong) run as their rdma-core
-//! originals do: server and client in two processes on loopback "devices" (127.0.0.80 –
-//! 127.0.0.99, 127.0.0.150 – 127.0.0.158), each
-//! bounded by a deadline so that a hang fails the test instead of hanging CI.
+//! originals do: server and client in two processes on loopback "devices" (addresses of each
+//! test's own, see `softrdma::testing`; the TCP ports of the pingpong exchanges are free ones
+//! the kernel picked), each bounded by a deadline so that a hang fails the test instead of hanging CI.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// A loopback address no other process on this machine uses (see `softrdma::testing`), as
+/// text: a device address of the test's own.
+fn unique() -> String {
+    softrdma::testing::unique_loopback_addr().to_string()
+}
 
 /// The example binary `name`, which `cargo test` builds into target/<profile>/examples.
 fn example(name: &str) -> PathBuf {
@@ -128,16 +134,18 @@ const LIMIT: Duration = Duration::from_secs(120);
 
 #[test]
 fn rdma_server_and_rdma_client_exchange_a_message() {
+    let ip_80 = unique();
+    let ip_81 = unique();
     let (s, s_out) = server_with_output(
         "rdma_server",
         // rdma-core's flag for the address to listen on.
-        &["-s", "127.0.0.80", "-p", "7480"],
+        &["-s", ip_80.as_str(), "-p", "7480"],
         "listening",
     );
     let c = finish(
         spawn(
             "rdma_client",
-            &["-s", "127.0.0.80", "-p", "7480", "-b", "127.0.0.81"],
+            &["-s", ip_80.as_str(), "-p", "7480", "-b", ip_81.as_str()],
         ),
         LIMIT,
     );
@@ -158,15 +166,17 @@ fn rdma_server_and_rdma_client_exchange_a_message() {
 /// ID): the synchronous rdma_connect fails with ECONNREFUSED at once.
 #[test]
 fn rdma_client_to_a_port_nobody_listens_on_fails_with_connection_refused() {
+    let ip_82 = unique();
+    let ip_83 = unique();
     let mut s = server(
         "rdma_server",
-        &["-a", "127.0.0.82", "-p", "7482"],
+        &["-a", ip_82.as_str(), "-p", "7482"],
         "listening",
     );
     let c = finish(
         spawn(
             "rdma_client",
-            &["-s", "127.0.0.82", "-p", "7481", "-b", "127.0.0.83"],
+            &["-s", ip_82.as_str(), "-p", "7481", "-b", ip_83.as_str()],
         ),
         LIMIT,
     );
@@ -201,15 +211,17 @@ fn rdma_server_and_rdma_client_usage_goes_to_stdout_with_status_1() {
 /// address handles made from the received work completions.
 #[test]
 fn udaddy_server_and_client_exchange_datagrams_over_sidr() {
-    let s = server("udaddy", &["-b", "127.0.0.84", "-c", "2"], "listening");
+    let ip_84 = unique();
+    let ip_85 = unique();
+    let s = server("udaddy", &["-b", ip_84.as_str(), "-c", "2"], "listening");
     let c = finish(
         spawn(
             "udaddy",
             &[
                 "-s",
-                "127.0.0.84",
+                ip_84.as_str(),
                 "-b",
-                "127.0.0.85",
+                ip_85.as_str(),
                 "-c",
                 "2",
                 "-C",
@@ -234,13 +246,15 @@ fn udaddy_server_and_client_exchange_datagrams_over_sidr() {
 /// A udaddy client with no server behind the port: the SIDR lookup fails (status 1).
 #[test]
 fn udaddy_client_without_a_server_reports_unreachable() {
+    let ip_86 = unique();
+    let ip_87 = unique();
     let mut s = server(
         "rdma_server",
-        &["-a", "127.0.0.86", "-p", "7486"],
+        &["-a", ip_86.as_str(), "-p", "7486"],
         "listening",
     );
     let c = finish(
-        spawn("udaddy", &["-s", "127.0.0.86", "-b", "127.0.0.87"]),
+        spawn("udaddy", &["-s", ip_86.as_str(), "-b", ip_87.as_str()]),
         LIMIT,
     );
     let _ = s.kill();
@@ -261,14 +275,18 @@ fn udaddy_client_without_a_server_reports_unreachable() {
 /// sees the SIDR lookup fail. `-p 0x111`, `-P udp` and `-f ip` are rdma-core's flags.
 #[test]
 fn udaddy_refuses_messages_larger_than_the_active_mtu() {
+    let ip_0_3_1 = unique();
+    let ip_0_3_2 = unique();
+    let ip_0_3_3 = unique();
+    let ip_0_3_4 = unique();
     let c = finish(
         spawn(
             "udaddy",
             &[
                 "-s",
-                "127.0.3.1",
+                ip_0_3_1.as_str(),
                 "-b",
-                "127.0.3.2",
+                ip_0_3_2.as_str(),
                 "-S",
                 "5000",
                 "-p",
@@ -289,15 +307,19 @@ fn udaddy_refuses_messages_larger_than_the_active_mtu() {
         "{out}"
     );
 
-    let (s, s_out) = server_with_output("udaddy", &["-b", "127.0.3.3", "-S", "5000"], "listening");
+    let (s, s_out) = server_with_output(
+        "udaddy",
+        &["-b", ip_0_3_3.as_str(), "-S", "5000"],
+        "listening",
+    );
     let c = finish(
         spawn(
             "udaddy",
             &[
                 "-s",
-                "127.0.3.3",
+                ip_0_3_3.as_str(),
                 "-b",
-                "127.0.3.4",
+                ip_0_3_4.as_str(),
                 "-S",
                 "1000",
                 "-C",
@@ -324,7 +346,12 @@ fn udaddy_refuses_messages_larger_than_the_active_mtu() {
 /// Usage errors print rdma-core's usage text on stdout and exit with status 1.
 #[test]
 fn udaddy_usage_goes_to_stdout_with_status_1() {
-    for args in [&["-x"][..], &["-s"][..], &["-b", "127.0.3.5", "-C"][..]] {
+    let ip_0_3_5 = unique();
+    for args in [
+        &["-x"][..],
+        &["-s"][..],
+        &["-b", ip_0_3_5.as_str(), "-C"][..],
+    ] {
         let o = finish(spawn("udaddy", args), LIMIT);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {}", text(&o));
         let out = String::from_utf8_lossy(&o.stdout);
@@ -339,15 +366,19 @@ fn udaddy_usage_goes_to_stdout_with_status_1() {
 /// attached) sends ten datagrams to it; each receiver gets all ten, byte-exact.
 #[test]
 fn mckey_receivers_in_two_processes_get_every_datagram_a_sender_multicasts() {
-    let g = "239.255.88.1";
+    let ip_88 = unique();
+    let ip_92 = unique();
+    let ip_89 = unique();
+    let group = softrdma::testing::unique_multicast_group().to_string();
+    let g = group.as_str();
     let r1 = server(
         "mckey",
-        &["-m", g, "-b", "127.0.0.88", "-C", "10"],
+        &["-m", g, "-b", ip_88.as_str(), "-C", "10"],
         "joined",
     );
     let r2 = server(
         "mckey",
-        &["-m", g, "-b", "127.0.0.92", "-C", "10"],
+        &["-m", g, "-b", ip_92.as_str(), "-C", "10"],
         "joined",
     );
     let s = finish(
@@ -357,7 +388,7 @@ fn mckey_receivers_in_two_processes_get_every_datagram_a_sender_multicasts() {
                 "-m",
                 g,
                 "-b",
-                "127.0.0.89",
+                ip_89.as_str(),
                 "-s",
                 "-o",
                 "-C",
@@ -372,8 +403,9 @@ fn mckey_receivers_in_two_processes_get_every_datagram_a_sender_multicasts() {
     assert!(text(&s).contains("return status 0"));
     // rdma-core's lines: "joining", then the group's GID (IPv4-mapped).
     assert!(
-        text(&s)
-            .contains("mckey: joining\nmckey: joined dgid: ::ffff:239.255.88.1 mlid 0x0 sl 0\n"),
+        text(&s).contains(&format!(
+            "mckey: joining\nmckey: joined dgid: ::ffff:{g} mlid 0x0 sl 0\n"
+        )),
         "{}",
         text(&s)
     );
@@ -391,18 +423,18 @@ fn mckey_receivers_in_two_processes_get_every_datagram_a_sender_multicasts() {
     }
     let r1 = server(
         "mckey",
-        &["-m", g, "-b", "127.0.0.88", "-C", "10", "-S", "200"],
+        &["-m", g, "-b", ip_88.as_str(), "-C", "10", "-S", "200"],
         "joined",
     );
     let r2 = server(
         "mckey",
-        &["-m", g, "-b", "127.0.0.92", "-C", "10", "-S", "200"],
+        &["-m", g, "-b", ip_92.as_str(), "-C", "10", "-S", "200"],
         "joined",
     );
     let s = finish(
         spawn(
             "mckey",
-            &["-m", g, "-b", "127.0.0.89", "-s", "-C", "10", "-S", "200"],
+            &["-m", g, "-b", ip_89.as_str(), "-s", "-C", "10", "-S", "200"],
         ),
         LIMIT,
     );
@@ -418,6 +450,7 @@ fn mckey_receivers_in_two_processes_get_every_datagram_a_sender_multicasts() {
 
 #[test]
 fn mckey_refuses_bad_arguments() {
+    let ip_93 = unique();
     // Usage on stdout, status 1, as rdma-core's; -p takes the port space's number.
     for args in [&["-x"][..], &["-m", "239.255.88.2", "-C"][..]] {
         let o = finish(spawn("mckey", args), LIMIT);
@@ -428,8 +461,8 @@ fn mckey_refuses_bad_arguments() {
     // Without -m (or with a group that is no address) rdma-core's mckey fails in
     // getaddrinfo and returns EAI_NONAME (-2): status 254.
     for args in [
-        &["-b", "127.0.0.93"][..],
-        &["-m", "no-such-group", "-b", "127.0.0.93"],
+        &["-b", ip_93.as_str()][..],
+        &["-m", "no-such-group", "-b", ip_93.as_str()],
     ] {
         let o = finish(spawn("mckey", args), LIMIT);
         assert_eq!(o.status.code(), Some(254), "{args:?}: {}", text(&o));
@@ -440,7 +473,7 @@ fn mckey_refuses_bad_arguments() {
         );
     }
     let o = finish(
-        spawn("mckey", &["-m", "127.0.0.1", "-b", "127.0.0.93"]),
+        spawn("mckey", &["-m", "127.0.0.1", "-b", ip_93.as_str()]),
         LIMIT,
     );
     assert!(
@@ -468,9 +501,11 @@ fn json_number(line: &str, key: &str) -> f64 {
 /// QPs; the client's machine-readable line carries the rates and the memory per QP.
 #[test]
 fn cmtime_server_and_client_connect_and_disconnect_fifty_connections() {
+    let ip_90 = unique();
+    let ip_91 = unique();
     let s = server(
         "cmtime",
-        &["-b", "127.0.0.90", "-p", "7490", "-c", "50"],
+        &["-b", ip_90.as_str(), "-p", "7490", "-c", "50"],
         "Server warmup",
     );
     let c = finish(
@@ -478,9 +513,9 @@ fn cmtime_server_and_client_connect_and_disconnect_fifty_connections() {
             "cmtime",
             &[
                 "-s",
-                "127.0.0.90",
+                ip_90.as_str(),
                 "-b",
-                "127.0.0.91",
+                ip_91.as_str(),
                 "-p",
                 "7490",
                 "-c",
@@ -513,10 +548,14 @@ fn cmtime_server_and_client_connect_and_disconnect_fifty_connections() {
 /// (first run) and sleeping on completion events (second run); both print the summary.
 #[test]
 fn rc_pingpong_server_and_client_ping_pong_over_their_own_exchange() {
-    for (port, extra) in [("18750", None), ("18751", Some("-e"))] {
+    let ip_150 = unique();
+    let ip_151 = unique();
+    for extra in [None, Some("-e")] {
+        let port = softrdma::testing::unused_tcp_port().to_string();
+        let port = port.as_str();
         let mut args = vec![
             "-d",
-            "127.0.0.150",
+            ip_150.as_str(),
             "-g",
             "0",
             "-p",
@@ -529,8 +568,8 @@ fn rc_pingpong_server_and_client_ping_pong_over_their_own_exchange() {
         args.extend(extra);
         let s = server("rc_pingpong", &args, "local address:");
         wait_listening(port.parse().unwrap());
-        args[1] = "127.0.0.151";
-        args.push("127.0.0.150");
+        args[1] = ip_151.as_str();
+        args.push(ip_150.as_str());
         let c = finish(spawn("rc_pingpong", &args), LIMIT);
         assert!(c.status.success(), "client: {}", text(&c));
         let s = finish(s, LIMIT);
@@ -538,7 +577,7 @@ fn rc_pingpong_server_and_client_ping_pong_over_their_own_exchange() {
         let t = text(&c);
         assert!(
             t.contains("remote address: LID 0x0000, QPN 0x")
-                && t.contains("GID ::ffff:127.0.0.150"),
+                && t.contains(&format!("GID ::ffff:{ip_150}")),
             "{t}"
         );
         assert!(t.contains("1200000 bytes in "), "{t}");
@@ -551,16 +590,19 @@ fn rc_pingpong_server_and_client_ping_pong_over_their_own_exchange() {
 /// sides fail, as ibv_rc_pingpong does on RoCE without -g.
 #[test]
 fn rc_pingpong_without_a_gid_index_cannot_connect() {
+    let ip_152 = unique();
+    let ip_153 = unique();
+    let port = softrdma::testing::unused_tcp_port().to_string();
     let s = server(
         "rc_pingpong",
-        &["-d", "127.0.0.152", "-p", "18752"],
+        &["-d", ip_152.as_str(), "-p", port.as_str()],
         "local address:",
     );
-    wait_listening(18752);
+    wait_listening(port.parse().unwrap());
     let c = finish(
         spawn(
             "rc_pingpong",
-            &["-d", "127.0.0.153", "-p", "18752", "127.0.0.152"],
+            &["-d", ip_153.as_str(), "-p", port.as_str(), ip_152.as_str()],
         ),
         LIMIT,
     );
@@ -574,16 +616,28 @@ fn rc_pingpong_without_a_gid_index_cannot_connect() {
 /// to host:port", exit status 1.
 #[test]
 fn rc_pingpong_client_without_a_server_cannot_connect() {
+    let ip_0_3_7 = unique();
+    let ip_0_3_6 = unique();
+    // A port nobody listens on (a listener on another address's port would answer).
+    let port = softrdma::testing::unused_tcp_port().to_string();
     let o = finish(
         spawn(
             "rc_pingpong",
-            &["-d", "127.0.3.7", "-g", "0", "-p", "18760", "127.0.3.6"],
+            &[
+                "-d",
+                ip_0_3_7.as_str(),
+                "-g",
+                "0",
+                "-p",
+                port.as_str(),
+                ip_0_3_6.as_str(),
+            ],
         ),
         LIMIT,
     );
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(
-        text(&o).contains("Couldn't connect to 127.0.3.6:18760"),
+        text(&o).contains(&format!("Couldn't connect to {ip_0_3_6}:{port}")),
         "{}",
         text(&o)
     );
@@ -595,13 +649,17 @@ fn rc_pingpong_client_without_a_server_cannot_connect() {
 /// the server finds the client's marks. UD's local address line has its colon after the PSN.
 #[test]
 fn uc_and_ud_pingpong_server_and_client_ping_pong() {
-    for (prog, port, size, bytes) in [
-        ("uc_pingpong", "18753", "2000", "1200000"),
-        ("ud_pingpong", "18754", "1024", "614400"),
+    let ip_154 = unique();
+    let ip_155 = unique();
+    for (prog, size, bytes) in [
+        ("uc_pingpong", "2000", "1200000"),
+        ("ud_pingpong", "1024", "614400"),
     ] {
+        let port = softrdma::testing::unused_tcp_port().to_string();
+        let port = port.as_str();
         let mut args = vec![
             "-d",
-            "127.0.0.154",
+            ip_154.as_str(),
             "-g",
             "0",
             "-p",
@@ -614,8 +672,8 @@ fn uc_and_ud_pingpong_server_and_client_ping_pong() {
         ];
         let (s, out) = server_with_output(prog, &args, "local address:");
         wait_listening(port.parse().unwrap());
-        args[1] = "127.0.0.155";
-        args.push("127.0.0.154");
+        args[1] = ip_155.as_str();
+        args.push(ip_154.as_str());
         let c = finish(spawn(prog, &args), LIMIT);
         assert!(c.status.success(), "{prog} client: {}", text(&c));
         let s = finish(s, LIMIT);
@@ -624,7 +682,7 @@ fn uc_and_ud_pingpong_server_and_client_ping_pong() {
         let t = text(&c);
         assert!(
             t.contains("remote address: LID 0x0000, QPN 0x")
-                && t.contains("GID ::ffff:127.0.0.154"),
+                && t.contains(&format!("GID ::ffff:{ip_154}")),
             "{t}"
         );
         assert!(t.contains(&format!("{bytes} bytes in ")), "{t}");
@@ -644,10 +702,11 @@ fn uc_and_ud_pingpong_server_and_client_ping_pong() {
 /// creates anything, and `-m` (a flag of rc and uc only); uc_pingpong refuses rc's `-o`.
 #[test]
 fn ud_pingpong_refuses_sizes_above_the_port_mtu_and_foreign_flags() {
+    let ip_156 = unique();
     let o = finish(
         spawn(
             "ud_pingpong",
-            &["-d", "127.0.0.156", "-s", "5000", "127.0.0.1"],
+            &["-d", ip_156.as_str(), "-s", "5000", ip_156.as_str()],
         ),
         LIMIT,
     );
@@ -674,10 +733,14 @@ fn ud_pingpong_refuses_sizes_above_the_port_mtu_and_foreign_flags() {
 /// QPs), polling and then with completion events, with `-c`; and `-q` above `-r` refused.
 #[test]
 fn srq_pingpong_server_and_client_over_16_qps_and_one_srq() {
-    for (port, extra) in [("18755", None), ("18756", Some("-e"))] {
+    let ip_157 = unique();
+    let ip_158 = unique();
+    for extra in [None, Some("-e")] {
+        let port = softrdma::testing::unused_tcp_port().to_string();
+        let port = port.as_str();
         let mut args = vec![
             "-d",
-            "127.0.0.157",
+            ip_157.as_str(),
             "-g",
             "0",
             "-p",
@@ -691,8 +754,8 @@ fn srq_pingpong_server_and_client_over_16_qps_and_one_srq() {
         args.extend(extra);
         let (s, out) = server_with_output("srq_pingpong", &args, "local address:");
         wait_listening(port.parse().unwrap());
-        args[1] = "127.0.0.158";
-        args.push("127.0.0.157");
+        args[1] = ip_158.as_str();
+        args.push(ip_157.as_str());
         let c = finish(spawn("srq_pingpong", &args), LIMIT);
         assert!(c.status.success(), "client: {}", text(&c));
         let s = finish(s, LIMIT);
@@ -719,7 +782,7 @@ fn srq_pingpong_server_and_client_over_16_qps_and_one_srq() {
         );
     }
     let o = finish(
-        spawn("srq_pingpong", &["-q", "20", "-r", "10", "127.0.0.1"]),
+        spawn("srq_pingpong", &["-q", "20", "-r", "10", ip_157.as_str()]),
         LIMIT,
     );
     assert!(!o.status.success());

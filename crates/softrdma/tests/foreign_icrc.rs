@@ -4,7 +4,8 @@
 //! counted in `icrc_ident_solved`; with identification 0 they pass the full check and are not
 //! counted there; corrupted ones are dropped as ICRC errors either way.
 //!
-//! Addresses 127.0.0.140 – 127.0.0.141 are this file's.
+//! Its device and sender addresses are loopback addresses of this run's own (see
+//! `softrdma::testing`).
 
 mod common;
 
@@ -80,8 +81,8 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn packets_with_an_unseen_ident_are_verified_by_solving_for_it() {
-    let dev: Ipv4Addr = "127.0.0.140".parse().unwrap();
-    let me: Ipv4Addr = "127.0.0.141".parse().unwrap();
+    let dev: Ipv4Addr = softrdma::testing::unique_loopback_addr();
+    let me: Ipv4Addr = softrdma::testing::unique_loopback_addr();
     let ctx = Device::from_addr(IpAddr::V4(dev)).unwrap().open().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64, 0, None, 0).unwrap();

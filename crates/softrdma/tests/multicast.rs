@@ -1,5 +1,7 @@
-//! IP multicast for UD QPs over real UDP sockets: devices on 127.0.0.60–69 join groups
-//! 239.255.60.x, a UD SEND to the group reaches every attached QP (and only those), Q_Keys
+//! IP multicast for UD QPs over real UDP sockets: devices on loopback addresses of this run's
+//! own join groups of this run's own (see `softrdma::testing`: devices of every process on a
+//! host that join one group get each other's datagrams, so a shared group would mix runs), a
+//! UD SEND to the group reaches every attached QP (and only those), Q_Keys
 //! are checked, detach stops delivery, the sender does not get its own copy back, bad
 //! datagrams on a group socket are counted and dropped, and IPv6 where this host can loop
 //! IPv6 multicast back.
@@ -124,17 +126,21 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn a_send_to_the_group_reaches_every_attached_qp_of_every_device() {
-    let group: IpAddr = "239.255.60.1".parse().unwrap();
+    let ip_60 = unique();
+    let ip_61 = unique();
+    let ip_62 = unique();
+    let group4 = softrdma::testing::unique_multicast_group();
+    let group = IpAddr::V4(group4);
     let mgid = Gid::from_ip(group);
-    let s = ud("127.0.0.60", QKEY);
-    let a = ud("127.0.0.61", QKEY);
-    let b = ud("127.0.0.62", QKEY);
+    let s = ud(&ip_60, QKEY);
+    let a = ud(&ip_61, QKEY);
+    let b = ud(&ip_62, QKEY);
     // On a's device too, but not attached.
-    let a2 = ud("127.0.0.61", QKEY);
+    let a2 = ud(&ip_61, QKEY);
     a.qp.attach_mcast(&mgid, 0).unwrap();
     b.qp.attach_mcast(&mgid, 0).unwrap();
     assert_eq!(
-        sockets_bound_to("239.255.60.1".parse().unwrap()),
+        sockets_bound_to(group4),
         2,
         "one group socket per joined device"
     );
@@ -184,21 +190,25 @@ fn a_send_to_the_group_reaches_every_attached_qp_of_every_device() {
     a.qp.detach_mcast(&mgid, 0).unwrap();
     b.qp.detach_mcast(&mgid, 0).unwrap();
     eventually("the group sockets close after the last detach", || {
-        sockets_bound_to("239.255.60.1".parse().unwrap()) == 0
+        sockets_bound_to(group4) == 0
     });
 }
 
 #[test]
 fn qkey_mismatch_is_dropped_and_detach_stops_delivery() {
-    let group: IpAddr = "239.255.60.2".parse().unwrap();
+    let ip_63 = unique();
+    let ip_64 = unique();
+    let ip_65 = unique();
+    let group4 = softrdma::testing::unique_multicast_group();
+    let group = IpAddr::V4(group4);
     let mgid = Gid::from_ip(group);
-    let s = ud("127.0.0.63", QKEY);
+    let s = ud(&ip_63, QKEY);
     // Three QPs on one device: two with the sender's Q_Key, one with another.
-    let r1 = ud("127.0.0.64", QKEY);
-    let r2 = ud("127.0.0.64", 0x2222);
-    let r3 = ud("127.0.0.64", QKEY);
+    let r1 = ud(&ip_64, QKEY);
+    let r2 = ud(&ip_64, 0x2222);
+    let r3 = ud(&ip_64, QKEY);
     // And one more device that stays attached throughout.
-    let t = ud("127.0.0.65", QKEY);
+    let t = ud(&ip_65, QKEY);
     for r in [&r1, &r2, &r3, &t] {
         r.qp.attach_mcast(&mgid, 0).unwrap();
         for i in 0..8 {
@@ -240,7 +250,7 @@ fn qkey_mismatch_is_dropped_and_detach_stops_delivery() {
     r2.qp.detach_mcast(&mgid, 0).unwrap();
     r3.qp.detach_mcast(&mgid, 0).unwrap();
     eventually("r's device closes its group socket", || {
-        sockets_bound_to("239.255.60.2".parse().unwrap()) == 1
+        sockets_bound_to(group4) == 1
     });
     let before = r1.ctx.counters();
     let m6 = pattern(70, 6);
@@ -264,22 +274,25 @@ fn qkey_mismatch_is_dropped_and_detach_stops_delivery() {
     r1.qp.detach_mcast(&mgid, 0).unwrap();
     t.qp.detach_mcast(&mgid, 0).unwrap();
     // Destroying a QP while attached also detaches (Drop), leaving no socket behind.
-    let u = ud("127.0.0.65", QKEY);
+    let u = ud(&ip_65, QKEY);
     u.qp.attach_mcast(&mgid, 0).unwrap();
     drop(u);
     eventually("every group socket closes", || {
-        sockets_bound_to("239.255.60.2".parse().unwrap()) == 0
+        sockets_bound_to(group4) == 0
     });
 }
 
 #[test]
 fn the_sender_gets_no_copy_and_bad_datagrams_are_dropped() {
-    let group: IpAddr = "239.255.60.3".parse().unwrap();
+    let ip_66 = unique();
+    let ip_67 = unique();
+    let group4 = softrdma::testing::unique_multicast_group();
+    let group = IpAddr::V4(group4);
     let mgid = Gid::from_ip(group);
     // Two QPs on the sender's device, both attached; one receiver elsewhere.
-    let s = ud("127.0.0.66", QKEY);
-    let s2 = ud("127.0.0.66", QKEY);
-    let a = ud("127.0.0.67", QKEY);
+    let s = ud(&ip_66, QKEY);
+    let s2 = ud(&ip_66, QKEY);
+    let a = ud(&ip_67, QKEY);
     for q in [&s, &s2, &a] {
         q.qp.attach_mcast(&mgid, 0).unwrap();
         q.post_recv(1, 0, 4096);
@@ -288,9 +301,10 @@ fn the_sender_gets_no_copy_and_bad_datagrams_are_dropped() {
     a.post_recv(3, 16384, 4096);
     let before = a.ctx.counters();
     // Garbage straight to the group from a plain socket: too short, then a bad ICRC.
-    let raw = std::net::UdpSocket::bind("127.0.0.69:0").unwrap();
+    let raw_ip = softrdma::testing::unique_loopback_addr();
+    let raw = std::net::UdpSocket::bind((raw_ip, 0)).unwrap();
     let ifaddr = libc::in_addr {
-        s_addr: u32::from_ne_bytes([127, 0, 0, 69]),
+        s_addr: u32::from_ne_bytes(raw_ip.octets()),
     };
     // SAFETY: a valid socket and a pointer to a live in_addr of the right size.
     let r = unsafe {
@@ -374,7 +388,7 @@ fn v6_multicast_loops(addr: std::net::Ipv6Addr, ifindex: u32, group: std::net::I
 
 #[test]
 fn ipv6_group_on_one_device() {
-    let group: std::net::Ipv6Addr = "ff15::5352:6d63".parse().unwrap();
+    let group = softrdma::testing::unique_multicast_group_v6();
     let candidates: Vec<Device> = std::iter::once(Device::from_addr("::1".parse().unwrap()))
         .filter_map(|d| d.ok())
         .chain(
@@ -395,6 +409,18 @@ fn ipv6_group_on_one_device() {
         );
         return;
     };
+    // IPv6 has no loopback range to give each run an address of its own: another run may
+    // hold this one's port 4791. Starting the engine here keeps it for the QPs below.
+    if let Err(e) = dev.open().and_then(|c| c.local_udp_addr()) {
+        if e.errno() == libc::EADDRINUSE {
+            eprintln!(
+                "SKIPPED ipv6_group_on_one_device: {}:4791 is in use: {e}",
+                dev.addr()
+            );
+            return;
+        }
+        panic!("starting the device on {}: {e}", dev.addr());
+    }
     let addr = dev.addr().to_string();
     eprintln!(
         "ipv6_group_on_one_device on {addr} (ifindex {})",
@@ -479,9 +505,10 @@ fn plain_member(group: std::net::Ipv4Addr, ifaddr: std::net::Ipv4Addr) -> std::n
 
 #[test]
 fn on_the_wire_a_ud_send_to_qpn_ffffff_with_the_icrc_of_the_group() {
-    let group: std::net::Ipv4Addr = "239.255.60.4".parse().unwrap();
-    let plain = plain_member(group, "127.0.0.68".parse().unwrap());
-    let s = ud("127.0.0.68", QKEY);
+    let group = softrdma::testing::unique_multicast_group();
+    let me = softrdma::testing::unique_loopback_addr();
+    let plain = plain_member(group, me);
+    let s = ud(&me.to_string(), QKEY);
     let data = pattern(333, 9);
     send_to(&s, 1, IpAddr::V4(group), 0x42, 0x1234_5678, &data);
     let mut b = [0u8; 2048];
@@ -499,7 +526,7 @@ fn on_the_wire_a_ud_send_to_qpn_ffffff_with_the_icrc_of_the_group() {
     let total = 20 + 8 + n;
     let mut ip = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 1, 17, 0, 0];
     ip[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-    ip.extend_from_slice(&[127, 0, 0, 68]);
+    ip.extend_from_slice(&me.octets());
     ip.extend_from_slice(&group.octets());
     ip.extend_from_slice(&4791u16.to_be_bytes());
     ip.extend_from_slice(&4791u16.to_be_bytes());
@@ -508,7 +535,7 @@ fn on_the_wire_a_ud_send_to_qpn_ffffff_with_the_icrc_of_the_group() {
     ip.extend_from_slice(pkt);
     softrdma_wire::icrc::verify(&ip).expect("ICRC computed with the group as destination");
     // With the device's own address as destination it would not verify.
-    ip[16..20].copy_from_slice(&[127, 0, 0, 68]);
+    ip[16..20].copy_from_slice(&me.octets());
     assert!(softrdma_wire::icrc::verify(&ip).is_err());
     assert_eq!(s.ctx.counters().mcast_tx_packets, 1);
 }

@@ -7,6 +7,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// A loopback address no other process on this machine uses (see `softrdma::testing`), as
+/// text: a device address of the test's own.
+fn unique() -> String {
+    softrdma::testing::unique_loopback_addr().to_string()
+}
+
 fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
@@ -27,9 +33,17 @@ fn cap() -> QpCap {
     }
 }
 
+/// This binary's client device address: the source the clients resolve from (without one,
+/// the route to a loopback destination would give 127.0.0.1, which other programs use).
+fn client_src() -> SocketAddr {
+    static A: std::sync::OnceLock<std::net::IpAddr> = std::sync::OnceLock::new();
+    SocketAddr::new(*A.get_or_init(|| unique().parse().unwrap()), 0)
+}
+
 fn client(ch: &EventChannel, dst: &str, data: &[u8]) -> CmId {
     let id = CmId::create(Some(ch), 7, PortSpace::Tcp).unwrap();
-    id.resolve_addr(None, addr(dst), 2000).unwrap();
+    id.resolve_addr(Some(client_src()), addr(dst), 2000)
+        .unwrap();
     expect(ch, CmEventType::AddrResolved).ack();
     assert!(id.verbs().is_some(), "bound to a device");
     id.resolve_route(2000).unwrap();
@@ -65,19 +79,20 @@ fn wait_wc(cq: &Cq) -> WorkCompletion {
 
 #[test]
 fn rdma_connect_accept_send_and_disconnect() {
+    let ip_21 = unique();
     let sch = EventChannel::new().unwrap();
     let listen = CmId::create(Some(&sch), 1, PortSpace::Tcp).unwrap();
-    listen.bind_addr(addr("127.0.0.21:7471")).unwrap();
+    listen.bind_addr(addr(&format!("{ip_21}:7471"))).unwrap();
     listen.listen(8).unwrap();
 
     let cch = EventChannel::new().unwrap();
-    let cid = client(&cch, "127.0.0.21:7471", b"hi server");
+    let cid = client(&cch, &format!("{ip_21}:7471"), b"hi server");
 
     let req = expect(&sch, CmEventType::ConnectRequest);
     assert_eq!(&req.param.private_data[..9], b"hi server");
     assert_eq!(req.listen_id.as_ref().unwrap().context(), 1);
     let sid = req.id.clone();
-    assert_eq!(sid.local_addr().unwrap(), addr("127.0.0.21:7471"));
+    assert_eq!(sid.local_addr().unwrap(), addr(&format!("{ip_21}:7471")));
     let mut c = cap();
     let sqp = sid.create_qp(None, &mut c).unwrap();
     let scq = sid.recv_cq().unwrap();
@@ -150,14 +165,15 @@ fn rdma_connect_accept_send_and_disconnect() {
 
 #[test]
 fn rdma_connect_to_a_port_nobody_listens_on_is_rejected_with_status_8() {
+    let ip_22 = unique();
     let ch = EventChannel::new().unwrap();
-    // 127.0.0.22 is a running device (its CM answers on QP 1) but nothing listens on port 9.
-    let dev = Device::from_addr("127.0.0.22".parse().unwrap())
+    // ip_22 is a running device (its CM answers on QP 1) but nothing listens on port 9.
+    let dev = Device::from_addr(ip_22.parse().unwrap())
         .unwrap()
         .open()
         .unwrap();
     dev.local_udp_addr().unwrap();
-    let id = client(&ch, "127.0.0.22:9", b"");
+    let id = client(&ch, &format!("{ip_22}:9"), b"");
     let ev = expect(&ch, CmEventType::Rejected);
     assert_eq!(ev.status, 8);
     ev.ack();
@@ -166,12 +182,13 @@ fn rdma_connect_to_a_port_nobody_listens_on_is_rejected_with_status_8() {
 
 #[test]
 fn rdma_reject_reaches_the_peer_as_status_28_with_private_data() {
+    let ip_23 = unique();
     let sch = EventChannel::new().unwrap();
     let listen = CmId::create(Some(&sch), 0, PortSpace::Tcp).unwrap();
-    listen.bind_addr(addr("127.0.0.23:7000")).unwrap();
+    listen.bind_addr(addr(&format!("{ip_23}:7000"))).unwrap();
     listen.listen(1).unwrap();
     let cch = EventChannel::new().unwrap();
-    let cid = client(&cch, "127.0.0.23:7000", b"please");
+    let cid = client(&cch, &format!("{ip_23}:7000"), b"please");
     let req = expect(&sch, CmEventType::ConnectRequest);
     req.id.reject(b"no thanks").unwrap();
     let rid = req.id.clone();
@@ -187,20 +204,25 @@ fn rdma_reject_reaches_the_peer_as_status_28_with_private_data() {
 
 #[test]
 fn rdma_bind_addr_rules() {
+    let ip_24 = unique();
     let ch = EventChannel::new().unwrap();
     let a = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
-    a.bind_addr(addr("127.0.0.24:7100")).unwrap();
+    a.bind_addr(addr(&format!("{ip_24}:7100"))).unwrap();
     let b = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
     assert_eq!(
-        b.bind_addr(addr("127.0.0.24:7100")).unwrap_err().errno(),
+        b.bind_addr(addr(&format!("{ip_24}:7100")))
+            .unwrap_err()
+            .errno(),
         libc::EADDRINUSE
     );
     assert_eq!(
-        a.bind_addr(addr("127.0.0.24:7101")).unwrap_err().errno(),
+        a.bind_addr(addr(&format!("{ip_24}:7101")))
+            .unwrap_err()
+            .errno(),
         libc::EINVAL
     );
     let c = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
-    c.bind_addr(addr("127.0.0.24:0")).unwrap();
+    c.bind_addr(addr(&format!("{ip_24}:0"))).unwrap();
     assert_ne!(c.local_addr().unwrap().port(), 0, "ephemeral port");
     let d = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
     assert_eq!(
@@ -210,12 +232,12 @@ fn rdma_bind_addr_rules() {
     let u = CmId::create(Some(&ch), 0, PortSpace::Udp).unwrap();
     assert_eq!(u.qp_type(), QpType::Ud);
     // Port spaces are separate: the UDP id may take the TCP id's port.
-    u.bind_addr(addr("127.0.0.24:7100")).unwrap();
+    u.bind_addr(addr(&format!("{ip_24}:7100"))).unwrap();
     u.destroy();
     let ch2 = ch.clone();
     a.destroy();
     // The port is free again once its id is destroyed.
-    b.bind_addr(addr("127.0.0.24:7100")).unwrap();
+    b.bind_addr(addr(&format!("{ip_24}:7100"))).unwrap();
     for id in [b, c, d] {
         id.destroy();
     }
@@ -225,9 +247,10 @@ fn rdma_bind_addr_rules() {
 /// rdma-core's rdma_server / rdma_client, with synchronous ids and the rdma_verbs helpers.
 #[test]
 fn rdma_get_request_and_the_verbs_helpers_with_synchronous_ids() {
+    let ip_25 = unique();
     let listen = CmId::create(None, 0, PortSpace::Tcp).unwrap();
     assert!(listen.is_sync());
-    listen.bind_addr(addr("127.0.0.25:7471")).unwrap();
+    listen.bind_addr(addr(&format!("{ip_25}:7471"))).unwrap();
     listen.listen(1).unwrap();
     let server = std::thread::spawn(move || {
         let id = listen.get_request().unwrap();
@@ -260,7 +283,7 @@ fn rdma_get_request_and_the_verbs_helpers_with_synchronous_ids() {
         listen.destroy();
     });
     let id = CmId::create(None, 0, PortSpace::Tcp).unwrap();
-    id.resolve_addr(None, addr("127.0.0.25:7471"), 2000)
+    id.resolve_addr(Some(client_src()), addr(&format!("{ip_25}:7471")), 2000)
         .unwrap();
     id.resolve_route(2000).unwrap();
     let mut c = cap();

@@ -1,5 +1,6 @@
 //! librdmacm conformance (../shared/docs/api_checklist.md §1): one test per function or
-//! behaviour, named after it. Devices 127.0.0.30 – 127.0.0.59 are this file's.
+//! behaviour, named after it. Every device address is a loopback address of this run's own
+//! (see `softrdma::testing`).
 
 use softrdma::rdma_cm::*;
 use softrdma::*;
@@ -7,6 +8,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// A loopback address no other process on this machine uses (see `softrdma::testing`), as
+/// text: a device address of the test's own.
+fn unique() -> String {
+    softrdma::testing::unique_loopback_addr().to_string()
+}
 
 fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
@@ -61,10 +68,19 @@ fn poll_readable(fd: i32) -> bool {
     unsafe { libc::poll(&mut p, 1, 0) == 1 }
 }
 
-/// An asynchronous client resolved to `dst` (address and route), no QP yet.
+/// This binary's client device address: the source the clients resolve from (without one,
+/// the route to a loopback destination would give 127.0.0.1, which other programs use).
+fn client_src() -> SocketAddr {
+    static A: std::sync::OnceLock<IpAddr> = std::sync::OnceLock::new();
+    SocketAddr::new(*A.get_or_init(|| unique().parse().unwrap()), 0)
+}
+
+/// An asynchronous client resolved to `dst` (address and route) from [`client_src`], no QP
+/// yet.
 fn resolved(ch: &EventChannel, ps: PortSpace, dst: &str) -> CmId {
     let id = CmId::create(Some(ch), 9, ps).unwrap();
-    id.resolve_addr(None, addr(dst), 2000).unwrap();
+    id.resolve_addr(Some(client_src()), addr(dst), 2000)
+        .unwrap();
     expect(ch, CmEventType::AddrResolved).ack();
     id.resolve_route(2000).unwrap();
     expect(ch, CmEventType::RouteResolved).ack();
@@ -193,6 +209,7 @@ fn rdma_destroy_id_drops_its_queued_events() {
 
 #[test]
 fn rdma_migrate_id_moves_the_id_and_its_events() {
+    let ip_30 = unique();
     let ch1 = EventChannel::new().unwrap();
     let ch2 = EventChannel::new().unwrap();
     ch1.set_nonblocking(true).unwrap();
@@ -208,7 +225,8 @@ fn rdma_migrate_id_moves_the_id_and_its_events() {
     assert!(id.is_sync());
     assert_eq!(id.migrate_id(None).unwrap_err().errno(), libc::EINVAL);
     // A synchronous id's calls wait for their event.
-    id.resolve_addr(None, addr("127.0.0.30:1"), 2000).unwrap();
+    id.resolve_addr(Some(client_src()), addr(&format!("{ip_30}:1")), 2000)
+        .unwrap();
     assert_eq!(id.event().unwrap().event, CmEventType::AddrResolved);
     id.destroy();
     ch2.destroy().unwrap();
@@ -216,6 +234,7 @@ fn rdma_migrate_id_moves_the_id_and_its_events() {
 
 #[test]
 fn rdma_set_option_checks_lengths_names_and_state() {
+    let ip_31 = unique();
     let id = CmId::create(None, 0, PortSpace::Tcp).unwrap();
     id.set_option_raw(RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &[32])
         .unwrap();
@@ -244,7 +263,7 @@ fn rdma_set_option_checks_lengths_names_and_state() {
         e(id.set_option_raw(RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, &[0; 64])),
         libc::EOPNOTSUPP
     );
-    id.bind_addr(addr("127.0.0.31:7000")).unwrap();
+    id.bind_addr(addr(&format!("{ip_31}:7000"))).unwrap();
     assert_eq!(e(id.set_option(CmOption::ReuseAddr(true))), libc::EINVAL);
     assert_eq!(e(id.set_option(CmOption::AfOnly(true))), libc::EINVAL);
     id.set_option(CmOption::Tos(0)).unwrap();
@@ -253,24 +272,29 @@ fn rdma_set_option_checks_lengths_names_and_state() {
 
 #[test]
 fn rdma_set_option_reuseaddr_lets_ids_share_a_port_until_one_listens() {
+    let ip_31 = unique();
     let mk = |reuse: bool| {
         let id = CmId::create(None, 0, PortSpace::Tcp).unwrap();
         id.set_option(CmOption::ReuseAddr(reuse)).unwrap();
         id
     };
     let a = mk(true);
-    a.bind_addr(addr("127.0.0.31:7001")).unwrap();
+    a.bind_addr(addr(&format!("{ip_31}:7001"))).unwrap();
     let b = mk(true);
-    b.bind_addr(addr("127.0.0.31:7001")).unwrap();
+    b.bind_addr(addr(&format!("{ip_31}:7001"))).unwrap();
     let c = mk(false);
     assert_eq!(
-        c.bind_addr(addr("127.0.0.31:7001")).unwrap_err().errno(),
+        c.bind_addr(addr(&format!("{ip_31}:7001")))
+            .unwrap_err()
+            .errno(),
         libc::EADDRINUSE
     );
     a.listen(1).unwrap();
     let d = mk(true);
     assert_eq!(
-        d.bind_addr(addr("127.0.0.31:7001")).unwrap_err().errno(),
+        d.bind_addr(addr(&format!("{ip_31}:7001")))
+            .unwrap_err()
+            .errno(),
         libc::EADDRINUSE,
         "a listener's port is not shared"
     );
@@ -294,26 +318,32 @@ fn rdma_listen_on_an_unbound_id_binds_an_ephemeral_port() {
 
 #[test]
 fn rdma_resolve_addr_binds_the_device_and_sets_the_addresses() {
+    let ip_32 = unique();
+    let ip_33 = unique();
     let ch = EventChannel::new().unwrap();
     let id = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
     assert_eq!(id.resolve_route(100).unwrap_err().errno(), libc::EINVAL);
     assert_eq!(id.port_num(), 0);
-    id.resolve_addr(Some(addr("127.0.0.32:0")), addr("127.0.0.33:4000"), 2000)
-        .unwrap();
+    id.resolve_addr(
+        Some(addr(&format!("{ip_32}:0"))),
+        addr(&format!("{ip_33}:4000")),
+        2000,
+    )
+    .unwrap();
     let ev = expect(&ch, CmEventType::AddrResolved);
     assert_eq!(ev.status, 0);
     ev.ack();
     assert_eq!(
         id.verbs().unwrap().device().addr(),
-        "127.0.0.32".parse::<IpAddr>().unwrap()
+        ip_32.parse::<IpAddr>().unwrap()
     );
     assert_eq!(id.port_num(), 1);
-    assert_eq!(id.peer_addr().unwrap(), addr("127.0.0.33:4000"));
+    assert_eq!(id.peer_addr().unwrap(), addr(&format!("{ip_33}:4000")));
     assert_eq!(id.dst_port(), 4000);
     assert_ne!(id.src_port(), 0);
     // Twice: wrong state.
     assert_eq!(
-        id.resolve_addr(None, addr("127.0.0.33:4000"), 10)
+        id.resolve_addr(None, addr(&format!("{ip_33}:4000")), 10)
             .unwrap_err()
             .errno(),
         libc::EINVAL
@@ -350,8 +380,9 @@ fn rdma_resolve_addr_reports_addr_error_when_there_is_no_route() {
 
 #[test]
 fn rdma_resolve_addr_refuses_a_destination_of_another_family() {
+    let ip_32 = unique();
     let id = CmId::create(None, 0, PortSpace::Tcp).unwrap();
-    id.bind_addr(addr("127.0.0.32:0")).unwrap();
+    id.bind_addr(addr(&format!("{ip_32}:0"))).unwrap();
     assert_eq!(
         id.resolve_addr(None, addr("[::1]:1"), 10)
             .unwrap_err()
@@ -379,9 +410,11 @@ fn rdma_get_devices_returns_opened_contexts() {
 
 #[test]
 fn rdma_create_qp_default_pd_cqs_channels_and_caps() {
+    let ip_36 = unique();
+    let ip_35 = unique();
     let ch = EventChannel::new().unwrap();
-    let a = resolved(&ch, PortSpace::Tcp, "127.0.0.35:1");
-    let b = resolved(&ch, PortSpace::Tcp, "127.0.0.35:1");
+    let a = resolved(&ch, PortSpace::Tcp, &format!("{ip_35}:1"));
+    let b = resolved(&ch, PortSpace::Tcp, &format!("{ip_35}:1"));
     let unbound = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
     let mut c = cap();
     assert_eq!(
@@ -441,7 +474,7 @@ fn rdma_create_qp_default_pd_cqs_channels_and_caps() {
     assert!(Arc::ptr_eq(&a.pd().unwrap(), &pd));
     // A PD of another device.
     a.destroy_qp();
-    let other = Device::from_addr("127.0.0.36".parse().unwrap())
+    let other = Device::from_addr(ip_36.parse().unwrap())
         .unwrap()
         .open()
         .unwrap();
@@ -458,8 +491,9 @@ fn rdma_create_qp_default_pd_cqs_channels_and_caps() {
 
 #[test]
 fn rdma_create_qp_on_a_udp_id_is_ud_in_rts_with_the_rdma_cm_qkey() {
+    let ip_37 = unique();
     let id = CmId::create(None, 0, PortSpace::Udp).unwrap();
-    id.bind_addr(addr("127.0.0.37:0")).unwrap();
+    id.bind_addr(addr(&format!("{ip_37}:0"))).unwrap();
     let qp = id.create_qp(None, &mut cap()).unwrap();
     let (a, _) = qp.query_qp().unwrap();
     assert_eq!(
@@ -475,8 +509,9 @@ fn rdma_create_qp_on_a_udp_id_is_ud_in_rts_with_the_rdma_cm_qkey() {
 
 #[test]
 fn rdma_create_srq_gives_the_id_an_srq_its_qp_uses() {
+    let ip_38 = unique();
     let ch = EventChannel::new().unwrap();
-    let id = resolved(&ch, PortSpace::Tcp, "127.0.0.38:1");
+    let id = resolved(&ch, PortSpace::Tcp, &format!("{ip_38}:1"));
     let mut a = SrqInitAttr {
         srq_context: 0,
         attr: SrqAttr {
@@ -505,12 +540,13 @@ fn rdma_create_srq_gives_the_id_an_srq_its_qp_uses() {
 
 #[test]
 fn rdma_init_qp_attr_needs_a_device_and_the_peer() {
+    let ip_38 = unique();
     let id = CmId::create(None, 0, PortSpace::Tcp).unwrap();
     assert_eq!(
         id.init_qp_attr(QpState::Init).unwrap_err().errno(),
         libc::EINVAL
     );
-    id.bind_addr(addr("127.0.0.38:0")).unwrap();
+    id.bind_addr(addr(&format!("{ip_38}:0"))).unwrap();
     let (a, m) = id.init_qp_attr(QpState::Init).unwrap();
     assert_eq!(a.qp_state, QpState::Init);
     assert_eq!(
@@ -532,11 +568,12 @@ fn rdma_init_qp_attr_needs_a_device_and_the_peer() {
 /// rdma_establish, accept with qp_num, rdma_init_qp_attr).
 #[test]
 fn rdma_establish_and_init_qp_attr_connect_ids_without_a_qp() {
+    let ip_39 = unique();
     const MSG: &[u8; 32] = b"own QPs, CM-negotiated..........";
     let sch = EventChannel::new().unwrap();
-    let l = listener(&sch, PortSpace::Tcp, "127.0.0.39:7300");
+    let l = listener(&sch, PortSpace::Tcp, &format!("{ip_39}:7300"));
     let cch = EventChannel::new().unwrap();
-    let c = resolved(&cch, PortSpace::Tcp, "127.0.0.39:7300");
+    let c = resolved(&cch, PortSpace::Tcp, &format!("{ip_39}:7300"));
 
     let own_qp = |id: &CmId| {
         let ctx = id.verbs().unwrap();
@@ -640,8 +677,9 @@ fn rdma_establish_and_init_qp_attr_connect_ids_without_a_qp() {
 
 #[test]
 fn rdma_connect_checks_private_data_and_resources() {
+    let ip_40 = unique();
     let ch = EventChannel::new().unwrap();
-    let c = resolved(&ch, PortSpace::Tcp, "127.0.0.40:7301");
+    let c = resolved(&ch, PortSpace::Tcp, &format!("{ip_40}:7301"));
     c.create_qp(None, &mut cap()).unwrap();
     let e = |p: ConnParam| c.connect(&p).unwrap_err().errno();
     assert_eq!(
@@ -672,10 +710,11 @@ fn rdma_connect_checks_private_data_and_resources() {
 /// of view, and the accepted values are clipped to what was offered.
 #[test]
 fn rdma_connect_max_resources_and_the_request_parameters() {
+    let ip_41 = unique();
     let sch = EventChannel::new().unwrap();
-    let l = listener(&sch, PortSpace::Tcp, "127.0.0.41:7302");
+    let l = listener(&sch, PortSpace::Tcp, &format!("{ip_41}:7302"));
     let cch = EventChannel::new().unwrap();
-    let c = resolved(&cch, PortSpace::Tcp, "127.0.0.41:7302");
+    let c = resolved(&cch, PortSpace::Tcp, &format!("{ip_41}:7302"));
     c.create_qp(None, &mut cap()).unwrap();
     let max = c.verbs().unwrap().query_device().unwrap();
     c.connect(&ConnParam {
@@ -742,10 +781,11 @@ fn rdma_connect_max_resources_and_the_request_parameters() {
 /// CONNECT_ERROR, and the REJ it sends is seen by the passive side.
 #[test]
 fn rdma_connect_reports_connect_error_when_the_qp_cannot_move() {
+    let ip_42 = unique();
     let sch = EventChannel::new().unwrap();
-    let l = listener(&sch, PortSpace::Tcp, "127.0.0.42:7303");
+    let l = listener(&sch, PortSpace::Tcp, &format!("{ip_42}:7303"));
     let cch = EventChannel::new().unwrap();
-    let c = resolved(&cch, PortSpace::Tcp, "127.0.0.42:7303");
+    let c = resolved(&cch, PortSpace::Tcp, &format!("{ip_42}:7303"));
     let qp = c.create_qp(None, &mut cap()).unwrap();
     qp.modify_qp(
         &QpAttr {
@@ -774,8 +814,9 @@ fn rdma_connect_reports_connect_error_when_the_qp_cannot_move() {
 
 #[test]
 fn rdma_get_request_is_for_synchronous_listeners_only() {
+    let ip_43 = unique();
     let ch = EventChannel::new().unwrap();
-    let l = listener(&ch, PortSpace::Tcp, "127.0.0.43:7304");
+    let l = listener(&ch, PortSpace::Tcp, &format!("{ip_43}:7304"));
     assert_eq!(l.get_request().unwrap_err().errno(), libc::EINVAL);
     let s = CmId::create(None, 0, PortSpace::Tcp).unwrap();
     assert_eq!(
@@ -790,10 +831,11 @@ fn rdma_get_request_is_for_synchronous_listeners_only() {
 
 #[test]
 fn rdma_destroy_id_of_a_listener_rejects_its_pending_requests() {
+    let ip_43 = unique();
     let sch = EventChannel::new().unwrap();
-    let l = listener(&sch, PortSpace::Tcp, "127.0.0.43:7305");
+    let l = listener(&sch, PortSpace::Tcp, &format!("{ip_43}:7305"));
     let cch = EventChannel::new().unwrap();
-    let c = resolved(&cch, PortSpace::Tcp, "127.0.0.43:7305");
+    let c = resolved(&cch, PortSpace::Tcp, &format!("{ip_43}:7305"));
     c.create_qp(None, &mut cap()).unwrap();
     c.connect(&ConnParam::default()).unwrap();
     // Wait until the request is queued, without taking it.
@@ -817,10 +859,11 @@ fn rdma_destroy_id_of_a_listener_rejects_its_pending_requests() {
 /// two exchange datagrams with rdma_post_ud_send.
 #[test]
 fn rdma_connect_and_accept_on_udp_ids_use_sidr() {
+    let ip_44 = unique();
     let sch = EventChannel::new().unwrap();
-    let l = listener(&sch, PortSpace::Udp, "127.0.0.44:7306");
+    let l = listener(&sch, PortSpace::Udp, &format!("{ip_44}:7306"));
     let cch = EventChannel::new().unwrap();
-    let c = resolved(&cch, PortSpace::Udp, "127.0.0.44:7306");
+    let c = resolved(&cch, PortSpace::Udp, &format!("{ip_44}:7306"));
     c.create_qp(None, &mut cap()).unwrap();
     assert_eq!(
         c.connect(&ConnParam {
@@ -888,10 +931,11 @@ fn rdma_connect_and_accept_on_udp_ids_use_sidr() {
 
 #[test]
 fn rdma_reject_on_a_udp_id_and_no_listener_give_unreachable_with_the_sidr_status() {
+    let ip_45 = unique();
     let sch = EventChannel::new().unwrap();
-    let l = listener(&sch, PortSpace::Udp, "127.0.0.45:7307");
+    let l = listener(&sch, PortSpace::Udp, &format!("{ip_45}:7307"));
     let cch = EventChannel::new().unwrap();
-    let c = resolved(&cch, PortSpace::Udp, "127.0.0.45:7307");
+    let c = resolved(&cch, PortSpace::Udp, &format!("{ip_45}:7307"));
     c.connect(&ConnParam::default()).unwrap();
     let req = expect(&sch, CmEventType::ConnectRequest);
     req.id.reject(b"no").unwrap();
@@ -901,14 +945,14 @@ fn rdma_reject_on_a_udp_id_and_no_listener_give_unreachable_with_the_sidr_status
     assert_eq!(ev.status, 2, "SIDR status 2: rejected");
     ev.ack();
     // Nobody listens on this port: status 1.
-    let n = resolved(&cch, PortSpace::Udp, "127.0.0.45:7399");
+    let n = resolved(&cch, PortSpace::Udp, &format!("{ip_45}:7399"));
     n.connect(&ConnParam::default()).unwrap();
     let ev = expect(&cch, CmEventType::Unreachable);
     assert_eq!(ev.status, 1, "SIDR status 1: service ID not supported");
     ev.ack();
     // A synchronous UD id fails rdma_connect with ECONNREFUSED.
     let sy = CmId::create(None, 0, PortSpace::Udp).unwrap();
-    sy.resolve_addr(None, addr("127.0.0.45:7399"), 2000)
+    sy.resolve_addr(Some(client_src()), addr(&format!("{ip_45}:7399")), 2000)
         .unwrap();
     sy.resolve_route(2000).unwrap();
     assert_eq!(
@@ -923,10 +967,11 @@ fn rdma_reject_on_a_udp_id_and_no_listener_give_unreachable_with_the_sidr_status
 
 #[test]
 fn rdma_reject_ece_gives_reason_35() {
+    let ip_46 = unique();
     let sch = EventChannel::new().unwrap();
-    let l = listener(&sch, PortSpace::Tcp, "127.0.0.46:7308");
+    let l = listener(&sch, PortSpace::Tcp, &format!("{ip_46}:7308"));
     let cch = EventChannel::new().unwrap();
-    let c = resolved(&cch, PortSpace::Tcp, "127.0.0.46:7308");
+    let c = resolved(&cch, PortSpace::Tcp, &format!("{ip_46}:7308"));
     c.create_qp(None, &mut cap()).unwrap();
     c.connect(&ConnParam::default()).unwrap();
     let req = expect(&sch, CmEventType::ConnectRequest);
@@ -946,16 +991,17 @@ fn rdma_reject_ece_gives_reason_35() {
 
 #[test]
 fn rdma_join_multicast_checks_its_arguments() {
+    let ip_47 = unique();
     let ch = EventChannel::new().unwrap();
     let tcp = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
-    tcp.bind_addr(addr("127.0.0.47:0")).unwrap();
-    let g: IpAddr = "239.255.30.1".parse().unwrap();
+    tcp.bind_addr(addr(&format!("{ip_47}:0"))).unwrap();
+    let g: IpAddr = softrdma::testing::unique_multicast_group().into();
     let e = |r: softrdma::Result<()>| r.unwrap_err().errno();
     assert_eq!(e(tcp.join_multicast(g, 0)), libc::EINVAL, "not a UD id");
     let unbound = CmId::create(Some(&ch), 0, PortSpace::Udp).unwrap();
     assert_eq!(e(unbound.join_multicast(g, 0)), libc::EINVAL, "not bound");
     let id = CmId::create(Some(&ch), 0, PortSpace::Udp).unwrap();
-    id.bind_addr(addr("127.0.0.47:0")).unwrap();
+    id.bind_addr(addr(&format!("{ip_47}:0"))).unwrap();
     assert_eq!(
         e(id.join_multicast("127.0.0.1".parse().unwrap(), 0)),
         libc::EINVAL
@@ -1004,12 +1050,13 @@ fn rdma_join_multicast_checks_its_arguments() {
 
 #[test]
 fn rdma_join_multicast_attaches_the_qp_and_leave_detaches_it() {
+    let ip_48 = unique();
     let ch = EventChannel::new().unwrap();
     let id = CmId::create(Some(&ch), 0, PortSpace::Udp).unwrap();
-    id.bind_addr(addr("127.0.0.48:0")).unwrap();
+    id.bind_addr(addr(&format!("{ip_48}:0"))).unwrap();
     let qp = id.create_qp(None, &mut cap()).unwrap();
-    let g: IpAddr = "239.255.30.2".parse().unwrap();
-    let s: IpAddr = "239.255.30.3".parse().unwrap();
+    let g: IpAddr = softrdma::testing::unique_multicast_group().into();
+    let s: IpAddr = softrdma::testing::unique_multicast_group().into();
     id.join_multicast(g, 1).unwrap();
     id.join_multicast_ex(
         &JoinMcAttrEx {
@@ -1042,9 +1089,10 @@ fn rdma_join_multicast_attaches_the_qp_and_leave_detaches_it() {
 /// A synchronous UDP id joins without an event channel: the call returns once joined.
 #[test]
 fn rdma_join_multicast_on_a_synchronous_id_blocks_until_joined() {
+    let ip_49 = unique();
     let id = CmId::create(None, 0, PortSpace::Udp).unwrap();
-    id.bind_addr(addr("127.0.0.49:0")).unwrap();
-    let g: IpAddr = "239.255.30.4".parse().unwrap();
+    id.bind_addr(addr(&format!("{ip_49}:0"))).unwrap();
+    let g: IpAddr = softrdma::testing::unique_multicast_group().into();
     id.join_multicast(g, 5).unwrap();
     let ev = id.event().unwrap();
     assert_eq!((ev.event, ev.arg), (CmEventType::MulticastJoin, 5));
@@ -1053,8 +1101,10 @@ fn rdma_join_multicast_on_a_synchronous_id_blocks_until_joined() {
 
 #[test]
 fn rdma_create_ep_active_resolves_and_creates_the_qp_passive_keeps_the_attributes() {
+    let ip_50 = unique();
+    let ip_51 = unique();
     let passive = getaddrinfo(
-        Some("127.0.0.50"),
+        Some(ip_50.as_str()),
         Some("7310"),
         Some(&AddrInfoHints {
             ai_flags: RAI_PASSIVE,
@@ -1069,11 +1119,11 @@ fn rdma_create_ep_active_resolves_and_creates_the_qp_passive_keeps_the_attribute
     };
     let l = CmId::create_ep(&passive[0], None, Some(&mut attr)).unwrap();
     assert!(l.is_sync());
-    assert_eq!(l.local_addr().unwrap(), addr("127.0.0.50:7310"));
+    assert_eq!(l.local_addr().unwrap(), addr(&format!("{ip_50}:7310")));
     assert!(l.qp().is_none(), "a passive endpoint has no QP itself");
     l.listen(1).unwrap();
-    let mut res = getaddrinfo(Some("127.0.0.50"), Some("7310"), None).unwrap();
-    res[0].ai_src_addr = Some(addr("127.0.0.51:0"));
+    let mut res = getaddrinfo(Some(ip_50.as_str()), Some("7310"), None).unwrap();
+    res[0].ai_src_addr = Some(addr(&format!("{ip_51}:0")));
     res[0].ai_connect = b"hdr:".to_vec();
     let mut attr = CmQpInitAttr {
         cap: cap(),
@@ -1082,7 +1132,7 @@ fn rdma_create_ep_active_resolves_and_creates_the_qp_passive_keeps_the_attribute
     let c = CmId::create_ep(&res[0], None, Some(&mut attr)).unwrap();
     assert_eq!(attr.qp_type, Some(QpType::Rc));
     assert!(c.qp().is_some() && c.send_cq_channel().is_some());
-    assert_eq!(c.peer_addr().unwrap(), addr("127.0.0.50:7310"));
+    assert_eq!(c.peer_addr().unwrap(), addr(&format!("{ip_50}:7310")));
     let t = std::thread::spawn(move || {
         let id = l.get_request().unwrap();
         let ev = id.event().unwrap();
@@ -1105,7 +1155,8 @@ fn rdma_create_ep_active_resolves_and_creates_the_qp_passive_keeps_the_attribute
 
 #[test]
 fn rdma_create_ep_fails_cleanly_without_an_address() {
-    let mut res = getaddrinfo(Some("127.0.0.52"), Some("1"), None).unwrap();
+    let ip_52 = unique();
+    let mut res = getaddrinfo(Some(ip_52.as_str()), Some("1"), None).unwrap();
     res[0].ai_dst_addr = None;
     assert_eq!(
         CmId::create_ep(&res[0], None, None).unwrap_err().errno(),
@@ -1121,6 +1172,7 @@ fn rdma_create_ep_fails_cleanly_without_an_address() {
 
 #[test]
 fn rdma_resolve_addrinfo_and_query_addrinfo() {
+    let ip_53 = unique();
     let ch = EventChannel::new().unwrap();
     let id = CmId::create(Some(&ch), 0, PortSpace::Tcp).unwrap();
     assert_eq!(id.query_addrinfo().unwrap_err().errno(), libc::ENODATA);
@@ -1128,11 +1180,11 @@ fn rdma_resolve_addrinfo_and_query_addrinfo() {
         id.resolve_addrinfo(None, None, None).unwrap_err().errno(),
         libc::EINVAL
     );
-    id.resolve_addrinfo(Some("127.0.0.53"), Some("7311"), None)
+    id.resolve_addrinfo(Some(ip_53.as_str()), Some("7311"), None)
         .unwrap();
     expect(&ch, CmEventType::AddrinfoResolved).ack();
     let r = id.query_addrinfo().unwrap();
-    assert_eq!(r[0].ai_dst_addr, Some(addr("127.0.0.53:7311")));
+    assert_eq!(r[0].ai_dst_addr, Some(addr(&format!("{ip_53}:7311"))));
     let hints = AddrInfoHints {
         ai_flags: RAI_NUMERICHOST,
         ..Default::default()
@@ -1149,10 +1201,11 @@ fn rdma_resolve_addrinfo_and_query_addrinfo() {
 /// context reports IBV_EVENT_DEVICE_FATAL; ids of other devices are untouched.
 #[test]
 fn rdma_cm_event_device_removal_reaches_every_id_of_the_device() {
+    let ip_54 = unique();
     let sch = EventChannel::new().unwrap();
-    let l = listener(&sch, PortSpace::Tcp, "127.0.0.54:7312");
+    let l = listener(&sch, PortSpace::Tcp, &format!("{ip_54}:7312"));
     let cch = EventChannel::new().unwrap();
-    let c = resolved(&cch, PortSpace::Tcp, "127.0.0.54:7312");
+    let c = resolved(&cch, PortSpace::Tcp, &format!("{ip_54}:7312"));
     c.create_qp(None, &mut cap()).unwrap();
     c.connect(&ConnParam::default()).unwrap();
     let req = expect(&sch, CmEventType::ConnectRequest);
@@ -1162,7 +1215,7 @@ fn rdma_cm_event_device_removal_reaches_every_id_of_the_device() {
     s.accept(&ConnParam::default()).unwrap();
     expect(&cch, CmEventType::Established).ack();
     expect(&sch, CmEventType::Established).ack();
-    let n = rdma_cm::inject_device_removal("127.0.0.54".parse().unwrap());
+    let n = rdma_cm::inject_device_removal(ip_54.parse().unwrap());
     assert_eq!(n, 2, "the listener and the accepted id");
     let got = [
         expect(&sch, CmEventType::DeviceRemoval).id.clone(),
@@ -1185,10 +1238,11 @@ fn rdma_cm_event_device_removal_reaches_every_id_of_the_device() {
 /// max_mcast_qp_attach) arrives as MULTICAST_ERROR with the errno; leaving it works.
 #[test]
 fn rdma_join_multicast_reports_multicast_error_when_the_attach_fails() {
+    let ip_55 = unique();
     let ch = EventChannel::new().unwrap();
-    let g: IpAddr = "239.255.30.9".parse().unwrap();
+    let g: IpAddr = softrdma::testing::unique_multicast_group().into();
     let mut ids = Vec::new();
-    let limit = Device::from_addr("127.0.0.55".parse().unwrap())
+    let limit = Device::from_addr(ip_55.parse().unwrap())
         .unwrap()
         .open()
         .unwrap()
@@ -1197,7 +1251,7 @@ fn rdma_join_multicast_reports_multicast_error_when_the_attach_fails() {
         .max_mcast_qp_attach as usize;
     for i in 0..=limit {
         let id = CmId::create(Some(&ch), i as u64, PortSpace::Udp).unwrap();
-        id.bind_addr(addr("127.0.0.55:0")).unwrap();
+        id.bind_addr(addr(&format!("{ip_55}:0"))).unwrap();
         id.create_qp(None, &mut cap()).unwrap();
         id.join_multicast(g, i as u64).unwrap();
         let ev = ch.get_cm_event().unwrap();
@@ -1223,8 +1277,10 @@ fn rdma_join_multicast_reports_multicast_error_when_the_attach_fails() {
 /// readv from its rdma_reg_read region, dereg_mr.
 #[test]
 fn rdma_post_read_write_and_the_vector_helpers() {
+    let ip_56 = unique();
+    let ip_57 = unique();
     let l = CmId::create(None, 0, PortSpace::Tcp).unwrap();
-    l.bind_addr(addr("127.0.0.56:7313")).unwrap();
+    l.bind_addr(addr(&format!("{ip_56}:7313"))).unwrap();
     l.listen(1).unwrap();
     let (tx, rx) = std::sync::mpsc::channel::<(u64, u32, u64, u32)>();
     let server = std::thread::spawn(move || {
@@ -1277,8 +1333,12 @@ fn rdma_post_read_write_and_the_vector_helpers() {
         l.destroy();
     });
     let id = CmId::create(None, 0, PortSpace::Tcp).unwrap();
-    id.resolve_addr(Some(addr("127.0.0.57:0")), addr("127.0.0.56:7313"), 2000)
-        .unwrap();
+    id.resolve_addr(
+        Some(addr(&format!("{ip_57}:0"))),
+        addr(&format!("{ip_56}:7313")),
+        2000,
+    )
+    .unwrap();
     id.resolve_route(2000).unwrap();
     id.create_qp(None, &mut cap2()).unwrap();
     id.connect(&ConnParam {
@@ -1373,10 +1433,11 @@ fn rdma_post_read_write_and_the_vector_helpers() {
 /// rdma_notify(COMM_EST): the passive side is established without waiting for the RTU.
 #[test]
 fn rdma_notify_comm_est_establishes_the_passive_side() {
+    let ip_58 = unique();
     let sch = EventChannel::new().unwrap();
-    let l = listener(&sch, PortSpace::Tcp, "127.0.0.58:7314");
+    let l = listener(&sch, PortSpace::Tcp, &format!("{ip_58}:7314"));
     let cch = EventChannel::new().unwrap();
-    let c = resolved(&cch, PortSpace::Tcp, "127.0.0.58:7314");
+    let c = resolved(&cch, PortSpace::Tcp, &format!("{ip_58}:7314"));
     c.create_qp(None, &mut cap()).unwrap();
     c.connect(&ConnParam::default()).unwrap();
     let req = expect(&sch, CmEventType::ConnectRequest);
@@ -1410,10 +1471,11 @@ fn rdma_notify_comm_est_establishes_the_passive_side() {
 /// pending request is rejected, so the peer learns at once instead of after its retries.
 #[test]
 fn rdma_destroy_id_is_implied_when_the_last_handle_goes() {
+    let ip_59 = unique();
     let sch = EventChannel::new().unwrap();
-    let l = listener(&sch, PortSpace::Tcp, "127.0.0.59:7315");
+    let l = listener(&sch, PortSpace::Tcp, &format!("{ip_59}:7315"));
     let cch = EventChannel::new().unwrap();
-    let c = resolved(&cch, PortSpace::Tcp, "127.0.0.59:7315");
+    let c = resolved(&cch, PortSpace::Tcp, &format!("{ip_59}:7315"));
     c.create_qp(None, &mut cap()).unwrap();
     c.connect(&ConnParam::default()).unwrap();
     let req = expect(&sch, CmEventType::ConnectRequest);
@@ -1431,14 +1493,15 @@ fn rdma_destroy_id_is_implied_when_the_last_handle_goes() {
 /// retried request comes through.
 #[test]
 fn rdma_listen_backlog_drops_requests_beyond_it_until_the_peer_retries() {
+    let ip_34 = unique();
     let sch = EventChannel::new().unwrap();
     let l = CmId::create(Some(&sch), 1, PortSpace::Tcp).unwrap();
-    l.bind_addr(addr("127.0.0.34:7316")).unwrap();
+    l.bind_addr(addr(&format!("{ip_34}:7316"))).unwrap();
     l.listen(1).unwrap();
     let ctx = l.verbs().unwrap();
     let cch = EventChannel::new().unwrap();
-    let a = resolved(&cch, PortSpace::Tcp, "127.0.0.34:7316");
-    let b = resolved(&cch, PortSpace::Tcp, "127.0.0.34:7316");
+    let a = resolved(&cch, PortSpace::Tcp, &format!("{ip_34}:7316"));
+    let b = resolved(&cch, PortSpace::Tcp, &format!("{ip_34}:7316"));
     for id in [&a, &b] {
         id.create_qp(None, &mut cap()).unwrap();
         id.connect(&ConnParam::default()).unwrap();
@@ -1499,9 +1562,14 @@ fn connect_expecting_unreachable(src: &str, dst: &str, status: i32) -> (EventCha
 /// takes that long, on purpose: it is the real timer.
 #[test]
 fn rdma_connect_to_an_address_nobody_answers_ends_unreachable() {
-    let _black_hole = std::net::UdpSocket::bind("127.0.0.29:4791").unwrap();
-    let (ch, c) =
-        connect_expecting_unreachable("127.0.0.28:0", "127.0.0.29:7317", -libc::ETIMEDOUT);
+    let ip_29 = unique();
+    let ip_28 = unique();
+    let _black_hole = std::net::UdpSocket::bind(format!("{ip_29}:4791")).unwrap();
+    let (ch, c) = connect_expecting_unreachable(
+        &format!("{ip_28}:0"),
+        &format!("{ip_29}:7317"),
+        -libc::ETIMEDOUT,
+    );
     drop(ch);
     let stats = c.verbs().unwrap().cm_stats();
     // The first REQ and its 15 retransmissions (sent counts them all).
@@ -1515,8 +1583,13 @@ fn rdma_connect_to_an_address_nobody_answers_ends_unreachable() {
 /// 98 seconds of retries.
 #[test]
 fn rdma_connect_where_no_device_listens_is_refused_at_once() {
-    let (_ch, c) =
-        connect_expecting_unreachable("127.0.0.26:0", "127.0.0.27:7317", -libc::ECONNREFUSED);
+    let ip_26 = unique();
+    let ip_27 = unique();
+    let (_ch, c) = connect_expecting_unreachable(
+        &format!("{ip_26}:0"),
+        &format!("{ip_27}:7317"),
+        -libc::ECONNREFUSED,
+    );
     let ctx = c.verbs().unwrap();
     assert!(ctx.counters().icmp_errors >= 1);
     assert_eq!(
@@ -1528,8 +1601,12 @@ fn rdma_connect_where_no_device_listens_is_refused_at_once() {
 
     // The synchronous face: rdma_connect itself fails with ECONNREFUSED.
     let s = CmId::create(None, 0, PortSpace::Tcp).unwrap();
-    s.resolve_addr(Some(addr("127.0.0.26:0")), addr("127.0.0.27:7318"), 2000)
-        .unwrap();
+    s.resolve_addr(
+        Some(addr(&format!("{ip_26}:0"))),
+        addr(&format!("{ip_27}:7318")),
+        2000,
+    )
+    .unwrap();
     s.resolve_route(2000).unwrap();
     s.create_qp(None, &mut cap()).unwrap();
     assert_eq!(

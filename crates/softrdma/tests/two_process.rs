@@ -1,6 +1,7 @@
-//! Two processes, two devices (127.0.0.3 and 127.0.0.4): the test process is the client, and
-//! it runs itself again as the server (the `server_process` test, which only runs when asked
-//! for). The two exchange QP numbers, PSNs and the server's buffer address and rkey over the
+//! Two processes, two devices (loopback addresses of this run's own, see `softrdma::testing`):
+//! the test process is the client, and it runs itself again as the server (the
+//! `server_process` test, which only runs when asked for, with both addresses in
+//! `SOFTRDMA_TWO_PROCESS_CHILD`). The two exchange QP numbers, PSNs and the server's buffer address and rkey over the
 //! child's stdin/stdout, as ibv_rc_pingpong does over TCP, then talk RoCEv2 on loopback.
 
 use softrdma::*;
@@ -10,8 +11,6 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const SERVER: &str = "127.0.0.3";
-const CLIENT: &str = "127.0.0.4";
 const ALL: u32 = AccessFlags::LOCAL_WRITE.bits()
     | AccessFlags::REMOTE_WRITE.bits()
     | AccessFlags::REMOTE_READ.bits()
@@ -146,10 +145,12 @@ fn send(e: &End, wr: SendWr) {
 #[test]
 #[ignore = "run by rc_between_two_processes"]
 fn server_process() {
-    if std::env::var_os("SOFTRDMA_TWO_PROCESS_CHILD").is_none() {
+    let Some(addrs) = std::env::var_os("SOFTRDMA_TWO_PROCESS_CHILD") else {
         return;
-    }
-    let e = end(SERVER);
+    };
+    let addrs = addrs.into_string().unwrap();
+    let (server, client) = addrs.split_once(',').unwrap();
+    let e = end(server);
     let psn = 0x1234;
     println!(
         "SERVER {} {} {} {}",
@@ -165,7 +166,7 @@ fn server_process() {
         .split_whitespace()
         .map(|x| x.parse().unwrap())
         .collect();
-    connect(&e, CLIENT.parse().unwrap(), v[0], v[1], psn);
+    connect(&e, client.parse().unwrap(), v[0], v[1], psn);
     post_recv(&e, 0, 4096);
     println!("READY");
     std::io::stdout().flush().unwrap();
@@ -202,6 +203,8 @@ fn server_process() {
 
 #[test]
 fn rc_between_two_processes() {
+    let server = softrdma::testing::unique_loopback_addr().to_string();
+    let client = softrdma::testing::unique_loopback_addr().to_string();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -210,7 +213,7 @@ fn rc_between_two_processes() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("SOFTRDMA_TWO_PROCESS_CHILD", "1")
+        .env("SOFTRDMA_TWO_PROCESS_CHILD", format!("{server},{client}"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -253,10 +256,10 @@ fn rc_between_two_processes() {
         fields[2],
         fields[3] as u32,
     );
-    let e = end(CLIENT);
+    let e = end(&client);
     let psn = 0xabcde;
     writeln!(stdin, "{} {}", e.qp.qp_num(), psn).unwrap();
-    connect(&e, SERVER.parse().unwrap(), sqpn, spsn, psn);
+    connect(&e, server.parse().unwrap(), sqpn, spsn, psn);
     loop {
         line.clear();
         assert!(

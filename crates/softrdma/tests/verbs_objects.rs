@@ -31,12 +31,13 @@ fn ibv_get_device_list_has_one_device_per_address_with_unique_names() {
 
 #[test]
 fn ibv_open_device_on_loopback_aliases_gives_independent_devices() {
-    let a = Device::from_addr("127.0.0.2".parse().unwrap()).unwrap();
-    let b = Device::from_addr("127.0.0.3".parse().unwrap()).unwrap();
+    let (x, y) = (unique_addr(), unique_addr());
+    let a = Device::from_addr(x).unwrap();
+    let b = Device::from_addr(y).unwrap();
     assert_ne!(a, b);
     assert_ne!(a.guid(), b.guid());
-    assert_eq!(a.name(), "srdma_127.0.0.2");
-    assert_eq!(Device::by_name("srdma_127.0.0.2").unwrap(), a);
+    assert_eq!(a.name(), format!("srdma_{x}"));
+    assert_eq!(Device::by_name(&format!("srdma_{x}")).unwrap(), a);
     let ca = a.open().unwrap();
     let cb = b.open().unwrap();
     assert_eq!(ca.query_gid(1, 0).unwrap().to_ip(), a.addr());
@@ -94,7 +95,7 @@ fn ibv_query_port_is_an_active_roce_port() {
 fn ibv_query_gid_gives_the_ipv4_mapped_address() {
     let ctx = ctx();
     let g = ctx.query_gid(1, 0).unwrap();
-    assert_eq!(g.to_string(), "::ffff:127.0.0.1");
+    assert_eq!(g.to_string(), format!("::ffff:{}", lo_addr()));
     assert_eq!(g.raw[10..12], [0xff, 0xff]);
     let e = ctx.query_gid_ex(1, 0).unwrap();
     assert_eq!(e.gid_type, GidType::RoceV2);
@@ -170,9 +171,7 @@ fn ibv_dealloc_pd_is_ebusy_while_a_qp_srq_or_ah_exists() {
         .unwrap();
     let pd = pd.dealloc().unwrap_err().into_inner();
     srq.destroy().unwrap();
-    let ah = pd
-        .create_ah(&AhAttr::for_ip("127.0.0.1".parse().unwrap()))
-        .unwrap();
+    let ah = pd.create_ah(&AhAttr::for_ip(lo_addr())).unwrap();
     let e = pd.dealloc().unwrap_err();
     assert_eq!(e.errno(), libc::EBUSY);
     ah.destroy().unwrap();
@@ -622,10 +621,7 @@ fn ibv_create_qp_with_an_srq_only_for_rc_and_ud_and_ignores_recv_caps() {
 #[test]
 fn ibv_create_qp_rejects_cqs_of_another_device() {
     let a = ctx();
-    let b = Device::from_addr("127.0.0.4".parse().unwrap())
-        .unwrap()
-        .open()
-        .unwrap();
+    let b = Device::from_addr(unique_addr()).unwrap().open().unwrap();
     let pd = a.alloc_pd().unwrap();
     let cq = b.create_cq(4, 0, None, 0).unwrap();
     assert_eq!(
@@ -678,10 +674,7 @@ fn ibv_modify_qp_rc_reset_init_rtr_rts_with_the_required_masks() {
         (4, 4, 12)
     );
     assert_eq!(a.path_mtu, Mtu::Mtu1024);
-    assert_eq!(
-        a.ah_attr.grh.dgid.to_ip(),
-        "127.0.0.1".parse::<IpAddr>().unwrap()
-    );
+    assert_eq!(a.ah_attr.grh.dgid.to_ip(), lo_addr());
     assert_eq!(a.qp_access_flags, AccessFlags::REMOTE_WRITE.bits());
     assert_eq!(a.port_num, 1);
 }
@@ -807,7 +800,7 @@ fn ibv_modify_qp_is_all_or_nothing_on_bad_values() {
     qp.modify_qp(&good, init_mask).unwrap();
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
-        ah_attr: AhAttr::for_ip("127.0.0.1".parse().unwrap()),
+        ah_attr: AhAttr::for_ip(lo_addr()),
         path_mtu: Mtu::Mtu4096,
         dest_qp_num: 5,
         ..good
@@ -1043,9 +1036,7 @@ fn ibv_post_send_checks_state_opcode_sges_and_queue_size() {
     let qp = pd
         .create_qp(&mut QpInitAttr::new(QpType::Ud, &cq, caps(4, 2)))
         .unwrap();
-    let ah = pd
-        .create_ah(&AhAttr::for_ip("127.0.0.1".parse().unwrap()))
-        .unwrap();
+    let ah = pd.create_ah(&AhAttr::for_ip(lo_addr())).unwrap();
     let (b, mr) = buffer_mr(&pd, 64);
     let sge = [Sge {
         addr: b.addr(),
@@ -1273,7 +1264,7 @@ fn ibv_attach_mcast_only_ud_and_multicast_gids_and_destroy_is_ebusy_while_attach
     let ctx = ctx();
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16, 0, None, 0).unwrap();
-    let mgid = Gid::from_ip("239.1.2.3".parse().unwrap());
+    let mgid = Gid::from_ip(softrdma::testing::unique_multicast_group().into());
     let rc = rc_qp(&ctx, &pd, &cq);
     assert_eq!(errno(rc.attach_mcast(&mgid, 0)), libc::EINVAL);
     let ud = pd
@@ -1454,7 +1445,7 @@ fn ibv_destroy_srq_is_ebusy_while_a_qp_uses_it() {
 fn ibv_create_ah_requires_a_grh_port_1_and_a_reachable_family() {
     let ctx = ctx();
     let pd = ctx.alloc_pd().unwrap();
-    let good = AhAttr::for_ip("127.0.0.9".parse().unwrap());
+    let good = AhAttr::for_ip(lo_addr());
     let ah = pd.create_ah(&good).unwrap();
     assert_eq!(ah.attr(), &good);
     for bad in [

@@ -2021,7 +2021,7 @@ mod backlog_tests {
     /// a dead entry would keep the id's memory for good (issue 13's flood growth).
     #[test]
     fn an_id_dropped_while_the_registry_is_locked_leaves_no_entry_behind() {
-        let ip: IpAddr = "127.13.0.30".parse().unwrap();
+        let ip: IpAddr = crate::testing::unique_loopback_addr().into();
         let (ctx, _) = device_res(ip).unwrap();
         let engine = ctx.inner.shared.engine().unwrap();
         let conn = ConnId(0x5eed_0001);

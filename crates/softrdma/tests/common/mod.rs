@@ -5,12 +5,29 @@ use softrdma::*;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+/// A loopback address no other process on this machine uses (see `softrdma::testing`).
+pub fn unique_addr() -> IpAddr {
+    softrdma::testing::unique_loopback_addr().into()
+}
+
+/// The same, as text (for `Side::new`, `SocketAddr` strings, program arguments).
+pub fn unique() -> String {
+    softrdma::testing::unique_loopback_addr().to_string()
+}
+
+/// This test binary's own loopback device address, shared by the tests that need just one
+/// device (as they once shared 127.0.0.1).
+pub fn lo_addr() -> IpAddr {
+    static ADDR: std::sync::OnceLock<IpAddr> = std::sync::OnceLock::new();
+    *ADDR.get_or_init(unique_addr)
+}
+
 pub fn lo() -> Device {
-    Device::from_addr("127.0.0.1".parse::<IpAddr>().unwrap()).expect("127.0.0.1 device")
+    Device::from_addr(lo_addr()).expect("this binary's loopback device")
 }
 
 pub fn ctx() -> Context {
-    lo().open().expect("open 127.0.0.1")
+    lo().open().expect("open this binary's loopback device")
 }
 
 pub fn caps(wr: u32, sge: u32) -> QpCap {
@@ -49,7 +66,7 @@ pub fn connect_rc(qp: &Qp, dest_qp: u32) {
     )
     .unwrap();
     a.qp_state = QpState::Rtr;
-    a.ah_attr = AhAttr::for_ip("127.0.0.1".parse().unwrap());
+    a.ah_attr = AhAttr::for_ip(lo_addr());
     a.path_mtu = Mtu::Mtu1024;
     a.dest_qp_num = dest_qp;
     a.rq_psn = 0x123;

@@ -208,11 +208,25 @@ pub fn connect(a: &Side, b: &Side, o: &Opts) {
     }
 }
 
-/// A connected pair on 127.0.0.1 and 127.0.0.2. Devices are shared by the tests of this
-/// process and QPs are independent, so tests run in parallel on the same two devices — except
-/// the fault-injection test, which has its own pair (faults are per device).
+/// A loopback address no other process on this machine uses (see `softrdma::testing`), as
+/// text.
+pub fn unique() -> String {
+    softrdma::testing::unique_loopback_addr().to_string()
+}
+
+/// This test binary's two shared device addresses (loopback addresses of its own).
+pub fn pair_addrs() -> &'static (String, String) {
+    static ADDRS: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    ADDRS.get_or_init(|| (unique(), unique()))
+}
+
+/// A connected pair on this binary's two shared devices ([`pair_addrs`]). Devices are
+/// shared by the tests of this process and QPs are independent, so tests run in parallel on
+/// the same two devices — except the tests that change a device (fault injection), which
+/// have their own pair (faults are per device).
 pub fn pair(qp_type: QpType, len: usize, o: &Opts) -> (Side, Side) {
-    pair_on("127.0.0.1", "127.0.0.2", qp_type, len, o)
+    let (x, y) = pair_addrs();
+    pair_on(x, y, qp_type, len, o)
 }
 
 pub fn pair_on(x: &str, y: &str, qp_type: QpType, len: usize, o: &Opts) -> (Side, Side) {
