@@ -2,7 +2,6 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 fn softrdma(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
@@ -16,23 +15,9 @@ fn softrdma(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-/// A loopback address of this test process's own: 127.A.B.C from the pid and a counter,
-/// proven free by binding the device's UDP port on it.
+/// A loopback address no other process uses.
 fn addr() -> String {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let pid = std::process::id();
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let a = format!(
-            "127.{}.{}.{}",
-            150 + (pid >> 16) % 100,
-            (pid >> 8) & 0xff,
-            ((pid & 0xff) + n * 7) % 250 + 2
-        );
-        if std::net::UdpSocket::bind((a.as_str(), 4791)).is_ok() {
-            return a;
-        }
-    }
+    softrdma::testing::unique_loopback_addr().to_string()
 }
 
 /// The value of `"key":` in a one-line JSON object (numbers and strings only).
