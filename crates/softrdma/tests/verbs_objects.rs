@@ -206,10 +206,7 @@ fn ibv_reg_mr_rejects_bad_arguments() {
         libc::EINVAL,
         "unknown bit"
     );
-    assert_eq!(
-        errno(pd.reg_buffer(&b, AccessFlags::MW_BIND.bits())),
-        libc::EOPNOTSUPP
-    );
+    pd.reg_buffer(&b, AccessFlags::MW_BIND.bits()).unwrap();
     assert_eq!(
         errno(pd.reg_buffer(&b, AccessFlags::ON_DEMAND.bits())),
         libc::EOPNOTSUPP
