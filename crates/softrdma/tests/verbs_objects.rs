@@ -1191,7 +1191,9 @@ fn ibv_post_send_checks_inline_and_atomics_on_rc() {
         .errno(),
         libc::EINVAL
     );
-    for op in [WrOpcode::LocalInv, WrOpcode::BindMw, WrOpcode::Tso] {
+    // BIND_MW without its `bind_mw` member; TSO (not supported). (LOCAL_INV is posted and
+    // fails when carried out: tests/memory_windows.rs.)
+    for op in [WrOpcode::BindMw, WrOpcode::Tso] {
         let wr = SendWr {
             opcode: op,
             ..Default::default()
