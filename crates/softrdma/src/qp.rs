@@ -1004,8 +1004,9 @@ impl Qp {
     /// `WR_FLUSH_ERR`.
     ///
     /// Fails, naming the index of that request, with `EINVAL` when the QP is in RESET, INIT
-    /// or RTR, the opcode is not one the QP type allows (or is not supported: LOCAL_INV,
-    /// BIND_MW, TSO), there are more than `max_send_sge` entries, the message exceeds 2^31
+    /// or RTR, the opcode is not one the QP type allows (or is not supported: TSO), a
+    /// BIND_MW request has no `bind_mw` (or no region but an address or length), there are
+    /// more than `max_send_sge` entries, the message exceeds 2^31
     /// bytes, inline data exceeds `max_inline_data` or is used with READ or atomics, an inline
     /// entry is not inside a memory region of the QP's PD, an atomic is not exactly one
     /// 8-byte aligned 8-byte entry, or a UD request has no address handle of the QP's PD;
