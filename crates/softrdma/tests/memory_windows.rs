@@ -104,7 +104,11 @@ fn type1_window_grants_access_until_rebound() {
     let (a, b, mr) = setup();
     let mw = b.pd.alloc_mw(MwType::Type1).unwrap();
     let old = mw.rkey();
-    let k1 = bind1(&b, &mw, info(&mr, 1024, 1024, RW));
+    let k1 = bind1(
+        &b,
+        &mw,
+        info(&mr, 1024, 1024, RW | AccessFlags::REMOTE_ATOMIC.bits()),
+    );
     assert_eq!(k1, inc_rkey(old));
     assert_eq!(mw.rkey(), k1);
     assert_eq!(k1 >> 8, old >> 8, "the index stays");
@@ -125,6 +129,17 @@ fn type1_window_grants_access_until_rebound() {
     });
     assert_eq!(a.wait(1)[0].status, WcStatus::Success);
     assert_eq!(&a.buf.to_vec()[4000..4018], b"through the window");
+    b.buf.store_u64(1024, 40).unwrap();
+    send(&a, 7, WrOpcode::AtomicFetchAndAdd, &[a.sge(4096, 8)], |w| {
+        w.remote_addr = b.buf.addr() + 1024;
+        w.rkey = k1;
+        w.compare_add = 2;
+    });
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    assert_eq!(
+        (a.buf.load_u64(4096).unwrap(), b.buf.load_u64(1024).unwrap()),
+        (40, 42)
+    );
     // Rebind elsewhere: the new key works there, the old one nowhere.
     let k2 = bind1(&b, &mw, info(&mr, 4096, 512, RW));
     assert_eq!(k2, inc_rkey(k1));

@@ -4,7 +4,9 @@
  * type 1 window (ibv_bind_mw) and type 2 windows (IBV_WR_BIND_MW through ibv_post_send, and
  * ibv_wr_bind_mw); A RDMA-writes through each; B invalidates (IBV_WR_LOCAL_INV, and A's
  * ibv_wr_send_inv, which B's receive reports with IBV_WC_WITH_INV); then A's write through
- * an invalidated or unbound rkey completes with IBV_WC_REM_ACCESS_ERR. Also: the device
+ * an invalidated or unbound rkey completes with IBV_WC_REM_ACCESS_ERR, as does a write
+ * through a type 2 window that arrives on another QP than the one that bound it (type 2B),
+ * while a type 1 window answers any QP of its PD. Also: the device
  * reports windows, ibv_dereg_mr fails with EINVAL while a window is bound, ibv_dealloc_mw.
  * Prints "mem_windows: ok" on success.
  */
@@ -256,8 +258,28 @@ int main(int argc, char **argv)
 	CHECK(write_through(&p, a_mr, (uintptr_t)b_buf + 3000, k3, 8) == IBV_WC_REM_ACCESS_ERR,
 	      "write through an invalidated window");
 
-	/* On a fresh pair: the type 1 window unbound by a zero-length bind refuses A too. */
-	struct pair q = make_pair();
+	/* Type 2B on fresh pairs: the window answers only the QP that bound it. */
+	struct pair q = make_pair(), o = make_pair();
+	uint32_t k4 = ibv_inc_rkey(k3);
+	memset(&w, 0, sizeof(w));
+	w.wr_id = 8;
+	w.opcode = IBV_WR_BIND_MW;
+	w.send_flags = IBV_SEND_SIGNALED;
+	w.bind_mw.mw = mw2;
+	w.bind_mw.rkey = k4;
+	w.bind_mw.bind_info.mr = b_mr;
+	w.bind_mw.bind_info.addr = (uintptr_t)b_buf + 4096;
+	w.bind_mw.bind_info.length = 1024;
+	w.bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_WRITE;
+	CHECK(!ibv_post_send(q.qb, &w, &bad), "ibv_post_send BIND_MW on another QP");
+	expect_ok(poll1(q.cqb), 8, IBV_WC_BIND_MW, "type 2 rebind");
+	CHECK(write_through(&q, a_mr, (uintptr_t)b_buf + 4096, k4, 8) == IBV_WC_SUCCESS,
+	      "write through the QP that bound the window");
+	CHECK(write_through(&o, a_mr, (uintptr_t)b_buf + 4096, k4, 8) == IBV_WC_REM_ACCESS_ERR,
+	      "write through another QP of the PD");
+
+	/* The type 1 window answers any QP of its PD; unbound by a zero-length bind, it
+	 * refuses A too. */
 	uint32_t k1 = mw1->rkey;
 	CHECK(write_through(&q, a_mr, (uintptr_t)b_buf + 256, k1, 8) == IBV_WC_SUCCESS,
 	      "a type 1 window answers any QP of its PD");
