@@ -83,6 +83,7 @@ fn layouts() -> Vec<Layout> {
         struct ibv_pci_atomic_caps { fetch_add, swap, compare_swap }
         struct ibv_device_attr_ex { orig_attr, comp_mask, odp_caps, completion_timestamp_mask, hca_core_clock, device_cap_flags_ex, tso_caps, rss_caps, max_wq_type_rq, packet_pacing_caps, raw_packet_caps, tm_caps, cq_mod_caps, max_dm_size, pci_atomic_caps, xrc_odp_caps, phys_port_cnt_ex }
         struct ibv_mw_bind_info { mr, addr, length, mw_access_flags }
+        struct ibv_mw_bind { wr_id, send_flags, bind_info }
         struct ibv_cq_ex { context => cq.context, channel => cq.channel, cq_context => cq.cq_context, handle => cq.handle, cqe => cq.cqe, mutex => cq.mutex, cond => cq.cond, comp_events_completed => cq.comp_events_completed, async_events_completed => cq.async_events_completed, comp_mask, status, wr_id, start_poll, next_poll, end_poll, read_opcode, read_vendor_err, read_byte_len, read_imm_data, read_qp_num, read_src_qp, read_wc_flags, read_slid, read_sl, read_dlid_path_bits, read_completion_ts, read_cvlan, read_flow_tag, read_tm_info, read_completion_wallclock_ns }
         struct ibv_cq_init_attr_ex { cqe, cq_context, channel, comp_vector, wc_flags, comp_mask, flags, parent_domain }
         struct ibv_poll_cq_attr { comp_mask }

@@ -985,3 +985,71 @@ fn seq_nak_resends_missing_packet_twice() {
             .ack_req
     );
 }
+
+/// Memory window binds and local invalidates interleaved with SENDs and WRITEs, and SENDs
+/// with invalidate, under loss, duplication and reordering: every local operation is
+/// carried out exactly once in posting order (go-back-N resends never repeat one), every
+/// request completes successfully in posting order, and each SEND with invalidate
+/// invalidates exactly once at the responder (duplicates are only re-acknowledged).
+#[test]
+fn rc_local_operations_and_send_with_invalidate_exactly_once_under_loss() {
+    let mut retrans = 0;
+    for seed in 0..60 {
+        let loss = [0.0, 0.05, 0.2][seed as usize % 3];
+        let mut sim = simple_sim(QpType::Rc);
+        sim.net = NetCfg::lossy(loss);
+        sim.rng = Rng(seed);
+        let mut want_local = Vec::new();
+        let mut want_remote = Vec::new();
+        let mut order = Vec::new();
+        let dst = sim.nodes[1].env.base(REMOTE);
+        for i in 0..40u64 {
+            let op = match i % 5 {
+                0 => SendOp::BindMw(MwBind {
+                    mw: i,
+                    ..MwBind::default()
+                }),
+                1 => SendOp::RdmaWrite {
+                    remote_addr: dst + i * 64,
+                    rkey: REMOTE,
+                },
+                2 => SendOp::LocalInv(0x100 + i as u32),
+                3 => SendOp::SendWithInv(0x200 + i as u32),
+                _ => SendOp::Send,
+            };
+            match op {
+                SendOp::BindMw(_) => want_local.push((i, false)),
+                SendOp::LocalInv(k) => want_local.push((u64::from(k), false)),
+                SendOp::SendWithInv(k) => want_remote.push((u64::from(k), true)),
+                _ => {}
+            }
+            if matches!(op, SendOp::Send | SendOp::SendWithInv(_)) {
+                post_recv(&mut sim, 1, 1000 + i, 64);
+            }
+            sim.post(0, req(i, op, 64, &sim));
+            order.push(i);
+        }
+        let done = sim.run(Duration::from_secs(60), |s| s.nodes[0].comps.len() >= 40);
+        assert!(done, "seed {seed}: {:?}", statuses(&sim, 0));
+        let st = statuses(&sim, 0);
+        assert_eq!(
+            st,
+            order
+                .iter()
+                .map(|&i| (i, WcStatus::Success))
+                .collect::<Vec<_>>(),
+            "seed {seed}"
+        );
+        assert_eq!(sim.nodes[0].env.local_ops, want_local, "seed {seed}");
+        assert_eq!(sim.nodes[1].env.local_ops, want_remote, "seed {seed}");
+        let inv: Vec<_> = sim.nodes[1]
+            .comps
+            .iter()
+            .filter_map(|c| c.invalidated_rkey)
+            .map(|k| (u64::from(k), true))
+            .collect();
+        assert_eq!(inv, want_remote, "seed {seed}");
+        retrans += sim.nodes[0].qp.stats().retransmitted_packets;
+    }
+    assert!(retrans > 0, "the losses made the requester resend");
+}

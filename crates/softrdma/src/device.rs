@@ -281,6 +281,13 @@ bitflags::bitflags! {
         const SRQ_RESIZE = 1 << 13;
         /// `IBV_DEVICE_N_NOTIFY_CQ`.
         const N_NOTIFY_CQ = 1 << 14;
+        /// `IBV_DEVICE_MEM_WINDOW`: memory windows ([`crate::Pd::alloc_mw`]).
+        const MEM_WINDOW = 1 << 17;
+        /// `IBV_DEVICE_MEM_WINDOW_TYPE_2A`: type 2 windows associated with a QP number only.
+        const MEM_WINDOW_TYPE_2A = 1 << 23;
+        /// `IBV_DEVICE_MEM_WINDOW_TYPE_2B`: type 2 windows associated with a QP (reached and
+        /// invalidated only through the QP that bound them), softrdma's kind.
+        const MEM_WINDOW_TYPE_2B = 1 << 24;
     }
 }
 
@@ -341,7 +348,7 @@ pub struct DeviceAttr {
     pub max_res_rd_atom: u32,
     /// Atomicity of RDMA atomics.
     pub atomic_cap: AtomicCap,
-    /// Most memory windows (0: not supported).
+    /// Most memory windows.
     pub max_mw: u32,
     /// Most multicast groups.
     pub max_mcast_grp: u32,
@@ -385,7 +392,9 @@ pub(crate) fn device_attr(dev: &Device) -> DeviceAttr {
             | DeviceCapFlags::SYS_IMAGE_GUID
             | DeviceCapFlags::RC_RNR_NAK_GEN
             | DeviceCapFlags::SRQ_RESIZE
-            | DeviceCapFlags::PORT_ACTIVE_EVENT,
+            | DeviceCapFlags::PORT_ACTIVE_EVENT
+            | DeviceCapFlags::MEM_WINDOW
+            | DeviceCapFlags::MEM_WINDOW_TYPE_2B,
         max_sge: 32,
         max_sge_rd: 32,
         max_cq: 1 << 14,
@@ -396,7 +405,7 @@ pub(crate) fn device_attr(dev: &Device) -> DeviceAttr {
         max_qp_init_rd_atom: 128,
         max_res_rd_atom: 128 << 16,
         atomic_cap: AtomicCap::Hca,
-        max_mw: 0,
+        max_mw: 1 << 16,
         max_mcast_grp: 8192,
         max_mcast_qp_attach: 56,
         max_total_mcast_qp_attach: 56 * 8192,

@@ -51,7 +51,7 @@ use crate::resources::Resources;
 use crate::sock::{RxMsg, UdpSock, ROCE_PORT};
 use crate::srq::SrqInner;
 use softrdma_proto::transport::{
-    AccessError, AtomicOp, Completion, Env, QpEvent, RecvRequest, RxMeta, Sge,
+    AccessError, AtomicOp, Completion, Env, MwBind, QpEvent, RecvRequest, RxMeta, Sge, WcStatus,
 };
 use softrdma_wire::icrc::{IcrcPrefix, IdentSolver};
 use std::collections::{HashMap, VecDeque};
@@ -699,6 +699,8 @@ pub(crate) struct QpEnv<'a> {
     pub(crate) srq_limit_hit: bool,
     /// The QP's cache of memory regions.
     pub(crate) mrs: &'a mut crate::mr::MrCache,
+    /// The QP's `uid` (type 2 memory windows are bound to it).
+    pub(crate) qp_uid: u64,
 }
 
 fn map_err(e: MrAccessError) -> AccessError {
@@ -720,9 +722,18 @@ impl QpEnv<'_> {
         need: AccessFlags,
         atomic: bool,
     ) -> std::result::Result<crate::mr::MrLease, AccessError> {
-        self.res
-            .check_access_cached(self.mrs, key, kind, self.pd, va, len as u64, need, atomic)
-            .map_err(map_err)
+        let r = self
+            .res
+            .check_access_cached(self.mrs, key, kind, self.pd, va, len as u64, need, atomic);
+        match r {
+            // Not a region's rkey: perhaps a memory window's (never cached: a window can be
+            // rebound or invalidated under the same region).
+            Err(MrAccessError::InvalidKey) if kind == KeyKind::Remote => self
+                .res
+                .check_window(key, self.pd, self.qp_uid, va, len as u64, need, atomic)
+                .map_err(map_err),
+            r => r.map_err(map_err),
+        }
     }
 }
 
@@ -786,19 +797,8 @@ impl Env for QpEnv<'_> {
         } else {
             AccessFlags::REMOTE_READ
         };
-        self.res
-            .check_access_cached(
-                self.mrs,
-                rkey,
-                KeyKind::Remote,
-                self.pd,
-                va,
-                len,
-                need,
-                false,
-            )
+        self.lease(rkey, KeyKind::Remote, va, len as usize, need, false)
             .map(drop)
-            .map_err(map_err)
     }
 
     fn write_remote(
@@ -866,6 +866,22 @@ impl Env for QpEnv<'_> {
             }
             AtomicOp::FetchAndAdd { add } => w.fetch_add(add, Ordering::SeqCst),
         })
+    }
+
+    fn bind_mw(&mut self, bind: &MwBind) -> std::result::Result<(), WcStatus> {
+        self.res.execute_bind(bind, self.pd, self.qp_uid)
+    }
+
+    fn local_invalidate(&mut self, rkey: u32) -> std::result::Result<(), WcStatus> {
+        self.res
+            .invalidate(rkey, self.pd, None)
+            .map_err(|()| WcStatus::LocQpOpErr)
+    }
+
+    fn remote_invalidate(&mut self, rkey: u32) -> std::result::Result<(), AccessError> {
+        self.res
+            .invalidate(rkey, self.pd, Some(self.qp_uid))
+            .map_err(|()| AccessError::InvalidKey)
     }
 
     fn take_recv(&mut self) -> Option<RecvRequest> {
@@ -959,6 +975,7 @@ pub(crate) fn drive(
         srq: qp.srq.as_deref(),
         srq_limit_hit: false,
         mrs,
+        qp_uid: qp.uid,
     };
     let src = engine.local.ip();
     let peer = attr.ah_attr.grh.dgid.to_ip();
@@ -1276,6 +1293,7 @@ fn feed(
                 srq: qp.srq.as_deref(),
                 srq_limit_hit: false,
                 mrs,
+                qp_uid: qp.uid,
             };
             if let Some(t) = transport.as_mut() {
                 for pkt in pkts {
@@ -1840,6 +1858,7 @@ fn progress(weak: Weak<Engine>) {
                         srq: qp.srq.as_deref(),
                         srq_limit_hit: false,
                         mrs,
+                        qp_uid: qp.uid,
                     };
                     if let Some(t) = transport.as_mut() {
                         t.handle_timeout(now, &mut env);

@@ -19,6 +19,7 @@
 //! | `ibv_query_device/port/gid/pkey` | [`Context::query_device`], [`Context::query_port`], [`Context::query_gid`], [`Context::query_pkey`] |
 //! | `ibv_alloc_pd` / `ibv_dealloc_pd` | [`Context::alloc_pd`] / [`Pd::dealloc`] |
 //! | `ibv_reg_mr` / `ibv_dereg_mr` | [`Pd::reg_mr`] (unsafe, raw memory), [`Pd::reg_buffer`] (safe) / [`Mr::dereg`] |
+//! | `ibv_alloc_mw` / `ibv_bind_mw` / `ibv_dealloc_mw` | [`Pd::alloc_mw`] / [`Qp::bind_mw`] (type 1), [`WrOpcode::BindMw`] (type 2) / [`Mw::dealloc`] |
 //! | `ibv_create_comp_channel`, `ibv_get_cq_event` | [`Context::create_comp_channel`], [`CompChannel::get_cq_event`] |
 //! | `ibv_create_cq`, `ibv_poll_cq`, `ibv_req_notify_cq` | [`Context::create_cq`], [`Cq::poll`], [`Cq::req_notify_cq`] |
 //! | `ibv_create_qp`, `ibv_modify_qp`, `ibv_post_send` | [`Pd::create_qp`], [`Qp::modify_qp`], [`Qp::post_send`] |
@@ -78,6 +79,7 @@ mod hold;
 pub mod log;
 pub mod mem;
 mod mr;
+mod mw;
 mod pd;
 mod qp;
 pub mod rdma_cm;
@@ -102,6 +104,7 @@ pub use gid::{Gid, GidType};
 pub use gsi::GsiStats;
 pub use mem::Buffer;
 pub use mr::{AccessFlags, Mr};
+pub use mw::{inc_rkey, BindMwWr, Mw, MwBind, MwBindInfo, MwType};
 pub use pd::Pd;
 pub use qp::{
     MigState, PostError, Qp, QpAttr, QpCap, QpInitAttr, QpInitInfo, RecvWr, SendFlags, SendWr, Sge,

@@ -6,7 +6,7 @@ use crate::hold::Hold;
 use crate::mem::{copy_from_memory, copy_to_memory, Buffer};
 use crate::pd::{Pd, PdInner};
 use crate::resources::{CountGuard, Kind, Resources};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 bitflags::bitflags! {
@@ -23,7 +23,7 @@ bitflags::bitflags! {
         const REMOTE_READ = 1 << 2;
         /// `IBV_ACCESS_REMOTE_ATOMIC`: peers may perform atomics on it.
         const REMOTE_ATOMIC = 1 << 3;
-        /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to it (not supported).
+        /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to it ([`crate::Mw`]).
         const MW_BIND = 1 << 4;
         /// `IBV_ACCESS_ZERO_BASED`: keys address the region from 0, not from its address.
         const ZERO_BASED = 1 << 5;
@@ -42,8 +42,8 @@ bitflags::bitflags! {
 
 impl AccessFlags {
     /// Checks the rules of `ibv_reg_mr`: no unknown bits (`EINVAL`), REMOTE_WRITE and
-    /// REMOTE_ATOMIC only with LOCAL_WRITE (`EINVAL`), and no memory windows or on-demand
-    /// paging (`EOPNOTSUPP`).
+    /// REMOTE_ATOMIC only with LOCAL_WRITE (`EINVAL`), and no on-demand paging
+    /// (`EOPNOTSUPP`).
     pub(crate) fn check_for_mr(self, raw: u32) -> Result<()> {
         if AccessFlags::from_bits(raw).is_none() {
             return Err(Error::invalid(format!(
@@ -57,9 +57,6 @@ impl AccessFlags {
             return Err(Error::invalid(
                 "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE",
             ));
-        }
-        if self.contains(AccessFlags::MW_BIND) {
-            return Err(Error::not_supported("memory windows are not supported"));
         }
         if self.contains(AccessFlags::ON_DEMAND) {
             return Err(Error::not_supported("on-demand paging is not supported"));
@@ -92,6 +89,8 @@ pub(crate) struct MrInner {
     _backing: Option<Arc<Buffer>>,
     /// Accesses in progress, and whether the region is deregistered.
     leases: AtomicU64,
+    /// Memory windows bound to the region (deregistration fails while there are any).
+    pub(crate) windows: AtomicU32,
     _count: CountGuard,
 }
 
@@ -107,7 +106,7 @@ impl Pd {
     ///
     /// Fails with `EINVAL` for a zero length, an address range that overflows, a length above
     /// the device's `max_mr_size`, unknown access bits or REMOTE_WRITE/REMOTE_ATOMIC without
-    /// LOCAL_WRITE; `EOPNOTSUPP` for MW_BIND and ON_DEMAND; `ENOMEM` past `max_mr`.
+    /// LOCAL_WRITE; `EOPNOTSUPP` for ON_DEMAND; `ENOMEM` past `max_mr`.
     ///
     /// # Safety
     /// `addr..addr + length` must stay allocated until the region is deregistered (dropped
@@ -196,6 +195,7 @@ impl Pd {
                 access,
                 _backing: backing,
                 leases: AtomicU64::new(0),
+                windows: AtomicU32::new(0),
                 _count: count,
             })
         });
@@ -243,10 +243,24 @@ impl Mr {
     /// Deregisters the region (`ibv_dereg_mr`): removes its keys, then waits for any access
     /// the device has in progress, so that the memory is the caller's again on return.
     ///
-    /// Never fails on softrdma (memory windows, which would make it fail with `EBUSY`, are not
-    /// supported); the `Result` keeps the verbs contract.
+    /// Fails with `EINVAL`, giving the region back untouched, while memory windows are bound
+    /// to it (IBA 10.6.7.2.6; Linux rxe's errno): invalidate, rebind or deallocate them
+    /// first. Dropping the region instead deregisters it anyway, and the windows bound to it
+    /// then refuse every access, as their memory is gone.
     pub fn dereg(self) -> std::result::Result<(), DestroyError<Mr>> {
+        let n = self.inner.windows.load(Ordering::Acquire);
+        if n != 0 {
+            return Err(DestroyError {
+                object: self,
+                error: Error::invalid(format!("{n} memory window(s) are bound to the region")),
+            });
+        }
         Ok(())
+    }
+
+    /// How many memory windows are bound to the region now.
+    pub fn bound_windows(&self) -> u32 {
+        self.inner.windows.load(Ordering::Acquire)
     }
 }
 
@@ -383,7 +397,7 @@ pub(crate) struct MrCache {
 }
 
 /// Checks PD, access, alignment and bounds of an access to `mr`, and takes a lease on it.
-fn check_region(
+pub(crate) fn check_region(
     mr: Arc<MrInner>,
     pd: &Arc<PdInner>,
     va: u64,

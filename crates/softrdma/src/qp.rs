@@ -228,9 +228,10 @@ pub enum WrOpcode {
     AtomicCmpAndSwp = 5,
     /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
     AtomicFetchAndAdd = 6,
-    /// `IBV_WR_LOCAL_INV` (not supported).
+    /// `IBV_WR_LOCAL_INV`: invalidates the type 2 memory window whose rkey is in
+    /// [`SendWr::imm_data`] (RC, UC).
     LocalInv = 7,
-    /// `IBV_WR_BIND_MW` (not supported).
+    /// `IBV_WR_BIND_MW`: binds the memory window of [`SendWr::bind_mw`] (RC, UC).
     BindMw = 8,
     /// `IBV_WR_SEND_WITH_INV`.
     SendWithInv = 9,
@@ -274,8 +275,13 @@ impl WrOpcode {
                     | RdmaRead
                     | AtomicCmpAndSwp
                     | AtomicFetchAndAdd
+                    | LocalInv
+                    | BindMw
             ),
-            QpType::Uc => matches!(self, Send | SendWithImm | RdmaWrite | RdmaWriteWithImm),
+            QpType::Uc => matches!(
+                self,
+                Send | SendWithImm | RdmaWrite | RdmaWriteWithImm | LocalInv | BindMw
+            ),
             QpType::Ud => matches!(self, Send | SendWithImm),
             _ => false,
         }
@@ -312,7 +318,8 @@ pub struct SendWr<'a> {
     pub opcode: WrOpcode,
     /// Flags.
     pub send_flags: SendFlags,
-    /// Immediate data (`*_WITH_IMM`), or the rkey to invalidate (`SEND_WITH_INV`).
+    /// Immediate data (`*_WITH_IMM`), or the rkey to invalidate (`SEND_WITH_INV`,
+    /// `LOCAL_INV`: `invalidate_rkey`).
     pub imm_data: u32,
     /// Remote address (RDMA, atomics).
     pub remote_addr: u64,
@@ -328,6 +335,8 @@ pub struct SendWr<'a> {
     pub remote_qpn: u32,
     /// Destination Q_Key (UD).
     pub remote_qkey: u32,
+    /// The window, new rkey and binding of a BIND_MW request.
+    pub bind_mw: Option<crate::mw::BindMwWr<'a>>,
 }
 
 /// `struct ibv_recv_wr` (without `next`).
@@ -442,6 +451,8 @@ pub(crate) struct QpInner {
     pub(crate) recv_cq: Hold<CqInner>,
     pub(crate) srq: Option<Hold<SrqInner>>,
     pub(crate) qp_num: u32,
+    /// Never reused: names the QP a type 2 memory window is bound to.
+    pub(crate) uid: u64,
     pub(crate) qp_type: QpType,
     pub(crate) qp_context: u64,
     pub(crate) sq_sig_all: bool,
@@ -486,6 +497,8 @@ impl Drop for QpInner {
         res.free_qpn(self.qp_num);
     }
 }
+
+static NEXT_QP_UID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 fn round_wr(req: u32, max: u32) -> u32 {
     req.max(1).next_power_of_two().min(max)
@@ -576,6 +589,7 @@ impl Pd {
                 recv_cq: Hold::new(&init_attr.recv_cq.inner),
                 srq: init_attr.srq.map(|s| Hold::new(&s.inner)),
                 qp_num,
+                uid: NEXT_QP_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 qp_type: init_attr.qp_type,
                 qp_context: init_attr.qp_context,
                 sq_sig_all: init_attr.sq_sig_all,
@@ -992,14 +1006,63 @@ impl Qp {
     /// `WR_FLUSH_ERR`.
     ///
     /// Fails, naming the index of that request, with `EINVAL` when the QP is in RESET, INIT
-    /// or RTR, the opcode is not one the QP type allows (or is not supported: LOCAL_INV,
-    /// BIND_MW, TSO), there are more than `max_send_sge` entries, the message exceeds 2^31
+    /// or RTR, the opcode is not one the QP type allows (or is not supported: TSO), a
+    /// BIND_MW request has no `bind_mw` (or no region but an address or length), there are
+    /// more than `max_send_sge` entries, the message exceeds 2^31
     /// bytes, inline data exceeds `max_inline_data` or is used with READ or atomics, an inline
     /// entry is not inside a memory region of the QP's PD, an atomic is not exactly one
     /// 8-byte aligned 8-byte entry, or a UD request has no address handle of the QP's PD;
     /// `ENOMEM` when the send queue is full.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> std::result::Result<(), PostError> {
         self.post_send_impl(wrs, false)
+    }
+
+    /// Binds a type 1 memory window (`ibv_bind_mw`): posts a bind on the send queue, carried
+    /// out in order with the requests before it and completing with `IBV_WC_BIND_MW`
+    /// (`MW_BIND_ERR` if the bind breaks a rule: see [`crate::Mw`]), and returns the new rkey,
+    /// which is also [`crate::Mw::rkey`] from now on: the same index, the key byte plus one
+    /// (`ibv_inc_rkey`). A zero length with no region unbinds the window. If the bind
+    /// completes in error, the window keeps its old rkey (the program undoes the update, as
+    /// with rdma-core).
+    ///
+    /// Fails, posting nothing, with `EINVAL` for a window that is not type 1, a bind without
+    /// a region but with an address or length, ZERO_BASED access, or anything
+    /// [`Qp::post_send`] refuses; `EPERM` for a region of another PD than the window.
+    pub fn bind_mw(&self, mw: &crate::Mw, bind: &crate::MwBind<'_>) -> Result<u32> {
+        let info = &bind.bind_info;
+        if mw.mw_type() != crate::MwType::Type1 {
+            return Err(Error::invalid("ibv_bind_mw binds type 1 windows only"));
+        }
+        if info.mr.is_none() && (info.addr != 0 || info.length != 0) {
+            return Err(Error::invalid(
+                "a bind without a memory region must have address and length 0",
+            ));
+        }
+        if info
+            .mr
+            .is_some_and(|m| !Arc::ptr_eq(m.inner.pd.arc(), mw.inner.pd.arc()))
+        {
+            return Err(Error::permission(
+                "the memory region belongs to another PD than the window",
+            ));
+        }
+        if info.mw_access_flags & AccessFlags::ZERO_BASED.bits() != 0 {
+            return Err(Error::invalid("a type 1 window cannot be zero-based"));
+        }
+        let rkey = crate::mw::inc_rkey(mw.rkey());
+        let wr = SendWr {
+            wr_id: bind.wr_id,
+            opcode: WrOpcode::BindMw,
+            send_flags: bind.send_flags,
+            bind_mw: Some(crate::BindMwWr {
+                mw,
+                rkey,
+                bind_info: *info,
+            }),
+            ..Default::default()
+        };
+        self.post_send(&[wr]).map_err(|e| e.error)?;
+        Ok(rkey)
     }
 
     /// [`Qp::post_send`] with rdma-core's rule for `IBV_SEND_INLINE`: the data of an inline
@@ -1073,6 +1136,9 @@ impl Qp {
                     inner.cap.max_send_wr
                 ))));
                 break;
+            }
+            if let (WrOpcode::BindMw, Some(b)) = (wr.opcode, &wr.bind_mw) {
+                b.mw.set_posted_rkey((b.mw.inner.index << 8) | (b.rkey & 0xff));
             }
             posted += 1;
         }
@@ -1205,13 +1271,31 @@ impl Qp {
                 rkey: wr.rkey,
                 add: wr.compare_add,
             },
+            WrOpcode::LocalInv => tp::SendOp::LocalInv(wr.imm_data),
+            WrOpcode::BindMw => {
+                let Some(b) = &wr.bind_mw else {
+                    return Err(Error::invalid("a BIND_MW request needs bind_mw"));
+                };
+                let info = &b.bind_info;
+                if info.mr.is_none() && (info.addr != 0 || info.length != 0) {
+                    return Err(Error::invalid(
+                        "a bind without a memory region must have address and length 0",
+                    ));
+                }
+                tp::SendOp::BindMw(info.to_transport(b.mw, b.rkey))
+            }
             other => return Err(Error::invalid(format!("opcode {other:?} is not supported"))),
         };
+        let local = matches!(op, tp::SendOp::BindMw(_) | tp::SendOp::LocalInv(_));
         let req = tp::SendRequest {
             wr_id: wr.wr_id,
             op,
-            sges: wr.sg_list.iter().map(|s| s.to_transport()).collect(),
-            inline,
+            sges: if local {
+                tp::SgList::new()
+            } else {
+                wr.sg_list.iter().map(|s| s.to_transport()).collect()
+            },
+            inline: if local { None } else { inline },
             signaled: inner.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED),
             solicited: wr.send_flags.contains(SendFlags::SOLICITED),
             fence: wr.send_flags.contains(SendFlags::FENCE),

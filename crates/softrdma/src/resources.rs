@@ -8,6 +8,7 @@ use crate::device::DeviceAttr;
 use crate::error::{Error, Result};
 use crate::gid::Gid;
 use crate::mr::MrInner;
+use crate::mw::MwInner;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -21,14 +22,18 @@ pub(crate) enum Kind {
     Qp,
     Srq,
     Ah,
+    Mw,
 }
 
 pub(crate) struct Resources {
-    limits: [u32; 6],
-    counts: [AtomicU32; 6],
+    limits: [u32; 7],
+    counts: [AtomicU32; 7],
     /// Memory regions by lkey and by rkey.
     lkeys: RwLock<HashMap<u32, Arc<MrInner>>>,
     rkeys: RwLock<HashMap<u32, Arc<MrInner>>>,
+    /// Memory windows by index (the upper 24 bits of their rkeys, which no region's rkey
+    /// shares). Lock order: `lkeys`, `rkeys`, `mws`.
+    mws: RwLock<HashMap<u32, Arc<MwInner>>>,
     /// QP numbers in use.
     qpns: Mutex<std::collections::HashSet<u32>>,
     /// Multicast groups and the QP numbers attached to each.
@@ -90,10 +95,12 @@ impl Resources {
                 attr.max_qp,
                 attr.max_srq,
                 attr.max_ah,
+                attr.max_mw,
             ],
             counts: Default::default(),
             lkeys: RwLock::new(HashMap::new()),
             rkeys: RwLock::new(HashMap::new()),
+            mws: RwLock::new(HashMap::new()),
             qpns: Mutex::new(Default::default()),
             mcast: Mutex::new(HashMap::new()),
         }
@@ -150,10 +157,17 @@ impl Resources {
     pub(crate) fn insert_mr(&self, build: impl FnOnce(u32, u32) -> Arc<MrInner>) -> Arc<MrInner> {
         let mut lkeys = self.lkeys.write().unwrap_or_else(|p| p.into_inner());
         let mut rkeys = self.rkeys.write().unwrap_or_else(|p| p.into_inner());
+        let mws = self.mws.read().unwrap_or_else(|p| p.into_inner());
         let (lkey, rkey) = loop {
             let l = random_u32();
             let r = random_u32();
-            if l != 0 && r != 0 && l != r && !lkeys.contains_key(&l) && !rkeys.contains_key(&r) {
+            if l != 0
+                && r != 0
+                && l != r
+                && !lkeys.contains_key(&l)
+                && !rkeys.contains_key(&r)
+                && !mws.contains_key(&(r >> 8))
+            {
                 break (l, r);
             }
         };
@@ -190,6 +204,43 @@ impl Resources {
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&rkey)
+            .cloned()
+    }
+
+    /// Enters a memory window under a fresh, unpredictable index (the upper 24 bits of its
+    /// rkeys) that no other window and no region's rkey uses; the closure builds the window
+    /// from the index.
+    pub(crate) fn insert_mw(&self, build: impl FnOnce(u32) -> Arc<MwInner>) -> Arc<MwInner> {
+        let rkeys = self.rkeys.read().unwrap_or_else(|p| p.into_inner());
+        let mut mws = self.mws.write().unwrap_or_else(|p| p.into_inner());
+        let index = loop {
+            let i = random_u32() >> 8;
+            if i != 0
+                && !mws.contains_key(&i)
+                && !(0..=0xff).any(|k| rkeys.contains_key(&((i << 8) | k)))
+            {
+                break i;
+            }
+        };
+        let mw = build(index);
+        mws.insert(index, mw.clone());
+        mw
+    }
+
+    /// Removes a memory window: from now on no rkey finds it.
+    pub(crate) fn remove_mw(&self, index: u32) {
+        self.mws
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&index);
+    }
+
+    /// The memory window whose rkeys have `index` in their upper 24 bits.
+    pub(crate) fn mw_by_index(&self, index: u32) -> Option<Arc<MwInner>> {
+        self.mws
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&index)
             .cloned()
     }
 

@@ -205,10 +205,7 @@ fn ibv_reg_mr_rejects_bad_arguments() {
         libc::EINVAL,
         "unknown bit"
     );
-    assert_eq!(
-        errno(pd.reg_buffer(&b, AccessFlags::MW_BIND.bits())),
-        libc::EOPNOTSUPP
-    );
+    pd.reg_buffer(&b, AccessFlags::MW_BIND.bits()).unwrap();
     assert_eq!(
         errno(pd.reg_buffer(&b, AccessFlags::ON_DEMAND.bits())),
         libc::EOPNOTSUPP
@@ -1185,7 +1182,9 @@ fn ibv_post_send_checks_inline_and_atomics_on_rc() {
         .errno(),
         libc::EINVAL
     );
-    for op in [WrOpcode::LocalInv, WrOpcode::BindMw, WrOpcode::Tso] {
+    // BIND_MW without its `bind_mw` member; TSO (not supported). (LOCAL_INV is posted and
+    // fails when carried out: tests/memory_windows.rs.)
+    for op in [WrOpcode::BindMw, WrOpcode::Tso] {
         let wr = SendWr {
             opcode: op,
             ..Default::default()

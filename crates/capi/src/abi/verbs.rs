@@ -563,6 +563,15 @@ pub struct ibv_mw_bind_info {
     pub mw_access_flags: c_uint,
 }
 
+/// `struct ibv_mw_bind`: the argument of `ibv_bind_mw`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct ibv_mw_bind {
+    pub wr_id: u64,
+    pub send_flags: c_uint,
+    pub bind_info: ibv_mw_bind_info,
+}
+
 /// `bind_mw` of [`ibv_send_wr`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -6,7 +6,7 @@
 //! place as `softrdma::Sge` slices (same layout), and completions are polled into a stack
 //! array and converted.
 
-use super::objects::{CAh, CCq, CQp, CSrq};
+use super::objects::{CAh, CCq, CMw, CQp, CSrq};
 use crate::abi::*;
 use crate::ffi::guard;
 use libc::{c_int, EINVAL};
@@ -61,7 +61,7 @@ unsafe fn send_wr<'a>(w: &'a ibv_send_wr, ud: bool) -> Result<SendWr<'a>, i32> {
         opcode,
         send_flags: SendFlags::from_bits_retain(w.send_flags),
         // `__be32 imm_data` (network order in memory); `invalidate_rkey` is host order.
-        imm_data: if opcode == WrOpcode::SendWithInv {
+        imm_data: if matches!(opcode, WrOpcode::SendWithInv | WrOpcode::LocalInv) {
             w.imm_data
         } else {
             u32::from_be(w.imm_data)
@@ -70,7 +70,20 @@ unsafe fn send_wr<'a>(w: &'a ibv_send_wr, ud: bool) -> Result<SendWr<'a>, i32> {
     };
     // SAFETY: reading the union member the QP type / opcode selects, as providers do.
     unsafe {
-        if ud {
+        if opcode == WrOpcode::BindMw {
+            let b = &w.ext.bind_mw;
+            if b.mw.is_null() {
+                return Err(EINVAL);
+            }
+            // Only the softrdma field is borrowed: the C header's rkey is written after the
+            // post (note_binds).
+            let mw = &*std::ptr::addr_of!((*b.mw.cast::<CMw>()).mw);
+            s.bind_mw = Some(softrdma::BindMwWr {
+                mw,
+                rkey: b.rkey,
+                bind_info: super::resources::bind_info(&b.bind_info),
+            });
+        } else if ud {
             let a = w.wr.ud;
             s.ah = super::objects::wrapper::<_, CAh>(a.ah).map(|c| &c.ah);
             s.remote_qpn = a.remote_qpn;
@@ -91,6 +104,25 @@ unsafe fn send_wr<'a>(w: &'a ibv_send_wr, ud: bool) -> Result<SendWr<'a>, i32> {
         }
     }
     Ok(s)
+}
+
+/// Sets `mw->rkey` of the window of each posted BIND_MW request to the rkey it asked for
+/// (the index stays), as `ibv_bind_mw` does for type 1 windows.
+///
+/// # Safety
+/// `ptrs[i]` must be the C request `wrs[i]` was made from.
+#[inline]
+pub(crate) unsafe fn note_binds(wrs: &[SendWr<'_>], ptrs: &[*mut ibv_send_wr]) {
+    for (w, &p) in wrs.iter().zip(ptrs) {
+        if let Some(b) = &w.bind_mw {
+            // SAFETY: p is the program's request, whose window send_wr found live; only the
+            // C header's rkey is written (the softrdma field is what `b.mw` borrows).
+            unsafe {
+                let mw = (*p).ext.bind_mw.mw;
+                std::ptr::addr_of_mut!((*mw).rkey).write(b.mw.rkey());
+            }
+        }
+    }
 }
 
 /// `ops.post_send`.
@@ -138,7 +170,11 @@ pub unsafe extern "C" fn post_send(
             if n > 0 {
                 // SAFETY: the inline entries are the program's memory, readable as it
                 // promised libibverbs.
-                if let Err(e) = unsafe { q.qp.post_send_raw_inline(&arr[..n]) } {
+                let r = unsafe { q.qp.post_send_raw_inline(&arr[..n]) };
+                let posted = r.as_ref().map_or_else(|e| e.bad_wr, |()| n);
+                // SAFETY: the posted requests are the program's, with their windows.
+                unsafe { note_binds(&arr[..posted], &ptrs[..posted]) };
+                if let Err(e) = r {
                     set_bad(ptrs[e.bad_wr]);
                     return e.errno();
                 }

@@ -123,6 +123,9 @@ struct Built {
     ah: *const softrdma::Ah,
     remote_qpn: u32,
     remote_qkey: u32,
+    /// BIND_MW: the window (its C header) and the binding.
+    mw: *mut ibv_mw,
+    bind: ibv_mw_bind_info,
     /// Entries `sges[sge_at .. sge_at + sge_n]`, or with `inline` the bytes
     /// `inline[sge_at .. sge_at + sge_n]`.
     sge_at: u32,
@@ -204,12 +207,16 @@ fn supported_send_ops(qp_type: QpType) -> u64 {
                 | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
                 | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
                 | IBV_QP_EX_WITH_SEND_WITH_INV
+                | IBV_QP_EX_WITH_LOCAL_INV
+                | IBV_QP_EX_WITH_BIND_MW
         }
         QpType::Uc => {
             IBV_QP_EX_WITH_RDMA_WRITE
                 | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
                 | IBV_QP_EX_WITH_SEND
                 | IBV_QP_EX_WITH_SEND_WITH_IMM
+                | IBV_QP_EX_WITH_LOCAL_INV
+                | IBV_QP_EX_WITH_BIND_MW
         }
         QpType::Ud => IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM,
         _ => 0,
@@ -218,8 +225,7 @@ fn supported_send_ops(qp_type: QpType) -> u64 {
 
 /// Whether a QP of C type `qp_type` can have the `ibv_wr_*` operations `send_ops_flags`
 /// (`enum ibv_qp_create_send_ops_flags`) here: `EOPNOTSUPP` if not (another QP type than
-/// RC/UC/UD, or LOCAL_INV, BIND_MW, TSO, ATOMIC_WRITE, FLUSH, or an operation the type
-/// lacks).
+/// RC/UC/UD, or TSO, ATOMIC_WRITE, FLUSH, or an operation the type lacks).
 pub fn check_send_ops(qp_type: u32, send_ops_flags: u64) -> Result<(), i32> {
     let t = qp_type_of(qp_type).ok_or(libc::EOPNOTSUPP)?;
     if send_ops_flags & !supported_send_ops(t) != 0 {
@@ -268,7 +274,7 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
 /// a QP as `ibv_create_qp` makes it, plus the `ibv_wr_*` table when `send_ops_flags` is
 /// given. Fails (NULL, errno) with `EINVAL` for a NULL argument, an unknown `comp_mask`
 /// bit or no PD; `EOPNOTSUPP` for XRC, TSO, RSS, create flags, or a send operation the QP
-/// type cannot do here (LOCAL_INV, BIND_MW, TSO, ATOMIC_WRITE, FLUSH); otherwise as
+/// type cannot do here (TSO, ATOMIC_WRITE, FLUSH, or one its type lacks); otherwise as
 /// `ibv_create_qp`.
 unsafe extern "C" fn create_qp_ex(context: *mut ibv_context, attr: *mut c_void) -> *mut ibv_qp {
     crate::ffi::ret_ptr(|| {
@@ -448,6 +454,13 @@ fn build(qx: *mut ibv_qp_ex, opcode: WrOpcode, fill: impl FnOnce(&mut Built)) {
             ah: ptr::null(),
             remote_qpn: 0,
             remote_qkey: 0,
+            mw: ptr::null_mut(),
+            bind: ibv_mw_bind_info {
+                mr: ptr::null_mut(),
+                addr: 0,
+                length: 0,
+                mw_access_flags: 0,
+            },
             sge_at: 0,
             sge_n: 0,
             inline: false,
@@ -494,15 +507,25 @@ unsafe extern "C" fn wr_atomic_fetch_add(
 
 unsafe extern "C" fn wr_bind_mw(
     qx: *mut ibv_qp_ex,
-    _mw: *mut c_void,
-    _rkey: u32,
-    _info: *const c_void,
+    mw: *mut c_void,
+    rkey: u32,
+    info: *const c_void,
 ) {
-    unsupported(qx)
+    if mw.is_null() || info.is_null() {
+        with_batch(qx, |_, b| b.fail(libc::EINVAL));
+        return;
+    }
+    // SAFETY: the program's `struct ibv_mw_bind_info`, read at once (verbs' contract).
+    let bind = unsafe { *info.cast::<ibv_mw_bind_info>() };
+    build(qx, WrOpcode::BindMw, |r| {
+        r.mw = mw.cast();
+        r.rkey = rkey;
+        r.bind = bind;
+    })
 }
 
-unsafe extern "C" fn wr_local_inv(qx: *mut ibv_qp_ex, _rkey: u32) {
-    unsupported(qx)
+unsafe extern "C" fn wr_local_inv(qx: *mut ibv_qp_ex, invalidate_rkey: u32) {
+    build(qx, WrOpcode::LocalInv, |r| r.imm_data = invalidate_rkey)
 }
 
 unsafe extern "C" fn wr_rdma_read(qx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
@@ -746,10 +769,27 @@ fn post_batch(qx: *mut ibv_qp_ex, b: &Batch) -> c_int {
                 ah: unsafe { r.ah.as_ref() },
                 remote_qpn: r.remote_qpn,
                 remote_qkey: r.remote_qkey,
+                bind_mw: (!r.mw.is_null()).then(|| softrdma::BindMwWr {
+                    // SAFETY: a live window of the program's (verbs' contract until the
+                    // post); only its softrdma field is borrowed.
+                    mw: unsafe { &*ptr::addr_of!((*r.mw.cast::<super::objects::CMw>()).mw) },
+                    rkey: r.rkey,
+                    // SAFETY: the region pointer is NULL or live (same contract).
+                    bind_info: unsafe { super::resources::bind_info(&r.bind) },
+                }),
             };
         }
+        let n = chunk.len();
         // SAFETY: inline entries point into b.inline, alive and unchanged during the call.
-        if let Err(e) = unsafe { qp.post_send_raw_inline(&wrs[..chunk.len()]) } {
+        let r = unsafe { qp.post_send_raw_inline(&wrs[..n]) };
+        let posted = r.as_ref().map_or_else(|e| e.bad_wr, |()| n);
+        for (w, r) in wrs[..posted].iter().zip(chunk) {
+            if let Some(b) = &w.bind_mw {
+                // SAFETY: the window's C header (only its rkey), as `post_send` does.
+                unsafe { ptr::addr_of_mut!((*r.mw).rkey).write(b.mw.rkey()) };
+            }
+        }
+        if let Err(e) = r {
             return e.errno();
         }
     }

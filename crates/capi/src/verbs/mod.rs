@@ -58,6 +58,9 @@ pub(crate) fn fill_context(v: &mut verbs_context) {
     ops.post_send = Some(datapath::post_send);
     ops.post_recv = Some(datapath::post_recv);
     ops.post_srq_recv = Some(datapath::post_srq_recv);
+    ops.alloc_mw = Some(resources::alloc_mw);
+    ops.bind_mw = Some(resources::bind_mw);
+    ops.dealloc_mw = Some(resources::dealloc_mw);
     v.query_port = Some(device::query_port_sized);
     ex::install(v);
 }

@@ -60,6 +60,15 @@ pub struct CMr {
     pub mr: softrdma::Mr,
 }
 
+/// A memory window.
+#[repr(C)]
+pub struct CMw {
+    /// The C view (`rkey` follows the binds posted on it).
+    pub c: ibv_mw,
+    /// The softrdma window.
+    pub mw: softrdma::Mw,
+}
+
 /// A completion channel.
 #[repr(C)]
 pub struct CChannel {

@@ -2,7 +2,7 @@
 //! asynchronous events.
 
 use super::device::ctx;
-use super::objects::{self, CAh, CChannel, CContext, CCq, CMr, CPd, CQp, CSrq};
+use super::objects::{self, CAh, CChannel, CContext, CCq, CMr, CMw, CPd, CQp, CSrq};
 use crate::abi::*;
 use crate::ffi::{guard, ret_errno, ret_neg1, ret_ptr, set_errno};
 use libc::{c_int, c_uint, c_void, size_t, EINVAL, EOPNOTSUPP};
@@ -172,6 +172,92 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
                 |w| std::ptr::addr_of_mut!((*w).mr),
                 |m| m.dereg(),
             )
+        }
+    })
+}
+
+/// `ops.alloc_mw` (`ibv_alloc_mw`): a window of type 1 or 2 (type 2 is 2B: tied to the QP
+/// that binds it); NULL with errno (EINVAL for a NULL PD or another type, ENOMEM past
+/// `max_mw`).
+pub unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, mw_type: u32) -> *mut ibv_mw {
+    ret_ptr(|| {
+        // SAFETY: NULL or a live PD.
+        let w = unsafe { objects::wrapper::<_, CPd>(pd) }.ok_or(EINVAL)?;
+        let t = softrdma::MwType::from_raw(mw_type).ok_or(EINVAL)?;
+        let mw = w.pd.alloc_mw(t).map_err(|e| e.errno())?;
+        let c = ibv_mw {
+            // SAFETY: pd is live.
+            context: unsafe { (*pd).context },
+            pd,
+            rkey: mw.rkey(),
+            handle: 0,
+            type_: mw_type,
+        };
+        Ok(Box::into_raw(Box::new(CMw { c, mw })).cast())
+    })
+}
+
+/// `ops.dealloc_mw` (`ibv_dealloc_mw`): 0 (a bound window is unbound), or EINVAL for NULL.
+pub unsafe extern "C" fn dealloc_mw(mw: *mut ibv_mw) -> c_int {
+    guard(libc::EIO, || {
+        if mw.is_null() {
+            return EINVAL;
+        }
+        // SAFETY: a live boxed CMw, given up by the program.
+        let b = unsafe { Box::from_raw(mw.cast::<CMw>()) };
+        match b.mw.dealloc() {
+            Ok(()) => 0,
+            Err(e) => e.error.errno(),
+        }
+    })
+}
+
+/// The softrdma form of a C `ibv_mw_bind_info` (`Err(EINVAL)` never: a NULL region is
+/// `None`).
+///
+/// # Safety
+/// `i.mr` must be NULL or a live region of this library.
+pub(crate) unsafe fn bind_info<'a>(i: &ibv_mw_bind_info) -> softrdma::MwBindInfo<'a> {
+    softrdma::MwBindInfo {
+        // SAFETY: caller's contract.
+        mr: unsafe { objects::wrapper::<_, CMr>(i.mr) }.map(|w| &w.mr),
+        addr: i.addr,
+        length: i.length,
+        mw_access_flags: i.mw_access_flags,
+    }
+}
+
+/// `ops.bind_mw` (`ibv_bind_mw`, after its inline checks): posts the bind of a type 1 window
+/// and sets `mw->rkey` to the new rkey (key byte plus one); 0, or the errno (EINVAL for
+/// NULL arguments, a type 2 window or ZERO_BASED access; EPERM for a region of another PD;
+/// what `ibv_post_send` would return). The outcome comes as an `IBV_WC_BIND_MW`
+/// completion; after an error completion the program restores `mw->rkey`, as with
+/// rdma-core.
+pub unsafe extern "C" fn bind_mw(qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut c_void) -> c_int {
+    guard(libc::EIO, || {
+        let bind = bind.cast::<ibv_mw_bind>();
+        // SAFETY: NULL or live objects of this library / the program's struct.
+        let (Some(q), Some(m), Some(b)) = (unsafe {
+            (
+                objects::wrapper::<_, CQp>(qp),
+                mw.cast::<CMw>().as_mut(),
+                bind.as_ref(),
+            )
+        }) else {
+            return EINVAL;
+        };
+        let mb = softrdma::MwBind {
+            wr_id: b.wr_id,
+            send_flags: softrdma::SendFlags::from_bits_retain(b.send_flags),
+            // SAFETY: the program's region pointer (NULL or live).
+            bind_info: unsafe { bind_info(&b.bind_info) },
+        };
+        match q.qp.bind_mw(&m.mw, &mb) {
+            Ok(rkey) => {
+                m.c.rkey = rkey;
+                0
+            }
+            Err(e) => e.errno(),
         }
     })
 }

@@ -428,8 +428,17 @@ int main(int argc, char **argv)
 	CHECK(ibv_attach_mcast(qp, &gid, 0) == EINVAL);
 	CHECK(ibv_attach_mcast(NULL, &gid, 0) == EINVAL);
 
-	/* Memory windows are not offered: the inline ibv_alloc_mw finds no ops slot. */
-	FAILS_PTR(ibv_alloc_mw(pd, IBV_MW_TYPE_1), EOPNOTSUPP);
+	/* Memory windows (bound and used in tests/c/mem_windows.c): an unknown type is
+	 * EINVAL; a type 2 window cannot go through ibv_bind_mw. */
+	FAILS_PTR(ibv_alloc_mw(pd, (enum ibv_mw_type)3), EINVAL);
+	{
+		struct ibv_mw *mw = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+		struct ibv_mw_bind mb;
+		memset(&mb, 0, sizeof(mb));
+		CHECK(mw != NULL && mw->pd == pd && mw->type == IBV_MW_TYPE_2);
+		CHECK(ibv_bind_mw(qp, mw, &mb) == EINVAL);
+		CHECK(ibv_dealloc_mw(mw) == 0);
+	}
 
 	/* A UD QP joins an IPv4-mapped multicast group; destroy waits for the detach. */
 	{

@@ -91,6 +91,30 @@ pub enum SendOp {
         /// Value to add.
         add: u64,
     },
+    /// Bind a memory window (`IBV_WR_BIND_MW`, and `ibv_bind_mw` for type 1): a local
+    /// operation, carried out by the owner ([`Env::bind_mw`]) when the request reaches the
+    /// head of the send queue, completing in order with `IBV_WC_BIND_MW`.
+    BindMw(MwBind),
+    /// Invalidate `rkey` locally (`IBV_WR_LOCAL_INV`): a local operation carried out by the
+    /// owner ([`Env::local_invalidate`]), completing in order with `IBV_WC_LOCAL_INV`.
+    LocalInv(u32),
+}
+
+/// The operands of a memory window bind ([`SendOp::BindMw`]), as the owner interprets them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MwBind {
+    /// The owner's handle of the window.
+    pub mw: u64,
+    /// The rkey asked for (the window keeps its index; the low 8 bits are the new key).
+    pub rkey: u32,
+    /// The local key of the memory region to bind to (unused when `length` is 0).
+    pub lkey: u32,
+    /// The first address of the window, in the region's address space.
+    pub addr: u64,
+    /// The window's length (0 unbinds a type 1 window).
+    pub length: u64,
+    /// `ibv_access_flags` of the window (REMOTE_READ/WRITE/ATOMIC, ZERO_BASED).
+    pub access: u32,
 }
 
 /// Where a UD send goes. `dest` is an opaque handle of the owner's (an address handle); it
@@ -360,6 +384,26 @@ pub trait Env {
     /// Performs an atomic on the 8-byte word at `va` under `rkey` (REMOTE_ATOMIC), atomically
     /// with respect to every other atomic of the device, and returns the original value.
     fn atomic_remote(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError>;
+    /// Carries out a memory window bind that reached the head of the send queue; the error
+    /// is the status the request completes with (`MW_BIND_ERR`), after which the QP goes to
+    /// ERR. The default refuses every bind.
+    fn bind_mw(&mut self, bind: &MwBind) -> Result<(), WcStatus> {
+        let _ = bind;
+        Err(WcStatus::MwBindErr)
+    }
+    /// Invalidates `rkey` for a LOCAL_INV request that reached the head of the send queue;
+    /// the error is the status the request completes with. The default refuses.
+    fn local_invalidate(&mut self, rkey: u32) -> Result<(), WcStatus> {
+        let _ = rkey;
+        Err(WcStatus::LocQpOpErr)
+    }
+    /// Invalidates `rkey` for an arriving SEND with invalidate; an error makes the responder
+    /// NAK the SEND as an invalid request (`REM_INV_REQ_ERR` on both sides). The default
+    /// refuses.
+    fn remote_invalidate(&mut self, rkey: u32) -> Result<(), AccessError> {
+        let _ = rkey;
+        Err(AccessError::InvalidKey)
+    }
     /// Takes the next receive request of the QP's receive queue or SRQ, if any.
     fn take_recv(&mut self) -> Option<RecvRequest>;
     /// Receive requests posted to the QP's own receive queue and not yet consumed: the

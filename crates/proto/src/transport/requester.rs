@@ -45,6 +45,8 @@ pub(super) enum Kind {
     Write,
     Read,
     Atomic,
+    /// A local operation (memory window bind, local invalidate): no packet, no PSN.
+    Local,
 }
 
 impl Kind {
@@ -54,6 +56,7 @@ impl Kind {
             SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => Kind::Write,
             SendOp::RdmaRead { .. } => Kind::Read,
             SendOp::CmpAndSwp { .. } | SendOp::FetchAndAdd { .. } => Kind::Atomic,
+            SendOp::BindMw(_) | SendOp::LocalInv(_) => Kind::Local,
         }
     }
 
@@ -70,6 +73,8 @@ pub(super) fn wc_opcode(op: &SendOp) -> WcOpcode {
         SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
         SendOp::CmpAndSwp { .. } => WcOpcode::CompSwap,
         SendOp::FetchAndAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::BindMw(_) => WcOpcode::BindMw,
+        SendOp::LocalInv(_) => WcOpcode::LocalInv,
     }
 }
 
@@ -258,12 +263,14 @@ impl SendQueue {
     pub(super) fn push(&mut self, req: SendRequest, mtu: u32) {
         let kind = Kind::of(&req.op);
         let len = match kind {
+            Kind::Local => 0,
             Kind::Atomic => 8,
             // Scattered into the gather list; inline data has no meaning here.
             Kind::Read => sge_total(&req.sges),
             _ => req.length(),
         };
         let n = match kind {
+            Kind::Local => 0,
             Kind::Atomic => 1,
             _ => npkts(len, u64::from(mtu)),
         };
@@ -313,6 +320,16 @@ impl Qp {
                 },
                 ..Completion::default()
             });
+        }
+        // Local operations carried out already complete as soon as everything before them
+        // has (they wait for no acknowledgement).
+        if self
+            .sq
+            .wqes
+            .front()
+            .is_some_and(|f| f.kind == Kind::Local && f.started)
+        {
+            self.complete_front(WcStatus::Success);
         }
     }
 
@@ -433,6 +450,12 @@ impl Qp {
             let mtu = u64::from(self.mtu);
             let idx = self.sq.cur;
             let w = self.sq.wqes.get(idx)?;
+            if w.kind == Kind::Local {
+                if self.local_op(idx, env) {
+                    continue;
+                }
+                return None;
+            }
             if rc
                 && !self.sq.probe_ack_req
                 && self.sq.comp_psn.distance_to(self.sq.next_psn) >= self.sq.cwnd
@@ -511,7 +534,7 @@ impl Qp {
                     let n = remaining.min(mtu);
                     (n, offset + n >= w.len)
                 }
-                Kind::Read | Kind::Atomic => (0, true),
+                Kind::Read | Kind::Atomic | Kind::Local => (0, true),
             };
             let consumed = match w.kind {
                 Kind::Read => npkts(remaining, mtu),
@@ -659,6 +682,8 @@ impl Qp {
                     }
                     _ => 0x14,
                 },
+                // Carried out by `local_op`, never built into a packet.
+                (Kind::Local, _) => return None,
             };
             let opcode = Opcode(if ud { op | 0x60 } else { base | op });
             repr.bth = make_bth(opcode, dest_qp, psn, ack_req, se);
@@ -734,6 +759,48 @@ impl Qp {
                 ud_dest,
             });
         }
+    }
+
+    /// Carries out the local operation at the cursor (memory window bind, local
+    /// invalidate), once: it takes no PSN (its range is empty: `last_psn` is the PSN before
+    /// `first_psn`, so the ACK of everything sent before it retires it) and completes as
+    /// soon as every request before it has. Returns `false` when the cursor must stay (a
+    /// fence waits for READs/atomics before it) or the operation failed (the QP is in ERR
+    /// and it completes with its status).
+    fn local_op(&mut self, idx: usize, env: &mut dyn Env) -> bool {
+        let w = &self.sq.wqes[idx];
+        if !w.started {
+            if self.cfg.qp_type == QpType::Ud {
+                self.fail_wqe(idx, WcStatus::LocQpOpErr);
+                return false;
+            }
+            if w.req.fence && self.sq.wqes.iter().take(idx).any(|x| x.kind.is_rd_atomic()) {
+                return false;
+            }
+            let r = match w.req.op {
+                SendOp::BindMw(b) => env.bind_mw(&b),
+                SendOp::LocalInv(rkey) => env.local_invalidate(rkey),
+                _ => Err(WcStatus::LocQpOpErr),
+            };
+            if let Err(status) = r {
+                self.fail_wqe(idx, status);
+                return false;
+            }
+            let psn = self.sq.next_psn;
+            let w = &mut self.sq.wqes[idx];
+            w.started = true;
+            w.done = true;
+            w.first_psn = psn;
+            w.last_psn = psn.sub(1);
+        }
+        self.sq.cur = idx + 1;
+        self.sq.offset = 0;
+        if idx == 0 {
+            self.complete_front(WcStatus::Success);
+        } else if self.cfg.qp_type != QpType::Rc {
+            self.pop_done();
+        }
+        true
     }
 
     /// Puts the cursor on PSN `psn` (which must be `comp_psn` or later).

@@ -340,6 +340,18 @@ impl Qp {
             return;
         }
         m.offset += n;
+        if info.position.is_end() {
+            if let Some(i) = repr.ieth {
+                // SEND with invalidate: the rkey is invalidated before the receive completes;
+                // one that cannot be is an invalid request (class J), completing the
+                // receive in error too.
+                if env.remote_invalidate(i.rkey).is_err() {
+                    self.fail_recv(WcStatus::RemInvReqErr, WcOpcode::Recv);
+                    self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+                    return;
+                }
+            }
+        }
         self.rsp.epsn = psn.next();
         if info.position.is_end() {
             self.rsp.cur = None;

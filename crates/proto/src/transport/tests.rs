@@ -15,6 +15,10 @@ struct FlatEnv {
     rq: VecDeque<RecvRequest>,
     /// Whether the receive queue reports its length (end-to-end credits); off, as on an SRQ.
     credits: bool,
+    /// Memory window binds carried out, in order.
+    binds: Vec<MwBind>,
+    /// Local (`false`) and remote (`true`) invalidations carried out, in order.
+    invalidated: Vec<(u32, bool)>,
 }
 
 impl FlatEnv {
@@ -23,6 +27,8 @@ impl FlatEnv {
             mem: (0..1 << 20).map(|i: u32| i as u8).collect(),
             rq: VecDeque::new(),
             credits: false,
+            binds: Vec::new(),
+            invalidated: Vec::new(),
         }
     }
     fn at(&mut self, key: u32, addr: u64, len: usize) -> Result<&mut [u8], AccessError> {
@@ -76,6 +82,29 @@ impl Env for FlatEnv {
     }
     fn take_recv(&mut self) -> Option<RecvRequest> {
         self.rq.pop_front()
+    }
+    /// Binds with a zero length fail; the rest succeed.
+    fn bind_mw(&mut self, bind: &MwBind) -> Result<(), WcStatus> {
+        if bind.length == 0 {
+            return Err(WcStatus::MwBindErr);
+        }
+        self.binds.push(*bind);
+        Ok(())
+    }
+    /// Only keys with 0x77 in the low byte can be invalidated.
+    fn local_invalidate(&mut self, rkey: u32) -> Result<(), WcStatus> {
+        if rkey & 0xff != 0x77 {
+            return Err(WcStatus::LocQpOpErr);
+        }
+        self.invalidated.push((rkey, false));
+        Ok(())
+    }
+    fn remote_invalidate(&mut self, rkey: u32) -> Result<(), AccessError> {
+        if rkey & 0xff != 0x77 {
+            return Err(AccessError::InvalidKey);
+        }
+        self.invalidated.push((rkey, true));
+        Ok(())
     }
     fn recv_available(&self) -> Option<u32> {
         self.credits.then_some(self.rq.len() as u32)
@@ -906,4 +935,204 @@ fn responder_sends_a_credit_update_when_receives_are_posted() {
     env.rq.push_back(recv(41));
     assert!(!qp.recv_posted(41));
     assert!(drain(&mut qp, &mut env, now).is_empty());
+}
+
+fn bind_op(length: u64) -> SendOp {
+    SendOp::BindMw(MwBind {
+        mw: 5,
+        rkey: 0x1234_5601,
+        lkey: 1,
+        addr: 0,
+        length,
+        access: 2,
+    })
+}
+
+fn completions(qp: &mut Qp) -> Vec<(u64, WcStatus, WcOpcode)> {
+    std::iter::from_fn(|| qp.poll_completion())
+        .map(|c| (c.wr_id, c.status, c.opcode))
+        .collect()
+}
+
+/// A bind and a local invalidate take no packet and no PSN; they are carried out when the
+/// cursor reaches them and complete in order, after the SEND before them is acknowledged.
+#[test]
+fn local_operations_run_in_order_and_complete_after_what_precedes_them() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut qp = Qp::new(cfg());
+    // Alone on an idle QP: carried out and completed at once.
+    qp.post_send(send(9, bind_op(64), 0)).unwrap();
+    assert!(drain(&mut qp, &mut env, now).is_empty());
+    assert_eq!(env.binds.len(), 1);
+    assert_eq!(
+        completions(&mut qp),
+        vec![(9, WcStatus::Success, WcOpcode::BindMw)]
+    );
+    qp.post_send(send(1, SendOp::Send, 10)).unwrap();
+    qp.post_send(send(2, bind_op(64), 0)).unwrap();
+    qp.post_send(send(3, SendOp::LocalInv(0xab77), 0)).unwrap();
+    qp.post_send(send(4, SendOp::Send, 10)).unwrap();
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(p.len(), 2, "only the two SENDs go on the wire");
+    assert_eq!(p[0].0.bth.psn, 0xff_fffe);
+    assert_eq!(
+        p[1].0.bth.psn, 0xff_ffff,
+        "the local operations take no PSN"
+    );
+    assert_eq!(env.binds.len(), 2);
+    assert_eq!(env.invalidated, vec![(0xab77, false)]);
+    assert!(
+        completions(&mut qp).is_empty(),
+        "they wait for the SEND before them"
+    );
+    // A go-back-N resend does not carry them out again.
+    qp.handle_packet(
+        now,
+        &ack(0xff_fffe, Syndrome::Nak(NakCode::PsnSequenceError)),
+        &META,
+        &mut env,
+    );
+    let p = drain(&mut qp, &mut env, now);
+    assert!(p.iter().any(|(r, _)| r.bth.psn == 0xff_ffff), "resent");
+    assert_eq!(env.binds.len(), 2);
+    assert_eq!(env.invalidated.len(), 1);
+    // The ACK of the first SEND completes it and both local operations.
+    qp.handle_packet(now, &ack(0xff_fffe, ACK), &META, &mut env);
+    assert_eq!(
+        completions(&mut qp),
+        vec![
+            (1, WcStatus::Success, WcOpcode::Send),
+            (2, WcStatus::Success, WcOpcode::BindMw),
+            (3, WcStatus::Success, WcOpcode::LocalInv),
+        ]
+    );
+    qp.handle_packet(now, &ack(0xff_ffff, ACK), &META, &mut env);
+    assert_eq!(
+        completions(&mut qp),
+        vec![(4, WcStatus::Success, WcOpcode::Send)]
+    );
+    assert!(!qp.is_error());
+}
+
+/// A bind the owner refuses completes with MW_BIND_ERR, a refused local invalidate with
+/// LOC_QP_OP_ERR; either moves the QP to ERR and flushes what follows.
+#[test]
+fn failed_local_operations_complete_in_error_and_flush_the_rest() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut qp = Qp::new(cfg());
+    qp.post_send(send(1, bind_op(0), 0)).unwrap();
+    qp.post_send(send(2, SendOp::Send, 10)).unwrap();
+    assert!(drain(&mut qp, &mut env, now).is_empty());
+    assert!(qp.is_error());
+    assert_eq!(
+        completions(&mut qp),
+        vec![
+            (1, WcStatus::MwBindErr, WcOpcode::BindMw),
+            (2, WcStatus::WrFlushErr, WcOpcode::Send),
+        ]
+    );
+    let mut qp = Qp::new(cfg());
+    qp.post_send(send(1, SendOp::LocalInv(0xab00), 0)).unwrap();
+    assert!(drain(&mut qp, &mut env, now).is_empty());
+    assert_eq!(
+        completions(&mut qp),
+        vec![(1, WcStatus::LocQpOpErr, WcOpcode::LocalInv)]
+    );
+    // UD cannot carry them out.
+    let mut c = cfg();
+    c.qp_type = QpType::Ud;
+    let mut qp = Qp::new(c);
+    qp.post_send(send(1, bind_op(64), 0)).unwrap();
+    assert!(drain(&mut qp, &mut env, now).is_empty());
+    assert_eq!(
+        completions(&mut qp),
+        vec![(1, WcStatus::LocQpOpErr, WcOpcode::BindMw)]
+    );
+}
+
+/// UC local operations complete as soon as everything before them was sent.
+#[test]
+fn uc_local_operations_complete_after_the_sends_before_them() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut c = cfg();
+    c.qp_type = QpType::Uc;
+    let mut qp = Qp::new(c);
+    qp.post_send(send(1, SendOp::Send, 10)).unwrap();
+    qp.post_send(send(2, SendOp::LocalInv(0x77), 0)).unwrap();
+    assert_eq!(drain(&mut qp, &mut env, now).len(), 1);
+    assert_eq!(
+        completions(&mut qp),
+        vec![
+            (1, WcStatus::Success, WcOpcode::Send),
+            (2, WcStatus::Success, WcOpcode::LocalInv),
+        ]
+    );
+}
+
+fn send_inv_pkt(psn: u32, rkey: u32) -> Vec<u8> {
+    pkt(
+        roce::Repr {
+            bth: bthr(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, psn, true),
+            ieth: Some(softrdma_wire::ieth::Repr { rkey }),
+            payload_len: 4,
+            ..roce::Repr::default()
+        },
+        b"abcd",
+    )
+}
+
+/// SEND with invalidate: the responder invalidates the rkey before the receive completes
+/// (WITH_INV, `invalidated_rkey`); an rkey it cannot invalidate is an invalid request: NAK,
+/// the receive completes with REM_INV_REQ_ERR, the QP goes to ERR; the requester that
+/// gets the NAK completes with REM_INV_REQ_ERR too.
+#[test]
+fn responder_invalidates_the_rkey_of_a_send_with_invalidate() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut qp = Qp::new(cfg());
+    env.rq.push_back(recv_req(7, 0));
+    qp.handle_packet(now, &send_inv_pkt(100, 0x5577), &META, &mut env);
+    assert_eq!(env.invalidated, vec![(0x5577, true)]);
+    let c = qp.poll_completion().unwrap();
+    assert_eq!(
+        (c.wr_id, c.status, c.invalidated_rkey, c.byte_len),
+        (7, WcStatus::Success, Some(0x5577), 4)
+    );
+    let p = drain(&mut qp, &mut env, now);
+    assert!(p[0].0.aeth.unwrap().syndrome.is_ack());
+    // A duplicate is re-acknowledged, not invalidated again.
+    qp.handle_packet(now, &send_inv_pkt(100, 0x5577), &META, &mut env);
+    assert_eq!(env.invalidated.len(), 1);
+    drain(&mut qp, &mut env, now);
+    // An rkey that cannot be invalidated.
+    env.rq.push_back(recv_req(8, 0));
+    qp.handle_packet(now, &send_inv_pkt(101, 0x5500), &META, &mut env);
+    let c = qp.poll_completion().unwrap();
+    assert_eq!((c.wr_id, c.status), (8, WcStatus::RemInvReqErr));
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(
+        p[0].0.aeth.unwrap().syndrome,
+        Syndrome::Nak(NakCode::InvalidRequest)
+    );
+    assert!(qp.is_error());
+    assert!(std::iter::from_fn(|| qp.poll_event()).any(|e| e == QpEvent::ReqErr));
+    // The requester's side of that NAK.
+    let mut rq = Qp::new(cfg());
+    rq.post_send(send(1, SendOp::SendWithInv(0x5500), 4))
+        .unwrap();
+    let p = drain(&mut rq, &mut env, now);
+    assert_eq!(p[0].0.ieth.unwrap().rkey, 0x5500);
+    rq.handle_packet(
+        now,
+        &ack(0xff_fffe, Syndrome::Nak(NakCode::InvalidRequest)),
+        &META,
+        &mut env,
+    );
+    assert_eq!(
+        completions(&mut rq),
+        vec![(1, WcStatus::RemInvReqErr, WcOpcode::Send)]
+    );
 }

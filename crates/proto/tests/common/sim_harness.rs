@@ -5,8 +5,8 @@
 #![allow(dead_code, clippy::needless_range_loop)]
 
 use softrdma_proto::transport::{
-    AccessError, AtomicOp, Completion, Env, Qp, QpConfig, QpEvent, RecvRequest, RxMeta,
-    SendRequest, Sge,
+    AccessError, AtomicOp, Completion, Env, MwBind, Qp, QpConfig, QpEvent, RecvRequest, RxMeta,
+    SendRequest, Sge, WcStatus,
 };
 use softrdma_proto::{Mtu, QpType};
 use softrdma_wire::roce;
@@ -71,6 +71,9 @@ pub struct Region {
 pub struct SimEnv {
     pub regions: HashMap<u32, Region>,
     pub rq: VecDeque<RecvRequest>,
+    /// Memory window binds (`MwBind::mw`) and invalidations (rkey, remote) carried out, in
+    /// order: every one is accepted.
+    pub local_ops: Vec<(u64, bool)>,
 }
 
 impl SimEnv {
@@ -187,6 +190,18 @@ impl Env for SimEnv {
     }
     fn take_recv(&mut self) -> Option<RecvRequest> {
         self.rq.pop_front()
+    }
+    fn bind_mw(&mut self, bind: &MwBind) -> Result<(), WcStatus> {
+        self.local_ops.push((bind.mw, false));
+        Ok(())
+    }
+    fn local_invalidate(&mut self, rkey: u32) -> Result<(), WcStatus> {
+        self.local_ops.push((u64::from(rkey), false));
+        Ok(())
+    }
+    fn remote_invalidate(&mut self, rkey: u32) -> Result<(), AccessError> {
+        self.local_ops.push((u64::from(rkey), true));
+        Ok(())
     }
     fn recv_available(&self) -> Option<u32> {
         // End-to-end credits, as softrdma's engine advertises them for a QP's own queue.
@@ -474,7 +489,7 @@ impl Sim {
 // ---------------------------------------------------------------------------------------
 // Workloads: random mixes of operations with everything needed to check the outcome.
 
-use softrdma_proto::transport::{SendOp, WcOpcode, WcStatus};
+use softrdma_proto::transport::{SendOp, WcOpcode};
 
 pub const SRC: u32 = 1;
 pub const RECV: u32 = 2;

@@ -42,7 +42,7 @@ impl CmId {
 
     /// Deregisters a region (`rdma_dereg_mr`).
     ///
-    /// Fails like [`Mr::dereg`] (`EBUSY` while memory windows are bound to it).
+    /// Fails like [`Mr::dereg`] (`EINVAL` while memory windows are bound to it).
     pub fn dereg_mr(mr: Mr) -> Result<()> {
         mr.dereg().map_err(|e| e.error)
     }
