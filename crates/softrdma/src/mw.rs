@@ -427,7 +427,7 @@ mod tests {
     /// PD, and only invalidations through that QP (remote) or its PD (local) undo it.
     #[test]
     fn type2_windows_answer_only_their_qp_and_pd() {
-        let ctx = Device::from_addr("127.77.1.3".parse().unwrap())
+        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
             .unwrap()
             .open()
             .unwrap();
@@ -489,7 +489,7 @@ mod tests {
     /// not extend past its region, whose PD must be the window's.
     #[test]
     fn type1_windows_and_region_rules() {
-        let ctx = Device::from_addr("127.77.1.3".parse().unwrap())
+        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
             .unwrap()
             .open()
             .unwrap();

@@ -1,4 +1,4 @@
-//! Memory windows over real UDP sockets on loopback (devices 127.77.1.1 and 127.77.1.2):
+//! Memory windows over real UDP sockets on loopback (two devices of this test's own):
 //! type 1 windows bound with `Qp::bind_mw`, type 2 windows bound with BIND_MW requests,
 //! local and remote invalidation, the responder's checks of window rkeys, bind errors, and
 //! the rules that tie windows to their regions and PDs.
@@ -9,12 +9,18 @@ mod pair;
 use pair::*;
 use softrdma::*;
 
-const X: &str = "127.77.1.1";
-const Y: &str = "127.77.1.2";
+/// The two devices' addresses (shared by the tests of this file).
+fn x() -> &'static str {
+    &pair_addrs().0
+}
+
+fn y() -> &'static str {
+    &pair_addrs().1
+}
 
 /// A connected RC pair, and a region on B's buffer that windows can be bound to.
 fn setup() -> (Side, Side, Mr) {
-    let (a, b) = pair_on(X, Y, QpType::Rc, 8192, &Opts::default());
+    let (a, b) = pair_on(x(), y(), QpType::Rc, 8192, &Opts::default());
     let mr =
         b.pd.reg_buffer(&b.buf, ALL | AccessFlags::MW_BIND.bits())
             .unwrap();
@@ -80,7 +86,7 @@ fn rdma(a: &Side, op: WrOpcode, addr: u64, rkey: u32, len: usize) -> WcStatus {
 
 #[test]
 fn device_reports_memory_windows_and_a_window_holds_its_pd() {
-    let ctx = Device::from_addr(ip(X)).unwrap().open().unwrap();
+    let ctx = Device::from_addr(ip(x())).unwrap().open().unwrap();
     let attr = ctx.query_device().unwrap();
     assert!(attr.max_mw > 0);
     assert!(attr
@@ -457,7 +463,7 @@ fn bind_mw_argument_checks() {
     assert_eq!(bind(&t1, info(&mr, 0, 64, zb)), libc::EINVAL);
     assert_eq!(t1.rkey(), before, "unchanged");
     assert!(b.wait_none(), "nothing was posted");
-    let (u, _) = Side::new(X, QpType::Ud, 64, false);
+    let (u, _) = Side::new(x(), QpType::Ud, 64, false);
     for op in [WrOpcode::BindMw, WrOpcode::LocalInv] {
         let e =
             u.qp.post_send(&[SendWr {
