@@ -428,6 +428,7 @@ impl Cq {
     }
 
     /// Whether the CQ reports its completion events to `channel`.
+    #[cfg(feature = "tokio")]
     pub(crate) fn uses_channel(&self, channel: &CompChannel) -> bool {
         self.inner
             .channel

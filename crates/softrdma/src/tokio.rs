@@ -59,10 +59,11 @@
 //! names the status.
 //!
 //! ```
-//! use softrdma::tokio::{AsyncConn, AsyncListener};
+//! use softrdma::tokio::{conn_param, default_cap, AsyncConn, AsyncListener};
 //! use softrdma::Buffer;
 //! use std::sync::Arc;
 //! # let ip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 3);
+//! # let cip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 4);
 //! let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 //! rt.block_on(async {
 //!     let listener = AsyncListener::bind((ip, 0).into(), 8).unwrap();
@@ -75,7 +76,10 @@
 //!         buf.to_vec()[..wc.byte_len as usize].to_vec()
 //!     };
 //!     let client = async {
-//!         let conn = AsyncConn::connect(addr).await.unwrap();
+//!         // `AsyncConn::connect(addr)` takes the route's source address; here, one of ours.
+//!         let src = Some((cip, 0).into());
+//!         let conn = AsyncConn::connect_with(src, addr, default_cap(), &conn_param());
+//!         let conn = conn.await.unwrap();
 //!         let buf = Arc::new(Buffer::from_slice(b"hello"));
 //!         let mr = conn.id().reg_msgs(&buf).unwrap();
 //!         conn.qp().send(&mr, 0..5).await.unwrap();
@@ -217,11 +221,12 @@ impl std::fmt::Debug for AsyncEventChannel {
 /// use softrdma::rdma_cm::PortSpace;
 /// use softrdma::tokio::{conn_param, default_cap, AsyncCmId};
 /// # let ip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 5);
+/// # let cip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 6);
 /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 /// rt.block_on(async {
 ///     // Nobody listens on that port: the connect is refused.
 ///     let id = AsyncCmId::new(PortSpace::Tcp, 0).unwrap();
-///     id.resolve(None, (ip, 9).into()).await.unwrap();
+///     id.resolve(Some((cip, 0).into()), (ip, 9).into()).await.unwrap();
 ///     let _qp = id.create_qp(&mut default_cap()).unwrap();
 ///     let err = id.connect(&conn_param()).await.unwrap_err();
 ///     assert_eq!(err.errno(), libc::ECONNREFUSED);
@@ -379,13 +384,15 @@ impl std::fmt::Debug for AsyncCmId {
 /// to one of them.
 ///
 /// ```
-/// use softrdma::tokio::{AsyncConn, AsyncListener};
+/// use softrdma::tokio::{conn_param, default_cap, AsyncConn, AsyncListener};
 /// # let ip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 7);
+/// # let cip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 8);
 /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 /// rt.block_on(async {
 ///     let listener = AsyncListener::bind((ip, 0).into(), 8).unwrap();
 ///     let addr = listener.local_addr().unwrap();
-///     let (server, client) = tokio::join!(listener.accept(), AsyncConn::connect(addr));
+///     let connect = AsyncConn::connect_with(Some((cip, 0).into()), addr, default_cap(), &conn_param());
+///     let (server, client) = tokio::join!(listener.accept(), connect);
 ///     let (server, client) = (server.unwrap(), client.unwrap());
 ///     assert_eq!(server.id().peer_addr(), client.id().local_addr());
 ///     client.disconnect().await.unwrap();
@@ -518,13 +525,15 @@ impl std::fmt::Debug for AsyncListener {
 /// ([`CmId::reg_msgs`] and friends, through [`AsyncConn::id`]).
 ///
 /// ```
-/// use softrdma::tokio::{AsyncConn, AsyncListener};
+/// use softrdma::tokio::{conn_param, default_cap, AsyncConn, AsyncListener};
 /// # let ip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 9);
+/// # let cip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 10);
 /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 /// rt.block_on(async {
 ///     let listener = AsyncListener::bind((ip, 0).into(), 8).unwrap();
 ///     let addr = listener.local_addr().unwrap();
-///     let (server, client) = tokio::join!(listener.accept(), AsyncConn::connect(addr));
+///     let connect = AsyncConn::connect_with(Some((cip, 0).into()), addr, default_cap(), &conn_param());
+///     let (server, client) = tokio::join!(listener.accept(), connect);
 ///     let (server, client) = (server.unwrap(), client.unwrap());
 ///     // The peer leaves: the server sees DISCONNECTED, and its posted receive is flushed.
 ///     client.disconnect().await.unwrap();
@@ -900,15 +909,17 @@ const WR_TAG: u64 = 0xa5 << 56;
 /// then await the completion with the request's `wr_id`. Every send request is signaled.
 ///
 /// ```
-/// use softrdma::tokio::{AsyncConn, AsyncListener};
+/// use softrdma::tokio::{conn_param, default_cap, AsyncConn, AsyncListener};
 /// use softrdma::Buffer;
 /// use std::sync::Arc;
 /// # let ip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 11);
+/// # let cip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 12);
 /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 /// rt.block_on(async {
 ///     let listener = AsyncListener::bind((ip, 0).into(), 8).unwrap();
 ///     let addr = listener.local_addr().unwrap();
-///     let (server, client) = tokio::join!(listener.accept(), AsyncConn::connect(addr));
+///     let connect = AsyncConn::connect_with(Some((cip, 0).into()), addr, default_cap(), &conn_param());
+///     let (server, client) = tokio::join!(listener.accept(), connect);
 ///     let (server, client) = (server.unwrap(), client.unwrap());
 ///     let target = Arc::new(Buffer::new(8));
 ///     let tmr = server.id().reg_write(&target).unwrap();
