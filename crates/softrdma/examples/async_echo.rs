@@ -94,7 +94,7 @@ async fn client(
         bind.map(|ip| SocketAddr::new(ip, 0)),
         addr,
         softrdma::tokio::default_cap(),
-        &softrdma::tokio::conn_param(),
+        softrdma::tokio::conn_param(),
     )
     .await
     .map_err(|e| format!("rdma_connect: {e}"))?;

@@ -23,6 +23,10 @@
 //! so a SEND that beats the peer's receive fails with `IBV_WC_RNR_RETRY_EXC_ERR`),
 //! `retry_count` 7, and the device's maximum of RDMA READs in flight.
 //!
+//! # Timeouts
+//! Bound any of these futures with `tokio::time::timeout` (a connect that gets no answer, a
+//! receive that gets no message): the timeout drops the future, which is safe as follows.
+//!
 //! # Cancellation
 //! Every future here may be dropped at any await point (e.g. by `tokio::time::timeout` or
 //! `select!`) without losing or misdelivering anything:
@@ -78,7 +82,7 @@
 //!     let client = async {
 //!         // `AsyncConn::connect(addr)` takes the route's source address; here, one of ours.
 //!         let src = Some((cip, 0).into());
-//!         let conn = AsyncConn::connect_with(src, addr, default_cap(), &conn_param());
+//!         let conn = AsyncConn::connect_with(src, addr, default_cap(), conn_param());
 //!         let conn = conn.await.unwrap();
 //!         let buf = Arc::new(Buffer::from_slice(b"hello"));
 //!         let mr = conn.id().reg_msgs(&buf).unwrap();
@@ -391,7 +395,9 @@ impl std::fmt::Debug for AsyncCmId {
 /// rt.block_on(async {
 ///     let listener = AsyncListener::bind((ip, 0).into(), 8).unwrap();
 ///     let addr = listener.local_addr().unwrap();
-///     let connect = AsyncConn::connect_with(Some((cip, 0).into()), addr, default_cap(), &conn_param());
+///     // (`AsyncConn::connect(addr)` takes the route's source address; here, one of ours.)
+///     let src = Some((cip, 0).into());
+///     let connect = AsyncConn::connect_with(src, addr, default_cap(), conn_param());
 ///     let (server, client) = tokio::join!(listener.accept(), connect);
 ///     let (server, client) = (server.unwrap(), client.unwrap());
 ///     assert_eq!(server.id().peer_addr(), client.id().local_addr());
@@ -488,7 +494,7 @@ impl AsyncListener {
     ///
     /// Fails like [`AsyncListener::accept_with`].
     pub async fn accept(&self) -> Result<AsyncConn> {
-        self.accept_with(default_cap(), &conn_param()).await
+        self.accept_with(default_cap(), conn_param()).await
     }
 
     /// [`AsyncListener::accept`] with the QP capabilities `cap` and the parameters `param`.
@@ -497,7 +503,7 @@ impl AsyncListener {
     ///
     /// Fails like [`AsyncListener::get_request`], [`AsyncCmId::create_qp`] (then the
     /// request is rejected) and [`AsyncCmId::accept`].
-    pub async fn accept_with(&self, mut cap: QpCap, param: &ConnParam) -> Result<AsyncConn> {
+    pub async fn accept_with(&self, mut cap: QpCap, param: ConnParam) -> Result<AsyncConn> {
         let cm = self.get_request().await?;
         let qp = match cm.create_qp(&mut cap) {
             Ok(qp) => qp,
@@ -507,7 +513,7 @@ impl AsyncListener {
                 return Err(e);
             }
         };
-        cm.accept(param).await?;
+        cm.accept(&param).await?;
         Ok(AsyncConn { cm, qp })
     }
 }
@@ -532,7 +538,9 @@ impl std::fmt::Debug for AsyncListener {
 /// rt.block_on(async {
 ///     let listener = AsyncListener::bind((ip, 0).into(), 8).unwrap();
 ///     let addr = listener.local_addr().unwrap();
-///     let connect = AsyncConn::connect_with(Some((cip, 0).into()), addr, default_cap(), &conn_param());
+///     // (`AsyncConn::connect(addr)` takes the route's source address; here, one of ours.)
+///     let src = Some((cip, 0).into());
+///     let connect = AsyncConn::connect_with(src, addr, default_cap(), conn_param());
 ///     let (server, client) = tokio::join!(listener.accept(), connect);
 ///     let (server, client) = (server.unwrap(), client.unwrap());
 ///     // The peer leaves: the server sees DISCONNECTED, and its posted receive is flushed.
@@ -556,7 +564,7 @@ impl AsyncConn {
     ///
     /// Fails like [`AsyncConn::connect_with`].
     pub async fn connect(dst: SocketAddr) -> Result<AsyncConn> {
-        Self::connect_with(None, dst, default_cap(), &conn_param()).await
+        Self::connect_with(None, dst, default_cap(), conn_param()).await
     }
 
     /// [`AsyncConn::connect`] from `src` (when given), with the QP capabilities `cap` and the
@@ -569,12 +577,12 @@ impl AsyncConn {
         src: Option<SocketAddr>,
         dst: SocketAddr,
         mut cap: QpCap,
-        param: &ConnParam,
+        param: ConnParam,
     ) -> Result<AsyncConn> {
         let cm = AsyncCmId::new(PortSpace::Tcp, 0)?;
         cm.resolve(src, dst).await?;
         let qp = cm.create_qp(&mut cap)?;
-        cm.connect(param).await?;
+        cm.connect(&param).await?;
         Ok(AsyncConn { cm, qp })
     }
 
@@ -689,7 +697,8 @@ pub struct AsyncCq {
 }
 
 impl AsyncCq {
-    /// Wraps `cq` and its completion channel `channel`, setting `O_NONBLOCK` on the channel.
+    /// Wraps `cq` and its completion channel `channel`, setting `O_NONBLOCK` on the channel
+    /// (blocking waits on it, such as [`CmId::get_send_comp`], then fail with `EAGAIN`).
     ///
     /// Fails with `EINVAL` when `cq` does not report to `channel`, in a tokio runtime
     /// without IO, and with the errno of `fcntl` or `epoll_ctl`.
@@ -918,7 +927,9 @@ const WR_TAG: u64 = 0xa5 << 56;
 /// rt.block_on(async {
 ///     let listener = AsyncListener::bind((ip, 0).into(), 8).unwrap();
 ///     let addr = listener.local_addr().unwrap();
-///     let connect = AsyncConn::connect_with(Some((cip, 0).into()), addr, default_cap(), &conn_param());
+///     // (`AsyncConn::connect(addr)` takes the route's source address; here, one of ours.)
+///     let src = Some((cip, 0).into());
+///     let connect = AsyncConn::connect_with(src, addr, default_cap(), conn_param());
 ///     let (server, client) = tokio::join!(listener.accept(), connect);
 ///     let (server, client) = (server.unwrap(), client.unwrap());
 ///     let target = Arc::new(Buffer::new(8));

@@ -47,7 +47,7 @@ async fn guard<T>(f: impl Future<Output = T>) -> T {
 /// destination would be 127.0.0.1, which other processes on the machine use).
 async fn connect(addr: SocketAddr) -> softrdma::Result<AsyncConn> {
     let src = SocketAddr::new(unique_addr().into(), 0);
-    AsyncConn::connect_with(Some(src), addr, default_cap(), &conn_param()).await
+    AsyncConn::connect_with(Some(src), addr, default_cap(), conn_param()).await
 }
 
 /// A listener on an address of its own, and a connected pair (server side, client side).
@@ -177,6 +177,31 @@ fn a_dropped_recv_still_takes_a_message_whose_completion_is_discarded() {
             server.qp().recv_cq().next_completion(),
         );
         assert!(t.await.is_err());
+    });
+}
+
+#[test]
+fn a_dropped_recv_whose_region_is_freed_fails_without_touching_the_memory() {
+    rt().block_on(async {
+        let (_l, server, client) = pair().await;
+        let (sbuf, smr) = buf_mr(&server, &[0u8; 16]);
+        let (_cbuf, cmr) = buf_mr(&client, b"into freed memory");
+        let t = tokio::time::timeout(Duration::from_millis(20), server.qp().recv(&smr, 0..16));
+        assert!(t.await.is_err());
+        // The future is gone: the region can be deregistered and the buffer freed while the
+        // receive is still posted.
+        drop(smr);
+        drop(sbuf);
+        // The message finds no region: the responder refuses it, the sender's request fails,
+        // and no byte is written anywhere.
+        let e = guard(client.qp().send(&cmr, 0..17)).await.unwrap_err();
+        assert_ne!(e.errno(), 0);
+        // The server's QP is in the error state: its next receive is flushed, after the
+        // dropped receive's completion, which was discarded.
+        let (_b2, mr2) = buf_mr(&server, &[0u8; 16]);
+        let e = guard(server.qp().recv(&mr2, 0..16)).await.unwrap_err();
+        assert_eq!(e.errno(), libc::ECONNRESET);
+        assert_eq!(server.qp().recv_cq().discarded(), 1);
     });
 }
 
