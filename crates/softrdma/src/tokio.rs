@@ -232,7 +232,7 @@ impl std::fmt::Debug for AsyncEventChannel {
 ///     let id = AsyncCmId::new(PortSpace::Tcp, 0).unwrap();
 ///     id.resolve(Some((cip, 0).into()), (ip, 9).into()).await.unwrap();
 ///     let _qp = id.create_qp(&mut default_cap()).unwrap();
-///     let err = id.connect(&conn_param()).await.unwrap_err();
+///     let err = id.connect(conn_param()).await.unwrap_err();
 ///     assert_eq!(err.errno(), libc::ECONNREFUSED);
 /// });
 /// ```
@@ -337,8 +337,8 @@ impl AsyncCmId {
     /// the port, or the peer rejected), `ETIMEDOUT` (UNREACHABLE: no answer) or the
     /// errno of another event. Dropped while waiting, the attempt goes on and its outcome
     /// arrives at [`AsyncCmId::next_event`].
-    pub async fn connect(&self, param: &ConnParam) -> Result<()> {
-        self.id.connect(param)?;
+    pub async fn connect(&self, param: ConnParam) -> Result<()> {
+        self.id.connect(&param)?;
         self.expect(CmEventType::Established).await
     }
 
@@ -347,8 +347,8 @@ impl AsyncCmId {
     ///
     /// Fails like [`CmId::accept`], and with the errno of the event that came instead of
     /// ESTABLISHED (the peer gave up: `ECONNREFUSED`, `ETIMEDOUT`, …).
-    pub async fn accept(&self, param: &ConnParam) -> Result<()> {
-        self.id.accept(param)?;
+    pub async fn accept(&self, param: ConnParam) -> Result<()> {
+        self.id.accept(&param)?;
         self.expect(CmEventType::Established).await
     }
 
@@ -513,7 +513,7 @@ impl AsyncListener {
                 return Err(e);
             }
         };
-        cm.accept(&param).await?;
+        cm.accept(param).await?;
         Ok(AsyncConn { cm, qp })
     }
 }
@@ -582,7 +582,7 @@ impl AsyncConn {
         let cm = AsyncCmId::new(PortSpace::Tcp, 0)?;
         cm.resolve(src, dst).await?;
         let qp = cm.create_qp(&mut cap)?;
-        cm.connect(&param).await?;
+        cm.connect(param).await?;
         Ok(AsyncConn { cm, qp })
     }
 

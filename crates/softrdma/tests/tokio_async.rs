@@ -315,6 +315,48 @@ fn connect_is_refused_without_a_listener_or_when_the_peer_rejects() {
 }
 
 #[test]
+fn a_dropped_connect_goes_on_and_a_dropped_request_rejects_its_peer() {
+    rt().block_on(async {
+        use softrdma::tokio::AsyncCmId;
+        let listener = AsyncListener::bind((unique_addr(), 0).into(), 8).unwrap();
+        let addr = listener.local_addr().unwrap();
+        // A connect dropped after its REQ went out: the outcome arrives as an event.
+        let id = AsyncCmId::new(PortSpace::Tcp, 0).unwrap();
+        let src = SocketAddr::new(unique_addr().into(), 0);
+        guard(id.resolve(Some(src), addr)).await.unwrap();
+        let qp = id.create_qp(&mut default_cap()).unwrap();
+        let t = tokio::time::timeout(Duration::ZERO, id.connect(conn_param())).await;
+        assert!(t.is_err(), "nobody accepted yet");
+        let req = guard(listener.get_request()).await.unwrap();
+        let rqp = req.create_qp(&mut default_cap()).unwrap();
+        let (acc, ev) =
+            guard(async { tokio::join!(req.accept(conn_param()), id.next_event()) }).await;
+        acc.unwrap();
+        let ev = ev.unwrap();
+        assert_eq!(ev.event, CmEventType::Established);
+        ev.ack();
+        let (client, server) = (
+            AsyncConn::from_parts(id, qp),
+            AsyncConn::from_parts(req, rqp),
+        );
+        let (_sb, smr) = buf_mr(&server, &[0u8; 8]);
+        let (_cb, cmr) = buf_mr(&client, b"ok");
+        let (r, s) = guard(async {
+            tokio::join!(server.qp().recv(&smr, 0..8), client.qp().send(&cmr, 0..2))
+        })
+        .await;
+        s.unwrap();
+        assert_eq!(r.unwrap().byte_len, 2);
+        // A request taken and dropped without an answer: the peer is rejected.
+        let c = tokio::spawn(connect(addr));
+        let req = guard(listener.get_request()).await.unwrap();
+        drop(req);
+        let e = guard(c).await.unwrap().unwrap_err();
+        assert_eq!(e.errno(), libc::ECONNREFUSED);
+    });
+}
+
+#[test]
 fn a_dropped_get_request_loses_no_request() {
     rt().block_on(async {
         let listener = AsyncListener::bind((unique_addr(), 0).into(), 8).unwrap();
@@ -327,7 +369,7 @@ fn a_dropped_get_request_loses_no_request() {
             let server = async {
                 let req = listener.get_request().await.unwrap();
                 let qp = req.create_qp(&mut default_cap()).unwrap();
-                req.accept(&conn_param()).await.unwrap();
+                req.accept(conn_param()).await.unwrap();
                 AsyncConn::from_parts(req, qp)
             };
             tokio::join!(server, client)
