@@ -160,8 +160,30 @@ impl CompChannel {
     /// this channel, armed with [`Cq::req_notify_cq`], gets a completion; fails with `EAGAIN`
     /// when the descriptor is non-blocking and no event is waiting.
     pub fn get_cq_event(&self) -> Result<CqEvent> {
+        self.take_event(|| self.inner.fd.wait())
+    }
+
+    /// Takes the next completion event as [`CompChannel::get_cq_event`] does, waiting
+    /// `timeout` at most (whatever the descriptor's `O_NONBLOCK`; a zero timeout only looks).
+    ///
+    /// Fails with `ETIMEDOUT` when no event came in time; nothing is lost: an event that
+    /// arrives later is there for the next call.
+    ///
+    /// ```
+    /// # let ctx = softrdma::Device::from_addr("127.0.0.1".parse().unwrap()).unwrap().open().unwrap();
+    /// use std::time::Duration;
+    /// let ch = ctx.create_comp_channel().unwrap();
+    /// let e = ch.get_cq_event_timeout(Duration::from_millis(1)).unwrap_err();
+    /// assert_eq!(e.errno(), libc::ETIMEDOUT);
+    /// ```
+    pub fn get_cq_event_timeout(&self, timeout: std::time::Duration) -> Result<CqEvent> {
+        let deadline = std::time::Instant::now() + timeout;
+        self.take_event(|| self.inner.fd.wait_deadline(deadline))
+    }
+
+    fn take_event(&self, wait: impl Fn() -> Result<()>) -> Result<CqEvent> {
         loop {
-            self.inner.fd.wait()?;
+            wait()?;
             let cq = self
                 .inner
                 .queue
@@ -403,6 +425,15 @@ impl Cq {
                 .engine_if_started()
                 .map(|e| self.inner.engine.get_or_init(|| e)),
         }
+    }
+
+    /// Whether the CQ reports its completion events to `channel`.
+    #[cfg(feature = "tokio")]
+    pub(crate) fn uses_channel(&self, channel: &CompChannel) -> bool {
+        self.inner
+            .channel
+            .as_ref()
+            .is_some_and(|h| Arc::ptr_eq(h.arc(), &channel.inner))
     }
 
     /// Moves completions into `wc`; also says whether the CQ is armed for an event.

@@ -76,6 +76,69 @@ impl EventFd {
         }
     }
 
+    /// Takes one event, waiting until `deadline` at most, whatever the descriptor's blocking
+    /// mode; fails with `ETIMEDOUT` when none came by then. An event that arrives later stays
+    /// counted for the next taker. Several threads may wait at once: the read that takes an
+    /// event never blocks (`RWF_NOWAIT`), so a thread that lost the race waits again, and
+    /// none sleeps past its deadline.
+    pub(crate) fn wait_deadline(&self, deadline: std::time::Instant) -> Result<()> {
+        loop {
+            match self.read_nowait() {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return Err(e),
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(Error::new(
+                    ErrorKind::Os(libc::ETIMEDOUT),
+                    "no event came before the timeout",
+                ));
+            }
+            let mut pfd = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // Round up, so that a sub-millisecond rest is not a busy loop.
+            let ms = left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
+            // SAFETY: polls one valid pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if n < 0 {
+                let err = std::io::Error::last_os_error();
+                if err.raw_os_error() != Some(libc::EINTR) {
+                    return Err(Error::from_io(err, "polling the event descriptor"));
+                }
+            }
+        }
+    }
+
+    /// Takes one event if the counter is not zero, without ever blocking: `Ok(false)` when
+    /// it is zero.
+    fn read_nowait(&self) -> Result<bool> {
+        let mut val: u64 = 0;
+        let iov = libc::iovec {
+            iov_base: (&mut val as *mut u64).cast(),
+            iov_len: std::mem::size_of::<u64>(),
+        };
+        loop {
+            // SAFETY: reads 8 bytes into a live local variable from our own descriptor.
+            let n = unsafe { libc::preadv2(self.fd.as_raw_fd(), &iov, 1, -1, libc::RWF_NOWAIT) };
+            if n == std::mem::size_of::<u64>() as isize {
+                return Ok(true);
+            }
+            let err = std::io::Error::last_os_error();
+            match err.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => return Ok(false),
+                // A kernel whose eventfd lacks RWF_NOWAIT (before 5.x): read only when poll
+                // says an event waits (another thread may still take it first).
+                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => return Ok(self.try_wait()),
+                _ => return Err(Error::from_io(err, "reading the event descriptor")),
+            }
+        }
+    }
+
     /// Takes one event if one is waiting, whatever the descriptor's blocking mode.
     pub(crate) fn try_wait(&self) -> bool {
         let mut pfd = libc::pollfd {
@@ -134,6 +197,20 @@ mod tests {
         fd.signal();
         fd.wait().unwrap();
         assert!(fd.try_wait());
+        assert!(!fd.try_wait());
+    }
+
+    #[test]
+    fn wait_deadline_times_out_and_leaves_a_late_event_for_the_next_taker() {
+        let fd = EventFd::new().unwrap();
+        let soon = std::time::Instant::now() + std::time::Duration::from_millis(20);
+        assert_eq!(fd.wait_deadline(soon).unwrap_err().errno(), libc::ETIMEDOUT);
+        fd.signal();
+        let far = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        fd.wait_deadline(far).unwrap();
+        // A blocking descriptor, and a past deadline with an event waiting: taken at once.
+        fd.signal();
+        fd.wait_deadline(std::time::Instant::now()).unwrap();
         assert!(!fd.try_wait());
     }
 }

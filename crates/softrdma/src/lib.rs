@@ -10,6 +10,14 @@
 //! | `rdma_create_qp`, `rdma_post_send`, `rdma_get_send_comp` | [`rdma_cm::CmId::create_qp`], [`rdma_cm::CmId::post_send`], [`rdma_cm::CmId::get_send_comp`] |
 //! | `rdma_join_multicast`, `rdma_leave_multicast` | [`rdma_cm::CmId::join_multicast`], [`rdma_cm::CmId::leave_multicast`] |
 //!
+//! With the feature `tokio`, the module `tokio` is the async face: connect, accept,
+//! completions and work requests as futures (`AsyncConn::connect(addr).await`,
+//! `listener.accept().await`, `qp.send(&mr, range).await`), on tokio's `AsyncFd` over the
+//! channels' descriptors. Without it, the blocking waits have `_timeout` variants
+//! ([`rdma_cm::CmId::get_request_timeout`], [`rdma_cm::CmId::connect_timeout`],
+//! [`rdma_cm::CmId::get_send_comp_timeout`], [`rdma_cm::EventChannel::get_cm_event_timeout`],
+//! [`CompChannel::get_cq_event_timeout`]) that fail with `ETIMEDOUT` and lose nothing.
+//!
 //! # The objects
 //! Names follow the man pages, so a reader who knows rdma-core is at home:
 //!
@@ -87,6 +95,8 @@ mod resources;
 mod sock;
 mod srq;
 pub mod testing;
+#[cfg(feature = "tokio")]
+pub mod tokio;
 
 pub use ah::{Ah, AhAttr, GlobalRoute};
 pub use capture::{start_capture, stop_capture};

@@ -213,8 +213,30 @@ impl EventChannel {
     ///
     /// Fails with `EAGAIN` on a non-blocking descriptor with no event waiting.
     pub fn get_cm_event(&self) -> Result<CmEvent> {
+        self.take_event(|| self.inner.fd.wait())
+    }
+
+    /// Takes the next event as [`EventChannel::get_cm_event`] does, waiting `timeout` at
+    /// most (whatever the descriptor's `O_NONBLOCK`; a zero timeout only looks).
+    ///
+    /// Fails with `ETIMEDOUT` when no event came in time; nothing is lost: an event that
+    /// arrives later is there for the next call.
+    ///
+    /// ```
+    /// use softrdma::rdma_cm::EventChannel;
+    /// use std::time::Duration;
+    /// let ch = EventChannel::new().unwrap();
+    /// let e = ch.get_cm_event_timeout(Duration::from_millis(1)).unwrap_err();
+    /// assert_eq!(e.errno(), libc::ETIMEDOUT);
+    /// ```
+    pub fn get_cm_event_timeout(&self, timeout: std::time::Duration) -> Result<CmEvent> {
+        let deadline = std::time::Instant::now() + timeout;
+        self.take_event(|| self.inner.fd.wait_deadline(deadline))
+    }
+
+    fn take_event(&self, wait: impl Fn() -> Result<()>) -> Result<CmEvent> {
         loop {
-            self.inner.fd.wait()?;
+            wait()?;
             let mut q = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(mut ev) = q.pop_front() {
                 // Counted as reported while the queue is locked, so that destroy (which

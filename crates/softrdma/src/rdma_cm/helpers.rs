@@ -242,6 +242,15 @@ impl CmId {
     }
 
     fn get_comp(&self, send: bool) -> Result<WorkCompletion> {
+        self.get_comp_until(send, None)
+    }
+
+    /// [`CmId::get_send_comp`] or [`CmId::get_recv_comp`], waiting until `deadline` at most.
+    pub(super) fn get_comp_until(
+        &self,
+        send: bool,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<WorkCompletion> {
         let (cq, ch) = {
             let s = self.inner.lock();
             if send {
@@ -264,7 +273,12 @@ impl CmId {
             if cq.poll(&mut wc)? == 1 {
                 return Ok(wc[0]);
             }
-            let ev = ch.get_cq_event()?;
+            let ev = match deadline {
+                None => ch.get_cq_event()?,
+                Some(d) => {
+                    ch.get_cq_event_timeout(d.saturating_duration_since(std::time::Instant::now()))?
+                }
+            };
             if !ev.is_for(&cq) || ev.cq_context() != self.inner.context {
                 return Err(Error::invalid(
                     "a CQ event for another CQ on the id's channel",

@@ -24,6 +24,7 @@ mod ep;
 mod event;
 mod helpers;
 mod multicast;
+mod timeout;
 
 pub use addrinfo::*;
 pub(crate) use dispatch::dispatch;
@@ -765,6 +766,16 @@ impl CmId {
     /// For a synchronous id: waits for the event its last call produces, keeps it, and
     /// turns an error event into the errno librdmacm reports.
     fn complete(&self, want: CmEventType) -> Result<()> {
+        self.complete_until(want, None)
+    }
+
+    /// [`CmId::complete`], waiting until `deadline` at most (then `ETIMEDOUT`, and the event
+    /// stays on the id's channel for the next taker).
+    fn complete_until(
+        &self,
+        want: CmEventType,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<()> {
         let ch = {
             let c = self.inner.chan();
             if !c.sync {
@@ -772,7 +783,12 @@ impl CmId {
             }
             c.channel.clone()
         };
-        let ev = ch.get_cm_event()?;
+        let ev = match deadline {
+            None => ch.get_cm_event()?,
+            Some(d) => {
+                ch.get_cm_event_timeout(d.saturating_duration_since(std::time::Instant::now()))?
+            }
+        };
         let info = ev.info();
         ev.ack();
         self.set_last_event(info.clone());
@@ -791,6 +807,10 @@ impl CmId {
     /// event's error when something else than a connection request arrives, and like
     /// [`CmId::create_qp_ex`].
     pub fn get_request(&self) -> Result<CmId> {
+        self.get_request_until(None)
+    }
+
+    fn get_request_until(&self, deadline: Option<std::time::Instant>) -> Result<CmId> {
         // (The channel lock is never held while the state lock is taken: the event path
         // takes them the other way round.)
         let listening = self.inner.lock().state == IdState::Listen;
@@ -803,7 +823,12 @@ impl CmId {
             }
             c.channel.clone()
         };
-        let ev = ch.get_cm_event()?;
+        let ev = match deadline {
+            None => ch.get_cm_event()?,
+            Some(d) => {
+                ch.get_cm_event_timeout(d.saturating_duration_since(std::time::Instant::now()))?
+            }
+        };
         let info = ev.info();
         if info.event != CmEventType::ConnectRequest {
             ev.ack();
@@ -1495,6 +1520,10 @@ impl CmId {
     /// `param.qp_num`, when the private data exceeds 56 bytes (UD: 180), or when the
     /// resources exceed the device's limits.
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
+        self.connect_until(param, None)
+    }
+
+    fn connect_until(&self, param: &ConnParam, deadline: Option<std::time::Instant>) -> Result<()> {
         let mut s = self.inner.lock();
         if s.state != IdState::RouteResolved {
             return Err(Error::invalid("rdma_connect before ROUTE_RESOLVED"));
@@ -1599,7 +1628,7 @@ impl CmId {
         s.conn_param = param.clone();
         s.state = IdState::Connect;
         drop(s);
-        self.complete(CmEventType::Established)
+        self.complete_until(CmEventType::Established, deadline)
     }
 
     /// Completes a connection whose id has no QP (`rdma_establish`), after CONNECT_RESPONSE:
@@ -1958,7 +1987,7 @@ fn cm_error(call: &str, e: softrdma_proto::cm::CmError) -> Error {
 }
 
 /// The errno librdmacm reports for an event a synchronous call did not want.
-fn event_error(info: &EventInfo) -> Error {
+pub(crate) fn event_error(info: &EventInfo) -> Error {
     let errno = match info.event {
         CmEventType::Rejected => libc::ECONNREFUSED,
         CmEventType::Unreachable if info.status > 0 => libc::ECONNREFUSED,
