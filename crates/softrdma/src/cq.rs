@@ -170,7 +170,7 @@ impl CompChannel {
     /// arrives later is there for the next call.
     ///
     /// ```
-    /// # let ctx = softrdma::Device::from_addr("127.0.0.1".parse().unwrap()).unwrap().open().unwrap();
+    /// # let ctx = softrdma::Device::from_addr(softrdma::testing::unique_loopback_addr().into()).unwrap().open().unwrap();
     /// use std::time::Duration;
     /// let ch = ctx.create_comp_channel().unwrap();
     /// let e = ch.get_cq_event_timeout(Duration::from_millis(1)).unwrap_err();

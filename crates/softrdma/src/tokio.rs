@@ -679,7 +679,7 @@ impl Table {
 /// use std::sync::Arc;
 /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 /// rt.block_on(async {
-///     let ctx = softrdma::Device::from_addr("127.0.0.1".parse().unwrap()).unwrap().open().unwrap();
+///     let ctx = softrdma::Device::from_addr(softrdma::testing::unique_loopback_addr().into()).unwrap().open().unwrap();
 ///     let ch = Arc::new(ctx.create_comp_channel().unwrap());
 ///     let cq = Arc::new(ctx.create_cq(16, 0, Some(&ch), 0).unwrap());
 ///     let acq = AsyncCq::new(cq, ch).unwrap();

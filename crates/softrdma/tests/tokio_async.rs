@@ -12,18 +12,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A loopback address of this test run's own, so that no other process holds its device.
+/// A loopback address no other process uses (see `softrdma::testing`).
 fn unique_addr() -> Ipv4Addr {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(1);
-    let pid = std::process::id();
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    Ipv4Addr::new(
-        127,
-        30 + (pid % 50) as u8,
-        ((pid / 50) % 250) as u8,
-        (n % 250) as u8 + 2,
-    )
+    softrdma::testing::unique_loopback_addr()
 }
 
 /// Hang guard: generous, only there so that a bug fails instead of hanging CI.
