@@ -96,8 +96,8 @@ pub use error::{DestroyError, Error, ErrorKind, Result};
 pub use event::{AsyncElement, AsyncEvent, EventType};
 pub use gid::{Gid, GidType};
 pub use gsi::GsiStats;
-pub use mem::Buffer;
-pub use mr::{AccessFlags, Mr};
+pub use mem::{Buffer, BufferView};
+pub use mr::{AccessFlags, Mr, MrSlice, RemoteMr};
 pub use pd::Pd;
 pub use qp::{
     MigState, PostError, Qp, QpAttr, QpCap, QpInitAttr, QpInitInfo, RecvWr, SendFlags, SendWr, Sge,

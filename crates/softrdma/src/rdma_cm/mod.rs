@@ -1253,6 +1253,11 @@ impl CmId {
     /// Destroys the id's QP (`rdma_destroy_qp`), leaving the multicast groups it is attached
     /// to, and the CQs and channels `create_qp` made for it. Handles the application still
     /// holds stay valid objects, but the id no longer uses them.
+    ///
+    /// The id lets go of the QP's PD too (unless its SRQ still uses it), so the teardown
+    /// order of librdmacm programs — destroy the QP, then the CQs, then deallocate the PD,
+    /// then destroy the id — works: once the application drops its other handles of the QP,
+    /// the `Arc<Pd>` it passed to `create_qp` is its only one again.
     pub fn destroy_qp(&self) {
         let mut s = self.inner.lock();
         if let Some(qp) = s.qp.clone() {
@@ -1264,6 +1269,9 @@ impl CmId {
             qp_to_err(&qp);
         }
         Self::clear_qp(&mut s);
+        if s.srq.is_none() {
+            s.pd = None;
+        }
     }
 
     /// Creates a shared receive queue for the id (`rdma_create_srq`): a QP created on the id
@@ -1291,7 +1299,11 @@ impl CmId {
 
     /// Releases the id's SRQ (`rdma_destroy_srq`).
     pub fn destroy_srq(&self) {
-        self.inner.lock().srq = None;
+        let mut s = self.inner.lock();
+        s.srq = None;
+        if s.qp.is_none() {
+            s.pd = None;
+        }
     }
 
     /// The QP attributes and mask the connection manager uses to move a QP to `state`
