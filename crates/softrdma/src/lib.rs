@@ -26,6 +26,18 @@
 //! | `ibv_create_ah` | [`Pd::create_ah`] |
 //! | `ibv_get_async_event` | [`Context::get_async_event`] |
 //!
+//! # Typed memory
+//! Next to the faithful `(u64 addr, len, lkey)` face, work requests can name memory with
+//! types that cannot be swapped or overrun silently: [`Mr::slice`] gives an [`MrSlice`] (a
+//! checked range of a local region), [`Mr::remote`] a [`RemoteMr`] (address, length, rkey;
+//! 20 bytes with [`RemoteMr::to_bytes`], for private data; checked sub-ranges with
+//! [`RemoteMr::slice`]). [`SendWr::write`], [`SendWr::read`], [`SendWr::fetch_add`], ...
+//! and [`rdma_cm::CmId::write`], [`rdma_cm::CmId::read`], [`rdma_cm::CmId::send`], ... are
+//! built on them and post through the same path as the faithful calls. Completions are
+//! `#[must_use]`; [`WorkCompletion::ok`] turns a failed one into an [`Error`] carrying its
+//! status. The [`rdma_cm`] module documentation connects two ids and RDMA-writes with them,
+//! end to end.
+//!
 //! # Errors
 //! Every failure is an [`Error`] whose [`Error::errno`] is the errno rdma-core would set
 //! (`EINVAL`, `EBUSY`, `ENOMEM`, `EOPNOTSUPP`, …), with a sentence saying what was wrong.
@@ -44,7 +56,10 @@
 //! ```
 //! use softrdma::{Device, Buffer, AccessFlags, QpType, QpInitAttr, QpCap};
 //! use std::sync::Arc;
-//! let dev = Device::from_addr("127.0.0.1".parse().unwrap()).unwrap();
+//! // A device is one local IP address; this one is of this process's own.
+//! let pid = std::process::id();
+//! let addr = std::net::IpAddr::from([127, 77, (pid >> 8) as u8, pid as u8]);
+//! let dev = Device::from_addr(addr).unwrap();
 //! let ctx = dev.open().unwrap();
 //! let pd = ctx.alloc_pd().unwrap();
 //! let buf = Arc::new(Buffer::new(4096));
