@@ -116,6 +116,18 @@ use softrdma_proto::cm::{
 use softrdma_wire::cm::{RejectReason, SidrStatus, TransportServiceType};
 use softrdma_wire::cma::{self, CmaHeader, CmaHeaderRepr};
 
+/// The port space of an id chooses its QP type and how it finds its peer: TCP and IB ids
+/// connect RC QPs with REQ/REP/RTU, UDP and IPoIB ids make UD QPs and use SIDR.
+///
+/// ```
+/// use softrdma::rdma_cm::{CmId, PortSpace};
+/// use softrdma::QpType;
+/// let id = CmId::create(None, 0, PortSpace::Udp)?;
+/// assert_eq!((id.ps(), id.qp_type()), (PortSpace::Udp, QpType::Ud));
+/// assert_eq!(PortSpace::from_u16(0x0106), Some(PortSpace::Tcp)); // RDMA_PS_TCP
+/// id.destroy();
+/// # Ok::<(), softrdma::Error>(())
+/// ```
 pub use softrdma_wire::cma::PortSpace;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
