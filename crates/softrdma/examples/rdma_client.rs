@@ -57,8 +57,14 @@ fn run(server: &str, port: &str, bind: Option<&str>) -> Result<(), String> {
             .map_err(|e| format!("rdma_reg_msgs: {e}"))?;
         id.post_recv(0, recv.addr(), 16, &rmr)
             .map_err(|e| format!("rdma_post_recv: {e}"))?;
-        id.connect(&ConnParam::default())
-            .map_err(|e| format!("rdma_connect: {e}"))?;
+        // rnr_retry_count 7: a SEND that beats the server's receive is retried, not failed
+        // (ConnParam::default() has 0, which fails it with RNR_RETRY_EXC_ERR).
+        id.connect(&ConnParam {
+            retry_count: 7,
+            rnr_retry_count: 7,
+            ..Default::default()
+        })
+        .map_err(|e| format!("rdma_connect: {e}"))?;
         id.post_send(0, send.addr(), 16, Some(&smr), SendFlags::INLINE)
             .map_err(|e| format!("rdma_post_send: {e}"))?;
         // As rdma-core's rdma_client: the counts matter, not the statuses (reported on

@@ -67,8 +67,13 @@ fn run(addr: Option<&str>, port: &str) -> Result<(), String> {
     let result = (|| {
         id.post_recv(0, recv.addr(), 16, &mr)
             .map_err(|e| format!("rdma_post_recv: {e}"))?;
-        id.accept(&ConnParam::default())
-            .map_err(|e| format!("rdma_accept: {e}"))?;
+        // rnr_retry_count 7 (ConnParam::default() has 0): our answer is retried, not
+        // failed, if it beats the client's receive.
+        id.accept(&ConnParam {
+            rnr_retry_count: 7,
+            ..Default::default()
+        })
+        .map_err(|e| format!("rdma_accept: {e}"))?;
         let wc = id
             .get_recv_comp()
             .map_err(|e| format!("rdma_get_recv_comp: {e}"))?;

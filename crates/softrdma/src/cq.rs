@@ -33,8 +33,24 @@ bitflags::bitflags! {
 /// A work completion (`struct ibv_wc`).
 ///
 /// When `status` is not [`WcStatus::Success`], only `wr_id`, `status`, `qp_num` and
-/// `vendor_err` are meaningful, as in verbs.
+/// `vendor_err` are meaningful, as in verbs. A completion is the only news of a failed
+/// operation, so it is `#[must_use]`: check `status`, or turn a failure into an [`Error`]
+/// with [`WorkCompletion::ok`] (which gives the completion back on success) or
+/// [`WorkCompletion::check`].
+///
+/// ```
+/// use softrdma::{ErrorKind, WcStatus, WorkCompletion};
+/// let wc = WorkCompletion { wr_id: 7, status: WcStatus::RnrRetryExcErr, ..Default::default() };
+/// let e = wc.ok().unwrap_err();
+/// assert_eq!(e.wc_status(), Some(WcStatus::RnrRetryExcErr));
+/// assert_eq!(e.kind(), ErrorKind::Completion(WcStatus::RnrRetryExcErr));
+/// assert_eq!(e.errno(), libc::EIO);
+/// let fine = WorkCompletion { wr_id: 8, ..Default::default() };
+/// assert_eq!(fine.ok().unwrap().wr_id, 8);
+/// assert!(fine.check().is_ok() && wc.check().is_err());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[must_use = "a work completion may report a failed operation: check `status` or call `ok()`"]
 pub struct WorkCompletion {
     /// The `wr_id` of the work request that completed.
     pub wr_id: u64,
@@ -65,6 +81,39 @@ pub struct WorkCompletion {
     pub sl: u8,
     /// Destination LID path bits (0 on RoCE).
     pub dlid_path_bits: u8,
+}
+
+impl WorkCompletion {
+    /// The completion itself when its status is [`WcStatus::Success`]; otherwise an
+    /// [`Error`] of kind [`ErrorKind::Completion`] carrying the status (errno `EIO`), whose
+    /// message names the status (as `ibv_wc_status_str` does), the opcode and the `wr_id`.
+    pub fn ok(self) -> Result<WorkCompletion> {
+        if self.status == WcStatus::Success {
+            return Ok(self);
+        }
+        Err(Error::new(
+            ErrorKind::Completion(self.status),
+            format!(
+                "work request {:#x} ({:?}) completed with status {} (vendor_err {:#x})",
+                self.wr_id,
+                self.opcode,
+                self.status.as_str(),
+                self.vendor_err
+            ),
+        ))
+    }
+
+    /// `Ok(())` when the status is [`WcStatus::Success`], else the error of
+    /// [`WorkCompletion::ok`]: for completions whose fields are not needed
+    /// (`id.get_send_comp()?.check()?`).
+    pub fn check(self) -> Result<()> {
+        self.ok().map(drop)
+    }
+
+    /// Whether the status is [`WcStatus::Success`].
+    pub fn is_success(&self) -> bool {
+        self.status == WcStatus::Success
+    }
 }
 
 /// A completion channel (`struct ibv_comp_channel`): a real file descriptor that becomes

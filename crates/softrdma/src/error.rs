@@ -32,6 +32,9 @@ pub enum ErrorKind {
     NoData,
     /// An operating-system call failed; the errno is the one the system returned.
     Os(i32),
+    /// A work request completed with this non-success status (`EIO`); made by
+    /// [`crate::WorkCompletion::ok`].
+    Completion(crate::WcStatus),
 }
 
 impl ErrorKind {
@@ -49,6 +52,7 @@ impl ErrorKind {
             ErrorKind::PermissionDenied => libc::EPERM,
             ErrorKind::NoData => libc::ENODATA,
             ErrorKind::Os(e) => e,
+            ErrorKind::Completion(_) => libc::EIO,
         }
     }
 }
@@ -128,6 +132,15 @@ impl Error {
     /// The explanation, without the errno name.
     pub fn message(&self) -> &str {
         &self.msg
+    }
+
+    /// The status of the failed work completion this error stands for (from
+    /// [`crate::WorkCompletion::ok`]), or `None` for any other error.
+    pub fn wc_status(&self) -> Option<crate::WcStatus> {
+        match self.kind {
+            ErrorKind::Completion(s) => Some(s),
+            _ => None,
+        }
     }
 }
 

@@ -35,6 +35,18 @@
 //! | `ibv_create_ah` | [`Pd::create_ah`] |
 //! | `ibv_get_async_event` | [`Context::get_async_event`] |
 //!
+//! # Typed memory
+//! Next to the faithful `(u64 addr, len, lkey)` face, work requests can name memory with
+//! types that cannot be swapped or overrun silently: [`Mr::slice`] gives an [`MrSlice`] (a
+//! checked range of a local region), [`Mr::remote`] a [`RemoteMr`] (address, length, rkey;
+//! 20 bytes with [`RemoteMr::to_bytes`], for private data; checked sub-ranges with
+//! [`RemoteMr::slice`]). [`SendWr::write`], [`SendWr::read`], [`SendWr::fetch_add`], ...
+//! and [`rdma_cm::CmId::write`], [`rdma_cm::CmId::read`], [`rdma_cm::CmId::send`], ... are
+//! built on them and post through the same path as the faithful calls. Completions are
+//! `#[must_use]`; [`WorkCompletion::ok`] turns a failed one into an [`Error`] carrying its
+//! status. The [`rdma_cm`] module documentation connects two ids and RDMA-writes with them,
+//! end to end.
+//!
 //! # Errors
 //! Every failure is an [`Error`] whose [`Error::errno`] is the errno rdma-core would set
 //! (`EINVAL`, `EBUSY`, `ENOMEM`, `EOPNOTSUPP`, …), with a sentence saying what was wrong.
@@ -112,8 +124,8 @@ pub use error::{DestroyError, Error, ErrorKind, Result};
 pub use event::{AsyncElement, AsyncEvent, EventType};
 pub use gid::{Gid, GidType};
 pub use gsi::GsiStats;
-pub use mem::Buffer;
-pub use mr::{AccessFlags, Mr};
+pub use mem::{Buffer, BufferView};
+pub use mr::{AccessFlags, Mr, MrSlice, RemoteMr};
 pub use mw::{inc_rkey, BindMwWr, Mw, MwBind, MwBindInfo, MwType};
 pub use pd::Pd;
 pub use qp::{

@@ -5,7 +5,10 @@ use crate::error::{DestroyError, Error, Result};
 use crate::hold::Hold;
 use crate::mem::{copy_from_memory, copy_to_memory, Buffer};
 use crate::pd::{Pd, PdInner};
+use crate::qp::Sge;
 use crate::resources::{CountGuard, Kind, Resources};
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -86,7 +89,10 @@ pub(crate) struct MrInner {
     pub(crate) length: u64,
     pub(crate) access: AccessFlags,
     /// The memory of the safe face, kept alive by the region.
-    _backing: Option<Arc<Buffer>>,
+    backing: Option<Arc<Buffer>>,
+    /// Whether the region counts as a way for the device to write `backing` (it has
+    /// LOCAL_WRITE): released by deregistration, once the device is done with it.
+    device_writes: bool,
     /// Accesses in progress, and whether the region is deregistered.
     leases: AtomicU64,
     /// Memory windows bound to the region (deregistration fails while there are any).
@@ -139,7 +145,9 @@ impl Pd {
     /// Registers a whole [`Buffer`] (the safe face of `ibv_reg_mr`); the region keeps the
     /// buffer alive, so the device can never touch freed memory.
     ///
-    /// Fails as [`Pd::reg_mr`] does (an empty buffer is `EINVAL`).
+    /// Fails as [`Pd::reg_mr`] does (an empty buffer is `EINVAL`), and with `EBUSY` when
+    /// `access` has LOCAL_WRITE while a [`crate::mem::BufferView`] of the buffer is alive
+    /// (the device could then write bytes lent as a slice).
     pub fn reg_buffer(&self, buf: &Arc<Buffer>, access: u32) -> Result<Mr> {
         self.register(
             buf.as_ptr(),
@@ -183,6 +191,14 @@ impl Pd {
             return Err(Error::invalid("the iova range overflows"));
         }
         let count = Resources::acquire(&shared, Kind::Mr)?;
+        // A region the device may write through makes the buffer's bytes unlendable (see
+        // `mem`): count it, or fail while a view is alive.
+        let device_writes = access.contains(AccessFlags::LOCAL_WRITE) && backing.is_some();
+        if device_writes {
+            if let Some(b) = &backing {
+                b.acquire_device_write()?;
+            }
+        }
         let pd = Hold::new(&self.inner);
         let inner = shared.resources.insert_mr(|lkey, rkey| {
             Arc::new(MrInner {
@@ -193,13 +209,24 @@ impl Pd {
                 host: addr,
                 length: len,
                 access,
-                _backing: backing,
+                backing,
+                device_writes,
                 leases: AtomicU64::new(0),
                 windows: AtomicU32::new(0),
                 _count: count,
             })
         });
         Ok(Mr { inner })
+    }
+}
+
+impl Pd {
+    /// The lkey of a region of this PD that covers `addr..addr + len` (iova space), if any.
+    pub(crate) fn lkey_covering(&self, addr: u64, len: u64) -> Option<u32> {
+        self.inner
+            .shared()
+            .resources
+            .lkey_covering(&self.inner, addr, len)
     }
 }
 
@@ -272,6 +299,13 @@ impl Drop for Mr {
         while m.leases.load(Ordering::Acquire) & !REVOKED != 0 {
             std::thread::yield_now();
         }
+        // No access is in progress and no key finds the region: the device can no longer
+        // write the buffer through it.
+        if m.device_writes {
+            if let Some(b) = &m.backing {
+                b.release_device_write();
+            }
+        }
     }
 }
 
@@ -284,6 +318,253 @@ impl std::fmt::Debug for Mr {
             .field("rkey", &format_args!("{:#010x}", self.rkey()))
             .field("access", &self.access())
             .finish()
+    }
+}
+
+/// Resolves `range` against a length, checking it lies inside (`EINVAL`).
+fn resolve(range: impl RangeBounds<u64>, len: u64, what: &str) -> Result<(u64, u64)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => Some(s),
+        Bound::Excluded(&s) => s.checked_add(1),
+        Bound::Unbounded => Some(0),
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1),
+        Bound::Excluded(&e) => Some(e),
+        Bound::Unbounded => Some(len),
+    };
+    match (start, end) {
+        (Some(s), Some(e)) if s <= e && e <= len => Ok((s, e)),
+        _ => Err(Error::invalid(format!(
+            "range {:?}..{:?} is outside the {len}-byte {what}",
+            range.start_bound(),
+            range.end_bound()
+        ))),
+    }
+}
+
+/// A range of a local memory region: what a work request names as local memory (a
+/// scatter/gather entry), typed so that it cannot outlive or leave its region.
+///
+/// Made by [`Mr::slice`] (offsets from the region's start) and [`MrSlice::slice`]; it
+/// borrows the [`Mr`], so the region cannot be deregistered while a slice of it is in use.
+/// It only names memory (address, length, lkey) and never touches it: the device checks
+/// every access, as for any scatter/gather entry. `#[repr(transparent)]` over [`Sge`], so a
+/// list of slices is a scatter/gather list with no copy ([`MrSlice::as_sges`]).
+///
+/// ```
+/// # use softrdma::*;
+/// # use std::sync::Arc;
+/// # let pid = std::process::id();
+/// # let addr = std::net::IpAddr::from([127, 77, (pid >> 8) as u8, pid as u8]);
+/// let ctx = Device::from_addr(addr).unwrap().open().unwrap();
+/// let pd = ctx.alloc_pd().unwrap();
+/// let buf = Arc::new(Buffer::new(4096));
+/// let mr = pd.reg_buffer(&buf, AccessFlags::LOCAL_WRITE.bits()).unwrap();
+/// let header = mr.slice(0..64).unwrap();
+/// let body = mr.slice(64..).unwrap();
+/// assert_eq!((body.addr(), body.len(), body.lkey()), (mr.iova() + 64, 4032, mr.lkey()));
+/// assert_eq!(header.slice(8..16).unwrap().addr(), mr.iova() + 8);
+/// assert!(mr.slice(4000..5000).is_err()); // past the end: EINVAL
+/// // Two slices are a scatter/gather list for SendWr::send, RecvWr::new, ...
+/// let list = [header, body];
+/// assert_eq!(MrSlice::as_sges(&list)[1].length, 4032);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct MrSlice<'a> {
+    sge: Sge,
+    _mr: PhantomData<&'a Mr>,
+}
+
+impl Mr {
+    /// The bytes `range` (offsets from the region's first byte) as a typed local slice.
+    ///
+    /// Fails with `EINVAL` when the range is not inside the region or is longer than a
+    /// scatter/gather entry can name (`u32::MAX` bytes).
+    pub fn slice(&self, range: impl RangeBounds<u64>) -> Result<MrSlice<'_>> {
+        let (s, e) = resolve(range, self.length(), "memory region")?;
+        let length = u32::try_from(e - s).map_err(|_| {
+            Error::invalid(format!(
+                "{} bytes exceed what one scatter/gather entry can name",
+                e - s
+            ))
+        })?;
+        Ok(MrSlice {
+            sge: Sge {
+                addr: self.iova() + s,
+                length,
+                lkey: self.lkey(),
+            },
+            _mr: PhantomData,
+        })
+    }
+
+    /// The whole region as peers name it: its iova, length and rkey, to hand to the peer
+    /// (say as private data, [`RemoteMr::to_bytes`]) for its RDMA READs and WRITEs.
+    pub fn remote(&self) -> RemoteMr {
+        RemoteMr {
+            addr: self.iova(),
+            len: self.length(),
+            rkey: self.rkey(),
+        }
+    }
+}
+
+impl<'a> MrSlice<'a> {
+    /// The address of the first byte, as the region's keys name it.
+    pub fn addr(&self) -> u64 {
+        self.sge.addr
+    }
+
+    /// The length in bytes.
+    pub fn len(&self) -> usize {
+        self.sge.length as usize
+    }
+
+    /// Whether the slice has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.sge.length == 0
+    }
+
+    /// The region's local key.
+    pub fn lkey(&self) -> u32 {
+        self.sge.lkey
+    }
+
+    /// The slice as a scatter/gather entry of the faithful face.
+    pub fn sge(&self) -> Sge {
+        self.sge
+    }
+
+    /// A sub-range (offsets from this slice's first byte).
+    ///
+    /// Fails with `EINVAL` when `range` is not inside the slice.
+    pub fn slice(&self, range: impl RangeBounds<u64>) -> Result<MrSlice<'a>> {
+        let (s, e) = resolve(range, u64::from(self.sge.length), "slice")?;
+        Ok(MrSlice {
+            sge: Sge {
+                addr: self.sge.addr + s,
+                length: (e - s) as u32,
+                lkey: self.sge.lkey,
+            },
+            _mr: PhantomData,
+        })
+    }
+
+    /// A list of slices as a scatter/gather list, without a copy.
+    pub fn as_sges<'s>(slices: &'s [MrSlice<'a>]) -> &'s [Sge] {
+        // SAFETY: MrSlice is #[repr(transparent)] over Sge (its other field is a ZST).
+        unsafe { std::slice::from_raw_parts(slices.as_ptr().cast::<Sge>(), slices.len()) }
+    }
+
+    /// The total length of a list of slices.
+    pub(crate) fn total(slices: &[MrSlice<'_>]) -> u64 {
+        slices.iter().map(|s| u64::from(s.sge.length)).sum()
+    }
+}
+
+impl From<MrSlice<'_>> for Sge {
+    fn from(s: MrSlice<'_>) -> Sge {
+        s.sge
+    }
+}
+
+/// A peer's memory region, or part of one, as RDMA READ, WRITE and atomics name it: address
+/// (in the region's iova space), length and rkey.
+///
+/// The owner makes it with [`Mr::remote`] and sends it over, e.g. in the private data of
+/// `rdma_connect`/`rdma_accept` as [`RemoteMr::to_bytes`]; the peer reads it back with
+/// [`RemoteMr::from_bytes`] and names parts of it with the checked [`RemoteMr::slice`].
+/// The peer's device checks every access against the region (a bad one completes with
+/// `REM_ACCESS_ERR`); the length here lets the local side refuse a too long READ or WRITE
+/// at post time instead.
+///
+/// ```
+/// use softrdma::RemoteMr;
+/// let r = RemoteMr { addr: 0x7f00_0000_1000, len: 4096, rkey: 0x1234 };
+/// let wire = r.to_bytes();
+/// assert_eq!(wire.len(), RemoteMr::ENCODED_LEN);
+/// // Private data may arrive padded: trailing bytes are ignored.
+/// let mut padded = wire.to_vec();
+/// padded.resize(56, 0);
+/// assert_eq!(RemoteMr::from_bytes(&padded).unwrap(), r);
+/// assert!(RemoteMr::from_bytes(&wire[..10]).is_err());
+/// let tail = r.slice(4000..).unwrap();
+/// assert_eq!((tail.addr, tail.len, tail.rkey), (0x7f00_0000_1000 + 4000, 96, 0x1234));
+/// assert!(r.slice(..4097).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct RemoteMr {
+    /// The address of the first byte, in the region's iova space.
+    pub addr: u64,
+    /// The length in bytes.
+    pub len: u64,
+    /// The region's remote key.
+    pub rkey: u32,
+}
+
+impl RemoteMr {
+    /// The length of [`RemoteMr::to_bytes`]: address, length and rkey, big-endian.
+    pub const ENCODED_LEN: usize = 20;
+
+    /// The region as 20 bytes (address, length, rkey; big-endian), e.g. for private data.
+    pub fn to_bytes(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut b = [0; Self::ENCODED_LEN];
+        b[..8].copy_from_slice(&self.addr.to_be_bytes());
+        b[8..16].copy_from_slice(&self.len.to_be_bytes());
+        b[16..].copy_from_slice(&self.rkey.to_be_bytes());
+        b
+    }
+
+    /// Reads a region written by [`RemoteMr::to_bytes`] from the first 20 bytes of `bytes`
+    /// (the rest, say private-data padding, is ignored).
+    ///
+    /// Fails with `EINVAL` when `bytes` is shorter than 20 bytes or the range it names
+    /// overflows the address space.
+    pub fn from_bytes(bytes: &[u8]) -> Result<RemoteMr> {
+        let Some(b) = bytes.get(..Self::ENCODED_LEN) else {
+            return Err(Error::invalid(format!(
+                "a RemoteMr takes {} bytes, not {}",
+                Self::ENCODED_LEN,
+                bytes.len()
+            )));
+        };
+        let r = RemoteMr {
+            addr: u64::from_be_bytes(b[..8].try_into().expect("8 bytes")),
+            len: u64::from_be_bytes(b[8..16].try_into().expect("8 bytes")),
+            rkey: u32::from_be_bytes(b[16..].try_into().expect("4 bytes")),
+        };
+        if r.addr.checked_add(r.len).is_none() {
+            return Err(Error::invalid("the remote range overflows"));
+        }
+        Ok(r)
+    }
+
+    /// A sub-range (offsets from `addr`).
+    ///
+    /// Fails with `EINVAL` when `range` is not inside the region.
+    pub fn slice(&self, range: impl RangeBounds<u64>) -> Result<RemoteMr> {
+        let (s, e) = resolve(range, self.len, "remote region")?;
+        Ok(RemoteMr {
+            addr: self
+                .addr
+                .checked_add(s)
+                .ok_or_else(|| Error::invalid("the remote range overflows"))?,
+            len: e - s,
+            rkey: self.rkey,
+        })
+    }
+
+    /// Checks that an operation of `len` bytes fits the region (`EINVAL` otherwise).
+    pub(crate) fn check_fits(&self, len: u64, what: &str) -> Result<()> {
+        if len > self.len {
+            return Err(Error::invalid(format!(
+                "{what} of {len} bytes does not fit the {}-byte remote region",
+                self.len
+            )));
+        }
+        Ok(())
     }
 }
 

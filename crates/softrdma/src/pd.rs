@@ -70,6 +70,12 @@ impl Pd {
         Ok(())
     }
 
+    /// Whether a memory region, QP, SRQ or address handle created in the PD still exists:
+    /// what makes [`Pd::dealloc`] fail with `EBUSY`. Never fails.
+    pub fn in_use(&self) -> bool {
+        users_of(&*self.inner) != 0
+    }
+
     /// The device context the PD belongs to.
     pub fn device(&self) -> &crate::Device {
         &self.inner.shared().device

@@ -13,7 +13,7 @@ use crate::error::{DestroyError, Error, ErrorKind, Result};
 use crate::event::{AsyncElement, EventTarget, EventType};
 use crate::gid::Gid;
 use crate::hold::Hold;
-use crate::mr::{AccessFlags, KeyKind};
+use crate::mr::{AccessFlags, KeyKind, MrSlice, RemoteMr};
 use crate::pd::{Pd, PdInner};
 use crate::resources::{CountGuard, Kind, Resources};
 use crate::srq::{Srq, SrqInner};
@@ -339,6 +339,149 @@ pub struct SendWr<'a> {
     pub bind_mw: Option<crate::mw::BindMwWr<'a>>,
 }
 
+/// Typed constructors: work requests built from [`MrSlice`]s and a [`RemoteMr`], checked
+/// where the faithful fields could be swapped or overrun silently. They fill the same
+/// struct, so posting them takes the same path as any other request (no allocation).
+///
+/// ```
+/// # use softrdma::*;
+/// # use std::sync::Arc;
+/// # let pid = std::process::id();
+/// # let addr = std::net::IpAddr::from([127, 77, (pid >> 8) as u8, pid as u8]);
+/// let ctx = Device::from_addr(addr).unwrap().open().unwrap();
+/// let pd = ctx.alloc_pd().unwrap();
+/// let buf = Arc::new(Buffer::new(4096));
+/// let mr = pd.reg_buffer(&buf, AccessFlags::LOCAL_WRITE.bits()).unwrap();
+/// // What the peer sent us about its region (from its Mr::remote()).
+/// let peer = RemoteMr { addr: 0x10000, len: 1024, rkey: 0x42 };
+/// let src = [mr.slice(0..512).unwrap()];
+/// let wr = SendWr::write(1, &src, peer.slice(512..).unwrap()).unwrap().signaled();
+/// assert_eq!((wr.opcode, wr.remote_addr, wr.rkey), (WrOpcode::RdmaWrite, 0x10200, 0x42));
+/// assert!(wr.send_flags.contains(SendFlags::SIGNALED));
+/// // 1024 bytes do not fit the 512 left at the peer: refused before posting.
+/// let too_long = [mr.slice(0..1024).unwrap()];
+/// assert!(SendWr::write(2, &too_long, peer.slice(512..).unwrap()).is_err());
+/// ```
+impl<'a> SendWr<'a> {
+    fn typed(wr_id: u64, local: &'a [MrSlice<'a>], opcode: WrOpcode) -> SendWr<'a> {
+        SendWr {
+            wr_id,
+            sg_list: MrSlice::as_sges(local),
+            opcode,
+            ..Default::default()
+        }
+    }
+
+    /// A SEND of the bytes of `local`, gathered in order.
+    pub fn send(wr_id: u64, local: &'a [MrSlice<'a>]) -> SendWr<'a> {
+        Self::typed(wr_id, local, WrOpcode::Send)
+    }
+
+    /// An RDMA WRITE of the bytes of `local` to the start of `remote`.
+    ///
+    /// Fails with `EINVAL` when they are longer than `remote`.
+    pub fn write(wr_id: u64, local: &'a [MrSlice<'a>], remote: RemoteMr) -> Result<SendWr<'a>> {
+        remote.check_fits(MrSlice::total(local), "an RDMA WRITE")?;
+        let mut wr = Self::typed(wr_id, local, WrOpcode::RdmaWrite);
+        wr.remote_addr = remote.addr;
+        wr.rkey = remote.rkey;
+        Ok(wr)
+    }
+
+    /// An RDMA READ of the start of `remote` into `local`, scattered in order (as many bytes
+    /// as `local` holds).
+    ///
+    /// Fails with `EINVAL` when `local` is longer than `remote`.
+    pub fn read(wr_id: u64, local: &'a [MrSlice<'a>], remote: RemoteMr) -> Result<SendWr<'a>> {
+        remote.check_fits(MrSlice::total(local), "an RDMA READ")?;
+        let mut wr = Self::typed(wr_id, local, WrOpcode::RdmaRead);
+        wr.remote_addr = remote.addr;
+        wr.rkey = remote.rkey;
+        Ok(wr)
+    }
+
+    fn atomic(
+        wr_id: u64,
+        result: &'a MrSlice<'a>,
+        remote: RemoteMr,
+        opcode: WrOpcode,
+    ) -> Result<SendWr<'a>> {
+        if result.len() != 8 {
+            return Err(Error::invalid(format!(
+                "an atomic's result slice must be 8 bytes, not {}",
+                result.len()
+            )));
+        }
+        remote.check_fits(8, "an atomic")?;
+        if remote.addr % 8 != 0 {
+            return Err(Error::invalid(format!(
+                "atomic remote address {:#x} is not 8-byte aligned",
+                remote.addr
+            )));
+        }
+        let mut wr = Self::typed(wr_id, std::slice::from_ref(result), opcode);
+        wr.remote_addr = remote.addr;
+        wr.rkey = remote.rkey;
+        Ok(wr)
+    }
+
+    /// An atomic fetch-and-add of `add` to the 8-byte word at the start of `remote`; the old
+    /// value lands in `result`.
+    ///
+    /// Fails with `EINVAL` when `result` is not 8 bytes, or `remote` is shorter than 8 bytes
+    /// or not 8-byte aligned.
+    pub fn fetch_add(
+        wr_id: u64,
+        result: &'a MrSlice<'a>,
+        remote: RemoteMr,
+        add: u64,
+    ) -> Result<SendWr<'a>> {
+        let mut wr = Self::atomic(wr_id, result, remote, WrOpcode::AtomicFetchAndAdd)?;
+        wr.compare_add = add;
+        Ok(wr)
+    }
+
+    /// An atomic compare-and-swap of the 8-byte word at the start of `remote`: `swap` is
+    /// stored if it holds `compare`; the old value lands in `result`.
+    ///
+    /// Fails like [`SendWr::fetch_add`].
+    pub fn compare_swap(
+        wr_id: u64,
+        result: &'a MrSlice<'a>,
+        remote: RemoteMr,
+        compare: u64,
+        swap: u64,
+    ) -> Result<SendWr<'a>> {
+        let mut wr = Self::atomic(wr_id, result, remote, WrOpcode::AtomicCmpAndSwp)?;
+        wr.compare_add = compare;
+        wr.swap = swap;
+        Ok(wr)
+    }
+
+    /// The same request with `flags` added.
+    pub fn flags(mut self, flags: SendFlags) -> SendWr<'a> {
+        self.send_flags |= flags;
+        self
+    }
+
+    /// The same request with [`SendFlags::SIGNALED`]: it will produce a completion.
+    pub fn signaled(self) -> SendWr<'a> {
+        self.flags(SendFlags::SIGNALED)
+    }
+
+    /// The same SEND or RDMA WRITE carrying immediate data (`*_WITH_IMM`); other opcodes are
+    /// left as they are, with `imm_data` set.
+    pub fn with_imm(mut self, imm: u32) -> SendWr<'a> {
+        self.opcode = match self.opcode {
+            WrOpcode::Send => WrOpcode::SendWithImm,
+            WrOpcode::RdmaWrite => WrOpcode::RdmaWriteWithImm,
+            o => o,
+        };
+        self.imm_data = imm;
+        self
+    }
+}
+
 /// `struct ibv_recv_wr` (without `next`).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RecvWr<'a> {
@@ -346,6 +489,16 @@ pub struct RecvWr<'a> {
     pub wr_id: u64,
     /// The memory to receive into.
     pub sg_list: &'a [Sge],
+}
+
+impl<'a> RecvWr<'a> {
+    /// A receive into `local`, scattered in order.
+    pub fn new(wr_id: u64, local: &'a [MrSlice<'a>]) -> RecvWr<'a> {
+        RecvWr {
+            wr_id,
+            sg_list: MrSlice::as_sges(local),
+        }
+    }
 }
 
 /// A post that stopped at a work request it could not take (`bad_wr`): the requests before

@@ -198,6 +198,25 @@ impl Resources {
             .cloned()
     }
 
+    /// The lkey of a region of `pd` whose iova range covers `addr..addr + len`, if any (a
+    /// walk over every region: for the rare post that names no region).
+    pub(crate) fn lkey_covering(
+        &self,
+        pd: &Arc<crate::pd::PdInner>,
+        addr: u64,
+        len: u64,
+    ) -> Option<u32> {
+        let end = addr.checked_add(len)?;
+        self.lkeys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|(_, m)| {
+                Arc::ptr_eq(m.pd.arc(), pd) && m.iova <= addr && end <= m.iova + m.length
+            })
+            .map(|(k, _)| *k)
+    }
+
     /// The region registered under `rkey`.
     pub(crate) fn mr_by_rkey(&self, rkey: u32) -> Option<Arc<MrInner>> {
         self.rkeys

@@ -501,7 +501,7 @@ fn regions_with_bound_windows_stay_registered_and_dropping_one_revokes_its_windo
     let mw2 = b.pd.alloc_mw(MwType::Type1).unwrap();
     let k2 = bind1(&b, &mw2, info(&mr2, 0, 4096, RW));
     drop(mr2);
-    b.buf.fill(0);
+    b.buf.fill(0).unwrap();
     assert_eq!(
         rdma(&a, WrOpcode::RdmaWrite, b.buf.addr(), k2, 8),
         WcStatus::RemAccessErr

@@ -151,13 +151,16 @@ fn a_dropped_recv_still_takes_a_message_whose_completion_is_discarded() {
         let t = tokio::time::timeout(Duration::from_millis(20), server.qp().recv(&smr, 0..8));
         assert!(t.await.is_err(), "nothing was sent yet");
         // The first message lands in the dropped receive; the next receive gets the second.
-        guard(client.qp().send(&cmr, 0..4)).await.unwrap();
+        assert_eq!(
+            guard(client.qp().send(&cmr, 0..4)).await.unwrap().opcode,
+            softrdma::WcOpcode::Send
+        );
         cbuf.write(0, b"two!").unwrap();
         let (r, s) = guard(async {
             tokio::join!(server.qp().recv(&smr, 8..16), client.qp().send(&cmr, 0..4))
         })
         .await;
-        s.unwrap();
+        assert_eq!(s.unwrap().opcode, softrdma::WcOpcode::Send);
         assert_eq!(r.unwrap().byte_len, 4);
         assert_eq!(&sbuf.to_vec()[..4], b"one.");
         assert_eq!(&sbuf.to_vec()[8..12], b"two!");
@@ -211,7 +214,7 @@ fn a_dropped_send_still_goes_and_the_next_send_succeeds() {
             tokio::join!(server.qp().recv(&smr, 8..16), client.qp().send(&cmr, 5..11))
         })
         .await;
-        s2.unwrap();
+        assert_eq!(s2.unwrap().opcode, softrdma::WcOpcode::Send);
         assert_eq!(r2.unwrap().byte_len, 6);
         assert_eq!(&sbuf.to_vec()[..5], b"first");
         assert_eq!(&sbuf.to_vec()[8..14], b"second");
@@ -245,7 +248,7 @@ fn next_completion_takes_requests_posted_directly_and_survives_a_drop() {
         let (wc, s) =
             guard(async { tokio::join!(rcq.next_completion(), client.qp().send(&cmr, 0..3)) })
                 .await;
-        s.unwrap();
+        assert_eq!(s.unwrap().opcode, softrdma::WcOpcode::Send);
         let wc = wc.unwrap();
         assert_eq!((wc.wr_id, wc.byte_len), (77, 3));
     });
@@ -336,7 +339,7 @@ fn a_dropped_connect_goes_on_and_a_dropped_request_rejects_its_peer() {
             tokio::join!(server.qp().recv(&smr, 0..8), client.qp().send(&cmr, 0..2))
         })
         .await;
-        s.unwrap();
+        assert_eq!(s.unwrap().opcode, softrdma::WcOpcode::Send);
         assert_eq!(r.unwrap().byte_len, 2);
         // A request taken and dropped without an answer: the peer is rejected.
         let c = tokio::spawn(connect(addr));

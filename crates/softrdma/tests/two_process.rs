@@ -195,8 +195,8 @@ fn server_process() {
             ..Default::default()
         },
     );
-    wait_one(&e.cq);
-    // Stay until the client is done reading our buffer.
+    let _ = wait_one(&e.cq); // checked for success inside
+                             // Stay until the client is done reading our buffer.
     line.clear();
     std::io::stdin().read_line(&mut line).unwrap();
 }

@@ -29,6 +29,11 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         if w.cm_owned {
             return Ok(());
         }
+        // Other handles of the PD (an id's, say) must not hide that objects still use it:
+        // rdma-core's answer is EBUSY then, not a PD freed under the C QP that names it.
+        if w.pd.in_use() {
+            return Err(libc::EBUSY);
+        }
         // SAFETY: a live boxed CPd.
         unsafe {
             objects::destroy_arc(

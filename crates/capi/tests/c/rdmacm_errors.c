@@ -237,6 +237,22 @@ int main(int argc, char **argv)
 	EXPECT_OK(rdma_destroy_id(id2));
 	EXPECT_OK(rdma_destroy_id(id));
 
+	/* rping's teardown with a PD of the application's: the PD cannot go while the id's QP
+	 * uses it (EBUSY), and can once rdma_destroy_qp took the QP (and its CQs) away, before
+	 * the id is destroyed. */
+	struct rdma_cm_id *id3 = NULL;
+	EXPECT_OK(rdma_create_id(ch, &id3, NULL, RDMA_PS_TCP));
+	struct sockaddr_in any3 = sin_of(ip, 0);
+	EXPECT_OK(rdma_bind_addr(id3, (struct sockaddr *)&any3));
+	struct ibv_pd *apd = ibv_alloc_pd(id3->verbs);
+	CHECK(apd != NULL);
+	EXPECT_OK(rdma_create_qp(id3, apd, &qpa));
+	CHECK(id3->qp != NULL && id3->qp->pd == apd && id3->pd == apd);
+	CHECK(ibv_dealloc_pd(apd) == EBUSY);
+	rdma_destroy_qp(id3);
+	CHECK(ibv_dealloc_pd(apd) == 0);
+	EXPECT_OK(rdma_destroy_id(id3));
+
 	/* Connect to a port nobody listens on: REJECTED with reason 8. */
 	EXPECT_OK(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP));
 	EXPECT_ERR(rdma_resolve_addr(id, NULL, NULL, 100), EINVAL);

@@ -383,8 +383,10 @@ impl Pingpong {
     fn new(dev: &Device, o: &Opts) -> Result<Pingpong, String> {
         // UD: a GRH's room in front of the message.
         let grh = if o.kind == Kind::Ud { GRH_LEN } else { 0 };
-        let buf = Arc::new(Buffer::new((o.size + grh).max(1)));
-        buf.fill(0x7b);
+        let mut buf = Buffer::new((o.size + grh).max(1));
+        // Not registered yet: the bytes can be written in place.
+        buf.as_mut_slice().fill(0x7b);
+        let buf = Arc::new(buf);
         let ctx = dev
             .open()
             .map_err(|e| format!("cannot open {}: {e}", dev.name()))?;

@@ -33,8 +33,7 @@ pub(super) fn run(o: &Opts) -> Result<(), String> {
         ));
     }
     let dev = pick_device(o)?;
-    let buf = Arc::new(Buffer::new(o.size));
-    buf.fill(0);
+    let buf = Arc::new(Buffer::new(o.size)); // zeroed
     let ctx = dev
         .open()
         .map_err(|e| format!("cannot open {}: {e}", dev.name()))?;

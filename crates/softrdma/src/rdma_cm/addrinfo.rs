@@ -38,6 +38,17 @@ pub const EAI_ADDRFAMILY: i32 = -9;
 
 /// One entry of the list [`getaddrinfo`] returns (`struct rdma_addrinfo`);
 /// `rdma_freeaddrinfo` is dropping it.
+///
+/// ```
+/// use softrdma::rdma_cm::{getaddrinfo, AddrInfoHints, PortSpace, RAI_PASSIVE};
+/// use softrdma::QpType;
+/// let hints = AddrInfoHints { ai_flags: RAI_PASSIVE, ..Default::default() };
+/// let res = getaddrinfo(Some("127.77.0.1"), Some("7471"), Some(&hints)).unwrap();
+/// let ai = &res[0];
+/// assert_eq!(ai.ai_src_addr, Some("127.77.0.1:7471".parse().unwrap()));
+/// assert_eq!((ai.ai_qp_type, ai.ai_port_space), (QpType::Rc, PortSpace::Tcp));
+/// assert_eq!(ai.ai_dst_addr, None); // passive
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AddrInfo {
     /// `RAI_PASSIVE` for a passive result, else 0 (or the hints' flags when only hints
@@ -69,6 +80,22 @@ pub struct AddrInfo {
 
 /// The hints (the fields of `struct rdma_addrinfo` that `rdma_getaddrinfo` reads from its
 /// `hints` argument). `Default` is "no preference".
+///
+/// ```
+/// use softrdma::rdma_cm::{getaddrinfo, AddrInfoHints, PortSpace};
+/// use softrdma::QpType;
+/// // A UD endpoint: the UDP port space and a source address to report.
+/// let hints = AddrInfoHints {
+///     ai_qp_type: Some(QpType::Ud),
+///     ai_port_space: Some(PortSpace::Udp),
+///     ai_src_addr: Some("127.78.0.1:0".parse().unwrap()),
+///     ..Default::default()
+/// };
+/// let ai = &getaddrinfo(Some("127.77.0.1"), Some("7174"), Some(&hints)).unwrap()[0];
+/// assert_eq!(ai.ai_dst_addr, Some("127.77.0.1:7174".parse().unwrap()));
+/// assert_eq!(ai.ai_src_addr, hints.ai_src_addr);
+/// assert_eq!(ai.ai_qp_type, QpType::Ud);
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AddrInfoHints {
     /// `RAI_*` flags.
@@ -88,6 +115,16 @@ pub struct AddrInfoHints {
 
 /// How [`getaddrinfo`] fails: an `EAI_*` code of the resolver (`rdma_getaddrinfo` returns
 /// it), or -1 with an errno.
+///
+/// ```
+/// use softrdma::rdma_cm::{getaddrinfo, AddrInfoHints, GaiError, RAI_NUMERICHOST};
+/// let hints = AddrInfoHints { ai_flags: RAI_NUMERICHOST, ..Default::default() };
+/// let e = getaddrinfo(Some("not-a-number"), None, Some(&hints)).unwrap_err();
+/// assert_eq!(e, GaiError::Eai(libc::EAI_NONAME));
+/// assert_eq!((e.code(), e.errno()), (libc::EAI_NONAME, None));
+/// let e = getaddrinfo(None, None, None).unwrap_err(); // nothing to resolve
+/// assert_eq!((e.code(), e.errno()), (-1, Some(libc::EINVAL)));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GaiError {
     /// An `EAI_*` code (`libc::EAI_NONAME`, `libc::EAI_SERVICE`, …, [`EAI_ADDRFAMILY`]) other

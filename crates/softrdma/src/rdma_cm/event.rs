@@ -11,6 +11,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// `enum rdma_cm_event_type`, with librdmacm's numbering.
+///
+/// ```
+/// use softrdma::rdma_cm::{event_str, CmEventType};
+/// assert_eq!(CmEventType::from_u32(9), Some(CmEventType::Established));
+/// assert_eq!(CmEventType::Established as u32, 9);
+/// assert_eq!(CmEventType::Rejected.as_str(), "RDMA_CM_EVENT_REJECTED");
+/// assert_eq!(event_str(99), "UNKNOWN EVENT"); // rdma_event_str
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
 pub enum CmEventType {
@@ -116,7 +124,29 @@ pub fn event_str(n: u32) -> &'static str {
     CmEventType::from_u32(n).map_or("UNKNOWN EVENT", CmEventType::as_str)
 }
 
-/// `struct rdma_conn_param`.
+/// `struct rdma_conn_param`: what [`CmId::connect`] and [`CmId::accept`] offer.
+///
+/// **`rnr_retry_count` is 0 in `ConnParam::default()`**, as in a zeroed C struct: the QP
+/// then gives up at the first RNR NAK, so a SEND that reaches the peer before the peer has
+/// posted its receive completes with `RNR_RETRY_EXC_ERR` and the connection goes to error.
+/// Unless that is what you want, set it to 7 (retry for ever, what rping and most
+/// librdmacm programs use), and `retry_count` to 7 against packet loss. Responder resources
+/// and initiator depth of 0 forbid RDMA READ and atomics; [`super::RDMA_MAX_RESP_RES`] /
+/// [`super::RDMA_MAX_INIT_DEPTH`] ask for the device maximum.
+///
+/// ```
+/// use softrdma::rdma_cm::{ConnParam, RDMA_MAX_INIT_DEPTH, RDMA_MAX_RESP_RES};
+/// let param = ConnParam {
+///     private_data: b"hello".to_vec(), // at most 56 bytes on connect, 196 on accept
+///     responder_resources: RDMA_MAX_RESP_RES,
+///     initiator_depth: RDMA_MAX_INIT_DEPTH,
+///     retry_count: 7,
+///     rnr_retry_count: 7,
+///     ..Default::default()
+/// };
+/// assert_eq!(ConnParam::default().rnr_retry_count, 0); // the trap
+/// # drop(param);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ConnParam {
     /// Private data (connect: at most 56 bytes; accept: 196; reject: 148).
@@ -129,7 +159,8 @@ pub struct ConnParam {
     pub flow_control: bool,
     /// Transport retries (3 bits; ignored on accept).
     pub retry_count: u8,
-    /// RNR retries (3 bits; 7 = infinite).
+    /// RNR retries (3 bits; 7 = infinite). 0 (the default) fails a SEND that finds no
+    /// receive posted at once: see the type's documentation.
     pub rnr_retry_count: u8,
     /// Whether the QP uses an SRQ (only for ids without a QP).
     pub srq: bool,
@@ -138,6 +169,27 @@ pub struct ConnParam {
 }
 
 /// `struct rdma_ud_param`: what a UD id learns from SIDR or a multicast join.
+///
+/// ```
+/// use softrdma::rdma_cm::*;
+/// use softrdma::QpCap;
+/// use std::net::{IpAddr, SocketAddr};
+/// let pid = std::process::id();
+/// let (a, b) = ((pid >> 8) as u8, pid as u8);
+/// let id = CmId::create(None, 0, PortSpace::Udp)?;
+/// id.bind_addr(SocketAddr::new(IpAddr::from([127, 78, a, b]), 0))?;
+/// id.create_qp(None, &mut QpCap { max_send_wr: 4, max_recv_wr: 4, ..Default::default() })?;
+/// let group = IpAddr::from([239, 78, a, b]);
+/// id.join_multicast(group, 0)?; // blocks for MULTICAST_JOIN
+/// let ud: UdParam = id.event().unwrap().ud.unwrap();
+/// assert_eq!((ud.qp_num, ud.qkey), (MULTICAST_QPN, RDMA_UDP_QKEY));
+/// // Sends to the group go through an address handle made from the address vector.
+/// let ah = id.pd().unwrap().create_ah(&ud.ah_attr)?;
+/// # drop(ah);
+/// id.leave_multicast(group)?;
+/// id.destroy_qp();
+/// # Ok::<(), softrdma::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct UdParam {
     /// Private data from the peer (SIDR REQ or REP).
@@ -151,6 +203,19 @@ pub struct UdParam {
 }
 
 /// The contents of an event, as a synchronous id keeps its last one ([`CmId::event`]).
+///
+/// ```
+/// use softrdma::rdma_cm::{CmEventType, CmId, PortSpace};
+/// use std::net::{IpAddr, SocketAddr};
+/// let pid = std::process::id();
+/// let ip = IpAddr::from([127, 77, (pid >> 8) as u8, pid as u8]);
+/// let id = CmId::create(None, 0, PortSpace::Tcp)?;
+/// id.resolve_addr(Some(SocketAddr::new(ip, 0)), SocketAddr::new(ip, 7471), 2000)?;
+/// let info = id.event().unwrap();
+/// assert_eq!((info.event, info.status), (CmEventType::AddrResolved, 0));
+/// id.destroy();
+/// # Ok::<(), softrdma::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventInfo {
     /// What happened.
@@ -169,6 +234,24 @@ pub struct EventInfo {
 /// An event channel (`struct rdma_event_channel`): a real file descriptor that is readable
 /// while events wait; set `O_NONBLOCK` on it to make [`EventChannel::get_cm_event`] fail
 /// with `EAGAIN` instead of blocking.
+///
+/// ```
+/// use softrdma::rdma_cm::{CmEventType, CmId, EventChannel, PortSpace};
+/// use std::net::{IpAddr, SocketAddr};
+/// let pid = std::process::id();
+/// let ip = IpAddr::from([127, 77, (pid >> 8) as u8, pid as u8]);
+/// let ch = EventChannel::new()?;
+/// let id = CmId::create(Some(&ch), 42, PortSpace::Tcp)?;
+/// id.resolve_addr(Some(SocketAddr::new(ip, 0)), SocketAddr::new(ip, 7471), 2000)?;
+/// let ev = ch.get_cm_event()?; // blocks; poll ch.fd() to wait with other things
+/// assert_eq!(ev.event, CmEventType::AddrResolved);
+/// assert_eq!(ev.id.context(), 42);
+/// ev.ack();
+/// ch.set_nonblocking(true)?;
+/// assert_eq!(ch.get_cm_event().unwrap_err().errno(), libc::EAGAIN);
+/// id.destroy();
+/// # Ok::<(), softrdma::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct EventChannel {
     pub(super) inner: Arc<ChanInner>,
@@ -317,6 +400,22 @@ pub(super) struct GroupCount {
 
 /// An event (`struct rdma_cm_event`). Acknowledge every event exactly once
 /// ([`CmEvent::ack`], or by dropping it): [`CmId::destroy`] waits for the events of its id.
+///
+/// ```
+/// use softrdma::rdma_cm::{CmEventType, CmId, EventChannel, PortSpace};
+/// let ch = EventChannel::new()?;
+/// let id = CmId::create(Some(&ch), 5, PortSpace::Tcp)?;
+/// // rdma_write_cm_event: a USER event, say to wake the thread that waits on the channel.
+/// id.write_cm_event(CmEventType::User, 0, 77)?;
+/// let ev = ch.get_cm_event()?;
+/// assert_eq!((ev.event, ev.arg, ev.id.context()), (CmEventType::User, 77, 5));
+/// assert!(ev.listen_id.is_none());
+/// let info = ev.info(); // the contents without the ids, to keep after the ack
+/// ev.ack();
+/// assert_eq!(info.arg, 77);
+/// id.destroy();
+/// # Ok::<(), softrdma::Error>(())
+/// ```
 pub struct CmEvent {
     /// What happened.
     pub event: CmEventType,

@@ -4,7 +4,8 @@
 use super::{CmId, IdData, RDMA_UDP_QKEY};
 use crate::error::{Error, Result};
 use crate::{
-    AccessFlags, Ah, Buffer, Mr, RecvWr, SendFlags, SendWr, Sge, WorkCompletion, WrOpcode,
+    AccessFlags, Ah, Buffer, Mr, MrSlice, RecvWr, RemoteMr, SendFlags, SendWr, Sge, WorkCompletion,
+    WrOpcode,
 };
 use std::sync::Arc;
 
@@ -95,9 +96,14 @@ impl CmId {
 
     /// Sends `length` bytes at `addr` in `mr` (`rdma_post_send`).
     ///
-    /// Fails with `EINVAL` when the buffer is not inside `mr` or the id has no QP, and like
-    /// [`crate::Qp::post_send`]. (librdmacm allows no region with `IBV_SEND_INLINE`;
-    /// softrdma reads inline data through a region too, so pass it.)
+    /// As in librdmacm, `mr` may be `None` with [`SendFlags::INLINE`]: the data is copied at
+    /// post time and no lkey is needed. softrdma still only reads registered memory through
+    /// this safe call, so the bytes must lie in some memory region of the id's PD (found by
+    /// address); to send bytes that are registered nowhere, use [`CmId::send_inline`].
+    ///
+    /// Fails with `EINVAL` when the buffer is not inside `mr` (or, with `None`, the flags lack
+    /// INLINE or no region of the id's PD holds it) or the id has no QP, and like
+    /// [`crate::Qp::post_send`].
     pub fn post_send(
         &self,
         context: u64,
@@ -106,12 +112,30 @@ impl CmId {
         mr: Option<&Mr>,
         flags: SendFlags,
     ) -> Result<()> {
-        let Some(mr) = mr else {
-            return Err(Error::invalid(
-                "inline sends need the buffer's region on softrdma (pass the MR)",
-            ));
+        let sge = match mr {
+            Some(mr) => Self::sge(addr, length, mr)?,
+            None => {
+                if !flags.contains(SendFlags::INLINE) {
+                    return Err(Error::invalid(
+                        "a send without a memory region needs IBV_SEND_INLINE",
+                    ));
+                }
+                let pd = self.need(|s| s.pd.clone(), "QP")?;
+                let lkey = pd.lkey_covering(addr, length as u64).ok_or_else(|| {
+                    Error::invalid(format!(
+                        "{addr:#x}+{length} is in no memory region of the id's PD: \
+                         use CmId::send_inline for unregistered bytes"
+                    ))
+                })?;
+                Sge {
+                    addr,
+                    length: u32::try_from(length)
+                        .map_err(|_| Error::invalid("the send is longer than 2^32 bytes"))?,
+                    lkey,
+                }
+            }
         };
-        self.post_sendv(context, &[Self::sge(addr, length, mr)?], flags)
+        self.post_sendv(context, &[sge], flags)
     }
 
     /// Sends the gathered `sgl` (`rdma_post_sendv`).
@@ -241,6 +265,103 @@ impl CmId {
         self.post_rdma(WrOpcode::RdmaWrite, context, sgl, flags, remote_addr, rkey)
     }
 
+    /// Posts a SEND of the bytes of `src` (the typed `rdma_post_send`); `context` comes back
+    /// as the completion's wr_id.
+    ///
+    /// Fails with `EINVAL` when the id has no QP, and like [`crate::Qp::post_send`].
+    ///
+    /// ```no_run
+    /// # use softrdma::{Buffer, SendFlags, rdma_cm::CmId};
+    /// # use std::sync::Arc;
+    /// # fn f(id: &CmId) -> softrdma::Result<()> {
+    /// let buf = Arc::new(Buffer::from_slice(b"hello, peer"));
+    /// let mr = id.reg_msgs(&buf)?;
+    /// id.send(1, &mr.slice(..)?, SendFlags::SIGNALED)?;
+    /// id.get_send_comp()?.check()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn send(&self, context: u64, src: &MrSlice<'_>, flags: SendFlags) -> Result<()> {
+        self.post_sendv(context, &[src.sge()], flags)
+    }
+
+    /// Sends `data` as inline data: the bytes are copied when the request is posted, so they
+    /// need no memory region and are free again on return (`rdma_post_send` with
+    /// `IBV_SEND_INLINE` and no region). [`SendFlags::INLINE`] is added to `flags`.
+    ///
+    /// Fails with `EINVAL` when `data` is longer than the QP's `max_inline_data` (ask for it
+    /// in the capabilities of `create_qp`) or the id has no QP, and like
+    /// [`crate::Qp::post_send`].
+    pub fn send_inline(&self, context: u64, data: &[u8], flags: SendFlags) -> Result<()> {
+        let qp = self.need(|s| s.qp.clone(), "QP")?;
+        let sge = [Sge {
+            addr: data.as_ptr() as u64,
+            length: u32::try_from(data.len())
+                .map_err(|_| Error::invalid("inline data longer than 2^32 bytes"))?,
+            lkey: 0,
+        }];
+        let wr = SendWr {
+            wr_id: context,
+            sg_list: &sge,
+            opcode: WrOpcode::Send,
+            send_flags: flags | SendFlags::INLINE,
+            ..Default::default()
+        };
+        // SAFETY: the request is INLINE, so its one entry is read during the call only, and
+        // it names the bytes of `data`, readable for the whole call.
+        unsafe { qp.post_send_raw_inline(&[wr]) }.map_err(Error::from)
+    }
+
+    /// Posts a receive into `dst` (the typed `rdma_post_recv`); goes to the id's SRQ when it
+    /// has one.
+    ///
+    /// Fails like [`CmId::post_recv`].
+    pub fn recv(&self, context: u64, dst: &MrSlice<'_>) -> Result<()> {
+        self.post_recvv(context, &[dst.sge()])
+    }
+
+    /// RDMA-writes the bytes of `src` to the start of `dst`, the peer's region (the typed
+    /// `rdma_post_write`).
+    ///
+    /// Fails with `EINVAL` when `src` is longer than `dst`, and like [`CmId::post_send`].
+    ///
+    /// ```no_run
+    /// # use softrdma::{Buffer, RemoteMr, SendFlags, rdma_cm::CmId};
+    /// # use std::sync::Arc;
+    /// # fn f(id: &CmId) -> softrdma::Result<()> {
+    /// // The peer's region, from the private data of its accept.
+    /// let peer = RemoteMr::from_bytes(&id.event().unwrap().param.private_data)?;
+    /// let buf = Arc::new(Buffer::from_slice(&[7; 4096]));
+    /// let mr = id.reg_msgs(&buf)?;
+    /// id.write(1, &mr.slice(..1024)?, peer.slice(2048..)?, SendFlags::SIGNALED)?;
+    /// id.get_send_comp()?.check()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn write(
+        &self,
+        context: u64,
+        src: &MrSlice<'_>,
+        dst: RemoteMr,
+        flags: SendFlags,
+    ) -> Result<()> {
+        let wr = SendWr::write(context, std::slice::from_ref(src), dst)?.flags(flags);
+        self.post_one(wr)
+    }
+
+    /// RDMA-reads the start of `src`, the peer's region, into `dst` (as many bytes as `dst`
+    /// holds; the typed `rdma_post_read`).
+    ///
+    /// Fails with `EINVAL` when `dst` is longer than `src`, and like [`CmId::post_send`].
+    pub fn read(
+        &self,
+        context: u64,
+        dst: &MrSlice<'_>,
+        src: RemoteMr,
+        flags: SendFlags,
+    ) -> Result<()> {
+        let wr = SendWr::read(context, std::slice::from_ref(dst), src)?.flags(flags);
+        self.post_one(wr)
+    }
+
     fn get_comp(&self, send: bool) -> Result<WorkCompletion> {
         self.get_comp_until(send, None)
     }
@@ -290,6 +411,10 @@ impl CmId {
 
     /// Waits for the next send completion (`rdma_get_send_comp`), sleeping on the send CQ's
     /// channel.
+    ///
+    /// As in librdmacm, a completion that reports a failed operation is still `Ok`: check
+    /// its status, or make it an error with [`WorkCompletion::ok`]
+    /// (`id.get_send_comp()?.check()?`).
     ///
     /// Fails with `EINVAL` when `create_qp` made no send CQ for the id, and like
     /// [`crate::Cq::poll`].

@@ -17,6 +17,79 @@
 //! Synchronous ids (created with no channel) block in the calls that produce an event,
 //! keep it as [`CmId::event`], and turn an error event into the errno librdmacm reports
 //! (REJECTED → `ECONNREFUSED`, UNREACHABLE → `ETIMEDOUT`, …).
+//!
+//! # A connection, end to end
+//! A server and a client in one process, on two loopback addresses of its own, with
+//! synchronous ids: the server exposes a buffer in the private data of its accept (a
+//! [`RemoteMr`](crate::RemoteMr), 20 bytes), the client RDMA-WRITEs into it with the typed
+//! face ([`CmId::write`]), then SENDs "done".
+//!
+//! Two things newcomers trip over are shown here:
+//! - **the source address**: the route to a loopback destination starts at 127.0.0.1, so a
+//!   client that must use another device names its source address in
+//!   [`CmId::resolve_addr`] (`rdma_resolve_addr`'s `src_addr`);
+//! - **`rnr_retry_count`**: [`ConnParam::default()`] has 0, as the C struct zeroed, so a
+//!   SEND that reaches the peer before its receive is posted fails at once with
+//!   `RNR_RETRY_EXC_ERR`. Use 7 (retry for ever) unless you want that.
+//!
+//! ```
+//! use softrdma::rdma_cm::{CmId, ConnParam, PortSpace};
+//! use softrdma::{Buffer, QpCap, RemoteMr, SendFlags};
+//! use std::net::{IpAddr, SocketAddr};
+//! use std::sync::Arc;
+//! // Addresses of this process's own: 127.77.x.y serves, 127.78.x.y connects.
+//! let pid = std::process::id();
+//! let ip = |net: u8| IpAddr::from([127, net, (pid >> 8) as u8, pid as u8]);
+//! let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1,
+//!                   max_inline_data: 64 };
+//! let param = ConnParam { responder_resources: 1, initiator_depth: 1, retry_count: 7,
+//!                         rnr_retry_count: 7, ..Default::default() };
+//!
+//! // The server: a synchronous listener on an ephemeral port.
+//! let listener = CmId::create(None, 0, PortSpace::Tcp)?;
+//! listener.bind_addr(SocketAddr::new(ip(77), 0))?;
+//! listener.listen(1)?;
+//! let server_addr = listener.local_addr().unwrap();
+//! let server = std::thread::spawn({
+//!     let param = param.clone();
+//!     move || -> softrdma::Result<Vec<u8>> {
+//!         let id = listener.get_request()?; // blocks for the CONNECT_REQUEST
+//!         let mut cap = cap;
+//!         id.create_qp(None, &mut cap)?;
+//!         let target = Arc::new(Buffer::new(64));
+//!         let target_mr = id.reg_write(&target)?; // peers may WRITE it
+//!         let msg = Arc::new(Buffer::new(16));
+//!         let msg_mr = id.reg_msgs(&msg)?;
+//!         id.recv(1, &msg_mr.slice(..)?)?; // before accepting: no RNR
+//!         let private_data = target_mr.remote().to_bytes().to_vec();
+//!         id.accept(&ConnParam { private_data, ..param })?; // blocks for ESTABLISHED
+//!         let wc = id.get_recv_comp()?.ok()?; // "done", after the WRITE
+//!         assert_eq!(wc.byte_len, 4);
+//!         Ok(target.to_vec())
+//!     }
+//! });
+//!
+//! // The client.
+//! let id = CmId::create(None, 0, PortSpace::Tcp)?;
+//! id.resolve_addr(Some(SocketAddr::new(ip(78), 0)), server_addr, 2000)?;
+//! id.resolve_route(2000)?;
+//! let mut c = cap;
+//! id.create_qp(None, &mut c)?;
+//! id.connect(&param)?; // blocks for ESTABLISHED
+//! let peer = RemoteMr::from_bytes(&id.event().unwrap().param.private_data)?;
+//! let data = Arc::new(Buffer::from_slice(b"written by RDMA"));
+//! let mr = id.reg_msgs(&data)?;
+//! id.write(1, &mr.slice(..)?, peer.slice(8..)?, SendFlags::SIGNALED)?;
+//! id.get_send_comp()?.check()?; // a failed WRITE would be an Err here
+//! id.send_inline(2, b"done", SendFlags::SIGNALED)?;
+//! id.get_send_comp()?.check()?;
+//! let target = server.join().unwrap()?;
+//! assert_eq!(&target[8..23], b"written by RDMA");
+//! # Ok::<(), softrdma::Error>(())
+//! ```
+//!
+//! Port spaces are [`PortSpace`] values (`PortSpace::Tcp`, `Udp`, `Ib`, `Ipoib`), as
+//! `enum rdma_port_space`.
 
 mod addrinfo;
 mod dispatch;
@@ -44,6 +117,18 @@ use softrdma_proto::cm::{
 use softrdma_wire::cm::{RejectReason, SidrStatus, TransportServiceType};
 use softrdma_wire::cma::{self, CmaHeader, CmaHeaderRepr};
 
+/// The port space of an id chooses its QP type and how it finds its peer: TCP and IB ids
+/// connect RC QPs with REQ/REP/RTU, UDP and IPoIB ids make UD QPs and use SIDR.
+///
+/// ```
+/// use softrdma::rdma_cm::{CmId, PortSpace};
+/// use softrdma::QpType;
+/// let id = CmId::create(None, 0, PortSpace::Udp)?;
+/// assert_eq!((id.ps(), id.qp_type()), (PortSpace::Udp, QpType::Ud));
+/// assert_eq!(PortSpace::from_u16(0x0106), Some(PortSpace::Tcp)); // RDMA_PS_TCP
+/// id.destroy();
+/// # Ok::<(), softrdma::Error>(())
+/// ```
 pub use softrdma_wire::cma::PortSpace;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -116,6 +201,16 @@ pub const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
 pub const RDMA_MC_JOIN_FLAG_RESERVED: u32 = 2;
 
 /// An option of [`CmId::set_option`] (`rdma_set_option`).
+///
+/// ```
+/// use softrdma::rdma_cm::{CmId, CmOption, PortSpace};
+/// let id = CmId::create(None, 0, PortSpace::Tcp)?;
+/// id.set_option(CmOption::ReuseAddr(true))?; // before binding
+/// id.set_option(CmOption::Tos(32))?;
+/// id.set_option(CmOption::AckTimeout(14))?; // 4.096 µs × 2^14 ≈ 67 ms
+/// id.destroy();
+/// # Ok::<(), softrdma::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmOption {
     /// `RDMA_OPTION_ID_TOS`: the IP type of service of the connection (REQ traffic class).
@@ -131,7 +226,28 @@ pub enum CmOption {
     AckTimeout(u8),
 }
 
-/// `struct rdma_cm_join_mc_attr_ex`.
+/// `struct rdma_cm_join_mc_attr_ex`: what [`CmId::join_multicast_ex`] takes.
+///
+/// ```
+/// use softrdma::rdma_cm::*;
+/// use std::net::{IpAddr, SocketAddr};
+/// let pid = std::process::id();
+/// let (a, b) = ((pid >> 8) as u8, pid as u8);
+/// let id = CmId::create(None, 0, PortSpace::Udp)?;
+/// id.bind_addr(SocketAddr::new(IpAddr::from([127, 77, a, b]), 0))?;
+/// let group = IpAddr::from([239, 77, a, b]);
+/// let attr = JoinMcAttrEx {
+///     comp_mask: RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS,
+///     join_flags: RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER, // send to it, receive nothing
+///     addr: Some(group),
+/// };
+/// id.join_multicast_ex(&attr, 9)?; // a synchronous id: blocks for MULTICAST_JOIN
+/// let ev = id.event().unwrap();
+/// assert_eq!((ev.event, ev.arg), (CmEventType::MulticastJoin, 9));
+/// id.leave_multicast(group)?;
+/// id.destroy();
+/// # Ok::<(), softrdma::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct JoinMcAttrEx {
     /// Which fields are valid (`RDMA_CM_JOIN_MC_ATTR_*`).
@@ -144,6 +260,30 @@ pub struct JoinMcAttrEx {
 
 /// What `rdma_create_qp` takes (`struct ibv_qp_init_attr`, with optional CQs: a missing one
 /// is created by the connection manager with its own completion channel).
+///
+/// ```
+/// use softrdma::rdma_cm::{CmId, CmQpInitAttr, PortSpace};
+/// use softrdma::{QpCap, QpState};
+/// use std::net::{IpAddr, SocketAddr};
+/// use std::sync::Arc;
+/// let pid = std::process::id();
+/// let id = CmId::create(None, 0, PortSpace::Tcp)?;
+/// id.bind_addr(SocketAddr::new(IpAddr::from([127, 77, (pid >> 8) as u8, pid as u8]), 0))?;
+/// // One CQ of the application's for both queues (so get_send_comp cannot wait on it).
+/// let cq = Arc::new(id.verbs().unwrap().create_cq(32, 0, None, 0)?);
+/// let mut attr = CmQpInitAttr {
+///     send_cq: Some(cq.clone()),
+///     recv_cq: Some(cq),
+///     cap: QpCap { max_send_wr: 16, max_recv_wr: 16, ..Default::default() },
+///     sq_sig_all: true,
+///     ..Default::default()
+/// };
+/// let qp = id.create_qp_ex(None, &mut attr)?; // the device's default PD
+/// assert!(attr.cap.max_send_wr >= 16);
+/// assert_eq!(qp.state(), QpState::Init); // connect/accept move it on
+/// id.destroy_qp();
+/// # Ok::<(), softrdma::Error>(())
+/// ```
 #[derive(Debug, Clone, Default)]
 pub struct CmQpInitAttr {
     /// Context of the QP's asynchronous events.
@@ -328,6 +468,27 @@ impl Drop for IdInner {
 
 /// An `rdma_cm_id`: a communication endpoint of the connection manager. Handles are cheap to
 /// clone (events carry one); [`CmId::destroy`] releases the id.
+///
+/// Created on an [`EventChannel`], an id reports what happens as events there; created with
+/// none, it is synchronous: the calls that produce an event block for it and keep it as
+/// [`CmId::event`]. The [module documentation](self) connects two ids end to end.
+///
+/// ```
+/// use softrdma::rdma_cm::{CmEventType, CmId, PortSpace};
+/// use std::net::{IpAddr, SocketAddr};
+/// let pid = std::process::id();
+/// let ip = |net: u8| IpAddr::from([127, net, (pid >> 8) as u8, pid as u8]);
+/// let id = CmId::create(None, 0, PortSpace::Tcp)?;
+/// assert!(id.is_sync());
+/// // The source address picks the device (one per local IP address); without it, the
+/// // route to a loopback destination would start at 127.0.0.1.
+/// id.resolve_addr(Some(SocketAddr::new(ip(78), 0)), SocketAddr::new(ip(77), 7471), 2000)?;
+/// assert_eq!(id.event().unwrap().event, CmEventType::AddrResolved);
+/// assert_eq!(id.local_addr().unwrap().ip(), ip(78));
+/// assert_eq!(id.verbs().unwrap().device().addr(), ip(78));
+/// id.destroy();
+/// # Ok::<(), softrdma::Error>(())
+/// ```
 #[derive(Clone)]
 pub struct CmId {
     inner: Arc<IdInner>,
@@ -1278,6 +1439,11 @@ impl CmId {
     /// Destroys the id's QP (`rdma_destroy_qp`), leaving the multicast groups it is attached
     /// to, and the CQs and channels `create_qp` made for it. Handles the application still
     /// holds stay valid objects, but the id no longer uses them.
+    ///
+    /// The id lets go of the QP's PD too (unless its SRQ still uses it), so the teardown
+    /// order of librdmacm programs — destroy the QP, then the CQs, then deallocate the PD,
+    /// then destroy the id — works: once the application drops its other handles of the QP,
+    /// the `Arc<Pd>` it passed to `create_qp` is its only one again.
     pub fn destroy_qp(&self) {
         let mut s = self.inner.lock();
         if let Some(qp) = s.qp.clone() {
@@ -1289,6 +1455,9 @@ impl CmId {
             qp_to_err(&qp);
         }
         Self::clear_qp(&mut s);
+        if s.srq.is_none() {
+            s.pd = None;
+        }
     }
 
     /// Creates a shared receive queue for the id (`rdma_create_srq`): a QP created on the id
@@ -1316,7 +1485,11 @@ impl CmId {
 
     /// Releases the id's SRQ (`rdma_destroy_srq`).
     pub fn destroy_srq(&self) {
-        self.inner.lock().srq = None;
+        let mut s = self.inner.lock();
+        s.srq = None;
+        if s.qp.is_none() {
+            s.pd = None;
+        }
     }
 
     /// The QP attributes and mask the connection manager uses to move a QP to `state`
