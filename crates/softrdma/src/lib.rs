@@ -84,56 +84,41 @@
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-mod ah;
-mod capture;
-mod context;
-mod cq;
-mod device;
-mod engine;
 mod error;
-mod event;
-mod fd;
 mod gid;
-mod gsi;
-mod hold;
 pub mod log;
-pub mod mem;
-mod mr;
-mod mw;
-mod pd;
-mod qp;
+mod provider;
 pub mod rdma_cm;
-mod resources;
-mod sock;
-mod srq;
 pub mod testing;
 #[cfg(feature = "tokio")]
 pub mod tokio;
+mod verbs;
 
-pub use ah::{Ah, AhAttr, GlobalRoute};
-pub use capture::{start_capture, stop_capture};
-pub use context::{Context, NUM_COMP_VECTORS};
-pub use cq::{CompChannel, Cq, CqEvent, WcFlags, WcOpcode, WcStatus, WorkCompletion};
-pub use device::{
-    get_device_list, AtomicCap, Device, DeviceAttr, DeviceCapFlags, GidEntry, LinkLayer, NodeType,
-    PortAttr, PortCapFlags, PortState, TransportType, DEFAULT_PKEY, GID_TABLE_LEN, PORT_NUM,
-    QPF_GRH_REQUIRED,
-};
-pub use engine::{DeviceCounters, FaultConfig, PROBE_INTERVAL};
 pub use error::{DestroyError, Error, ErrorKind, Result};
-pub use event::{AsyncElement, AsyncEvent, EventType};
 pub use gid::{Gid, GidType};
-pub use gsi::GsiStats;
-pub use mem::{Buffer, BufferView};
-pub use mr::{AccessFlags, Mr, MrSlice, RemoteMr};
-pub use mw::{inc_rkey, BindMwWr, Mw, MwBind, MwBindInfo, MwType};
-pub use pd::Pd;
-pub use qp::{
-    MigState, PostError, Qp, QpAttr, QpCap, QpInitAttr, QpInitInfo, RecvWr, SendFlags, SendWr, Sge,
-    WrOpcode,
-};
+pub use provider::capture::{start_capture, stop_capture};
+pub use provider::gsi::GsiStats;
+pub use provider::{DeviceCounters, FaultConfig, PROBE_INTERVAL};
 /// The transport counters of one QP, as [`Qp::counters`] returns them (the sans-IO
 /// transport's `QpStats`: every field only grows).
 pub use softrdma_proto::transport::QpStats as QpCounters;
 pub use softrdma_proto::{Mtu, QpAttrMask, QpState, QpType};
-pub use srq::{Srq, SrqAttr, SrqAttrMask, SrqInitAttr};
+pub use verbs::ah::{Ah, AhAttr, GlobalRoute};
+pub use verbs::context::{Context, NUM_COMP_VECTORS};
+pub use verbs::cq::{CompChannel, Cq, CqEvent, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+pub use verbs::device::{
+    get_device_list, AtomicCap, Device, DeviceAttr, DeviceCapFlags, GidEntry, LinkLayer, NodeType,
+    PortAttr, PortCapFlags, PortState, TransportType, DEFAULT_PKEY, GID_TABLE_LEN, PORT_NUM,
+    QPF_GRH_REQUIRED,
+};
+pub use verbs::event::{AsyncElement, AsyncEvent, EventType};
+pub use verbs::mem;
+pub use verbs::mem::{Buffer, BufferView};
+pub use verbs::mr::{AccessFlags, Mr, MrSlice, RemoteMr};
+pub use verbs::mw::{inc_rkey, BindMwWr, Mw, MwBind, MwBindInfo, MwType};
+pub use verbs::pd::Pd;
+pub use verbs::qp::{
+    MigState, PostError, Qp, QpAttr, QpCap, QpInitAttr, QpInitInfo, RecvWr, SendFlags, SendWr, Sge,
+    WrOpcode,
+};
+pub use verbs::srq::{Srq, SrqAttr, SrqAttrMask, SrqInitAttr};

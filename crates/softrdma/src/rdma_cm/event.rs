@@ -3,7 +3,7 @@
 
 use super::{CmId, IdInner};
 use crate::error::{DestroyError, Error, Result};
-use crate::fd::EventFd;
+use crate::provider::fd::EventFd;
 use crate::AhAttr;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, RawFd};

@@ -104,8 +104,8 @@ pub(crate) use dispatch::dispatch;
 
 pub use event::{event_str, CmEvent, CmEventType, ConnParam, EventChannel, EventInfo, UdParam};
 
-use crate::engine::Engine;
 use crate::error::{Error, ErrorKind, Result};
+use crate::provider::Engine;
 use crate::{
     AccessFlags, AhAttr, CompChannel, Context, Cq, Device, Gid, Mtu, Pd, Qp, QpAttr, QpAttrMask,
     QpCap, QpInitAttr, QpState, QpType, Srq, SrqInitAttr,
@@ -718,7 +718,7 @@ fn registry() -> std::sync::MutexGuard<'static, Registry> {
 }
 
 fn random_psn() -> u32 {
-    crate::resources::random_u32() & 0xff_ffff
+    crate::verbs::resources::random_u32() & 0xff_ffff
 }
 
 fn resources(p: u8, max: u32) -> u8 {
@@ -1196,7 +1196,7 @@ impl CmId {
         let port = if port == 0 {
             let mut p = 0;
             for _ in 0..1000 {
-                let cand = 32768 + (crate::resources::random_u32() % 28000) as u16;
+                let cand = 32768 + (crate::verbs::resources::random_u32() % 28000) as u16;
                 if !clash(&t, cand) {
                     p = cand;
                     break;
@@ -1634,7 +1634,7 @@ impl CmId {
         }
         let engines: Vec<Arc<Engine>> = match &s.engine {
             Some(e) => vec![e.clone()],
-            None => crate::device::all_engines(),
+            None => crate::verbs::device::all_engines(),
         };
         {
             let t = ports().lock().unwrap_or_else(|p| p.into_inner());
@@ -2131,7 +2131,7 @@ impl CmId {
                 r.listeners.remove(&(*ip, sid));
             }
             drop(r);
-            for e in crate::device::all_engines() {
+            for e in crate::verbs::device::all_engines() {
                 if idle.contains(&e.local.ip()) {
                     e.with_cm(|gsi, _| gsi.cm.unlisten(sid));
                 }

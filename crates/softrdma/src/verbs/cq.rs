@@ -2,12 +2,12 @@
 //! `ibv_poll_cq`, `ibv_req_notify_cq`, `ibv_create_comp_channel`, `ibv_get_cq_event`,
 //! `ibv_ack_cq_events`).
 
-use crate::context::{Context, ContextInner};
 use crate::error::{DestroyError, Error, ErrorKind, Result};
-use crate::event::{AsyncElement, EventTarget, EventType};
-use crate::fd::EventFd;
-use crate::hold::{users_of, Counted, Hold};
-use crate::resources::{CountGuard, Kind, Resources};
+use crate::provider::fd::EventFd;
+use crate::verbs::context::{Context, ContextInner};
+use crate::verbs::event::{AsyncElement, EventTarget, EventType};
+use crate::verbs::hold::{users_of, Counted, Hold};
+use crate::verbs::resources::{CountGuard, Kind, Resources};
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -312,7 +312,7 @@ pub(crate) struct CqInner {
     events_acked: AtomicU64,
     async_unacked: AtomicUsize,
     /// The device engine, once known (for progress from `poll`).
-    engine: std::sync::OnceLock<Arc<crate::engine::Engine>>,
+    engine: std::sync::OnceLock<Arc<crate::provider::Engine>>,
     _count: CountGuard,
 }
 
@@ -464,7 +464,7 @@ impl Cq {
     }
 
     /// The engine of the CQ's device, once it is started.
-    fn engine(&self) -> Option<&Arc<crate::engine::Engine>> {
+    fn engine(&self) -> Option<&Arc<crate::provider::Engine>> {
         match self.inner.engine.get() {
             Some(e) => Some(e),
             None => self

@@ -5,18 +5,18 @@
 //! [`softrdma_proto::qp`]; this module checks the attribute *values* against the device, and
 //! applies a change all at once or not at all.
 
-use crate::ah::{AhAttr, AhInner};
-use crate::cq::{Cq, CqInner, WcOpcode, WcStatus, WorkCompletion};
-use crate::device::PORT_NUM;
-use crate::engine::{drive_and_send, Engine};
 use crate::error::{DestroyError, Error, ErrorKind, Result};
-use crate::event::{AsyncElement, EventTarget, EventType};
 use crate::gid::Gid;
-use crate::hold::Hold;
-use crate::mr::{AccessFlags, KeyKind, MrSlice, RemoteMr};
-use crate::pd::{Pd, PdInner};
-use crate::resources::{CountGuard, Kind, Resources};
-use crate::srq::{Srq, SrqInner};
+use crate::provider::{drive_and_send, Engine};
+use crate::verbs::ah::{AhAttr, AhInner};
+use crate::verbs::cq::{Cq, CqInner, WcOpcode, WcStatus, WorkCompletion};
+use crate::verbs::device::PORT_NUM;
+use crate::verbs::event::{AsyncElement, EventTarget, EventType};
+use crate::verbs::hold::Hold;
+use crate::verbs::mr::{AccessFlags, KeyKind, MrSlice, RemoteMr};
+use crate::verbs::pd::{Pd, PdInner};
+use crate::verbs::resources::{CountGuard, Kind, Resources};
+use crate::verbs::srq::{Srq, SrqInner};
 use softrdma_proto::transport as tp;
 use softrdma_proto::{check_modify_qp, Mtu, QpAttrMask, QpState, QpType};
 use std::collections::{HashMap, VecDeque};
@@ -336,7 +336,7 @@ pub struct SendWr<'a> {
     /// Destination Q_Key (UD).
     pub remote_qkey: u32,
     /// The window, new rkey and binding of a BIND_MW request.
-    pub bind_mw: Option<crate::mw::BindMwWr<'a>>,
+    pub bind_mw: Option<crate::verbs::mw::BindMwWr<'a>>,
 }
 
 /// Typed constructors: work requests built from [`MrSlice`]s and a [`RemoteMr`], checked
@@ -595,7 +595,7 @@ pub(crate) struct QpState_ {
     pub(crate) next_ud_dest: u64,
     pub(crate) mcast: Vec<Gid>,
     /// The last memory regions the data path used.
-    pub(crate) mrs: crate::mr::MrCache,
+    pub(crate) mrs: crate::verbs::mr::MrCache,
 }
 
 pub(crate) struct QpInner {
@@ -796,7 +796,7 @@ impl QpInner {
                     &self.send_cq
                 };
                 cq.arc().push(
-                    crate::engine::to_wc(&c, self.qp_num, self.qp_type == QpType::Ud),
+                    crate::provider::to_wc(&c, self.qp_num, self.qp_type == QpType::Ud),
                     false,
                 );
             }
@@ -992,7 +992,7 @@ impl Qp {
         let mut held_events = Vec::new();
         if matches!(next, QpState::Reset | QpState::Err) && next != cur {
             if let Some(e) = st.engine.clone() {
-                held_events = crate::engine::send_held_ack(&e, inner, &mut st);
+                held_events = crate::provider::send_held_ack(&e, inner, &mut st);
             }
         }
         if next == QpState::Reset && cur != QpState::Reset {
@@ -1202,7 +1202,7 @@ impl Qp {
         if info.mw_access_flags & AccessFlags::ZERO_BASED.bits() != 0 {
             return Err(Error::invalid("a type 1 window cannot be zero-based"));
         }
-        let rkey = crate::mw::inc_rkey(mw.rkey());
+        let rkey = crate::verbs::mw::inc_rkey(mw.rkey());
         let wr = SendWr {
             wr_id: bind.wr_id,
             opcode: WrOpcode::BindMw,
@@ -1393,7 +1393,7 @@ impl Qp {
         // A UD SEND to a multicast GID goes to the multicast QP number (IBA 10.5.2.5),
         // whatever the request names.
         let remote_qpn = match &ah {
-            Some(a) if a.attr.grh.dgid.is_multicast() => crate::resources::MULTICAST_QPN,
+            Some(a) if a.attr.grh.dgid.is_multicast() => crate::verbs::resources::MULTICAST_QPN,
             _ => wr.remote_qpn,
         };
         let op = match wr.opcode {

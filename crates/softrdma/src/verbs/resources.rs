@@ -4,11 +4,11 @@
 //! Keys and QP numbers come from the operating system's CSPRNG (`getrandom`), so that a peer
 //! cannot guess another connection's rkey or QP number from its own.
 
-use crate::device::DeviceAttr;
 use crate::error::{Error, Result};
 use crate::gid::Gid;
-use crate::mr::MrInner;
-use crate::mw::MwInner;
+use crate::verbs::device::DeviceAttr;
+use crate::verbs::mr::MrInner;
+use crate::verbs::mw::MwInner;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -67,7 +67,7 @@ pub(crate) const MULTICAST_QPN: u32 = 0xff_ffff;
 /// Holds one unit of a counted resource until dropped.
 #[derive(Debug)]
 pub(crate) struct CountGuard {
-    shared: Arc<crate::device::DeviceShared>,
+    shared: Arc<crate::verbs::device::DeviceShared>,
     kind: Kind,
 }
 
@@ -77,7 +77,7 @@ impl Drop for CountGuard {
     }
 }
 
-impl std::fmt::Debug for crate::device::DeviceShared {
+impl std::fmt::Debug for crate::verbs::device::DeviceShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceShared")
             .field("device", &self.device)
@@ -108,7 +108,7 @@ impl Resources {
 
     /// Takes one unit of `kind`, failing with `ENOMEM` when the device limit is reached.
     pub(crate) fn acquire(
-        shared: &Arc<crate::device::DeviceShared>,
+        shared: &Arc<crate::verbs::device::DeviceShared>,
         kind: Kind,
     ) -> Result<CountGuard> {
         let r = &shared.resources;
@@ -202,7 +202,7 @@ impl Resources {
     /// walk over every region: for the rare post that names no region).
     pub(crate) fn lkey_covering(
         &self,
-        pd: &Arc<crate::pd::PdInner>,
+        pd: &Arc<crate::verbs::pd::PdInner>,
         addr: u64,
         len: u64,
     ) -> Option<u32> {

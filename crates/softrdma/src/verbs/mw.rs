@@ -18,11 +18,11 @@
 //! bound.
 
 use crate::error::{DestroyError, Error, Result};
-use crate::hold::Hold;
-use crate::mr::{check_region, AccessError, AccessFlags, Mr, MrInner, MrLease};
-use crate::pd::{Pd, PdInner};
-use crate::qp::SendFlags;
-use crate::resources::{CountGuard, Kind, Resources};
+use crate::verbs::hold::Hold;
+use crate::verbs::mr::{check_region, AccessError, AccessFlags, Mr, MrInner, MrLease};
+use crate::verbs::pd::{Pd, PdInner};
+use crate::verbs::qp::SendFlags;
+use crate::verbs::resources::{CountGuard, Kind, Resources};
 use softrdma_proto::transport::{MwBind as TpBind, WcStatus};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -116,7 +116,7 @@ impl Pd {
         let shared = self.inner.shared().clone();
         let count = Resources::acquire(&shared, Kind::Mw)?;
         let pd = Hold::new(&self.inner);
-        let key = (crate::resources::random_u32() & 0xff) as u8;
+        let key = (crate::verbs::resources::random_u32() & 0xff) as u8;
         let inner = shared.resources.insert_mw(|index| {
             let rkey = (index << 8) | u32::from(key);
             Arc::new(MwInner {

@@ -40,16 +40,16 @@
 //! peer) gets no solving from then on, only the full check: a corrupted packet of a softrdma
 //! peer is never accepted. Packets that fail are counted (`icrc_errors`) and dropped.
 
-use crate::cq::WorkCompletion;
 use crate::error::Result;
-use crate::event::{AsyncElement, EventTarget, EventType};
-use crate::fd::EventFd;
-use crate::mr::{AccessError as MrAccessError, AccessFlags, KeyKind};
-use crate::pd::PdInner;
-use crate::qp::{QpInner, QpState_};
-use crate::resources::Resources;
-use crate::sock::{RxMsg, UdpSock, ROCE_PORT};
-use crate::srq::SrqInner;
+use crate::provider::fd::EventFd;
+use crate::provider::sock::{RxMsg, UdpSock, ROCE_PORT};
+use crate::verbs::cq::WorkCompletion;
+use crate::verbs::event::{AsyncElement, EventTarget, EventType};
+use crate::verbs::mr::{AccessError as MrAccessError, AccessFlags, KeyKind};
+use crate::verbs::pd::PdInner;
+use crate::verbs::qp::{QpInner, QpState_};
+use crate::verbs::resources::Resources;
+use crate::verbs::srq::SrqInner;
 use softrdma_proto::transport::{
     AccessError, AtomicOp, Completion, Env, MwBind, QpEvent, RecvRequest, RxMeta, Sge, WcStatus,
 };
@@ -60,7 +60,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
+pub(crate) mod capture;
+pub(crate) mod fd;
+pub(crate) mod gsi;
 mod mcast;
+pub(crate) mod sock;
 
 /// Room for one packet: the largest transport packet (4096-byte MTU + headers + ICRC) with
 /// headroom.
@@ -323,7 +327,7 @@ pub(crate) struct Engine {
     held_acks: Mutex<Vec<u32>>,
     any_held_acks: AtomicBool,
     /// QP 1: the connection manager's MADs.
-    pub(crate) gsi: Mutex<crate::gsi::Gsi>,
+    pub(crate) gsi: Mutex<crate::provider::gsi::Gsi>,
     /// This engine, for the connection-manager layer's ids.
     me: std::sync::OnceLock<Weak<Engine>>,
     /// Interface index of the device address (IPv6 multicast names interfaces by index).
@@ -389,9 +393,9 @@ impl Engine {
             mcast: Mutex::new(mcast::Table::default()),
             mcast_gen: AtomicU64::new(0),
             mcast_socks: std::sync::atomic::AtomicUsize::new(0),
-            gsi: Mutex::new(crate::gsi::Gsi::new(
+            gsi: Mutex::new(crate::provider::gsi::Gsi::new(
                 local.ip(),
-                crate::device::guid_for(&local.ip()),
+                crate::verbs::device::guid_for(&local.ip()),
             )),
             busy_poll: Duration::from_micros(
                 std::env::var("SOFTRDMA_BUSY_POLL_US")
@@ -501,10 +505,10 @@ impl Engine {
 
     /// Sends packets `pkt(0..count)` and counts them.
     fn account<'a>(&self, count: usize, pkt: impl Fn(usize) -> (&'a [u8], SocketAddr)) {
-        if crate::capture::active() {
+        if crate::provider::capture::active() {
             for i in 0..count {
                 let (p, dst) = pkt(i);
-                crate::capture::record(self.local, dst, p);
+                crate::provider::capture::record(self.local, dst, p);
             }
         }
         let bytes: usize = (0..count).map(|i| pkt(i).0.len()).sum();
@@ -693,12 +697,12 @@ pub(crate) fn with_tx<R>(f: impl FnOnce(&mut TxBatch) -> R) -> R {
 pub(crate) struct QpEnv<'a> {
     pub(crate) res: &'a Resources,
     pub(crate) pd: &'a Arc<PdInner>,
-    pub(crate) rq: &'a mut VecDeque<crate::qp::RecvWqe>,
+    pub(crate) rq: &'a mut VecDeque<crate::verbs::qp::RecvWqe>,
     pub(crate) srq: Option<&'a SrqInner>,
     /// SRQ limit event to raise once the QP lock is released.
     pub(crate) srq_limit_hit: bool,
     /// The QP's cache of memory regions.
-    pub(crate) mrs: &'a mut crate::mr::MrCache,
+    pub(crate) mrs: &'a mut crate::verbs::mr::MrCache,
     /// The QP's `uid` (type 2 memory windows are bound to it).
     pub(crate) qp_uid: u64,
 }
@@ -721,7 +725,7 @@ impl QpEnv<'_> {
         len: usize,
         need: AccessFlags,
         atomic: bool,
-    ) -> std::result::Result<crate::mr::MrLease, AccessError> {
+    ) -> std::result::Result<crate::verbs::mr::MrLease, AccessError> {
         let r = self
             .res
             .check_access_cached(self.mrs, key, kind, self.pd, va, len as u64, need, atomic);
@@ -912,7 +916,7 @@ impl Env for QpEnv<'_> {
 }
 
 pub(crate) fn to_wc(c: &Completion, qp_num: u32, ud: bool) -> WorkCompletion {
-    use crate::cq::WcFlags;
+    use crate::verbs::cq::WcFlags;
     let mut flags = WcFlags::empty();
     if c.imm_data.is_some() {
         flags |= WcFlags::WITH_IMM;
@@ -1054,8 +1058,8 @@ pub(crate) fn drive(
             qp.recv_cq.arc().push(
                 WorkCompletion {
                     wr_id: w.wr_id,
-                    status: crate::cq::WcStatus::WrFlushErr,
-                    opcode: crate::cq::WcOpcode::Recv,
+                    status: crate::verbs::cq::WcStatus::WrFlushErr,
+                    opcode: crate::verbs::cq::WcOpcode::Recv,
                     qp_num: qp.qp_num,
                     ..Default::default()
                 },
@@ -1164,8 +1168,8 @@ fn check_packet(
     }
     c.rx_packets.fetch_add(1, Ordering::Relaxed);
     c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
-    if crate::capture::active() && !crate::device::is_local_engine(src) {
-        crate::capture::record_ident(src, engine.local, pkt, ident);
+    if crate::provider::capture::active() && !crate::verbs::device::is_local_engine(src) {
+        crate::provider::capture::record_ident(src, engine.local, pkt, ident);
     }
     Some(view.bth().dest_qp())
 }
@@ -1576,7 +1580,7 @@ impl Engine {
 
     /// Sends what the CM wants sent, collects its events and records its next deadline
     /// (under the timer key of QP 1). Called with the GSI lock held.
-    pub(crate) fn gsi_drive(&self, g: &mut crate::gsi::Gsi, tx: &mut TxBatch) {
+    pub(crate) fn gsi_drive(&self, g: &mut crate::provider::gsi::Gsi, tx: &mut TxBatch) {
         loop {
             if tx.is_full() {
                 self.send(tx);
@@ -1592,7 +1596,10 @@ impl Engine {
 
     /// Runs `f` on the connection manager of this device, sends what it wants sent, then
     /// dispatches its events.
-    pub(crate) fn with_cm<R>(&self, f: impl FnOnce(&mut crate::gsi::Gsi, Instant) -> R) -> R {
+    pub(crate) fn with_cm<R>(
+        &self,
+        f: impl FnOnce(&mut crate::provider::gsi::Gsi, Instant) -> R,
+    ) -> R {
         let (r, evs) = {
             let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
             let r = f(&mut g, Instant::now());
@@ -1774,7 +1781,7 @@ fn progress(weak: Weak<Engine>) {
         }
         if !timeout.is_zero() {
             // About to sleep: captured packets reach the file now, not at the next traffic.
-            crate::capture::flush_idle();
+            crate::provider::capture::flush_idle();
         }
         let ts = libc::timespec {
             tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,

@@ -575,27 +575,27 @@ pub struct GidEntry {
 pub(crate) struct DeviceShared {
     pub(crate) device: Device,
     pub(crate) attr: DeviceAttr,
-    pub(crate) resources: crate::resources::Resources,
+    pub(crate) resources: crate::verbs::resources::Resources,
 }
 
 /// The engines of this process, one per address, kept for the life of the process: a device's
 /// UDP socket and progress thread are started on first use and stay, as a NIC stays, so that
 /// closing and reopening a device never races with its own socket still being closed.
-static ENGINES: OnceLock<Mutex<HashMap<IpAddr, Arc<crate::engine::Engine>>>> = OnceLock::new();
+static ENGINES: OnceLock<Mutex<HashMap<IpAddr, Arc<crate::provider::Engine>>>> = OnceLock::new();
 
 impl DeviceShared {
     /// The device engine (its UDP socket and progress thread), started on first use.
     ///
     /// Fails with `EADDRINUSE` when another process or a kernel RoCE device owns UDP port
     /// 4791 on the device's address.
-    pub(crate) fn engine(&self) -> Result<Arc<crate::engine::Engine>> {
+    pub(crate) fn engine(&self) -> Result<Arc<crate::provider::Engine>> {
         let map = ENGINES.get_or_init(|| Mutex::new(HashMap::new()));
         let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
         let addr = self.device.addr();
         if let Some(e) = map.get(&addr) {
             return Ok(e.clone());
         }
-        let started = crate::engine::Engine::start(addr, self.device.ifindex())?;
+        let started = crate::provider::Engine::start(addr, self.device.ifindex())?;
         map.insert(addr, started.clone());
         drop(map);
         crate::rdma_cm::engine_started(&started);
@@ -603,7 +603,7 @@ impl DeviceShared {
     }
 
     /// The engine if it has started.
-    pub(crate) fn engine_if_started(&self) -> Option<Arc<crate::engine::Engine>> {
+    pub(crate) fn engine_if_started(&self) -> Option<Arc<crate::provider::Engine>> {
         ENGINES
             .get()?
             .lock()
@@ -614,7 +614,7 @@ impl DeviceShared {
 }
 
 /// The engines started in this process.
-pub(crate) fn all_engines() -> Vec<Arc<crate::engine::Engine>> {
+pub(crate) fn all_engines() -> Vec<Arc<crate::provider::Engine>> {
     ENGINES.get().map_or_else(Vec::new, |m| {
         m.lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -647,7 +647,7 @@ impl DeviceShared {
         let attr = device_attr(dev);
         let s = Arc::new(DeviceShared {
             device: dev.clone(),
-            resources: crate::resources::Resources::new(&attr),
+            resources: crate::verbs::resources::Resources::new(&attr),
             attr,
         });
         map.retain(|_, w| w.strong_count() > 0);

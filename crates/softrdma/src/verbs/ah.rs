@@ -1,12 +1,12 @@
 //! Address handles (`ibv_create_ah`, `ibv_destroy_ah`) and the address vector they share with
 //! connected QPs (`struct ibv_ah_attr`).
 
-use crate::device::{Device, GID_TABLE_LEN, PORT_NUM};
 use crate::error::{DestroyError, Error, Result};
 use crate::gid::Gid;
-use crate::hold::Hold;
-use crate::pd::{Pd, PdInner};
-use crate::resources::{CountGuard, Kind, Resources};
+use crate::verbs::device::{Device, GID_TABLE_LEN, PORT_NUM};
+use crate::verbs::hold::Hold;
+use crate::verbs::pd::{Pd, PdInner};
+use crate::verbs::resources::{CountGuard, Kind, Resources};
 use std::net::IpAddr;
 use std::sync::Arc;
 

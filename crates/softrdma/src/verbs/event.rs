@@ -1,8 +1,8 @@
 //! Asynchronous events (`ibv_get_async_event`, `ibv_ack_async_event`).
 
-use crate::context::Context;
 use crate::error::Result;
-use crate::fd::EventFd;
+use crate::provider::fd::EventFd;
+use crate::verbs::context::Context;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,9 +1,9 @@
 //! Device contexts (`struct ibv_context`) and their asynchronous event queue.
 
-use crate::device::{self, Device, DeviceAttr, DeviceShared, GidEntry, PortAttr, PORT_NUM};
 use crate::error::{Error, Result};
-use crate::event::AsyncQueue;
 use crate::gid::{Gid, GidType};
+use crate::verbs::device::{self, Device, DeviceAttr, DeviceShared, GidEntry, PortAttr, PORT_NUM};
+use crate::verbs::event::AsyncQueue;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ pub(crate) struct ContextInner {
     pub(crate) users: AtomicUsize,
 }
 
-impl crate::hold::Counted for ContextInner {
+impl crate::verbs::hold::Counted for ContextInner {
     fn users(&self) -> &AtomicUsize {
         &self.users
     }

@@ -2,11 +2,11 @@
 //! every access to registered memory.
 
 use crate::error::{DestroyError, Error, Result};
-use crate::hold::Hold;
-use crate::mem::{copy_from_memory, copy_to_memory, Buffer};
-use crate::pd::{Pd, PdInner};
-use crate::qp::Sge;
-use crate::resources::{CountGuard, Kind, Resources};
+use crate::verbs::hold::Hold;
+use crate::verbs::mem::{copy_from_memory, copy_to_memory, Buffer};
+use crate::verbs::pd::{Pd, PdInner};
+use crate::verbs::qp::Sge;
+use crate::verbs::resources::{CountGuard, Kind, Resources};
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -146,7 +146,7 @@ impl Pd {
     /// buffer alive, so the device can never touch freed memory.
     ///
     /// Fails as [`Pd::reg_mr`] does (an empty buffer is `EINVAL`), and with `EBUSY` when
-    /// `access` has LOCAL_WRITE while a [`crate::mem::BufferView`] of the buffer is alive
+    /// `access` has LOCAL_WRITE while a [`crate::verbs::mem::BufferView`] of the buffer is alive
     /// (the device could then write bytes lent as a slice).
     pub fn reg_buffer(&self, buf: &Arc<Buffer>, access: u32) -> Result<Mr> {
         self.register(

@@ -27,8 +27,8 @@
 use super::{feed, rx_flow, verify_icrc, Engine, RxState, TxBatch};
 use crate::error::Result;
 use crate::gid::Gid;
-use crate::resources::MULTICAST_QPN;
-use crate::sock::{UdpSock, ROCE_PORT};
+use crate::provider::sock::{UdpSock, ROCE_PORT};
+use crate::verbs::resources::MULTICAST_QPN;
 use softrdma_wire::icrc::{IcrcPrefix, IdentSolver};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -296,8 +296,8 @@ impl Engine {
         c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
         c.mcast_rx_packets.fetch_add(1, Ordering::Relaxed);
         let group_addr = SocketAddr::new(g.ip, ROCE_PORT);
-        if crate::capture::active() && !crate::device::is_local_engine(src) {
-            crate::capture::record_ident(src, group_addr, pkt, ident);
+        if crate::provider::capture::active() && !crate::verbs::device::is_local_engine(src) {
+            crate::provider::capture::record_ident(src, group_addr, pkt, ident);
         }
         // Only UD SENDs to the multicast QP number are multicast (IBA 10.5.2.5).
         let (Some(deth), MULTICAST_QPN) = (view.deth(), view.bth().dest_qp()) else {

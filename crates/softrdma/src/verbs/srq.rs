@@ -2,11 +2,11 @@
 //! `ibv_destroy_srq`, `ibv_post_srq_recv`).
 
 use crate::error::{DestroyError, Error, Result};
-use crate::event::EventTarget;
-use crate::hold::{users_of, Counted, Hold};
-use crate::pd::{Pd, PdInner};
-use crate::qp::{check_sges, recv_wqe, PostError, RecvWqe, RecvWr};
-use crate::resources::{CountGuard, Kind, Resources};
+use crate::verbs::event::EventTarget;
+use crate::verbs::hold::{users_of, Counted, Hold};
+use crate::verbs::pd::{Pd, PdInner};
+use crate::verbs::qp::{check_sges, recv_wqe, PostError, RecvWqe, RecvWr};
+use crate::verbs::resources::{CountGuard, Kind, Resources};
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};

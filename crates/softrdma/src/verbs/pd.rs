@@ -1,10 +1,10 @@
 //! Protection domains (`ibv_alloc_pd`, `ibv_dealloc_pd`).
 
-use crate::context::{Context, ContextInner};
-use crate::device::DeviceShared;
 use crate::error::{DestroyError, Error, Result};
-use crate::hold::{users_of, Counted, Hold};
-use crate::resources::{CountGuard, Kind, Resources};
+use crate::verbs::context::{Context, ContextInner};
+use crate::verbs::device::DeviceShared;
+use crate::verbs::hold::{users_of, Counted, Hold};
+use crate::verbs::resources::{CountGuard, Kind, Resources};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 

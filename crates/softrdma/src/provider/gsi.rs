@@ -91,14 +91,14 @@ pub(crate) struct Gsi {
 
 impl Gsi {
     pub(crate) fn new(local: IpAddr, guid: u64) -> Gsi {
-        let seed = (u64::from(crate::resources::random_u32()) << 32)
-            | u64::from(crate::resources::random_u32());
+        let seed = (u64::from(crate::verbs::resources::random_u32()) << 32)
+            | u64::from(crate::verbs::resources::random_u32());
         let mut cfg = CmConfig::new(local, guid, seed);
         (cfg.max_connections, cfg.max_pending_reqs) = limits_from(|k| std::env::var(k).ok());
         Gsi {
             cm: Cm::new(cfg),
             keep_unhandled: false,
-            psn: crate::resources::random_u32() & 0xff_ffff,
+            psn: crate::verbs::resources::random_u32() & 0xff_ffff,
             events: VecDeque::new(),
             counters: GsiCounters::default(),
         }
@@ -194,7 +194,7 @@ impl Gsi {
 
 #[cfg(test)]
 mod tests {
-    use crate::engine::Engine;
+    use crate::provider::Engine;
     use crate::Device;
     use softrdma_proto::cm::{AcceptParams, CmEvent, ConnectRequest};
     use softrdma_wire::cm::{RejectReason, TransportServiceType};
