@@ -6,10 +6,14 @@
 //! runs its timers, and queues its events for the connection-manager layer, which takes them
 //! with [`Gsi::take_events`].
 
+use super::tx::{with_tx, TxBatch};
+use super::Engine;
 use softrdma_proto::cm::{Cm, CmConfig, CmEvent, CmStats};
 use softrdma_wire::{bth, deth, mad, opcode::Opcode, roce};
 use std::collections::VecDeque;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Weak;
 use std::time::Instant;
 
 /// The Q_Key of QP 1.
@@ -189,6 +193,127 @@ impl Gsi {
         let mut p = roce::Packet::new_unchecked(buf.get_mut(..len)?);
         repr.emit(&mut p, &m).ok()?;
         Some((len, dst))
+    }
+}
+
+// The engine's side of QP 1: receiving MADs, ICMP errors, liveness probes, and handing CM
+// events to the connection-manager layer.
+impl Engine {
+    pub(super) fn gsi_receive(&self, pkt: &[u8], src: SocketAddr, now: Instant, tx: &mut TxBatch) {
+        let evs = {
+            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+            g.receive(now, src.ip(), pkt);
+            self.gsi_drive(&mut g, tx);
+            g.take_events()
+        };
+        self.send(tx);
+        self.dispatch(evs);
+    }
+
+    /// Reads the socket's ICMP errors ([`UdpSock::take_icmp_errors`]) and counts them; a
+    /// port unreachable from a peer's RoCEv2 port ends the CM requests waiting for that peer
+    /// at once (`RDMA_CM_EVENT_UNREACHABLE` with status `-ECONNREFUSED`) instead of after
+    /// every retry. Returns the number of errors read.
+    pub(super) fn icmp_errors(&self, tx: &mut TxBatch) -> usize {
+        let mut errs = Vec::new();
+        self.sock.take_icmp_errors(&mut errs);
+        if errs.is_empty() {
+            return 0;
+        }
+        self.counters
+            .icmp_errors
+            .fetch_add(errs.len() as u64, Ordering::Relaxed);
+        let mut evs = Vec::new();
+        {
+            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+            for (dst, errno) in &errs {
+                tracing::debug!(%dst, errno, "ICMP error for a sent datagram");
+                if *errno == libc::ECONNREFUSED && dst.port() == softrdma_wire::ROCE_V2_UDP_PORT {
+                    g.cm.handle_port_unreachable(Instant::now(), dst.ip());
+                }
+            }
+            self.gsi_drive(&mut g, tx);
+            evs.extend(g.take_events());
+        }
+        self.send(tx);
+        self.dispatch(evs);
+        errs.len()
+    }
+
+    /// Sends a liveness probe to every peer the CM has a connection with.
+    pub(super) fn probe_peers(&self) {
+        let peers = self
+            .gsi
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .cm
+            .connected_peers();
+        for ip in peers {
+            self.sock
+                .send_probe(SocketAddr::new(ip, softrdma_wire::ROCE_V2_UDP_PORT));
+            self.counters.probes_sent.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Hands CM events to the connection-manager layer (no lock held); the ones no id
+    /// handles go back to the queue.
+    pub(crate) fn dispatch(&self, evs: Vec<softrdma_proto::cm::CmEvent>) {
+        if evs.is_empty() {
+            return;
+        }
+        let Some(me) = self.me.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        let rest: Vec<_> = evs
+            .into_iter()
+            .filter_map(|ev| crate::rdma_cm::dispatch(&me, ev))
+            .collect();
+        if !rest.is_empty() {
+            self.gsi
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .requeue(rest);
+        }
+    }
+
+    /// Sends what the CM wants sent, collects its events and records its next deadline
+    /// (under the timer key of QP 1). Called with the GSI lock held.
+    pub(crate) fn gsi_drive(&self, g: &mut crate::provider::gsi::Gsi, tx: &mut TxBatch) {
+        loop {
+            if tx.is_full() {
+                self.send(tx);
+            }
+            let Some((len, dst)) = g.poll_transmit(tx.slot()) else {
+                break;
+            };
+            tx.commit(len, self.local.ip(), dst);
+        }
+        g.collect_events();
+        self.set_timer(softrdma_wire::mad::GSI_QPN, g.cm.poll_timeout());
+    }
+
+    /// Runs `f` on the connection manager of this device, sends what it wants sent, then
+    /// dispatches its events.
+    pub(crate) fn with_cm<R>(
+        &self,
+        f: impl FnOnce(&mut crate::provider::gsi::Gsi, Instant) -> R,
+    ) -> R {
+        let (r, evs) = {
+            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+            let r = f(&mut g, Instant::now());
+            with_tx(|tx| {
+                self.gsi_drive(&mut g, tx);
+                self.send(tx);
+            });
+            let evs = if self.me.get().is_some() {
+                g.take_events()
+            } else {
+                Vec::new()
+            };
+            (r, evs)
+        };
+        self.dispatch(evs);
+        r
     }
 }
 

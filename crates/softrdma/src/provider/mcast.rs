@@ -24,7 +24,10 @@
 //! [`crate::Qp::detach_mcast`] has returned. A group joined while the progress thread sleeps
 //! wakes it up; datagrams that arrive before it polls the new socket wait in that socket.
 
-use super::{feed, rx_flow, verify_icrc, Engine, RxState, TxBatch};
+use super::datapath::feed;
+use super::rx::{rx_flow, verify_icrc, RxState};
+use super::tx::TxBatch;
+use super::Engine;
 use crate::error::Result;
 use crate::gid::Gid;
 use crate::provider::sock::{UdpSock, ROCE_PORT};

@@ -1,0 +1,510 @@
+//! The data path of one QP: its transport's view of memory and receive queue ([`QpEnv`]),
+//! and [`drive`], which runs the transport and hands on its packets, completions and events.
+
+use super::rx::grh_for;
+use super::sock::ROCE_PORT;
+use super::tx::{with_tx, TxBatch};
+use super::{Engine, PKT_BUF};
+use crate::verbs::cq::WorkCompletion;
+use crate::verbs::event::{AsyncElement, EventTarget, EventType};
+use crate::verbs::mr::{AccessError as MrAccessError, AccessFlags, KeyKind};
+use crate::verbs::pd::PdInner;
+use crate::verbs::qp::{QpInner, QpState_};
+use crate::verbs::resources::Resources;
+use crate::verbs::srq::SrqInner;
+use softrdma_proto::transport::{
+    AccessError, AtomicOp, Completion, Env, MwBind, QpEvent, RecvRequest, RxMeta, Sge, WcStatus,
+};
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The memory and receive queue of one QP, as its transport sees them.
+pub(crate) struct QpEnv<'a> {
+    pub(crate) res: &'a Resources,
+    pub(crate) pd: &'a Arc<PdInner>,
+    pub(crate) rq: &'a mut VecDeque<crate::verbs::qp::RecvWqe>,
+    pub(crate) srq: Option<&'a SrqInner>,
+    /// SRQ limit event to raise once the QP lock is released.
+    pub(crate) srq_limit_hit: bool,
+    /// The QP's cache of memory regions.
+    pub(crate) mrs: &'a mut crate::verbs::mr::MrCache,
+    /// The QP's `uid` (type 2 memory windows are bound to it).
+    pub(crate) qp_uid: u64,
+}
+
+pub(super) fn map_err(e: MrAccessError) -> AccessError {
+    match e {
+        MrAccessError::InvalidKey | MrAccessError::WrongPd => AccessError::InvalidKey,
+        MrAccessError::OutOfBounds => AccessError::OutOfBounds,
+        MrAccessError::AccessDenied => AccessError::AccessDenied,
+        MrAccessError::Misaligned => AccessError::Misaligned,
+    }
+}
+
+impl QpEnv<'_> {
+    pub(super) fn lease(
+        &mut self,
+        key: u32,
+        kind: KeyKind,
+        va: u64,
+        len: usize,
+        need: AccessFlags,
+        atomic: bool,
+    ) -> std::result::Result<crate::verbs::mr::MrLease, AccessError> {
+        let r = self
+            .res
+            .check_access_cached(self.mrs, key, kind, self.pd, va, len as u64, need, atomic);
+        match r {
+            // Not a region's rkey: perhaps a memory window's (never cached: a window can be
+            // rebound or invalidated under the same region).
+            Err(MrAccessError::InvalidKey) if kind == KeyKind::Remote => self
+                .res
+                .check_window(key, self.pd, self.qp_uid, va, len as u64, need, atomic)
+                .map_err(map_err),
+            r => r.map_err(map_err),
+        }
+    }
+}
+
+impl Env for QpEnv<'_> {
+    fn read_local(
+        &mut self,
+        sge: &Sge,
+        offset: u32,
+        dst: &mut [u8],
+    ) -> std::result::Result<(), AccessError> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let va = sge.addr.wrapping_add(u64::from(offset));
+        let l = self.lease(
+            sge.lkey,
+            KeyKind::Local,
+            va,
+            dst.len(),
+            AccessFlags::empty(),
+            false,
+        )?;
+        l.read(0, dst);
+        Ok(())
+    }
+
+    fn write_local(
+        &mut self,
+        sge: &Sge,
+        offset: u32,
+        src: &[u8],
+    ) -> std::result::Result<(), AccessError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let va = sge.addr.wrapping_add(u64::from(offset));
+        let l = self.lease(
+            sge.lkey,
+            KeyKind::Local,
+            va,
+            src.len(),
+            AccessFlags::LOCAL_WRITE,
+            false,
+        )?;
+        l.write(0, src);
+        Ok(())
+    }
+
+    fn check_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        write: bool,
+    ) -> std::result::Result<(), AccessError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let need = if write {
+            AccessFlags::REMOTE_WRITE
+        } else {
+            AccessFlags::REMOTE_READ
+        };
+        self.lease(rkey, KeyKind::Remote, va, len as usize, need, false)
+            .map(drop)
+    }
+
+    fn write_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        src: &[u8],
+    ) -> std::result::Result<(), AccessError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let l = self.lease(
+            rkey,
+            KeyKind::Remote,
+            va,
+            src.len(),
+            AccessFlags::REMOTE_WRITE,
+            false,
+        )?;
+        l.write(0, src);
+        Ok(())
+    }
+
+    fn read_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        dst: &mut [u8],
+    ) -> std::result::Result<(), AccessError> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let l = self.lease(
+            rkey,
+            KeyKind::Remote,
+            va,
+            dst.len(),
+            AccessFlags::REMOTE_READ,
+            false,
+        )?;
+        l.read(0, dst);
+        Ok(())
+    }
+
+    fn atomic_remote(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        op: AtomicOp,
+    ) -> std::result::Result<u64, AccessError> {
+        let l = self.lease(
+            rkey,
+            KeyKind::Remote,
+            va,
+            8,
+            AccessFlags::REMOTE_ATOMIC,
+            true,
+        )?;
+        let w = l.atomic_word();
+        Ok(match op {
+            AtomicOp::CmpAndSwp { compare, swap } => {
+                match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                }
+            }
+            AtomicOp::FetchAndAdd { add } => w.fetch_add(add, Ordering::SeqCst),
+        })
+    }
+
+    fn bind_mw(&mut self, bind: &MwBind) -> std::result::Result<(), WcStatus> {
+        self.res.execute_bind(bind, self.pd, self.qp_uid)
+    }
+
+    fn local_invalidate(&mut self, rkey: u32) -> std::result::Result<(), WcStatus> {
+        self.res
+            .invalidate(rkey, self.pd, None)
+            .map_err(|()| WcStatus::LocQpOpErr)
+    }
+
+    fn remote_invalidate(&mut self, rkey: u32) -> std::result::Result<(), AccessError> {
+        self.res
+            .invalidate(rkey, self.pd, Some(self.qp_uid))
+            .map_err(|()| AccessError::InvalidKey)
+    }
+
+    fn take_recv(&mut self) -> Option<RecvRequest> {
+        // The queued request is already in the transport's form: a move, no allocation.
+        match self.srq {
+            Some(srq) => {
+                let mut st = srq.state.lock().unwrap_or_else(|p| p.into_inner());
+                let w = st.queue.pop_front();
+                if w.is_some()
+                    && st.attr.srq_limit != 0
+                    && (st.queue.len() as u32) < st.attr.srq_limit
+                {
+                    st.attr.srq_limit = 0;
+                    self.srq_limit_hit = true;
+                }
+                w
+            }
+            None => self.rq.pop_front(),
+        }
+    }
+
+    fn recv_available(&self) -> Option<u32> {
+        match self.srq {
+            Some(_) => None,
+            None => Some(self.rq.len().min(u32::MAX as usize) as u32),
+        }
+    }
+}
+
+pub(crate) fn to_wc(c: &Completion, qp_num: u32, ud: bool) -> WorkCompletion {
+    use crate::verbs::cq::WcFlags;
+    let mut flags = WcFlags::empty();
+    if c.imm_data.is_some() {
+        flags |= WcFlags::WITH_IMM;
+    }
+    if c.invalidated_rkey.is_some() {
+        flags |= WcFlags::WITH_INV;
+    }
+    if ud && c.is_recv && c.status == softrdma_proto::transport::WcStatus::Success {
+        flags |= WcFlags::GRH;
+    }
+    WorkCompletion {
+        wr_id: c.wr_id,
+        status: c.status,
+        opcode: c.opcode,
+        vendor_err: 0,
+        byte_len: c.byte_len,
+        imm_data: c.imm_data.unwrap_or(0),
+        invalidated_rkey: c.invalidated_rkey.unwrap_or(0),
+        qp_num,
+        src_qp: c.src_qp,
+        wc_flags: flags,
+        ..Default::default()
+    }
+}
+
+thread_local! {
+    /// Set while an application thread receives in [`Engine::poll_progress`]: the positive
+    /// ACKs of what it receives are held back (see [`drive`]).
+    pub(super) static HOLD_ACKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs a QP's transport until it has nothing more to say right now: transmits into `tx`
+/// (flushing full batches), delivers completions to the CQs, raises events, and records the
+/// next deadline. Called with the QP's lock held, by the posting thread or the progress
+/// thread.
+pub(crate) fn drive(
+    engine: &Engine,
+    qp: &Arc<QpInner>,
+    st: &mut QpState_,
+    now: Instant,
+    tx: &mut TxBatch,
+) -> Vec<EventType> {
+    let mut events = Vec::new();
+    let QpState_ {
+        transport,
+        rq,
+        ud_dests,
+        attr,
+        mrs,
+        ..
+    } = st;
+    let Some(t) = transport.as_mut() else {
+        return events;
+    };
+    let res = &qp.pd.shared().resources;
+    let mut env = QpEnv {
+        res,
+        pd: qp.pd.arc(),
+        rq,
+        srq: qp.srq.as_deref(),
+        srq_limit_hit: false,
+        mrs,
+        qp_uid: qp.uid,
+    };
+    let src = engine.local.ip();
+    let peer = attr.ah_attr.grh.dgid.to_ip();
+    // An application thread receiving for itself holds the ACK of what it received: the
+    // program sees the completion, and what it answers on this QP (post_send drives the QP)
+    // goes out first with the ACK right behind, in one batch: one system call and one
+    // packet less before the peer has its answer. The ACK goes at the latest when the
+    // thread next polls an empty CQ, or when the progress thread next wakes
+    // (`Engine::flush_held_acks`).
+    let hold = HOLD_ACKS.with(std::cell::Cell::get);
+    t.set_hold_acks(hold);
+    loop {
+        if tx.is_full() {
+            engine.send(tx);
+        }
+        let Some(out) = t.poll_transmit(now, tx.slot(), &mut env) else {
+            break;
+        };
+        let dst = match out.ud_dest {
+            Some(h) => match ud_dests.remove(&h) {
+                Some(ah) => {
+                    let d = ah.attr.grh.dgid.to_ip();
+                    if d.is_multicast() {
+                        engine
+                            .counters
+                            .mcast_tx_packets
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    d
+                }
+                None => continue,
+            },
+            None => peer,
+        };
+        if out.len < 4 || out.len > PKT_BUF {
+            continue;
+        }
+        tx.commit(out.len, src, dst);
+    }
+    let srq_limit_hit = env.srq_limit_hit;
+    if hold {
+        t.set_hold_acks(false);
+        if t.has_held_ack() {
+            engine.note_held_ack(qp.qp_num);
+        }
+    }
+    // The packets go out before the completions become visible: an application that reacts
+    // to a completion (say, disconnects) cannot overtake the ACK of what it received (a
+    // held ACK goes before anything else this QP sends, and before the QP leaves RTS).
+    if t.has_pending_completion() {
+        engine.send(tx);
+    }
+    while let Some(c) = t.poll_completion() {
+        let wc = to_wc(&c, qp.qp_num, qp.qp_type == softrdma_proto::QpType::Ud);
+        let cq = if c.is_recv { &qp.recv_cq } else { &qp.send_cq };
+        cq.arc().push(wc, c.solicited);
+    }
+    while let Some(e) = t.poll_event() {
+        events.push(match e {
+            // The first packet of the connection: "communication established" is the event
+            // of a QP that receives while still in RTR (the passive side of a connection
+            // before the RTU). A QP already in RTS gets no event.
+            QpEvent::CommEst if attr.qp_state != softrdma_proto::QpState::Rtr => continue,
+            QpEvent::CommEst => EventType::CommEst,
+            QpEvent::Fatal => EventType::QpFatal,
+            QpEvent::ReqErr => EventType::QpReqErr,
+            QpEvent::AccessErr => EventType::QpAccessErr,
+            QpEvent::SqDrained => EventType::SqDrained,
+        });
+    }
+    if t.is_error() && attr.qp_state != softrdma_proto::QpState::Err {
+        attr.qp_state = softrdma_proto::QpState::Err;
+        attr.cur_qp_state = softrdma_proto::QpState::Err;
+        // The transport flushed the send queue; flush our receive queue too.
+        for w in rq.drain(..) {
+            qp.recv_cq.arc().push(
+                WorkCompletion {
+                    wr_id: w.wr_id,
+                    status: crate::verbs::cq::WcStatus::WrFlushErr,
+                    opcode: crate::verbs::cq::WcOpcode::Recv,
+                    qp_num: qp.qp_num,
+                    ..Default::default()
+                },
+                false,
+            );
+        }
+    }
+    engine.set_timer(qp.qp_num, t.poll_timeout());
+    if srq_limit_hit {
+        raise_srq_limit(qp);
+    }
+    events
+}
+
+/// Hands packets from `src` to `dst` to the transport of `qp` (whose lock `st` is, checked
+/// for a transport), drives the QP, releases the lock and raises the resulting events.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn feed(
+    engine: &Engine,
+    qp: &Arc<QpInner>,
+    mut st: std::sync::MutexGuard<'_, QpState_>,
+    pkts: &[&[u8]],
+    src: SocketAddr,
+    dst: IpAddr,
+    now: Instant,
+    tx: &mut TxBatch,
+) {
+    let srq_limit_hit;
+    let events = {
+        let dst = SocketAddr::new(dst, ROCE_PORT);
+        {
+            let QpState_ {
+                transport, rq, mrs, ..
+            } = &mut *st;
+            let mut env = QpEnv {
+                res: &qp.pd.shared().resources,
+                pd: qp.pd.arc(),
+                rq,
+                srq: qp.srq.as_deref(),
+                srq_limit_hit: false,
+                mrs,
+                qp_uid: qp.uid,
+            };
+            if let Some(t) = transport.as_mut() {
+                for pkt in pkts {
+                    let meta = RxMeta {
+                        grh: grh_for(&src, &dst, pkt.len()),
+                    };
+                    t.handle_packet(now, pkt, &meta, &mut env);
+                }
+            }
+            srq_limit_hit = env.srq_limit_hit;
+        }
+        let ev = drive(engine, qp, &mut st, now, tx);
+        drop(st);
+        ev
+    };
+    if srq_limit_hit {
+        raise_srq_limit(qp);
+    }
+    for e in events {
+        qp.raise(e);
+    }
+}
+
+/// Sends the positive ACK the transport of `qp` holds back, if it holds one (with the QP's
+/// lock `st` held); returns the events to raise once the lock is released.
+pub(crate) fn send_held_ack(
+    engine: &Engine,
+    qp: &Arc<QpInner>,
+    st: &mut QpState_,
+) -> Vec<EventType> {
+    if !st.transport.as_ref().is_some_and(|t| t.has_held_ack()) {
+        return Vec::new();
+    }
+    drive_and_send(engine, qp, st)
+}
+
+/// Drives the QP (lock `st` held) from the calling thread and sends what it produced now;
+/// returns the events to raise once the lock is released.
+pub(crate) fn drive_and_send(
+    engine: &Engine,
+    qp: &Arc<QpInner>,
+    st: &mut QpState_,
+) -> Vec<EventType> {
+    with_tx(|tx| {
+        let ev = drive(engine, qp, st, Instant::now(), tx);
+        engine.send(tx);
+        ev
+    })
+}
+
+impl QpInner {
+    /// Sends the positive ACK this QP's transport holds back, if any (see [`drive`]).
+    pub(crate) fn release_held_ack(self: &Arc<Self>) {
+        let events = {
+            let mut st = self.lock();
+            match st.engine.clone() {
+                Some(e) => send_held_ack(&e, self, &mut st),
+                None => Vec::new(),
+            }
+        };
+        for e in events {
+            self.raise(e);
+        }
+    }
+}
+
+/// Raises `IBV_EVENT_SRQ_LIMIT_REACHED` for the QP's SRQ (the limit disarmed itself).
+pub(super) fn raise_srq_limit(qp: &Arc<QpInner>) {
+    if let Some(srq) = &qp.srq {
+        qp.pd.ctx.async_events.raise(
+            EventType::SrqLimitReached,
+            AsyncElement::Srq {
+                srq_context: srq.srq_context,
+            },
+            Some(srq.arc().clone() as Arc<dyn EventTarget>),
+        );
+    }
+}

@@ -1,0 +1,279 @@
+//! Progress: the device's progress thread, and progress from application threads that
+//! poll a CQ (the socket hand-off and held ACKs).
+
+use super::counters::PROBE_INTERVAL;
+use super::datapath::{drive, raise_srq_limit, QpEnv, HOLD_ACKS};
+use super::mcast;
+use super::tx::{with_tx, TxBatch};
+use super::Engine;
+use crate::verbs::qp::QpState_;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+impl Engine {
+    /// Progress from an application thread that found its CQ empty: if no other thread is
+    /// receiving, receive what is waiting now (without blocking) and process it here, so
+    /// that a polling application gets its completions without a thread hop.
+    ///
+    /// `busy` says that the CQ polled is not armed for an event: its program polls rather
+    /// than sleeps, and the progress thread leaves the socket to it (see the module notes).
+    pub(crate) fn poll_progress(&self, busy: bool) {
+        if busy && !self.handoff.is_zero() {
+            self.app_polls.fetch_add(1, Ordering::Relaxed);
+            if self.app_asleep.load(Ordering::Relaxed) {
+                self.app_asleep.store(false, Ordering::Relaxed);
+            }
+        }
+        // The program found nothing to do: the ACKs held since its last receive go now.
+        self.flush_held_acks();
+        let Ok(mut rx) = self.rx.try_lock() else {
+            return;
+        };
+        with_tx(|tx| {
+            HOLD_ACKS.with(|h| h.set(busy && !self.handoff.is_zero()));
+            self.receive_rounds(&mut rx, tx, 4);
+            if self.mcast_socks.load(Ordering::Acquire) != 0 || rx.mcast.holds_sockets() {
+                self.poll_mcast(&mut rx, tx, 4);
+            }
+            HOLD_ACKS.with(|h| h.set(false));
+        });
+    }
+
+    /// Records that the transport of QP `qpn` holds a positive ACK back.
+    pub(super) fn note_held_ack(&self, qpn: u32) {
+        let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
+        if !l.contains(&qpn) {
+            l.push(qpn);
+        }
+        self.any_held_acks.store(true, Ordering::Release);
+    }
+
+    /// Sends the ACKs that QPs hold back (costs one atomic load when there are none).
+    pub(crate) fn flush_held_acks(&self) {
+        if !self.any_held_acks.load(Ordering::Acquire) {
+            return;
+        }
+        // Taken out of the lock (releasing locks each QP, and a QP's drive notes into the
+        // list under the QP lock), then given back empty so that its room is reused: a
+        // ping-pong notes and flushes a held ACK every round trip.
+        let mut qpns = {
+            let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
+            self.any_held_acks.store(false, Ordering::Release);
+            std::mem::take(&mut *l)
+        };
+        for qpn in qpns.drain(..) {
+            if let Some(qp) = self.lookup(qpn) {
+                qp.release_held_ack();
+            }
+        }
+        let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
+        if l.is_empty() {
+            *l = qpns;
+        }
+    }
+}
+
+impl Engine {
+    /// An application thread is about to sleep rather than poll (it armed a CQ): the
+    /// progress thread takes the socket back now instead of after the hand-off period.
+    pub(crate) fn app_sleeps(&self) {
+        // With `standing_down` (stored before the progress thread reads `app_asleep`): one of
+        // the two threads sees the other's store.
+        self.app_asleep.store(true, Ordering::SeqCst);
+        if self.standing_down.load(Ordering::SeqCst) {
+            self.wake.signal();
+        }
+    }
+
+    /// Whether application threads polled (busy) since the progress thread last looked
+    /// (`seen`), and then until when it leaves the socket to them. Sets `standing_down` when
+    /// so.
+    pub(super) fn handoff_until(&self, now: Instant, seen: &mut u64) -> Option<Instant> {
+        if self.handoff.is_zero() {
+            return None;
+        }
+        let polls = self.app_polls.load(Ordering::Relaxed);
+        if polls == *seen {
+            return None;
+        }
+        *seen = polls;
+        self.standing_down.store(true, Ordering::SeqCst);
+        if self.app_asleep.load(Ordering::SeqCst) {
+            self.standing_down.store(false, Ordering::SeqCst);
+            return None;
+        }
+        Some(now + self.handoff)
+    }
+}
+
+pub(super) fn progress(weak: Weak<Engine>) {
+    let mut tx = TxBatch::new();
+    let mut last_rx = Instant::now();
+    let mut next_probe = Instant::now() + PROBE_INTERVAL;
+    // The groups polled (the receive state's snapshot, which keeps their sockets open) and
+    // its generation.
+    let mut groups = Arc::new(mcast::View::default());
+    let mut groups_gen = 0;
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(2);
+    // The application threads' busy polls counted when last looked at.
+    let mut seen_polls = 0u64;
+    loop {
+        let Some(engine) = weak.upgrade() else {
+            return;
+        };
+        // Sleep until a packet, a wake-up or the next deadline.
+        let now = Instant::now();
+        let mut next = now + Duration::from_millis(200);
+        if let Some(d) = engine
+            .timers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .min()
+        {
+            next = next.min(*d);
+        }
+        if let Some(d) = engine.release_delayed(now) {
+            next = next.min(d);
+        }
+        let handoff = engine.handoff_until(now, &mut seen_polls);
+        engine
+            .sleep_until
+            .store(engine.nanos(next), Ordering::Release);
+        if let Some(h) = handoff {
+            next = next.min(h);
+        }
+        let timeout = next.saturating_duration_since(now);
+        let gen = engine.mcast_gen.load(Ordering::Acquire);
+        if gen != groups_gen {
+            // Refreshing the receive state's snapshot too lets a closed group's socket go.
+            let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
+            groups = engine.mcast_refresh(&mut rx.mcast);
+            groups_gen = gen;
+        }
+        let pollfd = |fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        fds.clear();
+        // (poll(2) ignores a negative descriptor: the socket is left to application threads.)
+        fds.push(pollfd(if handoff.is_some() {
+            -1
+        } else {
+            engine.sock.raw()
+        }));
+        fds.push(pollfd(std::os::fd::AsRawFd::as_raw_fd(&engine.wake)));
+        fds.extend(groups.groups.iter().map(|g| pollfd(g.sock.raw())));
+        let mut timeout = timeout;
+        if handoff.is_none()
+            && !engine.busy_poll.is_zero()
+            && now.duration_since(last_rx) < engine.busy_poll
+        {
+            timeout = Duration::ZERO;
+        }
+        if !timeout.is_zero() {
+            // About to sleep: captured packets reach the file now, not at the next traffic.
+            crate::provider::capture::flush_idle();
+        }
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: `fds` holds fds.len() valid pollfds, whose sockets `groups` keeps open; `ts`
+        // is a valid timespec; no signal mask is passed.
+        unsafe {
+            libc::ppoll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                &ts,
+                std::ptr::null(),
+            )
+        };
+        if fds[1].revents & libc::POLLIN != 0 {
+            while engine.wake.try_wait() {}
+        }
+        engine.sleep_until.store(0, Ordering::Release);
+        engine.standing_down.store(false, Ordering::SeqCst);
+        // ACKs an application thread held and has not sent since (it stopped polling).
+        engine.flush_held_acks();
+        // Receive everything waiting, in batches (unless an application thread is at it).
+        if fds[0].revents & libc::POLLERR != 0 {
+            // ICMP errors wait in the socket's error queue (IP_RECVERR); it stays POLLERR
+            // until they are read.
+            engine.icmp_errors(&mut tx);
+        }
+        if fds[0].revents & libc::POLLIN != 0 {
+            let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
+            if engine.receive_rounds(&mut rx, &mut tx, 64) > 0 {
+                last_rx = Instant::now();
+            }
+        }
+        if fds[2..].iter().any(|fd| fd.revents & libc::POLLIN != 0) {
+            let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
+            if engine.poll_mcast(&mut rx, &mut tx, 64) > 0 {
+                last_rx = Instant::now();
+            }
+        }
+        // Liveness probes to connected peers (a dead peer's kernel answers ICMP).
+        let now = Instant::now();
+        if now >= next_probe {
+            next_probe = now + PROBE_INTERVAL;
+            engine.probe_peers();
+        }
+        // Timers.
+        let due: Vec<u32> = {
+            let t = engine.timers.lock().unwrap_or_else(|p| p.into_inner());
+            t.iter()
+                .filter(|(_, d)| **d <= now)
+                .map(|(q, _)| *q)
+                .collect()
+        };
+        for qpn in due {
+            if qpn == softrdma_wire::mad::GSI_QPN {
+                let evs = {
+                    let mut g = engine.gsi.lock().unwrap_or_else(|p| p.into_inner());
+                    g.cm.handle_timeout(now);
+                    engine.gsi_drive(&mut g, &mut tx);
+                    g.take_events()
+                };
+                engine.send(&mut tx);
+                engine.dispatch(evs);
+                continue;
+            }
+            let Some(qp) = engine.lookup(qpn) else {
+                engine.set_timer(qpn, None);
+                continue;
+            };
+            let events = {
+                let mut st = qp.lock();
+                {
+                    let QpState_ {
+                        transport, rq, mrs, ..
+                    } = &mut *st;
+                    let mut env = QpEnv {
+                        res: &qp.pd.shared().resources,
+                        pd: qp.pd.arc(),
+                        rq,
+                        srq: qp.srq.as_deref(),
+                        srq_limit_hit: false,
+                        mrs,
+                        qp_uid: qp.uid,
+                    };
+                    if let Some(t) = transport.as_mut() {
+                        t.handle_timeout(now, &mut env);
+                    }
+                    if env.srq_limit_hit {
+                        raise_srq_limit(&qp);
+                    }
+                }
+                drive(&engine, &qp, &mut st, now, &mut tx)
+            };
+            for e in events {
+                qp.raise(e);
+            }
+        }
+        engine.send(&mut tx);
+    }
+}

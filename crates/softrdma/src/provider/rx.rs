@@ -1,0 +1,340 @@
+//! The receive side: datagrams from the socket, their ICRC checks, and delivery of runs of
+//! packets to their QPs.
+
+use super::counters::Counters;
+use super::datapath::feed;
+use super::mcast;
+use super::sock::{RxMsg, ROCE_PORT};
+use super::tx::TxBatch;
+use super::{Engine, BATCH};
+use softrdma_wire::icrc::{IcrcPrefix, IdentSolver};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+pub(super) fn grh_for(src: &SocketAddr, dst: &SocketAddr, payload_len: usize) -> [u8; 40] {
+    let mut g = [0u8; 40];
+    match (src.ip(), dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let h = &mut g[20..];
+            h[0] = 0x45;
+            let total = (20 + 8 + payload_len) as u16;
+            h[2..4].copy_from_slice(&total.to_be_bytes());
+            h[6] = 0x40;
+            h[8] = 64;
+            h[9] = 17;
+            h[12..16].copy_from_slice(&s.octets());
+            h[16..20].copy_from_slice(&d.octets());
+            let mut sum: u32 = 0;
+            for i in (0..20).step_by(2) {
+                sum += u32::from(u16::from_be_bytes([h[i], h[i + 1]]));
+            }
+            while sum > 0xffff {
+                sum = (sum & 0xffff) + (sum >> 16);
+            }
+            h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+        }
+        (s, d) => {
+            let to6 = |a: IpAddr| match a {
+                IpAddr::V4(v) => v.to_ipv6_mapped(),
+                IpAddr::V6(v) => v,
+            };
+            g[0] = 0x60;
+            g[4..6].copy_from_slice(&((8 + payload_len) as u16).to_be_bytes());
+            g[6] = 17;
+            g[7] = 64;
+            g[8..24].copy_from_slice(&to6(s).octets());
+            g[24..40].copy_from_slice(&to6(d).octets());
+        }
+    }
+    g
+}
+
+/// The ICRC flow of datagrams from `src` to `dst` port 4791.
+pub(super) fn rx_flow(src: SocketAddr, dst: IpAddr) -> IcrcPrefix {
+    match (src.ip(), dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IcrcPrefix::ipv4(s, d, src.port(), ROCE_PORT),
+        (s, d) => {
+            let to6 = |a: IpAddr| match a {
+                IpAddr::V4(v) => v.to_ipv6_mapped(),
+                IpAddr::V6(v) => v,
+            };
+            IcrcPrefix::ipv6(to6(s), to6(d), src.port(), ROCE_PORT)
+        }
+    }
+}
+
+/// Checks one received datagram (the UDP payload `pkt`, from `src`, whose ICRC flow is
+/// `prefix`): its ICRC and headers.
+/// Returns the destination QP number of a good packet; counts and drops a bad one.
+pub(super) fn check_packet(
+    engine: &Engine,
+    pkt: &[u8],
+    src: SocketAddr,
+    flow: &mut RxFlow,
+    solver: &mut IdentSolver,
+) -> Option<u32> {
+    let c = &engine.counters;
+    let prefix = &flow.prefix;
+    // A sender whose packets all verified with identification 0 (a softrdma peer) keeps the
+    // full 32-bit check: its packets are never accepted through a solved identification.
+    let solve = flow.solved_any || flow.zero_ident < ZERO_IDENT_PEER;
+    let Ok(view) = softrdma_wire::roce::Packet::new_checked(pkt) else {
+        if is_cnp(pkt) {
+            // BTH, 16 reserved bytes, ICRC: counted when the ICRC is good, then dropped.
+            let (covered, icrc) = pkt.split_at(pkt.len() - 4);
+            let icrc = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
+            if check_icrc(c, prefix, solve.then_some(solver), covered, icrc).is_some() {
+                c.cnp_received.fetch_add(1, Ordering::Relaxed);
+            }
+            return None;
+        }
+        c.malformed.fetch_add(1, Ordering::Relaxed);
+        return None;
+    };
+    let ident = check_icrc(
+        c,
+        prefix,
+        solve.then_some(solver),
+        view.icrc_covered(),
+        view.icrc(),
+    )?;
+    if ident == 0 {
+        flow.zero_ident = flow.zero_ident.saturating_add(1);
+    } else {
+        flow.solved_any = true;
+    }
+    c.rx_packets.fetch_add(1, Ordering::Relaxed);
+    c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
+    if crate::provider::capture::active() && !crate::verbs::device::is_local_engine(src) {
+        crate::provider::capture::record_ident(src, engine.local, pkt, ident);
+    }
+    Some(view.bth().dest_qp())
+}
+
+/// Verifies the ICRC of a received packet against its flow's prefix (no per-sender
+/// history: the multicast path): first as sent with
+/// IPv4 identification 0 (softrdma peers; the full 32-bit check, and all the work done when
+/// it passes), then, for IPv4, with the identification solved from the ICRC (other stacks).
+/// Returns the identification that matched; counts and returns `None` when none does.
+pub(crate) fn verify_icrc(
+    c: &Counters,
+    prefix: &IcrcPrefix,
+    solver: &mut IdentSolver,
+    view: &softrdma_wire::roce::Packet<&[u8]>,
+) -> Option<u16> {
+    check_icrc(c, prefix, Some(solver), view.icrc_covered(), view.icrc())
+}
+
+/// Packets verified with identification 0, and none through a solved one, after which a
+/// sender counts as a softrdma peer whose packets get only the full check (a corrupted
+/// packet would otherwise pass the 16-bit check of a solved identification with probability
+/// 2^-16: one in about 65,000 corrupted packets). Linux rxe varies the identification per
+/// packet, so its flows solve one long before this many zeros.
+pub(super) const ZERO_IDENT_PEER: u32 = 64;
+
+/// What the receive path keeps per sender: its ICRC prefix and how its packets verified.
+pub(crate) struct RxFlow {
+    pub(super) prefix: IcrcPrefix,
+    /// Packets verified with identification 0 (saturating).
+    pub(super) zero_ident: u32,
+    /// Whether a packet ever verified through a solved identification (another stack).
+    pub(super) solved_any: bool,
+}
+
+/// Whether a UDP payload is a RoCEv2 CNP: opcode `0x81` in a packet of exactly its size
+/// (BTH, 16 reserved bytes, ICRC).
+pub(super) fn is_cnp(pkt: &[u8]) -> bool {
+    pkt.len() == softrdma_wire::bth::HEADER_LEN + 16 + 4
+        && pkt[0] == softrdma_wire::opcode::Opcode::CNP.0
+}
+
+/// [`verify_icrc`] for the bytes the ICRC covers and the ICRC as received.
+pub(super) fn check_icrc(
+    c: &Counters,
+    prefix: &IcrcPrefix,
+    solver: Option<&mut IdentSolver>,
+    covered: &[u8],
+    icrc: u32,
+) -> Option<u16> {
+    match prefix.compute(covered) {
+        Ok(crc) if crc == icrc => Some(0),
+        Ok(crc) => match solver.and_then(|s| prefix.solve_ident(s, covered.len(), crc, icrc)) {
+            Some(ident) => {
+                c.icrc_ident_solved.fetch_add(1, Ordering::Relaxed);
+                Some(ident)
+            }
+            None => {
+                c.icrc_errors.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        },
+        Err(_) => {
+            c.icrc_errors.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+/// Hands a run of good packets, all for QP `qpn` and from `src`, to that QP's transport
+/// under one lock, then drives the QP once.
+pub(super) fn deliver(
+    engine: &Engine,
+    qpn: u32,
+    pkts: &[&[u8]],
+    src: SocketAddr,
+    now: Instant,
+    tx: &mut TxBatch,
+) {
+    let c = &engine.counters;
+    let Some(qp) = engine.lookup(qpn) else {
+        c.unknown_qp.fetch_add(pkts.len() as u64, Ordering::Relaxed);
+        return;
+    };
+    let st = qp.lock();
+    if st.transport.is_none() {
+        c.unknown_qp.fetch_add(pkts.len() as u64, Ordering::Relaxed);
+        return;
+    }
+    if matches!(
+        qp.qp_type,
+        softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
+    ) && st.attr.ah_attr.grh.dgid.to_ip() != src.ip()
+    {
+        c.wrong_source
+            .fetch_add(pkts.len() as u64, Ordering::Relaxed);
+        return;
+    }
+    feed(engine, &qp, st, pkts, src, engine.local.ip(), now, tx);
+}
+
+/// The receive side of an engine: buffers and ICRC flows, used by whichever thread receives
+/// (the progress thread, or an application thread polling a CQ), one at a time so that
+/// packets are processed in the order they arrived.
+pub(crate) struct RxState {
+    pub(super) bufs: Vec<Vec<u8>>,
+    pub(super) meta: Vec<RxMsg>,
+    pub(super) prefixes: HashMap<SocketAddr, RxFlow>,
+    /// Solves for the IPv4 identification of packets from other stacks.
+    pub(super) ident: IdentSolver,
+    /// The multicast side: group snapshot, ICRC flows, and the copy a member receives.
+    pub(super) mcast: mcast::RxMcast,
+}
+
+impl RxState {
+    pub(crate) fn new() -> RxState {
+        RxState {
+            bufs: (0..BATCH).map(|_| vec![0u8; 65536]).collect(),
+            meta: vec![RxMsg::default(); BATCH],
+            prefixes: HashMap::new(),
+            ident: IdentSolver::new(),
+            mcast: mcast::RxMcast::default(),
+        }
+    }
+}
+
+impl Engine {
+    /// The RoCEv2 packets of one received message (one datagram, or a GRO batch of
+    /// `segment`-byte datagrams) and their sender; `None` (counted as malformed when empty)
+    /// when there is nothing to process.
+    pub(crate) fn datagrams<'a>(
+        &self,
+        buf: &'a [u8],
+        m: RxMsg,
+    ) -> Option<(SocketAddr, std::slice::Chunks<'a, u8>)> {
+        let src = m.src?;
+        if m.len == 0 {
+            let c = if m.truncated {
+                &self.counters.malformed
+            } else {
+                &self.counters.probes_received
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let seg = if m.segment == 0 { m.len } else { m.segment };
+        Some((src, buf[..m.len].chunks(seg)))
+    }
+
+    /// Receives and processes what is waiting on the socket, up to `rounds` batches, with the
+    /// receive state held. Returns the number of messages received.
+    pub(super) fn receive_rounds(
+        &self,
+        rx: &mut RxState,
+        tx: &mut TxBatch,
+        rounds: usize,
+    ) -> usize {
+        let mut total = 0;
+        let RxState {
+            bufs,
+            meta,
+            prefixes,
+            ident,
+            ..
+        } = rx;
+        for _ in 0..rounds {
+            let n = match self.sock.recv_batch(bufs, meta) {
+                Ok(n) => n,
+                Err(e) => {
+                    // An ICMP error for an earlier datagram is reported here once, and its
+                    // details wait in the error queue (which keeps the socket readable
+                    // until drained): read them, then go on receiving.
+                    let icmp = self.icmp_errors(tx);
+                    if icmp == 0 {
+                        tracing::warn!(error = %e, "receive failed");
+                        0
+                    } else {
+                        continue;
+                    }
+                }
+            };
+            if n == 0 {
+                break;
+            }
+            total += n;
+            let now = Instant::now();
+            // Runs of packets for the same QP are delivered under one lock (one vector for
+            // the round, not one per message).
+            let mut run: Vec<&[u8]> = Vec::with_capacity(BATCH);
+            for i in 0..n {
+                let Some((src, pkts)) = self.datagrams(&bufs[i], meta[i]) else {
+                    continue;
+                };
+                // One flow lookup per message: the datagrams of a GRO batch share a sender.
+                let flow = prefixes.entry(src).or_insert_with(|| RxFlow {
+                    prefix: rx_flow(src, self.local.ip()),
+                    zero_ident: 0,
+                    solved_any: false,
+                });
+                run.clear();
+                let mut run_qpn = None;
+                for pkt in pkts {
+                    let Some(qpn) = check_packet(self, pkt, src, flow, ident) else {
+                        continue;
+                    };
+                    if qpn == softrdma_wire::mad::GSI_QPN {
+                        self.gsi_receive(pkt, src, now, tx);
+                        continue;
+                    }
+                    if run_qpn != Some(qpn) {
+                        if let Some(q) = run_qpn {
+                            deliver(self, q, &run, src, now, tx);
+                        }
+                        run.clear();
+                        run_qpn = Some(qpn);
+                    }
+                    run.push(pkt);
+                }
+                if let Some(q) = run_qpn {
+                    deliver(self, q, &run, src, now, tx);
+                }
+            }
+            self.send(tx);
+            if n < BATCH {
+                break;
+            }
+        }
+        total
+    }
+}

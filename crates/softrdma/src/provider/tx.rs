@@ -1,0 +1,131 @@
+//! The transmit side: batches of packets for one `sendmmsg`, with their ICRC.
+
+use super::sock::ROCE_PORT;
+use super::{Engine, BATCH, PKT_BUF};
+use softrdma_wire::icrc::IcrcPrefix;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+
+/// Packets being prepared for one `sendmmsg`, with their ICRC flows.
+pub(crate) struct TxBatch {
+    pub(super) bufs: Vec<Vec<u8>>,
+    pub(super) lens: Vec<usize>,
+    pub(super) dests: Vec<SocketAddr>,
+    pub(super) count: usize,
+    pub(super) prefixes: HashMap<(IpAddr, IpAddr), IcrcPrefix>,
+    /// The flow of the last packet committed and its prefix: nearly every packet of a batch
+    /// goes on the same flow as the one before, which then costs no hash lookup.
+    pub(super) last: Option<(IpAddr, IpAddr, IcrcPrefix)>,
+}
+
+impl TxBatch {
+    pub(crate) fn new() -> TxBatch {
+        TxBatch {
+            bufs: (0..BATCH).map(|_| vec![0u8; PKT_BUF]).collect(),
+            lens: vec![0; BATCH],
+            dests: vec![SocketAddr::from(([0, 0, 0, 0], 0)); BATCH],
+            count: 0,
+            prefixes: HashMap::new(),
+            last: None,
+        }
+    }
+
+    pub(super) fn is_full(&self) -> bool {
+        self.count == BATCH
+    }
+
+    /// The buffer of the next packet.
+    pub(super) fn slot(&mut self) -> &mut [u8] {
+        &mut self.bufs[self.count]
+    }
+
+    /// Seals the packet written in the current slot: computes its ICRC for the flow
+    /// `src → dst` (both on port 4791) and queues it.
+    pub(super) fn commit(&mut self, len: usize, src: IpAddr, dst: IpAddr) {
+        let prefix = match &self.last {
+            Some((s, d, p)) if *s == src && *d == dst => p,
+            _ => {
+                let p = self
+                    .prefixes
+                    .entry((src, dst))
+                    .or_insert_with(|| flow(src, dst))
+                    .clone();
+                &self.last.insert((src, dst, p)).2
+            }
+        };
+        let buf = &mut self.bufs[self.count];
+        if let Ok(crc) = prefix.compute(&buf[..len - 4]) {
+            buf[len - 4..len].copy_from_slice(&crc.to_le_bytes());
+        }
+        self.lens[self.count] = len;
+        self.dests[self.count] = SocketAddr::new(dst, ROCE_PORT);
+        self.count += 1;
+    }
+}
+
+pub(super) fn flow(src: IpAddr, dst: IpAddr) -> IcrcPrefix {
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IcrcPrefix::ipv4(s, d, ROCE_PORT, ROCE_PORT),
+        (IpAddr::V6(s), IpAddr::V6(d)) => IcrcPrefix::ipv6(s, d, ROCE_PORT, ROCE_PORT),
+        (s, d) => {
+            // Mixed families cannot happen: address vectors are checked against the device.
+            let s6 = match s {
+                IpAddr::V4(a) => a.to_ipv6_mapped(),
+                IpAddr::V6(a) => a,
+            };
+            let d6 = match d {
+                IpAddr::V4(a) => a.to_ipv6_mapped(),
+                IpAddr::V6(a) => a,
+            };
+            IcrcPrefix::ipv6(s6, d6, ROCE_PORT, ROCE_PORT)
+        }
+    }
+}
+
+thread_local! {
+    static TX: std::cell::RefCell<Option<TxBatch>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's transmit batch.
+pub(crate) fn with_tx<R>(f: impl FnOnce(&mut TxBatch) -> R) -> R {
+    TX.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let tx = slot.get_or_insert_with(TxBatch::new);
+        f(tx)
+    })
+}
+
+impl Engine {
+    /// Sends a batch of finished packets, through fault injection when it is on.
+    pub(crate) fn send(&self, tx: &mut TxBatch) {
+        if tx.count == 0 {
+            return;
+        }
+        if self.faults_on.load(Ordering::Acquire) {
+            self.send_with_faults(tx);
+        } else {
+            let TxBatch {
+                bufs, lens, dests, ..
+            } = &*tx;
+            self.account(tx.count, |i| (&bufs[i][..lens[i]], dests[i]));
+        }
+        tx.count = 0;
+    }
+
+    /// Sends packets `pkt(0..count)` and counts them.
+    pub(super) fn account<'a>(&self, count: usize, pkt: impl Fn(usize) -> (&'a [u8], SocketAddr)) {
+        if crate::provider::capture::active() {
+            for i in 0..count {
+                let (p, dst) = pkt(i);
+                crate::provider::capture::record(self.local, dst, p);
+            }
+        }
+        let bytes: usize = (0..count).map(|i| pkt(i).0.len()).sum();
+        let (sent, failed) = self.sock.send_batch(count, pkt);
+        let c = &self.counters;
+        c.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
+        c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        c.tx_errors.fetch_add(failed as u64, Ordering::Relaxed);
+    }
+}
