@@ -49,8 +49,9 @@ pub struct CrateRule {
 
 /// The crates of the workspace and how strictly each is held.
 ///
-/// `softrdma` is report-only until its modules are split into rooms; its order will be
-/// `rdma_cm` above `verbs` above `provider` (then list those prefixes in its layers).
+/// `softrdma` is split into rooms, `rdma_cm` above `verbs` above `provider`
+/// (docs/ARCHITECTURE.md);
+/// it stays report-only while each room still has an import circle among its own files.
 pub const RULES: &[CrateRule] = &[
     CrateRule {
         name: "softrdma-wire",
@@ -95,7 +96,13 @@ pub const RULES: &[CrateRule] = &[
         name: "softrdma",
         src: "crates/softrdma/src",
         mode: Mode::Report,
-        layers: &[],
+        layers: &[
+            ("async face", &["tokio"]),
+            ("connection manager", &["rdma_cm"]),
+            ("verbs", &["verbs"]),
+            ("provider", &["provider"]),
+            ("base", &["error", "gid", "log", "testing", ""]),
+        ],
     },
     CrateRule {
         name: "softrdma-capi",

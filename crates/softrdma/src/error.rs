@@ -34,7 +34,7 @@ pub enum ErrorKind {
     Os(i32),
     /// A work request completed with this non-success status (`EIO`); made by
     /// [`crate::WorkCompletion::ok`].
-    Completion(crate::WcStatus),
+    Completion(softrdma_proto::transport::WcStatus),
 }
 
 impl ErrorKind {
@@ -136,7 +136,7 @@ impl Error {
 
     /// The status of the failed work completion this error stands for (from
     /// [`crate::WorkCompletion::ok`]), or `None` for any other error.
-    pub fn wc_status(&self) -> Option<crate::WcStatus> {
+    pub fn wc_status(&self) -> Option<softrdma_proto::transport::WcStatus> {
         match self.kind {
             ErrorKind::Completion(s) => Some(s),
             _ => None,

@@ -1,5 +1,6 @@
 //! GIDs: 128-bit port addresses. On RoCEv2 a GID is an IP address: an IPv6 address as is, an
-//! IPv4 address in its IPv4-mapped form `::ffff:a.b.c.d`.
+//! IPv4 address in its IPv4-mapped form `::ffff:a.b.c.d` ([`ipv6_mapped`]). Also the other
+//! identifiers of a device: its node GUID ([`guid_for`]) and random numbers ([`random_u32`]).
 
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
@@ -25,11 +26,9 @@ impl Gid {
 
     /// The GID that stands for `ip` (IPv4-mapped for IPv4).
     pub fn from_ip(ip: IpAddr) -> Gid {
-        let v6 = match ip {
-            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
-            IpAddr::V6(v6) => v6,
-        };
-        Gid { raw: v6.octets() }
+        Gid {
+            raw: ipv6_mapped(ip).octets(),
+        }
     }
 
     /// The IP address the GID stands for: IPv4 for an IPv4-mapped GID, IPv6 otherwise.
@@ -98,6 +97,48 @@ pub enum GidType {
     RoceV1 = 1,
     /// `IBV_GID_TYPE_ROCE_V2`: every softrdma GID.
     RoceV2 = 2,
+}
+
+/// `ip` as an IPv6 address: IPv4 addresses in their IPv4-mapped form `::ffff:a.b.c.d` (how a
+/// GID, an IPv6 pseudo-header or a GRH carries them).
+pub(crate) fn ipv6_mapped(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    }
+}
+
+/// A node GUID derived from the address, so that a device keeps its GUID across runs:
+/// `02:53:52` ("SR", locally administered) then 40 bits of an FNV-1a hash of the address.
+pub(crate) fn guid_for(addr: &IpAddr) -> u64 {
+    let bytes = match addr {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    };
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (0x02_5352u64 << 40) | (h & 0xff_ffff_ffff)
+}
+
+/// A random u32 from the operating system's CSPRNG.
+pub(crate) fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    // The OS generator only fails if the kernel has no entropy source at all, which Linux
+    // 3.17+ never reports after boot; fall back on the hasher's per-process random keys.
+    if getrandom::fill(&mut b).is_err() {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(
+            std::time::UNIX_EPOCH
+                .elapsed()
+                .map_or(0, |d| d.as_nanos() as u64),
+        );
+        return h.finish() as u32;
+    }
+    u32::from_ne_bytes(b)
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use softrdma_wire::{bth, deth, mad, opcode::Opcode, roce};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
-use std::sync::Weak;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 /// The Q_Key of QP 1.
@@ -95,14 +95,14 @@ pub(crate) struct Gsi {
 
 impl Gsi {
     pub(crate) fn new(local: IpAddr, guid: u64) -> Gsi {
-        let seed = (u64::from(crate::verbs::resources::random_u32()) << 32)
-            | u64::from(crate::verbs::resources::random_u32());
+        let seed =
+            (u64::from(crate::gid::random_u32()) << 32) | u64::from(crate::gid::random_u32());
         let mut cfg = CmConfig::new(local, guid, seed);
         (cfg.max_connections, cfg.max_pending_reqs) = limits_from(|k| std::env::var(k).ok());
         Gsi {
             cm: Cm::new(cfg),
             keep_unhandled: false,
-            psn: crate::verbs::resources::random_u32() & 0xff_ffff,
+            psn: crate::gid::random_u32() & 0xff_ffff,
             events: VecDeque::new(),
             counters: GsiCounters::default(),
         }
@@ -196,6 +196,31 @@ impl Gsi {
     }
 }
 
+/// The entry points of the connection-manager layer above the provider ([`crate::rdma_cm`]),
+/// which registers them with [`set_cm_hook`] before it holds any id: the provider calls up
+/// only through them, never by name.
+pub(crate) struct CmHook {
+    /// Takes an event of a device's CM (called with no lock held); gives it back when no id
+    /// of that layer is behind it.
+    pub(crate) dispatch: fn(&Arc<Engine>, CmEvent) -> Option<CmEvent>,
+    /// A device engine has started (its wildcard listeners may listen on it).
+    pub(crate) engine_started: fn(&Arc<Engine>),
+}
+
+static CM_HOOK: OnceLock<CmHook> = OnceLock::new();
+
+/// Registers the connection-manager layer's entry points (the first registration stays).
+pub(crate) fn set_cm_hook(hook: CmHook) {
+    let _ = CM_HOOK.set(hook);
+}
+
+/// Tells the connection-manager layer, if one registered, that `engine` started.
+pub(super) fn engine_started(engine: &Arc<Engine>) {
+    if let Some(hook) = CM_HOOK.get() {
+        (hook.engine_started)(engine);
+    }
+}
+
 // The engine's side of QP 1: receiving MADs, ICMP errors, liveness probes, and handing CM
 // events to the connection-manager layer.
 impl Engine {
@@ -255,8 +280,8 @@ impl Engine {
         }
     }
 
-    /// Hands CM events to the connection-manager layer (no lock held); the ones no id
-    /// handles go back to the queue.
+    /// Hands CM events to the connection-manager layer through its hook (no lock held); the
+    /// ones no id handles, all of them while no layer has registered, go back to the queue.
     pub(crate) fn dispatch(&self, evs: Vec<softrdma_proto::cm::CmEvent>) {
         if evs.is_empty() {
             return;
@@ -264,10 +289,13 @@ impl Engine {
         let Some(me) = self.me.get().and_then(Weak::upgrade) else {
             return;
         };
-        let rest: Vec<_> = evs
-            .into_iter()
-            .filter_map(|ev| crate::rdma_cm::dispatch(&me, ev))
-            .collect();
+        let rest: Vec<_> = match CM_HOOK.get() {
+            Some(hook) => evs
+                .into_iter()
+                .filter_map(|ev| (hook.dispatch)(&me, ev))
+                .collect(),
+            None => evs,
+        };
         if !rest.is_empty() {
             self.gsi
                 .lock()

@@ -24,20 +24,21 @@
 //! [`crate::Qp::detach_mcast`] has returned. A group joined while the progress thread sleeps
 //! wakes it up; datagrams that arrive before it polls the new socket wait in that socket.
 
-use super::datapath::feed;
 use super::rx::{rx_flow, verify_icrc, RxState};
 use super::tx::TxBatch;
-use super::Engine;
+use super::{Engine, Via};
 use crate::error::Result;
 use crate::gid::Gid;
 use crate::provider::sock::{UdpSock, ROCE_PORT};
-use crate::verbs::resources::MULTICAST_QPN;
 use softrdma_wire::icrc::{IcrcPrefix, IdentSolver};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// The QP number that addresses a multicast group (IBA 10.5.2.5).
+pub(crate) const MULTICAST_QPN: u32 = 0xff_ffff;
 
 /// One joined group, as receivers see it.
 #[derive(Debug)]
@@ -299,7 +300,7 @@ impl Engine {
         c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
         c.mcast_rx_packets.fetch_add(1, Ordering::Relaxed);
         let group_addr = SocketAddr::new(g.ip, ROCE_PORT);
-        if crate::provider::capture::active() && !crate::verbs::device::is_local_engine(src) {
+        if crate::provider::capture::active() && !crate::provider::is_local_engine(src) {
             crate::provider::capture::record_ident(src, group_addr, pkt, ident);
         }
         // Only UD SENDs to the multicast QP number are multicast (IBA 10.5.2.5).
@@ -316,15 +317,11 @@ impl Engine {
             let Some(qp) = self.lookup(qpn) else {
                 continue;
             };
-            let st = qp.lock();
-            if st.transport.is_none() || !st.mcast.contains(&g.gid) {
-                continue;
-            }
-
             m.copy.clear();
             m.copy.extend_from_slice(pkt);
             softrdma_wire::bth::Packet::new_unchecked(&mut m.copy[..]).set_dest_qp(qpn);
-            feed(self, &qp, st, &[&m.copy[..]], src, g.ip, now, tx);
+            // (A member in RESET or just detached takes nothing.)
+            let _ = qp.receive(self, &[&m.copy[..]], src, g.ip, Via::Group(g.gid), now, tx);
         }
     }
 }

@@ -41,20 +41,19 @@
 //! peer is never accepted. Packets that fail are counted (`icrc_errors`) and dropped.
 
 use crate::error::Result;
+use crate::gid::Gid;
 use crate::provider::fd::EventFd;
 use crate::provider::sock::{UdpSock, ROCE_PORT};
-use crate::verbs::qp::QpInner;
 use faults::Faults;
 use rx::RxState;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 pub(crate) mod capture;
 mod counters;
-mod datapath;
 mod faults;
 pub(crate) mod fd;
 pub(crate) mod gsi;
@@ -66,8 +65,11 @@ mod tx;
 
 pub(crate) use counters::Counters;
 pub use counters::{DeviceCounters, PROBE_INTERVAL};
-pub(crate) use datapath::{drive_and_send, send_held_ack, to_wc};
 pub use faults::FaultConfig;
+pub(crate) use mcast::MULTICAST_QPN;
+pub(crate) use progress::holding_acks;
+pub(crate) use rx::grh_for;
+pub(crate) use tx::{with_tx, TxBatch};
 
 /// Room for one packet: the largest transport packet (4096-byte MTU + headers + ICRC) with
 /// headroom.
@@ -83,7 +85,7 @@ pub(crate) const POLL_HANDOFF: Duration = Duration::from_micros(500);
 pub(crate) struct Engine {
     sock: UdpSock,
     pub(crate) local: SocketAddr,
-    qps: RwLock<HashMap<u32, Weak<QpInner>>>,
+    qps: RwLock<HashMap<u32, Weak<dyn QpPort>>>,
     timers: Mutex<HashMap<u32, Instant>>,
     wake: EventFd,
     epoch: Instant,
@@ -135,7 +137,107 @@ impl std::fmt::Debug for Engine {
     }
 }
 
+/// A QP as the provider sees it. The verbs layer registers each QP that can receive
+/// ([`Engine::register`]) as this trait, and the provider hands it packets, timeouts and held
+/// ACKs through it: the provider never names the verbs objects.
+pub(crate) trait QpPort: Send + Sync {
+    /// Hands a run of good packets, all from `src` to `dst` and for this QP, to its transport
+    /// (under the QP's lock), drives the QP and raises the resulting events; says what
+    /// became of them.
+    #[allow(clippy::too_many_arguments)]
+    fn receive(
+        self: Arc<Self>,
+        engine: &Engine,
+        pkts: &[&[u8]],
+        src: SocketAddr,
+        dst: IpAddr,
+        via: Via,
+        now: Instant,
+        tx: &mut TxBatch,
+    ) -> Delivery;
+
+    /// The QP's deadline has passed: runs its transport's timers and drives it.
+    fn on_timeout(self: Arc<Self>, engine: &Engine, now: Instant, tx: &mut TxBatch);
+
+    /// Sends the positive ACK the QP's transport holds back, if any.
+    fn release_held_ack(self: Arc<Self>);
+}
+
+/// How a packet reached the device.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Via {
+    /// On the device socket: an RC or UC QP takes it only from its peer.
+    Unicast,
+    /// On the socket of this multicast group: the QP takes it only while attached.
+    Group(Gid),
+}
+
+/// What became of packets handed to a QP ([`QpPort::receive`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Delivery {
+    /// The transport has them.
+    Delivered,
+    /// The QP cannot take them: no transport (RESET), or not attached to the group.
+    NotReady,
+    /// An RC or UC QP, and they did not come from its peer.
+    WrongSource,
+}
+
+/// The engines of this process, one per address, kept for the life of the process: a device's
+/// UDP socket and progress thread are started on first use and stay, as a NIC stays, so that
+/// closing and reopening a device never races with its own socket still being closed.
+static ENGINES: OnceLock<Mutex<HashMap<IpAddr, Arc<Engine>>>> = OnceLock::new();
+
+/// The engines started in this process.
+pub(crate) fn all_engines() -> Vec<Arc<Engine>> {
+    ENGINES.get().map_or_else(Vec::new, |m| {
+        m.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    })
+}
+
+/// Whether `addr` is the socket of one of this process's device engines.
+pub(crate) fn is_local_engine(addr: SocketAddr) -> bool {
+    ENGINES.get().is_some_and(|m| {
+        m.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&addr.ip())
+            .is_some_and(|e| e.local == addr)
+    })
+}
+
 impl Engine {
+    /// The engine of the device at `addr` (interface `ifindex`), started on first use; a
+    /// new engine is announced to the connection-manager layer (see [`gsi::CmHook`]).
+    ///
+    /// Fails with `EADDRINUSE` when another process or a kernel RoCE device owns UDP port
+    /// 4791 on the address.
+    pub(crate) fn get_or_start(addr: IpAddr, ifindex: u32) -> Result<Arc<Engine>> {
+        let map = ENGINES.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = map.get(&addr) {
+            return Ok(e.clone());
+        }
+        let started = Engine::start(addr, ifindex)?;
+        map.insert(addr, started.clone());
+        drop(map);
+        gsi::engine_started(&started);
+        Ok(started)
+    }
+
+    /// The engine of the device at `addr` if it has started.
+    pub(crate) fn if_started(addr: IpAddr) -> Option<Arc<Engine>> {
+        ENGINES
+            .get()?
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&addr)
+            .cloned()
+    }
+
     /// Binds the device socket and starts the progress thread; `ifindex` is the interface
     /// of `addr`, used to send to and join IPv6 multicast groups.
     pub(crate) fn start(addr: IpAddr, ifindex: u32) -> Result<Arc<Engine>> {
@@ -181,7 +283,7 @@ impl Engine {
             mcast_socks: std::sync::atomic::AtomicUsize::new(0),
             gsi: Mutex::new(crate::provider::gsi::Gsi::new(
                 local.ip(),
-                crate::verbs::device::guid_for(&local.ip()),
+                crate::gid::guid_for(&local.ip()),
             )),
             busy_poll: Duration::from_micros(
                 std::env::var("SOFTRDMA_BUSY_POLL_US")
@@ -211,11 +313,12 @@ impl Engine {
         Ok(e)
     }
 
-    pub(crate) fn register(&self, qp: &Arc<QpInner>) {
+    /// Registers the QP `qpn`: packets and timeouts for it go to `qp` from now on.
+    pub(crate) fn register(&self, qpn: u32, qp: Weak<dyn QpPort>) {
         self.qps
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(qp.qp_num, Arc::downgrade(qp));
+            .insert(qpn, qp);
     }
 
     pub(crate) fn unregister(&self, qpn: u32) {
@@ -229,7 +332,7 @@ impl Engine {
             .remove(&qpn);
     }
 
-    fn lookup(&self, qpn: u32) -> Option<Arc<QpInner>> {
+    fn lookup(&self, qpn: u32) -> Option<Arc<dyn QpPort>> {
         self.qps
             .read()
             .unwrap_or_else(|p| p.into_inner())

@@ -2,14 +2,26 @@
 //! poll a CQ (the socket hand-off and held ACKs).
 
 use super::counters::PROBE_INTERVAL;
-use super::datapath::{drive, raise_srq_limit, QpEnv, HOLD_ACKS};
 use super::mcast;
 use super::tx::{with_tx, TxBatch};
 use super::Engine;
-use crate::verbs::qp::QpState_;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
+
+thread_local! {
+    /// Set while an application thread receives in [`Engine::poll_progress`]: the positive
+    /// ACKs of what it receives are held back (see [`holding_acks`]).
+    static HOLD_ACKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is an application thread receiving for itself in
+/// [`Engine::poll_progress`]: the QPs it drives hold the positive ACK of what they received
+/// (noted with [`Engine::note_held_ack`]), so that what the program answers goes out first
+/// with the ACK right behind, in one batch.
+pub(crate) fn holding_acks() -> bool {
+    HOLD_ACKS.with(std::cell::Cell::get)
+}
 
 impl Engine {
     /// Progress from an application thread that found its CQ empty: if no other thread is
@@ -41,7 +53,7 @@ impl Engine {
     }
 
     /// Records that the transport of QP `qpn` holds a positive ACK back.
-    pub(super) fn note_held_ack(&self, qpn: u32) {
+    pub(crate) fn note_held_ack(&self, qpn: u32) {
         let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
         if !l.contains(&qpn) {
             l.push(qpn);
@@ -246,33 +258,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
                 engine.set_timer(qpn, None);
                 continue;
             };
-            let events = {
-                let mut st = qp.lock();
-                {
-                    let QpState_ {
-                        transport, rq, mrs, ..
-                    } = &mut *st;
-                    let mut env = QpEnv {
-                        res: &qp.pd.shared().resources,
-                        pd: qp.pd.arc(),
-                        rq,
-                        srq: qp.srq.as_deref(),
-                        srq_limit_hit: false,
-                        mrs,
-                        qp_uid: qp.uid,
-                    };
-                    if let Some(t) = transport.as_mut() {
-                        t.handle_timeout(now, &mut env);
-                    }
-                    if env.srq_limit_hit {
-                        raise_srq_limit(&qp);
-                    }
-                }
-                drive(&engine, &qp, &mut st, now, &mut tx)
-            };
-            for e in events {
-                qp.raise(e);
-            }
+            qp.on_timeout(&engine, now, &mut tx);
         }
         engine.send(&mut tx);
     }

@@ -2,67 +2,67 @@
 //! packets to their QPs.
 
 use super::counters::Counters;
-use super::datapath::feed;
 use super::mcast;
 use super::sock::{RxMsg, ROCE_PORT};
 use super::tx::TxBatch;
-use super::{Engine, BATCH};
+use super::{Delivery, Engine, Via, BATCH};
+use crate::gid::ipv6_mapped;
 use softrdma_wire::icrc::{IcrcPrefix, IdentSolver};
+use softrdma_wire::ip;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-pub(super) fn grh_for(src: &SocketAddr, dst: &SocketAddr, payload_len: usize) -> [u8; 40] {
+/// The 40-byte GRH a UD receive gets for a datagram of `payload_len` bytes from `src` to
+/// `dst`: the IP header the datagram came with (as softrdma peers send it: TTL 64, DF,
+/// identification 0), an IPv4 one in the last 20 bytes.
+pub(crate) fn grh_for(src: &SocketAddr, dst: &SocketAddr, payload_len: usize) -> [u8; 40] {
     let mut g = [0u8; 40];
+    let udp_len = ip::UDP_HEADER_LEN + payload_len;
+    // (A datagram too long for the length fields, which cannot arrive, leaves them zero.)
     match (src.ip(), dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let h = &mut g[20..];
-            h[0] = 0x45;
-            let total = (20 + 8 + payload_len) as u16;
-            h[2..4].copy_from_slice(&total.to_be_bytes());
-            h[6] = 0x40;
-            h[8] = 64;
-            h[9] = 17;
-            h[12..16].copy_from_slice(&s.octets());
-            h[16..20].copy_from_slice(&d.octets());
-            let mut sum: u32 = 0;
-            for i in (0..20).step_by(2) {
-                sum += u32::from(u16::from_be_bytes([h[i], h[i + 1]]));
-            }
-            while sum > 0xffff {
-                sum = (sum & 0xffff) + (sum >> 16);
-            }
-            h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+            let repr = ip::Ipv4Repr {
+                src_addr: s,
+                dst_addr: d,
+                protocol: ip::IP_PROTOCOL_UDP,
+                payload_len: udp_len,
+                ttl: 64,
+                tos: 0,
+                ident: 0,
+                dont_frag: true,
+            };
+            let _ = repr.emit(&mut ip::Ipv4Packet::new_unchecked(&mut g[20..]));
         }
         (s, d) => {
-            let to6 = |a: IpAddr| match a {
-                IpAddr::V4(v) => v.to_ipv6_mapped(),
-                IpAddr::V6(v) => v,
+            let repr = ip::Ipv6Repr {
+                src_addr: ipv6_mapped(s),
+                dst_addr: ipv6_mapped(d),
+                next_header: ip::IP_PROTOCOL_UDP,
+                payload_len: udp_len,
+                hop_limit: 64,
+                traffic_class: 0,
+                flow_label: 0,
             };
-            g[0] = 0x60;
-            g[4..6].copy_from_slice(&((8 + payload_len) as u16).to_be_bytes());
-            g[6] = 17;
-            g[7] = 64;
-            g[8..24].copy_from_slice(&to6(s).octets());
-            g[24..40].copy_from_slice(&to6(d).octets());
+            let _ = repr.emit(&mut ip::Ipv6Packet::new_unchecked(&mut g[..]));
         }
     }
     g
 }
 
+/// The ICRC flow of datagrams from `src` port `src_port` to `dst` port 4791 (both sides of
+/// one family; IPv4-mapped otherwise).
+pub(super) fn icrc_flow(src: IpAddr, src_port: u16, dst: IpAddr) -> IcrcPrefix {
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IcrcPrefix::ipv4(s, d, src_port, ROCE_PORT),
+        (s, d) => IcrcPrefix::ipv6(ipv6_mapped(s), ipv6_mapped(d), src_port, ROCE_PORT),
+    }
+}
+
 /// The ICRC flow of datagrams from `src` to `dst` port 4791.
 pub(super) fn rx_flow(src: SocketAddr, dst: IpAddr) -> IcrcPrefix {
-    match (src.ip(), dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => IcrcPrefix::ipv4(s, d, src.port(), ROCE_PORT),
-        (s, d) => {
-            let to6 = |a: IpAddr| match a {
-                IpAddr::V4(v) => v.to_ipv6_mapped(),
-                IpAddr::V6(v) => v,
-            };
-            IcrcPrefix::ipv6(to6(s), to6(d), src.port(), ROCE_PORT)
-        }
-    }
+    icrc_flow(src.ip(), src.port(), dst)
 }
 
 /// Checks one received datagram (the UDP payload `pkt`, from `src`, whose ICRC flow is
@@ -107,7 +107,7 @@ pub(super) fn check_packet(
     }
     c.rx_packets.fetch_add(1, Ordering::Relaxed);
     c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
-    if crate::provider::capture::active() && !crate::verbs::device::is_local_engine(src) {
+    if crate::provider::capture::active() && !crate::provider::is_local_engine(src) {
         crate::provider::capture::record_ident(src, engine.local, pkt, ident);
     }
     Some(view.bth().dest_qp())
@@ -192,21 +192,16 @@ pub(super) fn deliver(
         c.unknown_qp.fetch_add(pkts.len() as u64, Ordering::Relaxed);
         return;
     };
-    let st = qp.lock();
-    if st.transport.is_none() {
-        c.unknown_qp.fetch_add(pkts.len() as u64, Ordering::Relaxed);
-        return;
+    let n = pkts.len() as u64;
+    match qp.receive(engine, pkts, src, engine.local.ip(), Via::Unicast, now, tx) {
+        Delivery::Delivered => {}
+        Delivery::NotReady => {
+            c.unknown_qp.fetch_add(n, Ordering::Relaxed);
+        }
+        Delivery::WrongSource => {
+            c.wrong_source.fetch_add(n, Ordering::Relaxed);
+        }
     }
-    if matches!(
-        qp.qp_type,
-        softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
-    ) && st.attr.ah_attr.grh.dgid.to_ip() != src.ip()
-    {
-        c.wrong_source
-            .fetch_add(pkts.len() as u64, Ordering::Relaxed);
-        return;
-    }
-    feed(engine, &qp, st, pkts, src, engine.local.ip(), now, tx);
 }
 
 /// The receive side of an engine: buffers and ICRC flows, used by whichever thread receives
@@ -336,5 +331,51 @@ impl Engine {
             }
         }
         total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grh_for;
+    use softrdma_wire::ip::{Ipv4Packet, Ipv6Packet, IP_PROTOCOL_UDP};
+    use std::net::SocketAddr;
+
+    #[test]
+    fn grh_carries_the_ip_header_the_datagram_came_with() {
+        let (a, b): (SocketAddr, SocketAddr) = (
+            "127.91.0.1:4791".parse().unwrap(),
+            "127.91.0.2:4791".parse().unwrap(),
+        );
+        let g = grh_for(&a, &b, 100);
+        assert_eq!(g[..20], [0; 20]);
+        let p = Ipv4Packet::new_unchecked(&g[20..]);
+        assert!(p.verify_checksum());
+        assert_eq!(
+            &g[20..32],
+            &[0x45, 0, 0, 128, 0, 0, 0x40, 0, 64, 17, g[30], g[31]]
+        );
+        assert_eq!(
+            (p.src_addr(), p.dst_addr(), p.total_len()),
+            (
+                "127.91.0.1".parse().unwrap(),
+                "127.91.0.2".parse().unwrap(),
+                128
+            )
+        );
+        let (a, b): (SocketAddr, SocketAddr) = (
+            "[fd00::1]:4791".parse().unwrap(),
+            "[fd00::2]:4791".parse().unwrap(),
+        );
+        let g = grh_for(&a, &b, 100);
+        let p = Ipv6Packet::new_unchecked(&g[..]);
+        assert_eq!(g[0..4], [0x60, 0, 0, 0]);
+        assert_eq!(
+            (p.next_header(), p.hop_limit(), p.payload_len()),
+            (IP_PROTOCOL_UDP, 64, 108)
+        );
+        assert_eq!(
+            (p.src_addr(), p.dst_addr()),
+            ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap())
+        );
     }
 }

@@ -31,18 +31,18 @@ impl TxBatch {
         }
     }
 
-    pub(super) fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.count == BATCH
     }
 
     /// The buffer of the next packet.
-    pub(super) fn slot(&mut self) -> &mut [u8] {
+    pub(crate) fn slot(&mut self) -> &mut [u8] {
         &mut self.bufs[self.count]
     }
 
     /// Seals the packet written in the current slot: computes its ICRC for the flow
     /// `src → dst` (both on port 4791) and queues it.
-    pub(super) fn commit(&mut self, len: usize, src: IpAddr, dst: IpAddr) {
+    pub(crate) fn commit(&mut self, len: usize, src: IpAddr, dst: IpAddr) {
         let prefix = match &self.last {
             Some((s, d, p)) if *s == src && *d == dst => p,
             _ => {
@@ -64,23 +64,10 @@ impl TxBatch {
     }
 }
 
+/// The ICRC flow of packets sent from `src` to `dst` (port 4791 to port 4791). Mixed
+/// families cannot happen: address vectors are checked against the device.
 pub(super) fn flow(src: IpAddr, dst: IpAddr) -> IcrcPrefix {
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => IcrcPrefix::ipv4(s, d, ROCE_PORT, ROCE_PORT),
-        (IpAddr::V6(s), IpAddr::V6(d)) => IcrcPrefix::ipv6(s, d, ROCE_PORT, ROCE_PORT),
-        (s, d) => {
-            // Mixed families cannot happen: address vectors are checked against the device.
-            let s6 = match s {
-                IpAddr::V4(a) => a.to_ipv6_mapped(),
-                IpAddr::V6(a) => a,
-            };
-            let d6 = match d {
-                IpAddr::V4(a) => a.to_ipv6_mapped(),
-                IpAddr::V6(a) => a,
-            };
-            IcrcPrefix::ipv6(s6, d6, ROCE_PORT, ROCE_PORT)
-        }
-    }
+    super::rx::icrc_flow(src, ROCE_PORT, dst)
 }
 
 thread_local! {

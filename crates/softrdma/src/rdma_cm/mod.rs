@@ -100,7 +100,7 @@ mod multicast;
 mod timeout;
 
 pub use addrinfo::*;
-pub(crate) use dispatch::dispatch;
+use dispatch::dispatch;
 
 pub use event::{event_str, CmEvent, CmEventType, ConnParam, EventChannel, EventInfo, UdParam};
 
@@ -168,9 +168,9 @@ fn max_backlog_from(v: Option<String>) -> usize {
     }
 }
 /// `RDMA_UDP_QKEY`: the Q_Key of every UD QP and multicast group the CM sets up.
-pub const RDMA_UDP_QKEY: u32 = 0x0123_4567;
+pub const RDMA_UDP_QKEY: u32 = softrdma_wire::cma::RDMA_UDP_QKEY;
 /// The QP number that addresses a multicast group.
-pub const MULTICAST_QPN: u32 = 0xff_ffff;
+pub const MULTICAST_QPN: u32 = crate::provider::MULTICAST_QPN;
 
 /// `RDMA_OPTION_ID`: options of the id itself.
 pub const RDMA_OPTION_ID: i32 = 0;
@@ -643,11 +643,25 @@ type Wildcards = Mutex<Vec<(u64, Weak<IdInner>)>>;
 
 fn wildcards() -> &'static Wildcards {
     static W: OnceLock<Wildcards> = OnceLock::new();
-    W.get_or_init(|| Mutex::new(Vec::new()))
+    W.get_or_init(|| {
+        install_hook();
+        Mutex::new(Vec::new())
+    })
+}
+
+/// Registers this layer's entry points with the provider ([`crate::provider::gsi::CmHook`]):
+/// done before the first listener or connection is recorded (the registry and the wildcard
+/// list call it when they are created), so no event for an id of this layer can reach a
+/// provider that does not know where to hand it.
+fn install_hook() {
+    crate::provider::gsi::set_cm_hook(crate::provider::gsi::CmHook {
+        dispatch,
+        engine_started,
+    });
 }
 
 /// A device engine has started: it listens for the wildcard listeners of its family.
-pub(crate) fn engine_started(engine: &Arc<Engine>) {
+fn engine_started(engine: &Arc<Engine>) {
     let ip = engine.local.ip();
     let live: Vec<(u64, Arc<IdInner>)> = {
         let mut w = wildcards().lock().unwrap_or_else(|p| p.into_inner());
@@ -696,7 +710,10 @@ struct Registry {
 
 fn registry_mutex() -> &'static Mutex<Registry> {
     static R: OnceLock<Mutex<Registry>> = OnceLock::new();
-    R.get_or_init(|| Mutex::new(Registry::default()))
+    R.get_or_init(|| {
+        install_hook();
+        Mutex::new(Registry::default())
+    })
 }
 
 /// Registry keys of ids dropped while the registry was locked (see `IdInner::drop`).
@@ -718,7 +735,7 @@ fn registry() -> std::sync::MutexGuard<'static, Registry> {
 }
 
 fn random_psn() -> u32 {
-    crate::verbs::resources::random_u32() & 0xff_ffff
+    crate::gid::random_u32() & 0xff_ffff
 }
 
 fn resources(p: u8, max: u32) -> u8 {
@@ -1196,7 +1213,7 @@ impl CmId {
         let port = if port == 0 {
             let mut p = 0;
             for _ in 0..1000 {
-                let cand = 32768 + (crate::verbs::resources::random_u32() % 28000) as u16;
+                let cand = 32768 + (crate::gid::random_u32() % 28000) as u16;
                 if !clash(&t, cand) {
                     p = cand;
                     break;
@@ -1634,7 +1651,7 @@ impl CmId {
         }
         let engines: Vec<Arc<Engine>> = match &s.engine {
             Some(e) => vec![e.clone()],
-            None => crate::verbs::device::all_engines(),
+            None => crate::provider::all_engines(),
         };
         {
             let t = ports().lock().unwrap_or_else(|p| p.into_inner());
@@ -2131,7 +2148,7 @@ impl CmId {
                 r.listeners.remove(&(*ip, sid));
             }
             drop(r);
-            for e in crate::verbs::device::all_engines() {
+            for e in crate::provider::all_engines() {
                 if idle.contains(&e.local.ip()) {
                     e.with_cm(|gsi, _| gsi.cm.unlisten(sid));
                 }

@@ -13,6 +13,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::gid::{Gid, GidType};
+use crate::provider::Engine;
 use softrdma_proto::Mtu;
 use std::collections::HashMap;
 use std::fmt;
@@ -74,21 +75,6 @@ fn netdev_mtu(ifname: &str) -> u32 {
         .unwrap_or(1500)
 }
 
-/// A node GUID derived from the address, so that a device keeps its GUID across runs:
-/// `02:53:52` ("SR", locally administered) then 40 bits of an FNV-1a hash of the address.
-pub(crate) fn guid_for(addr: &IpAddr) -> u64 {
-    let bytes = match addr {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
-    };
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (0x02_5352u64 << 40) | (h & 0xff_ffff_ffff)
-}
-
 impl Device {
     fn new(name: String, addr: IpAddr, ifname: String, ifindex: u32) -> Device {
         let netdev_mtu = netdev_mtu(&ifname);
@@ -96,7 +82,7 @@ impl Device {
             info: Arc::new(DeviceInfo {
                 name,
                 addr,
-                guid: guid_for(&addr),
+                guid: crate::gid::guid_for(&addr),
                 ifname,
                 ifindex,
                 netdev_mtu,
@@ -554,7 +540,7 @@ pub(crate) fn port_attr(dev: &Device) -> PortAttr {
 pub const GID_TABLE_LEN: u32 = 1;
 
 /// The default (and only) P_Key.
-pub const DEFAULT_PKEY: u16 = 0xffff;
+pub const DEFAULT_PKEY: u16 = softrdma_wire::bth::DEFAULT_PKEY;
 
 /// `struct ibv_gid_entry`: one GID table entry with its type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -578,60 +564,19 @@ pub(crate) struct DeviceShared {
     pub(crate) resources: crate::verbs::resources::Resources,
 }
 
-/// The engines of this process, one per address, kept for the life of the process: a device's
-/// UDP socket and progress thread are started on first use and stay, as a NIC stays, so that
-/// closing and reopening a device never races with its own socket still being closed.
-static ENGINES: OnceLock<Mutex<HashMap<IpAddr, Arc<crate::provider::Engine>>>> = OnceLock::new();
-
 impl DeviceShared {
     /// The device engine (its UDP socket and progress thread), started on first use.
     ///
     /// Fails with `EADDRINUSE` when another process or a kernel RoCE device owns UDP port
     /// 4791 on the device's address.
-    pub(crate) fn engine(&self) -> Result<Arc<crate::provider::Engine>> {
-        let map = ENGINES.get_or_init(|| Mutex::new(HashMap::new()));
-        let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
-        let addr = self.device.addr();
-        if let Some(e) = map.get(&addr) {
-            return Ok(e.clone());
-        }
-        let started = crate::provider::Engine::start(addr, self.device.ifindex())?;
-        map.insert(addr, started.clone());
-        drop(map);
-        crate::rdma_cm::engine_started(&started);
-        Ok(started)
+    pub(crate) fn engine(&self) -> Result<Arc<Engine>> {
+        Engine::get_or_start(self.device.addr(), self.device.ifindex())
     }
 
     /// The engine if it has started.
-    pub(crate) fn engine_if_started(&self) -> Option<Arc<crate::provider::Engine>> {
-        ENGINES
-            .get()?
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&self.device.addr())
-            .cloned()
+    pub(crate) fn engine_if_started(&self) -> Option<Arc<Engine>> {
+        Engine::if_started(self.device.addr())
     }
-}
-
-/// The engines started in this process.
-pub(crate) fn all_engines() -> Vec<Arc<crate::provider::Engine>> {
-    ENGINES.get().map_or_else(Vec::new, |m| {
-        m.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
-    })
-}
-
-/// Whether `addr` is the socket of one of this process's device engines.
-pub(crate) fn is_local_engine(addr: std::net::SocketAddr) -> bool {
-    ENGINES.get().is_some_and(|m| {
-        m.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&addr.ip())
-            .is_some_and(|e| e.local == addr)
-    })
 }
 
 static SHARED: OnceLock<Mutex<HashMap<IpAddr, Weak<DeviceShared>>>> = OnceLock::new();

@@ -6,6 +6,7 @@
 pub(crate) mod ah;
 pub(crate) mod context;
 pub(crate) mod cq;
+pub(crate) mod datapath;
 pub(crate) mod device;
 pub(crate) mod event;
 pub(crate) mod hold;

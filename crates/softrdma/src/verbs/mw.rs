@@ -116,7 +116,7 @@ impl Pd {
         let shared = self.inner.shared().clone();
         let count = Resources::acquire(&shared, Kind::Mw)?;
         let pd = Hold::new(&self.inner);
-        let key = (crate::verbs::resources::random_u32() & 0xff) as u8;
+        let key = (crate::gid::random_u32() & 0xff) as u8;
         let inner = shared.resources.insert_mw(|index| {
             let rkey = (index << 8) | u32::from(key);
             Arc::new(MwInner {

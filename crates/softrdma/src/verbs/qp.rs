@@ -7,9 +7,10 @@
 
 use crate::error::{DestroyError, Error, ErrorKind, Result};
 use crate::gid::Gid;
-use crate::provider::{drive_and_send, Engine};
+use crate::provider::Engine;
 use crate::verbs::ah::{AhAttr, AhInner};
 use crate::verbs::cq::{Cq, CqInner, WcOpcode, WcStatus, WorkCompletion};
+use crate::verbs::datapath::drive_and_send;
 use crate::verbs::device::PORT_NUM;
 use crate::verbs::event::{AsyncElement, EventTarget, EventType};
 use crate::verbs::hold::Hold;
@@ -796,7 +797,7 @@ impl QpInner {
                     &self.send_cq
                 };
                 cq.arc().push(
-                    crate::provider::to_wc(&c, self.qp_num, self.qp_type == QpType::Ud),
+                    crate::verbs::datapath::to_wc(&c, self.qp_num, self.qp_type == QpType::Ud),
                     false,
                 );
             }
@@ -992,7 +993,7 @@ impl Qp {
         let mut held_events = Vec::new();
         if matches!(next, QpState::Reset | QpState::Err) && next != cur {
             if let Some(e) = st.engine.clone() {
-                held_events = crate::provider::send_held_ack(&e, inner, &mut st);
+                held_events = crate::verbs::datapath::send_held_ack(&e, inner, &mut st);
             }
         }
         if next == QpState::Reset && cur != QpState::Reset {
@@ -1075,7 +1076,10 @@ impl Qp {
         let cfg = inner.transport_config(a);
         if let Some(e) = engine {
             st.transport = Some(tp::Qp::new(cfg));
-            e.register(inner);
+            e.register(
+                inner.qp_num,
+                Arc::downgrade(inner) as std::sync::Weak<dyn crate::provider::QpPort>,
+            );
             st.engine = Some(e);
         } else if let Some(t) = st.transport.as_mut() {
             t.set_config(cfg);

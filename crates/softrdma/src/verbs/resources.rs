@@ -40,29 +40,12 @@ pub(crate) struct Resources {
     mcast: Mutex<HashMap<Gid, Vec<u32>>>,
 }
 
-/// A random u32 from the operating system's CSPRNG.
-pub(crate) fn random_u32() -> u32 {
-    let mut b = [0u8; 4];
-    // The OS generator only fails if the kernel has no entropy source at all, which Linux
-    // 3.17+ never reports after boot; fall back on the hasher's per-process random keys.
-    if getrandom::fill(&mut b).is_err() {
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(
-            std::time::UNIX_EPOCH
-                .elapsed()
-                .map_or(0, |d| d.as_nanos() as u64),
-        );
-        return h.finish() as u32;
-    }
-    u32::from_ne_bytes(b)
-}
+use crate::gid::random_u32;
 
 /// The first QP number handed to ordinary QPs (0 and 1 are the special QPs; IBTA reserves
 /// the first few, and rxe starts at 16).
 pub(crate) const MIN_QPN: u32 = 16;
-/// The multicast QP number.
-pub(crate) const MULTICAST_QPN: u32 = 0xff_ffff;
+pub(crate) use crate::provider::MULTICAST_QPN;
 
 /// Holds one unit of a counted resource until dropped.
 #[derive(Debug)]

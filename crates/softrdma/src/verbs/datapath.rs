@@ -1,10 +1,12 @@
-//! The data path of one QP: its transport's view of memory and receive queue ([`QpEnv`]),
-//! and [`drive`], which runs the transport and hands on its packets, completions and events.
+//! The data path of one QP, between its sans-IO transport and the provider: the transport's
+//! view of memory and receive queue ([`QpEnv`]); [`drive`], which runs the transport and hands
+//! its packets to the provider's transmit batch, its completions to the CQs and its events
+//! to the QP; and the QP's face to the provider ([`QpPort`]: packets, timeouts, held ACKs).
 
-use super::rx::grh_for;
-use super::sock::ROCE_PORT;
-use super::tx::{with_tx, TxBatch};
-use super::{Engine, PKT_BUF};
+use crate::provider::sock::ROCE_PORT;
+use crate::provider::{
+    grh_for, holding_acks, with_tx, Delivery, Engine, QpPort, TxBatch, Via, PKT_BUF,
+};
 use crate::verbs::cq::WorkCompletion;
 use crate::verbs::event::{AsyncElement, EventTarget, EventType};
 use crate::verbs::mr::{AccessError as MrAccessError, AccessFlags, KeyKind};
@@ -35,7 +37,7 @@ pub(crate) struct QpEnv<'a> {
     pub(crate) qp_uid: u64,
 }
 
-pub(super) fn map_err(e: MrAccessError) -> AccessError {
+fn map_err(e: MrAccessError) -> AccessError {
     match e {
         MrAccessError::InvalidKey | MrAccessError::WrongPd => AccessError::InvalidKey,
         MrAccessError::OutOfBounds => AccessError::OutOfBounds,
@@ -44,7 +46,25 @@ pub(super) fn map_err(e: MrAccessError) -> AccessError {
     }
 }
 
-impl QpEnv<'_> {
+impl<'a> QpEnv<'a> {
+    /// The environment of `qp`'s transport: its receive queue `rq` and memory-region cache
+    /// `mrs` (both under the QP's lock), its PD's memory and its SRQ.
+    pub(crate) fn of(
+        qp: &'a QpInner,
+        rq: &'a mut VecDeque<crate::verbs::qp::RecvWqe>,
+        mrs: &'a mut crate::verbs::mr::MrCache,
+    ) -> QpEnv<'a> {
+        QpEnv {
+            res: &qp.pd.shared().resources,
+            pd: qp.pd.arc(),
+            rq,
+            srq: qp.srq.as_deref(),
+            srq_limit_hit: false,
+            mrs,
+            qp_uid: qp.uid,
+        }
+    }
+
     pub(super) fn lease(
         &mut self,
         key: u32,
@@ -270,12 +290,6 @@ pub(crate) fn to_wc(c: &Completion, qp_num: u32, ud: bool) -> WorkCompletion {
     }
 }
 
-thread_local! {
-    /// Set while an application thread receives in [`Engine::poll_progress`]: the positive
-    /// ACKs of what it receives are held back (see [`drive`]).
-    pub(super) static HOLD_ACKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
 /// Runs a QP's transport until it has nothing more to say right now: transmits into `tx`
 /// (flushing full batches), delivers completions to the CQs, raises events, and records the
 /// next deadline. Called with the QP's lock held, by the posting thread or the progress
@@ -299,16 +313,7 @@ pub(crate) fn drive(
     let Some(t) = transport.as_mut() else {
         return events;
     };
-    let res = &qp.pd.shared().resources;
-    let mut env = QpEnv {
-        res,
-        pd: qp.pd.arc(),
-        rq,
-        srq: qp.srq.as_deref(),
-        srq_limit_hit: false,
-        mrs,
-        qp_uid: qp.uid,
-    };
+    let mut env = QpEnv::of(qp, rq, mrs);
     let src = engine.local.ip();
     let peer = attr.ah_attr.grh.dgid.to_ip();
     // An application thread receiving for itself holds the ACK of what it received: the
@@ -317,7 +322,7 @@ pub(crate) fn drive(
     // packet less before the peer has its answer. The ACK goes at the latest when the
     // thread next polls an empty CQ, or when the progress thread next wakes
     // (`Engine::flush_held_acks`).
-    let hold = HOLD_ACKS.with(std::cell::Cell::get);
+    let hold = holding_acks();
     t.set_hold_acks(hold);
     loop {
         if tx.is_full() {
@@ -402,10 +407,74 @@ pub(crate) fn drive(
     events
 }
 
+impl QpPort for QpInner {
+    fn receive(
+        self: Arc<Self>,
+        engine: &Engine,
+        pkts: &[&[u8]],
+        src: SocketAddr,
+        dst: IpAddr,
+        via: Via,
+        now: Instant,
+        tx: &mut TxBatch,
+    ) -> Delivery {
+        let qp = &self;
+        let st = qp.lock();
+        if st.transport.is_none() {
+            return Delivery::NotReady;
+        }
+        match via {
+            Via::Unicast => {
+                if matches!(
+                    qp.qp_type,
+                    softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
+                ) && st.attr.ah_attr.grh.dgid.to_ip() != src.ip()
+                {
+                    return Delivery::WrongSource;
+                }
+            }
+            Via::Group(gid) => {
+                if !st.mcast.contains(&gid) {
+                    return Delivery::NotReady;
+                }
+            }
+        }
+        feed(engine, qp, st, pkts, src, dst, now, tx);
+        Delivery::Delivered
+    }
+
+    fn on_timeout(self: Arc<Self>, engine: &Engine, now: Instant, tx: &mut TxBatch) {
+        let qp = &self;
+        let events = {
+            let mut st = qp.lock();
+            {
+                let QpState_ {
+                    transport, rq, mrs, ..
+                } = &mut *st;
+                let mut env = QpEnv::of(qp, rq, mrs);
+                if let Some(t) = transport.as_mut() {
+                    t.handle_timeout(now, &mut env);
+                }
+                if env.srq_limit_hit {
+                    raise_srq_limit(qp);
+                }
+            }
+            drive(engine, qp, &mut st, now, tx)
+        };
+        for e in events {
+            qp.raise(e);
+        }
+    }
+
+    fn release_held_ack(self: Arc<Self>) {
+        QpInner::release_held_ack(&self);
+    }
+}
+
 /// Hands packets from `src` to `dst` to the transport of `qp` (whose lock `st` is, checked
 /// for a transport), drives the QP, releases the lock and raises the resulting events.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn feed(
+fn feed(
     engine: &Engine,
     qp: &Arc<QpInner>,
     mut st: std::sync::MutexGuard<'_, QpState_>,
@@ -422,15 +491,7 @@ pub(super) fn feed(
             let QpState_ {
                 transport, rq, mrs, ..
             } = &mut *st;
-            let mut env = QpEnv {
-                res: &qp.pd.shared().resources,
-                pd: qp.pd.arc(),
-                rq,
-                srq: qp.srq.as_deref(),
-                srq_limit_hit: false,
-                mrs,
-                qp_uid: qp.uid,
-            };
+            let mut env = QpEnv::of(qp, rq, mrs);
             if let Some(t) = transport.as_mut() {
                 for pkt in pkts {
                     let meta = RxMeta {
@@ -497,7 +558,7 @@ impl QpInner {
 }
 
 /// Raises `IBV_EVENT_SRQ_LIMIT_REACHED` for the QP's SRQ (the limit disarmed itself).
-pub(super) fn raise_srq_limit(qp: &Arc<QpInner>) {
+fn raise_srq_limit(qp: &Arc<QpInner>) {
     if let Some(srq) = &qp.srq {
         qp.pd.ctx.async_events.raise(
             EventType::SrqLimitReached,
