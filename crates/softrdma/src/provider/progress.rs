@@ -19,6 +19,7 @@ thread_local! {
 /// [`Engine::poll_progress`]: the QPs it drives hold the positive ACK of what they received
 /// (noted with [`Engine::note_held_ack`]), so that what the program answers goes out first
 /// with the ACK right behind, in one batch.
+#[inline]
 pub(crate) fn holding_acks() -> bool {
     HOLD_ACKS.with(std::cell::Cell::get)
 }

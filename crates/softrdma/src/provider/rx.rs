@@ -17,6 +17,7 @@ use std::time::Instant;
 /// The 40-byte GRH a UD receive gets for a datagram of `payload_len` bytes from `src` to
 /// `dst`: the IP header the datagram came with (as softrdma peers send it: TTL 64, DF,
 /// identification 0), an IPv4 one in the last 20 bytes.
+#[inline]
 pub(crate) fn grh_for(src: &SocketAddr, dst: &SocketAddr, payload_len: usize) -> [u8; 40] {
     let mut g = [0u8; 40];
     let udp_len = ip::UDP_HEADER_LEN + payload_len;

@@ -31,11 +31,13 @@ impl TxBatch {
         }
     }
 
+    #[inline]
     pub(crate) fn is_full(&self) -> bool {
         self.count == BATCH
     }
 
     /// The buffer of the next packet.
+    #[inline]
     pub(crate) fn slot(&mut self) -> &mut [u8] {
         &mut self.bufs[self.count]
     }
