@@ -235,10 +235,10 @@ impl Engine {
         self.dispatch(evs);
     }
 
-    /// Reads the socket's ICMP errors ([`UdpSock::take_icmp_errors`]) and counts them; a
-    /// port unreachable from a peer's RoCEv2 port ends the CM requests waiting for that peer
-    /// at once (`RDMA_CM_EVENT_UNREACHABLE` with status `-ECONNREFUSED`) instead of after
-    /// every retry. Returns the number of errors read.
+    /// Reads the socket's ICMP errors ([`super::sock::UdpSock::take_icmp_errors`]) and
+    /// counts them; a port unreachable from a peer's RoCEv2 port ends the CM requests waiting
+    /// for that peer at once (`RDMA_CM_EVENT_UNREACHABLE` with status `-ECONNREFUSED`)
+    /// instead of after every retry. Returns the number of errors read.
     pub(super) fn icmp_errors(&self, tx: &mut TxBatch) -> usize {
         let mut errs = Vec::new();
         self.sock.take_icmp_errors(&mut errs);

@@ -110,7 +110,7 @@ pub(crate) struct Engine {
     standing_down: AtomicBool,
     /// [`POLL_HANDOFF`] or `SOFTRDMA_POLL_HANDOFF_US`.
     handoff: Duration,
-    /// QPs whose transport holds a positive ACK back (see [`drive`]), and whether the list
+    /// QPs whose transport holds a positive ACK back (see [`holding_acks`]), and whether the list
     /// may be non-empty.
     held_acks: Mutex<Vec<u32>>,
     any_held_acks: AtomicBool,
