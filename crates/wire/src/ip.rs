@@ -27,6 +27,15 @@ pub const IPV6_HEADER_LEN: usize = 40;
 /// Length of a UDP header.
 pub const UDP_HEADER_LEN: usize = 8;
 
+/// The GID that stands for an IP address on RoCEv2: IPv4 as the IPv4-mapped IPv6 address
+/// `::ffff:a.b.c.d`, IPv6 as is. Never fails.
+pub fn ip_to_gid(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    }
+}
+
 fn addr6(b: &[u8], at: usize) -> Ipv6Addr {
     let mut a = [0u8; 16];
     a.copy_from_slice(&b[at..at + 16]);

@@ -1,14 +1,16 @@
 //! The CM state machine: [`Cm`].
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use softrdma_wire::bth::DEFAULT_PKEY;
 use softrdma_wire::cm::{
     self as wcm, pad_private_data, DrepRepr, DreqRepr, Message, MessageMraed, MessageRejected,
     MraRepr, RejRepr, RejectReason, RepRepr, ReqPath, ReqRepr, RtuRepr, SidrRepRepr, SidrReqRepr,
     SidrStatus, TransportServiceType,
 };
+use softrdma_wire::ip::ip_to_gid;
 use softrdma_wire::{mad, Error as WireError};
 
 use super::rng::{Permutation, SplitMix64};
@@ -29,8 +31,6 @@ pub const EVENT_QUEUE_LIMIT: usize = 4096;
 
 /// Largest 24-bit value (QPN, PSN).
 const MAX_24: u32 = 0x00FF_FFFF;
-/// The default P_Key RoCE uses.
-const DEFAULT_PKEY: u16 = 0xFFFF;
 /// The permissive LID rdma_cm puts in REQs whose path is routed (hop limit > 1).
 const PERMISSIVE_LID: u16 = 0xFFFF;
 
@@ -46,14 +46,6 @@ pub fn cm_ack_timeout(ca_ack_delay: u8, packet_lifetime: u8) -> u8 {
         delay + u16::from(ack + 1 >= delay)
     };
     t.min(31) as u8
-}
-
-/// The GID of an IP address: IPv4 as `::ffff:a.b.c.d`, IPv6 as is.
-pub fn ip_to_gid(ip: IpAddr) -> Ipv6Addr {
-    match ip {
-        IpAddr::V4(a) => a.to_ipv6_mapped(),
-        IpAddr::V6(a) => a,
-    }
 }
 
 fn after(now: Instant, ms: u64) -> Instant {
