@@ -15,7 +15,8 @@
 //! The graph's strongly connected components of more than one file are the import circles.
 //! A crate may also name its layers, top first (module path prefixes): no file of a layer may
 //! import from a layer above it. [`RULES`] lists the crates: those in [`Mode::Fail`] fail the
-//! check on any circle or layer breach; those in [`Mode::Report`] are only reported.
+//! check on any circle (but those listed as known) or layer breach; those in [`Mode::Report`]
+//! are only reported.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -45,6 +46,9 @@ pub struct CrateRule {
     /// `""` is the crate root file only) whose files belong to it. A file in no layer is not
     /// ordered. Empty: no order is checked.
     pub layers: &'static [(&'static str, &'static [&'static str])],
+    /// Circles known and left for later (files relative to `src`): in a [`Mode::Fail`] crate,
+    /// a circle within one of these is reported but does not fail the check; any other does.
+    pub known_circles: &'static [&'static [&'static str]],
 }
 
 /// The crates of the workspace and how strictly each is held.
@@ -55,7 +59,7 @@ pub const RULES: &[CrateRule] = &[
     CrateRule {
         name: "softrdma-wire",
         src: "crates/wire/src",
-        mode: Mode::Report,
+        mode: Mode::Fail,
         layers: &[
             ("rdma_cm private data", &["cma"]),
             ("connection manager", &["cm"]),
@@ -80,34 +84,44 @@ pub const RULES: &[CrateRule] = &[
             ),
             ("fields", &["field", "error", ""]),
         ],
+        known_circles: &[],
     },
     CrateRule {
         name: "softrdma-proto",
         src: "crates/proto/src",
-        mode: Mode::Report,
+        mode: Mode::Fail,
         layers: &[
             ("connection manager", &["cm"]),
             ("transport", &["transport"]),
             ("basics", &["qp", "psn", "mtu", "timer", ""]),
         ],
+        // The QP, its requester and its responder: being reworked by the provider boundary.
+        known_circles: &[&[
+            "transport/qp.rs",
+            "transport/requester.rs",
+            "transport/responder.rs",
+        ]],
     },
     CrateRule {
         name: "softrdma",
         src: "crates/softrdma/src",
         mode: Mode::Report,
         layers: &[],
+        known_circles: &[],
     },
     CrateRule {
         name: "softrdma-capi",
         src: "crates/capi/src",
         mode: Mode::Report,
         layers: &[],
+        known_circles: &[],
     },
     CrateRule {
         name: "softrdma-cli",
         src: "crates/cli/src",
         mode: Mode::Report,
         layers: &[],
+        known_circles: &[],
     },
 ];
 
@@ -1012,9 +1026,27 @@ pub fn check(
                 );
             }
         }
+        let mut new_circles = 0;
         for c in &circles {
             let names: Vec<&str> = c.iter().map(|&f| g.files[f].rel.as_str()).collect();
-            let _ = writeln!(out, "  circle of {} files: {}", c.len(), names.join(" "));
+            let known = rule
+                .known_circles
+                .iter()
+                .any(|k| names.iter().all(|n| k.contains(n)));
+            if !known {
+                new_circles += 1;
+            }
+            let tag = if known {
+                " (known, left for later)"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "  circle of {} files{tag}: {}",
+                c.len(),
+                names.join(" ")
+            );
             for e in g
                 .edges
                 .iter()
@@ -1034,7 +1066,7 @@ pub fn check(
                 g.files[e.from].rel, g.files[e.to].rel, e.line
             );
         }
-        if rule.mode == Mode::Fail && !(circles.is_empty() && breaches.is_empty()) {
+        if rule.mode == Mode::Fail && (new_circles > 0 || !breaches.is_empty()) {
             ok = false;
         }
     }
@@ -1171,6 +1203,38 @@ mod tests {
         assert_eq!(b.len(), 1);
         assert_eq!(gr.files[b[0].from].rel, "verbs.rs");
         assert_eq!(gr.files[b[0].to].rel, "rdma_cm.rs");
+    }
+
+    #[test]
+    fn known_circles_are_reported_without_failing_and_new_ones_fail() {
+        let dir = std::env::temp_dir().join(format!("xtask-layers-{}", std::process::id()));
+        let src = dir.join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("lib.rs"), "mod a; mod b;").unwrap();
+        std::fs::write(src.join("a.rs"), "use crate::b::B; pub struct A;").unwrap();
+        std::fs::write(src.join("b.rs"), "use crate::a::A; pub struct B;").unwrap();
+        let rule = |known: &'static [&'static [&'static str]]| CrateRule {
+            name: "t",
+            src: "src",
+            mode: Mode::Fail,
+            layers: &[],
+            known_circles: known,
+        };
+        let mut out = String::new();
+        assert!(!check(&dir, &[rule(&[])], false, &mut out).unwrap());
+        assert!(out.contains("circle of 2 files: a.rs b.rs"), "{out}");
+        let mut out = String::new();
+        assert!(check(&dir, &[rule(&[&["a.rs", "b.rs"]])], false, &mut out).unwrap());
+        assert!(out.contains("(known, left for later)"), "{out}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The workspace itself passes: `cargo test` catches a new circle before CI does.
+    #[test]
+    fn workspace_passes() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut out = String::new();
+        assert!(check(&root, RULES, false, &mut out).unwrap(), "{out}");
     }
 
     #[test]
