@@ -3,13 +3,15 @@
 //! `bench-report` turns the CSV of `scripts/bench.sh` (softrdma's rows and those of the peers
 //! from `../shared/anchors/run_anchors.sh`) into a markdown fragment for `BENCHMARKS.md` and an
 //! SVG plot; see [`bench_report`]. `udp-floor` measures the loopback latency floor under
-//! softrdma (a busy-polling UDP ping-pong); see [`floor::udp_floor`].
+//! softrdma (a busy-polling UDP ping-pong); see [`floor::udp_floor`]. `layers` checks that no
+//! crate has an import circle between files or an import from a layer above; see [`layers`].
 
 #![warn(missing_docs)]
 
 pub mod capi;
 pub mod data;
 pub mod floor;
+pub mod layers;
 pub mod machine;
 pub mod plot;
 pub mod report;
@@ -48,7 +50,7 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-fn read(path: &Path, what: &str) -> Result<String, Error> {
+pub(crate) fn read(path: &Path, what: &str) -> Result<String, Error> {
     let bytes = std::fs::read(path)
         .map_err(|e| Error(format!("cannot read the {what} {}: {e}", path.display())))?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())

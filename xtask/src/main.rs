@@ -1,5 +1,5 @@
 //! `cargo run --release -p xtask -- bench-report --csv RESULTS.csv ...`, `... udp-floor` and
-//! `... capi [--prefix DIR]`: see the crate docs and `--help`.
+//! `... capi [--prefix DIR]`, `... layers`: see the crate docs and `--help`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -57,11 +57,38 @@ enum Command {
         #[arg(long)]
         prefix: Option<PathBuf>,
     },
+    /// The file-level import graph of each crate: import circles (more than one file) and
+    /// imports from a layer above. Fails on a finding in a crate held clean (see
+    /// xtask::layers::RULES); reports the others.
+    Layers {
+        /// The workspace root.
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+        /// Print every import edge too.
+        #[arg(short, long)]
+        verbose: bool,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Layers { root, verbose } => {
+            let mut out = String::new();
+            let res = xtask::layers::check(&root, xtask::layers::RULES, verbose, &mut out);
+            print!("{out}");
+            match res {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => {
+                    eprintln!("error: import circles or layer breaches in a crate held clean");
+                    ExitCode::from(1)
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Capi { prefix } => match xtask::capi::build(prefix.as_deref()) {
             Ok(dir) => {
                 println!("{}", dir.display());

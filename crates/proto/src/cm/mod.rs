@@ -94,7 +94,8 @@ mod types;
 #[cfg(test)]
 mod tests;
 
-pub use endpoint::{cm_ack_timeout, ip_to_gid, Cm, EVENT_QUEUE_LIMIT, TX_QUEUE_LIMIT};
+pub use endpoint::{cm_ack_timeout, Cm, EVENT_QUEUE_LIMIT, TX_QUEUE_LIMIT};
+pub use softrdma_wire::ip::ip_to_gid;
 pub use types::{
     AcceptParams, CmConfig, CmError, CmEvent, CmStats, ConnId, ConnectRequest, MsgCounts, RepInfo,
     ReqInfo, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PENDING_REQS,
