@@ -127,19 +127,13 @@ impl Qp {
             return;
         }
         let payload = view.payload();
-        match (ctx.cfg.qp_type, info.class) {
-            (QpType::Rc, Class::Ack) => self
-                .requester
-                .completer_packet(ctx, now, &repr, payload, env),
-            (QpType::Rc, Class::Request) => {
-                self.responder.rc_request(ctx, &repr, info, payload, env)
+        match info.class {
+            Class::Ack if ctx.cfg.qp_type == QpType::Rc => {
+                self.requester.handle_packet(ctx, now, &repr, payload, env)
             }
-            (QpType::Uc, Class::Request) => {
-                self.responder.uc_request(ctx, &repr, info, payload, env)
-            }
-            (QpType::Ud, Class::Request) => {
-                self.responder.ud_request(ctx, &repr, payload, meta, env)
-            }
+            Class::Request => self
+                .responder
+                .handle_packet(ctx, &repr, info, payload, meta, env),
             _ => ctx.stats.malformed += 1,
         }
         self.settle();
@@ -267,7 +261,7 @@ impl Qp {
         if self.ctx.error {
             return;
         }
-        self.requester.requester_timeout(&mut self.ctx, now);
+        self.requester.handle_timeout(&mut self.ctx, now);
         self.settle();
     }
 
@@ -293,16 +287,14 @@ impl Qp {
         buf: &mut [u8],
         env: &mut dyn Env,
     ) -> Option<Transmit> {
-        let t = self
-            .requester
-            .requester_transmit(&mut self.ctx, now, buf, env);
+        let t = self.requester.poll_transmit(&mut self.ctx, now, buf, env);
         self.settle();
         t
     }
 
     /// The responder half of [`Qp::poll_transmit`], then [`Qp::settle`].
     fn responder_transmit(&mut self, buf: &mut [u8], env: &mut dyn Env) -> Option<Transmit> {
-        let t = self.responder.responder_transmit(&mut self.ctx, buf, env);
+        let t = self.responder.poll_transmit(&mut self.ctx, buf, env);
         self.settle();
         t
     }

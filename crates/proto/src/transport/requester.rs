@@ -7,6 +7,12 @@
 //! `high_psn` one past the highest PSN ever sent. A retry rewinds `next_psn` to `comp_psn`
 //! and the cursor to the work request holding it (mid-message for SEND/WRITE; a READ is
 //! resumed with a shorter request).
+//!
+//! [`Requester`] owns all of this state. Its [`super::Qp`] lends it the shared [`QpCtx`]
+//! (configuration, error state, completions, counters) for each call; it never sees the
+//! responder. Its face to the QP: [`Requester::post`], [`Requester::handle_packet`] (ACK-class
+//! packets), [`Requester::poll_transmit`], [`Requester::handle_timeout`],
+//! [`Requester::flush_send_queue`] and a few read-only queries.
 
 use super::ctx::{QpCtx, MAX_MSG};
 use super::io::{emit_headers, gather, make_bth, scatter, sge_total};
@@ -39,7 +45,7 @@ pub(super) const CWND_MIN: u32 = 8;
 
 /// What a work request does on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+enum Kind {
     Send,
     Write,
     Read,
@@ -79,25 +85,25 @@ pub(super) fn wc_opcode(op: &SendOp) -> WcOpcode {
 
 /// A posted send request and its transmission state.
 #[derive(Debug)]
-pub(super) struct Wqe {
-    pub(super) req: SendRequest,
-    pub(super) kind: Kind,
-    pub(super) len: u64,
+struct Wqe {
+    req: SendRequest,
+    kind: Kind,
+    len: u64,
     /// PSNs the request takes (READ: one per response packet).
-    pub(super) npkts: u32,
-    pub(super) first_psn: Psn,
-    pub(super) last_psn: Psn,
+    npkts: u32,
+    first_psn: Psn,
+    last_psn: Psn,
     /// PSNs assigned (first packet sent at least once).
-    pub(super) started: bool,
+    started: bool,
     /// Counted in `rd_outstanding`.
-    pub(super) rd_counted: bool,
+    rd_counted: bool,
     /// UC/UD: sent, waiting for in-order retirement.
-    pub(super) done: bool,
+    done: bool,
     /// The error it will complete with when the QP flushes.
-    pub(super) status: Option<WcStatus>,
+    status: Option<WcStatus>,
     /// For a message that consumes a receive request at the responder (SEND, WRITE with
     /// immediate): its number among such messages, from 1, given when it starts; else 0.
-    pub(super) rwqe_seq: u32,
+    rwqe_seq: u32,
 }
 
 impl Wqe {
@@ -116,15 +122,15 @@ impl Wqe {
 /// Send queue, requester and completer state.
 #[derive(Debug)]
 pub(super) struct Requester {
-    pub(super) wqes: VecDeque<Wqe>,
+    wqes: VecDeque<Wqe>,
     /// Index in `wqes` of the request being sent.
-    pub(super) cur: usize,
+    cur: usize,
     /// Bytes of `wqes[cur]` already covered by sent packets.
-    pub(super) offset: u64,
-    pub(super) next_psn: Psn,
-    pub(super) comp_psn: Psn,
-    pub(super) high_psn: Psn,
-    pub(super) sent_any: bool,
+    offset: u64,
+    next_psn: Psn,
+    comp_psn: Psn,
+    high_psn: Psn,
+    sent_any: bool,
     noack: u32,
     rd_outstanding: u32,
     retry_left: u8,
@@ -135,7 +141,7 @@ pub(super) struct Requester {
     /// Tail-loss probe: when, with packets outstanding and no ACK progress, the requester
     /// resends from `comp_psn` without waiting for the local ACK timeout (see
     /// [`Requester::probe_interval`]). Set when a packet goes out, moved on progress.
-    pub(super) probe_deadline: Option<Instant>,
+    probe_deadline: Option<Instant>,
     /// Probes since the last progress (each doubles the next interval).
     probes: u32,
     /// The packets a probe still has to send, by PSN: the first unacknowledged one and the
@@ -155,7 +161,7 @@ pub(super) struct Requester {
     /// window above). Every unacknowledged PSN is resent on a go-back-N restart (a
     /// responder drops what follows a gap), so a window far beyond the round trip costs a
     /// window of resends per loss; lossless, it stays at [`WINDOW`].
-    pub(super) cwnd: u32,
+    cwnd: u32,
     ssthresh: u32,
     /// PSNs acknowledged toward the next one-PSN growth above `ssthresh`.
     cwnd_acc: u32,
@@ -165,19 +171,19 @@ pub(super) struct Requester {
     /// The packet being timed for the next round-trip sample: its last PSN and send time
     /// (cleared by any go-back-N restart: Karn's rule).
     rtt_sample: Option<(Psn, Instant)>,
-    pub(super) rnr_deadline: Option<Instant>,
+    rnr_deadline: Option<Instant>,
     /// The `rwqe_seq` of the last message that consumes a receive request to have started.
     rwqe_started: u32,
     /// The `rwqe_seq` of the last such message completed.
     rwqe_retired: u32,
     /// End-to-end credits (RC): the highest `rwqe_seq` the responder has receives for, from
     /// its last ACK; `None` while it gives no credit information (rxe never does).
-    pub(super) credit_limit: Option<u32>,
+    credit_limit: Option<u32>,
     /// The PSN of the ACK that set `credit_limit` (older ACKs do not change it).
     credit_psn: Option<Psn>,
     /// With no credit left and nothing outstanding: when the requester sends one message
     /// anyway, unless an ACK brings credits first (see [`CREDIT_PROBE_DELAY`]).
-    pub(super) credit_probe_at: Option<Instant>,
+    credit_probe_at: Option<Instant>,
     /// Whether the responder sends unsolicited credit updates: `Some(true)` once one was
     /// seen (a repeated ACK of the same PSN with more credits), `Some(false)` once a wait of
     /// [`CREDIT_PROBE_DELAY_UPDATES`] ran out without one, `None` before either. A requester
@@ -453,7 +459,7 @@ impl Requester {
 
     /// The requester half of [`super::Qp::poll_transmit`]: a probe's packets first, then the
     /// next packet at the cursor.
-    pub(super) fn requester_transmit(
+    pub(super) fn poll_transmit(
         &mut self,
         ctx: &mut QpCtx,
         now: Instant,
@@ -1060,8 +1066,8 @@ impl Requester {
         blocked
     }
 
-    /// An ACK-class packet (RC): ACK/NAK, READ response or ATOMIC ACK.
-    pub(super) fn completer_packet(
+    /// An ACK-class packet (RC): ACK/NAK, READ response or ATOMIC ACK (the completer).
+    pub(super) fn handle_packet(
         &mut self,
         ctx: &mut QpCtx,
         now: Instant,
@@ -1272,7 +1278,7 @@ impl Requester {
     }
 
     /// The timer half of [`super::Qp::handle_timeout`].
-    pub(super) fn requester_timeout(&mut self, ctx: &mut QpCtx, now: Instant) {
+    pub(super) fn handle_timeout(&mut self, ctx: &mut QpCtx, now: Instant) {
         if self.rnr_deadline.is_some_and(|d| d <= now) {
             self.rnr_deadline = None;
             if self.outstanding() {

@@ -3,13 +3,20 @@
 //! ACK generation), the UC responder (drop the rest of a message on a gap) and UD receive.
 //!
 //! Responses are queued in `out` in PSN order and turned into packets by
-//! [`super::Qp::poll_transmit`]; READ response data is read from memory only then, straight into
-//! the packet buffer.
+//! [`Responder::poll_transmit`]; READ response data is read from memory only then, straight
+//! into the packet buffer.
+//!
+//! [`Responder`] owns all of this state. Its [`super::Qp`] lends it the shared [`QpCtx`]
+//! (configuration, error state, completions, events, counters) for each call; it never sees
+//! the requester. Its face to the QP: [`Responder::handle_packet`] (request-class packets),
+//! [`Responder::poll_transmit`], [`Responder::credit_update`], [`Responder::flush`] and a few
+//! queries.
 
 use super::ctx::{QpCtx, MAX_MSG};
 use super::io::{emit_headers, make_bth, scatter, sge_total};
 use super::*;
 use crate::psn::Psn;
+use crate::qp::QpType;
 use softrdma_wire::aeth::{self, NakCode, Syndrome};
 use softrdma_wire::opcode::{Opcode, OpcodeInfo, Operation, Position};
 use softrdma_wire::{atomic_ack_eth, roce};
@@ -25,14 +32,14 @@ pub(super) const GRH_LEN: u64 = 40;
 
 /// A receive request the responder is filling.
 #[derive(Debug)]
-pub(super) struct HeldRecv {
-    pub(super) req: RecvRequest,
+struct HeldRecv {
+    req: RecvRequest,
     cap: u64,
 }
 
 /// A multi-packet SEND or WRITE in progress.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct InMsg {
+struct InMsg {
     write: bool,
     offset: u64,
     va: u64,
@@ -58,7 +65,7 @@ enum Resource {
 
 /// A response waiting for [`super::Qp::poll_transmit`].
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Out {
+enum Out {
     Ack {
         psn: Psn,
         syndrome: Syndrome,
@@ -85,17 +92,17 @@ pub(super) struct Responder {
     epsn: Psn,
     msn: u32,
     nak_sent: bool,
-    pub(super) cur: Option<InMsg>,
-    pub(super) recv: Option<HeldRecv>,
+    cur: Option<InMsg>,
+    recv: Option<HeldRecv>,
     uc_drop: bool,
     res: VecDeque<Resource>,
     res_cap: usize,
-    pub(super) out: VecDeque<Out>,
+    out: VecDeque<Out>,
     comm_est: bool,
     received_any: bool,
     /// End-to-end credits advertised by the last positive ACK and not yet used since (RC,
     /// own receive queue); `None` before the first such ACK or without credit information.
-    pub(super) credits_left: Option<u32>,
+    credits_left: Option<u32>,
 }
 
 /// A responder sends an unsolicited credit update when receives are posted while fewer than
@@ -269,8 +276,26 @@ impl Responder {
         }
     }
 
+    /// A request-class packet of this QP's transport (RC, UC or UD).
+    pub(super) fn handle_packet(
+        &mut self,
+        ctx: &mut QpCtx,
+        repr: &roce::Repr,
+        info: &OpcodeInfo,
+        payload: &[u8],
+        meta: &RxMeta,
+        env: &mut dyn Env,
+    ) {
+        match ctx.cfg.qp_type {
+            QpType::Rc => self.rc_request(ctx, repr, info, payload, env),
+            QpType::Uc => self.uc_request(ctx, repr, info, payload, env),
+            QpType::Ud => self.ud_request(ctx, repr, payload, meta, env),
+            _ => ctx.stats.malformed += 1,
+        }
+    }
+
     /// An RC request packet.
-    pub(super) fn rc_request(
+    fn rc_request(
         &mut self,
         ctx: &mut QpCtx,
         repr: &roce::Repr,
@@ -646,7 +671,7 @@ impl Responder {
     }
 
     /// A UC request packet.
-    pub(super) fn uc_request(
+    fn uc_request(
         &mut self,
         ctx: &mut QpCtx,
         repr: &roce::Repr,
@@ -789,7 +814,7 @@ impl Responder {
     }
 
     /// A UD SEND.
-    pub(super) fn ud_request(
+    fn ud_request(
         &mut self,
         ctx: &mut QpCtx,
         repr: &roce::Repr,
@@ -838,7 +863,7 @@ impl Responder {
     }
 
     /// The responder half of [`super::Qp::poll_transmit`].
-    pub(super) fn responder_transmit(
+    pub(super) fn poll_transmit(
         &mut self,
         ctx: &mut QpCtx,
         buf: &mut [u8],
