@@ -27,21 +27,21 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Most unacknowledged PSNs the requester lets out (`RXE_MAX_UNACKED_PSNS`).
-pub(super) const WINDOW: u32 = 128;
+const WINDOW: u32 = 128;
 /// Most packets between two AckReq bits inside a long message.
-pub(super) const MAX_PKT_PER_ACK: u32 = 64;
+const MAX_PKT_PER_ACK: u32 = 64;
 /// The shortest tail-loss probe interval.
-pub(super) const PROBE_MIN: Duration = Duration::from_micros(50);
+const PROBE_MIN: Duration = Duration::from_micros(50);
 /// The probe interval before any round trip was measured.
 pub(super) const PROBE_INITIAL: Duration = Duration::from_millis(1);
 /// The longest probe interval (short of the local ACK timeout): a round-trip estimate
 /// inflated by a stalled thread, or doubled by probes without answer, still probes this
 /// often (two packets each).
-pub(super) const PROBE_MAX: Duration = Duration::from_millis(10);
+const PROBE_MAX: Duration = Duration::from_millis(10);
 /// Most doublings of the probe interval without progress.
 const PROBE_MAX_BACKOFF: u32 = 5;
 /// The smallest send window a loss shrinks the requester's to, in PSNs.
-pub(super) const CWND_MIN: u32 = 8;
+const CWND_MIN: u32 = 8;
 
 /// What a work request does on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,13 +65,13 @@ impl Kind {
         }
     }
 
-    pub(super) fn is_rd_atomic(self) -> bool {
+    fn is_rd_atomic(self) -> bool {
         matches!(self, Kind::Read | Kind::Atomic)
     }
 }
 
 /// The completion opcode of a send operation.
-pub(super) fn wc_opcode(op: &SendOp) -> WcOpcode {
+fn wc_opcode(op: &SendOp) -> WcOpcode {
     match op {
         SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
         SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
@@ -931,7 +931,7 @@ impl Requester {
     /// ([`PROBE_INITIAL`] before a round trip was measured), doubled for each probe since
     /// the last progress, at most [`PROBE_MAX`] and never past the local ACK timeout
     /// (`None` when the QP has no timer, timeout 0, and so no probes either).
-    pub(super) fn probe_interval(&self, ctx: &QpCtx) -> Option<Duration> {
+    fn probe_interval(&self, ctx: &QpCtx) -> Option<Duration> {
         let limit = local_ack_timeout(ctx.cfg.timeout)?;
         let base = match self.srtt {
             Some(s) => (s * 2).max(s + self.rttvar * 4).max(PROBE_MIN),

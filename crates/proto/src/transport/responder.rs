@@ -28,7 +28,7 @@ const REMOTE_READ: u32 = 4;
 const REMOTE_ATOMIC: u32 = 8;
 
 /// The GRH area at the start of every UD receive buffer.
-pub(super) const GRH_LEN: u64 = 40;
+const GRH_LEN: u64 = 40;
 
 /// A receive request the responder is filling.
 #[derive(Debug)]
