@@ -95,12 +95,7 @@ pub const RULES: &[CrateRule] = &[
             ("transport", &["transport"]),
             ("basics", &["qp", "psn", "mtu", "timer", ""]),
         ],
-        // The QP, its requester and its responder: being reworked by the provider boundary.
-        known_circles: &[&[
-            "transport/qp.rs",
-            "transport/requester.rs",
-            "transport/responder.rs",
-        ]],
+        known_circles: &[],
     },
     CrateRule {
         name: "softrdma",

@@ -15,7 +15,8 @@ use softrdma_wire::{mad, Error as WireError};
 
 use super::rng::{Permutation, SplitMix64};
 use super::types::{
-    AcceptParams, CmConfig, CmError, CmEvent, CmStats, ConnId, ConnectRequest, RepInfo, ReqInfo,
+    AcceptParams, CmConfig, CmError, CmEvent, CmStats, CmTransmit, ConnId, ConnectRequest, RepInfo,
+    ReqInfo,
 };
 use crate::timer::cm_timeout_ms_linux;
 
@@ -1095,8 +1096,27 @@ impl Cm {
     }
 
     /// The next MAD to send and its destination IP (to QP1 with Q_Key 0x80010000).
+    /// [`Cm::poll_transmit_into`] gives the same MADs in the transport's shape instead.
     pub fn poll_transmit(&mut self) -> Option<(IpAddr, [u8; 256])> {
         self.tx.pop_front()
+    }
+
+    /// Writes the next MAD to send into `buf[..256]` and returns its length and destination
+    /// IP, or returns `None` when there is nothing to send or `buf` is shorter than a MAD
+    /// (the MAD then stays queued). The shape of the transport's
+    /// [`Qp::poll_transmit`](crate::transport::Qp::poll_transmit): an owner can write the
+    /// MAD straight behind the BTH and DETH of the packet it builds. Takes from the same
+    /// queue as [`Cm::poll_transmit`].
+    pub fn poll_transmit_into(&mut self, buf: &mut [u8]) -> Option<CmTransmit> {
+        let (dest, mad) = self.tx.front()?;
+        let dst = buf.get_mut(..mad.len())?;
+        dst.copy_from_slice(mad);
+        let t = CmTransmit {
+            len: mad.len(),
+            dest: *dest,
+        };
+        self.tx.pop_front();
+        Some(t)
     }
 
     /// The next event for the owner.

@@ -14,15 +14,19 @@
 //! receive requests are taken from the owner too ([`Env::take_recv`]), so the receive queue
 //! can be the QP's own or a shared one.
 
+mod ctx;
 mod inline;
+mod io;
 mod qp;
 mod requester;
 mod responder;
 mod sglist;
+mod stats;
 
 pub use inline::{InlineData, INLINE_IN_PLACE};
-pub use qp::{Qp, QpStats};
+pub use qp::Qp;
 pub use sglist::{SgList, Sge, SG_INLINE};
+pub use stats::QpStats;
 
 use crate::mtu::Mtu;
 use crate::qp::QpType;
