@@ -19,7 +19,9 @@
 # WRITE_MD=0). Every sample stays in $OUT/results.csv.
 #
 # Environment: REPS (3), QUICK (0), WRITE_MD (1), INSTALL (1: apt-get the peers if missing),
-# OUT (result directory), NICE (-10: priority of the benchmarked programs; 0 to leave as is).
+# OUT (result directory), NICE (-10: priority of the benchmarked programs; 0 to leave as is),
+# SPREAD (0: with N, also scripts/spread.sh's N-run spread check of softrdma perf, saved in
+# $OUT/spread.txt).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -178,3 +180,10 @@ EOF
 fi
 cat "$FRAG"
 echo "results: $OUT" >&2
+
+# The repeated-run check (SPREAD=N): each softrdma perf case N more times in a row, with the
+# spread and the counters of the slow runs (scripts/spread.sh), saved beside the samples.
+if [ "${SPREAD:-0}" -gt 0 ]; then
+  echo "== run-to-run spread (SPREAD=$SPREAD)" >&2
+  RUNS=$SPREAD SR=$SR OUT=$OUT scripts/spread.sh | tee "$OUT/spread.txt"
+fi

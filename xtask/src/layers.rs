@@ -15,7 +15,8 @@
 //! The graph's strongly connected components of more than one file are the import circles.
 //! A crate may also name its layers, top first (module path prefixes): no file of a layer may
 //! import from a layer above it. [`RULES`] lists the crates: those in [`Mode::Fail`] fail the
-//! check on any circle or layer breach; those in [`Mode::Report`] are only reported.
+//! check on any circle (but those listed as known) or layer breach; those in [`Mode::Report`]
+//! are only reported.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -45,18 +46,21 @@ pub struct CrateRule {
     /// `""` is the crate root file only) whose files belong to it. A file in no layer is not
     /// ordered. Empty: no order is checked.
     pub layers: &'static [(&'static str, &'static [&'static str])],
+    /// Circles known and left for later (files relative to `src`): in a [`Mode::Fail`] crate,
+    /// a circle within one of these is reported but does not fail the check; any other does.
+    pub known_circles: &'static [&'static [&'static str]],
 }
 
 /// The crates of the workspace and how strictly each is held.
 ///
 /// `softrdma` is split into rooms, `rdma_cm` above `verbs` above `provider`
-/// (docs/ARCHITECTURE.md);
-/// it stays report-only while each room still has an import circle among its own files.
+/// (docs/ARCHITECTURE.md): no import from a layer above, and no circle but the known ones,
+/// each inside one room.
 pub const RULES: &[CrateRule] = &[
     CrateRule {
         name: "softrdma-wire",
         src: "crates/wire/src",
-        mode: Mode::Report,
+        mode: Mode::Fail,
         layers: &[
             ("rdma_cm private data", &["cma"]),
             ("connection manager", &["cm"]),
@@ -81,21 +85,23 @@ pub const RULES: &[CrateRule] = &[
             ),
             ("fields", &["field", "error", ""]),
         ],
+        known_circles: &[],
     },
     CrateRule {
         name: "softrdma-proto",
         src: "crates/proto/src",
-        mode: Mode::Report,
+        mode: Mode::Fail,
         layers: &[
             ("connection manager", &["cm"]),
             ("transport", &["transport"]),
             ("basics", &["qp", "psn", "mtu", "timer", ""]),
         ],
+        known_circles: &[],
     },
     CrateRule {
         name: "softrdma",
         src: "crates/softrdma/src",
-        mode: Mode::Report,
+        mode: Mode::Fail,
         layers: &[
             ("async face", &["tokio"]),
             ("connection manager", &["rdma_cm"]),
@@ -103,18 +109,57 @@ pub const RULES: &[CrateRule] = &[
             ("provider", &["provider"]),
             ("base", &["error", "gid", "log", "testing", ""]),
         ],
+        // Each room still has a circle among its own files (docs/ARCHITECTURE.md): the
+        // provider's engine with the files that add to it, the verbs objects that hold each
+        // other, the rdma_cm id with its registry and dispatch. None may reach across rooms.
+        known_circles: &[
+            &[
+                "provider/counters.rs",
+                "provider/faults.rs",
+                "provider/gsi.rs",
+                "provider/mcast.rs",
+                "provider/mod.rs",
+                "provider/progress.rs",
+                "provider/rx.rs",
+                "provider/tx.rs",
+            ],
+            &[
+                "rdma_cm/connect.rs",
+                "rdma_cm/dispatch.rs",
+                "rdma_cm/event.rs",
+                "rdma_cm/id.rs",
+                "rdma_cm/mod.rs",
+                "rdma_cm/registry.rs",
+            ],
+            &[
+                "verbs/ah.rs",
+                "verbs/context.rs",
+                "verbs/cq.rs",
+                "verbs/datapath.rs",
+                "verbs/device.rs",
+                "verbs/event.rs",
+                "verbs/mr.rs",
+                "verbs/mw.rs",
+                "verbs/pd.rs",
+                "verbs/qp.rs",
+                "verbs/resources.rs",
+                "verbs/srq.rs",
+            ],
+        ],
     },
     CrateRule {
         name: "softrdma-capi",
         src: "crates/capi/src",
         mode: Mode::Report,
         layers: &[],
+        known_circles: &[],
     },
     CrateRule {
         name: "softrdma-cli",
         src: "crates/cli/src",
         mode: Mode::Report,
         layers: &[],
+        known_circles: &[],
     },
 ];
 
@@ -732,7 +777,8 @@ impl Resolver<'_> {
                 if via_imports {
                     let fbase = &self.files[file].module;
                     for u in self.facts[file].uses.iter().filter(|u| u.inline.is_empty()) {
-                        if u.name.as_deref() == Some(first.as_str()) && u.path.first() != segs.first()
+                        if u.name.as_deref() == Some(first.as_str())
+                            && u.path.first() != segs.first()
                         {
                             let mut p = self.absolute(fbase, &u.path, file, false)?;
                             p.extend_from_slice(&segs[1..]);
@@ -984,7 +1030,12 @@ pub fn layer_breaches(g: &Graph, layers: &[(&str, &[&str])]) -> Vec<Edge> {
 /// Checks every crate of `rules` under the workspace `root`, writing the report to `out`.
 /// Returns whether the check passed (no finding in a [`Mode::Fail`] crate); fails when a
 /// crate's sources cannot be read.
-pub fn check(root: &Path, rules: &[CrateRule], verbose: bool, out: &mut String) -> Result<bool, Error> {
+pub fn check(
+    root: &Path,
+    rules: &[CrateRule],
+    verbose: bool,
+    out: &mut String,
+) -> Result<bool, Error> {
     let mut ok = true;
     for rule in rules {
         let g = graph(&root.join(rule.src))?;
@@ -1013,10 +1064,32 @@ pub fn check(root: &Path, rules: &[CrateRule], verbose: bool, out: &mut String) 
                 );
             }
         }
+        let mut new_circles = 0;
         for c in &circles {
             let names: Vec<&str> = c.iter().map(|&f| g.files[f].rel.as_str()).collect();
-            let _ = writeln!(out, "  circle of {} files: {}", c.len(), names.join(" "));
-            for e in g.edges.iter().filter(|e| c.contains(&e.from) && c.contains(&e.to)) {
+            let known = rule
+                .known_circles
+                .iter()
+                .any(|k| names.iter().all(|n| k.contains(n)));
+            if !known {
+                new_circles += 1;
+            }
+            let tag = if known {
+                " (known, left for later)"
+            } else {
+                ""
+            };
+            let _ = writeln!(
+                out,
+                "  circle of {} files{tag}: {}",
+                c.len(),
+                names.join(" ")
+            );
+            for e in g
+                .edges
+                .iter()
+                .filter(|e| c.contains(&e.from) && c.contains(&e.to))
+            {
                 let _ = writeln!(
                     out,
                     "    {} -> {} (line {})",
@@ -1031,7 +1104,7 @@ pub fn check(root: &Path, rules: &[CrateRule], verbose: bool, out: &mut String) 
                 g.files[e.from].rel, g.files[e.to].rel, e.line
             );
         }
-        if rule.mode == Mode::Fail && !(circles.is_empty() && breaches.is_empty()) {
+        if rule.mode == Mode::Fail && (new_circles > 0 || !breaches.is_empty()) {
             ok = false;
         }
     }
@@ -1068,14 +1141,27 @@ mod tests {
                 "lib.rs",
                 "mod error; pub mod a; pub mod b; pub mod c; pub use error::{Error, Result};",
             ),
-            ("error.rs", "pub enum Error {} pub type Result<T> = core::result::Result<T, Error>;"),
-            ("a.rs", "use crate::{Error, b::{self, X as Y}}; // use crate::c;\n fn f() {}"),
-            ("b.rs", "pub struct X; fn g() { let s = \"crate::c::Z\"; crate::c::h(); }"),
+            (
+                "error.rs",
+                "pub enum Error {} pub type Result<T> = core::result::Result<T, Error>;",
+            ),
+            (
+                "a.rs",
+                "use crate::{Error, b::{self, X as Y}}; // use crate::c;\n fn f() {}",
+            ),
+            (
+                "b.rs",
+                "pub struct X; fn g() { let s = \"crate::c::Z\"; crate::c::h(); }",
+            ),
             ("c.rs", "/* use crate::a; */ pub fn h() {}"),
         ]);
         assert_eq!(
             edges(&gr),
-            vec![pair("a.rs", "error.rs"), pair("a.rs", "b.rs"), pair("b.rs", "c.rs")]
+            vec![
+                pair("a.rs", "error.rs"),
+                pair("a.rs", "b.rs"),
+                pair("b.rs", "c.rs")
+            ]
         );
         assert!(circles(&gr).is_empty());
     }
@@ -1083,16 +1169,26 @@ mod tests {
     #[test]
     fn finds_circles_and_ignores_cfg_test_and_pure_reexports() {
         let gr = g(&[
-            ("lib.rs", "mod m; mod n; mod o; pub use m::M; #[cfg(test)] mod t;"),
+            (
+                "lib.rs",
+                "mod m; mod n; mod o; pub use m::M; #[cfg(test)] mod t;",
+            ),
             ("m.rs", "use super::n::N; pub struct M;"),
-            ("n.rs", "pub struct N(crate::m::M); #[cfg(test)] mod tests { use crate::o::O; }"),
+            (
+                "n.rs",
+                "pub struct N(crate::m::M); #[cfg(test)] mod tests { use crate::o::O; }",
+            ),
             ("o.rs", "pub struct O; fn f() { super::m::M; }"),
             ("t.rs", "use crate::o::O;"),
         ]);
         assert_eq!(circles(&gr), vec![vec![1, 2]]);
         assert_eq!(
             edges(&gr),
-            vec![pair("m.rs", "n.rs"), pair("n.rs", "m.rs"), pair("o.rs", "m.rs")]
+            vec![
+                pair("m.rs", "n.rs"),
+                pair("n.rs", "m.rs"),
+                pair("o.rs", "m.rs")
+            ]
         );
     }
 
@@ -1100,8 +1196,14 @@ mod tests {
     fn mod_rs_children_super_and_inline_modules() {
         let gr = g(&[
             ("lib.rs", "pub mod cm; pub fn top() {}"),
-            ("cm/mod.rs", "mod req; mod bits; pub use req::Req; pub(crate) use bits::get;"),
-            ("cm/req.rs", "use super::bits; pub struct Req; fn f() { bits::get(); }"),
+            (
+                "cm/mod.rs",
+                "mod req; mod bits; pub use req::Req; pub(crate) use bits::get;",
+            ),
+            (
+                "cm/req.rs",
+                "use super::bits; pub struct Req; fn f() { bits::get(); }",
+            ),
             (
                 "cm/bits.rs",
                 "pub fn get() {} mod inner { fn g() { super::get(); } } fn h() { crate::top(); }",
@@ -1109,16 +1211,25 @@ mod tests {
         ]);
         assert_eq!(
             edges(&gr),
-            vec![pair("cm/req.rs", "cm/bits.rs"), pair("cm/bits.rs", "lib.rs")]
+            vec![
+                pair("cm/req.rs", "cm/bits.rs"),
+                pair("cm/bits.rs", "lib.rs")
+            ]
         );
     }
 
     #[test]
     fn layers_order_imports_downward_only() {
         let gr = g(&[
-            ("lib.rs", "pub mod rdma_cm; pub mod verbs; pub mod provider;"),
+            (
+                "lib.rs",
+                "pub mod rdma_cm; pub mod verbs; pub mod provider;",
+            ),
             ("rdma_cm.rs", "use crate::verbs::Qp;"),
-            ("verbs.rs", "pub struct Qp; use crate::provider::Dev; fn f() { crate::rdma_cm::x(); }"),
+            (
+                "verbs.rs",
+                "pub struct Qp; use crate::provider::Dev; fn f() { crate::rdma_cm::x(); }",
+            ),
             ("provider.rs", "pub struct Dev;"),
         ]);
         let layers: &[(&str, &[&str])] = &[
@@ -1133,9 +1244,45 @@ mod tests {
     }
 
     #[test]
+    fn known_circles_are_reported_without_failing_and_new_ones_fail() {
+        let dir = std::env::temp_dir().join(format!("xtask-layers-{}", std::process::id()));
+        let src = dir.join("src");
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("lib.rs"), "mod a; mod b;").unwrap();
+        std::fs::write(src.join("a.rs"), "use crate::b::B; pub struct A;").unwrap();
+        std::fs::write(src.join("b.rs"), "use crate::a::A; pub struct B;").unwrap();
+        let rule = |known: &'static [&'static [&'static str]]| CrateRule {
+            name: "t",
+            src: "src",
+            mode: Mode::Fail,
+            layers: &[],
+            known_circles: known,
+        };
+        let mut out = String::new();
+        assert!(!check(&dir, &[rule(&[])], false, &mut out).unwrap());
+        assert!(out.contains("circle of 2 files: a.rs b.rs"), "{out}");
+        let mut out = String::new();
+        assert!(check(&dir, &[rule(&[&["a.rs", "b.rs"]])], false, &mut out).unwrap());
+        assert!(out.contains("(known, left for later)"), "{out}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The workspace itself passes: `cargo test` catches a new circle before CI does.
+    #[test]
+    fn workspace_passes() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut out = String::new();
+        assert!(check(&root, RULES, false, &mut out).unwrap(), "{out}");
+    }
+
+    #[test]
     fn tokenizer_skips_literals_lifetimes_and_raw_strings() {
-        let t = tokenize("fn f<'a>(x: &'a str) { let c = '\"'; let r = r#\"crate::x\"#; crate::y; }");
+        let t =
+            tokenize("fn f<'a>(x: &'a str) { let c = '\"'; let r = r#\"crate::x\"#; crate::y; }");
         let idents: Vec<&str> = t.iter().filter_map(Tok::ident).collect();
-        assert_eq!(idents, vec!["fn", "f", "x", "str", "let", "c", "let", "r", "crate", "y"]);
+        assert_eq!(
+            idents,
+            vec!["fn", "f", "x", "str", "let", "c", "let", "r", "crate", "y"]
+        );
     }
 }

@@ -2,23 +2,9 @@
 
 use std::process::Command;
 
-/// A loopback address no other process on this machine uses (see `softrdma::testing`), as
-/// text: a device address of the test's own.
-fn unique() -> String {
-    softrdma::testing::unique_loopback_addr().to_string()
-}
+mod common;
 
-fn softrdma(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
-        .args(args)
-        .output()
-        .expect("run softrdma");
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
+use common::*;
 
 #[test]
 fn devices_lists_loopback_like_ibv_devinfo() {
@@ -52,18 +38,6 @@ fn devices_with_an_unknown_device_fails_with_a_clear_message() {
     let (ok, _, err) = softrdma(&["devices", "-d", "192.0.2.9"]);
     assert!(!ok);
     assert!(err.contains("EADDRNOTAVAIL"), "{err}");
-}
-
-/// The value of `"key":` in a one-line JSON object (numbers and strings only).
-fn json_field<'a>(json: &'a str, key: &str) -> &'a str {
-    let pat = format!("\"{key}\":");
-    let start = json
-        .find(&pat)
-        .unwrap_or_else(|| panic!("no {key} in {json}"))
-        + pat.len();
-    let rest = &json[start..];
-    let end = rest.find([',', '}']).unwrap();
-    rest[..end].trim_matches('"')
 }
 
 /// The QP counters line of one side: (tx packets, rx packets).

@@ -1,36 +1,10 @@
 //! `softrdma perf -q N`: several QPs measured at once, in one process and in two.
 
+mod common;
+
+use common::*;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-
-fn softrdma(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
-        .args(args)
-        .output()
-        .expect("run softrdma");
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
-
-/// A loopback address no other process uses.
-fn addr() -> String {
-    softrdma::testing::unique_loopback_addr().to_string()
-}
-
-/// The value of `"key":` in a one-line JSON object (numbers and strings only).
-fn json_field<'a>(json: &'a str, key: &str) -> &'a str {
-    let pat = format!("\"{key}\":");
-    let start = json
-        .find(&pat)
-        .unwrap_or_else(|| panic!("no {key} in {json}"))
-        + pat.len();
-    let rest = &json[start..];
-    let end = rest.find([',', '}']).unwrap();
-    rest[..end].trim_matches('"')
-}
 
 /// The packets counted on a QP counters line starting with `label`: (tx, rx).
 fn packets(out: &str, label: &str) -> (u64, u64) {
@@ -52,7 +26,7 @@ fn packets(out: &str, label: &str) -> (u64, u64) {
 
 #[test]
 fn perf_q3_send_verifies_every_message_on_every_qp() {
-    let (c, s) = (addr(), addr());
+    let (c, s) = (unique(), unique());
     let (ok, out, err) = softrdma(&[
         "perf",
         "send",
@@ -83,7 +57,7 @@ fn perf_q3_send_verifies_every_message_on_every_qp() {
 #[test]
 fn perf_q2_write_and_read_report_the_aggregate() {
     for op in ["write", "read", "atomic"] {
-        let (c, s) = (addr(), addr());
+        let (c, s) = (unique(), unique());
         let (ok, out, err) = softrdma(&[
             "perf",
             op,
@@ -108,7 +82,7 @@ fn perf_q2_write_and_read_report_the_aggregate() {
 
 #[test]
 fn perf_q_with_a_server_process() {
-    let (c, s) = (addr(), addr());
+    let (c, s) = (unique(), unique());
     let mut server = Command::new(env!("CARGO_BIN_EXE_softrdma"))
         .args(["perf", "send", "--server", &s, "--port", "18777"])
         .stdout(Stdio::piped())

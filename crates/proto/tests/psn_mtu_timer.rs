@@ -196,6 +196,13 @@ fn cm_timeouts() {
     assert_eq!(cm_timeout_ms_linux(24), 65536);
     assert_eq!(cm_timeout_ms_linux(31), 1 << 23);
     assert_eq!(cm_timeout_ms_linux(200), 1 << 23);
+    assert_eq!(cm_timeout_ms_linux(255), 1 << 23);
+    assert_eq!(cm_timeout(200), Duration::from_nanos(4096 << 31));
+    // rdma_cm's CM response timeout (20) is Linux's 4096 ms.
+    assert_eq!(
+        cm_timeout_ms_linux(softrdma_wire::cma::CMA_CM_RESPONSE_TIMEOUT),
+        4096
+    );
     // The approximation is within a factor ~1.05 of the exact value from t = 8 on.
     for t in 8..=31u8 {
         let exact = cm_timeout(t).as_secs_f64() * 1000.0;

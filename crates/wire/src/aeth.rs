@@ -9,7 +9,7 @@
 //! RNR timer code, `11` a NAK whose value is a [`NakCode`]; type `10` and a set top bit are
 //! reserved.
 
-use crate::roce::be;
+use crate::field::{put_u24, u24_at};
 use crate::{Error, Result};
 
 /// Length of the header in bytes.
@@ -194,7 +194,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// MSN: the responder's message sequence number (24 bits).
     pub fn msn(&self) -> u32 {
-        be::u24_at(self.buffer.as_ref(), field::MSN)
+        u24_at(self.buffer.as_ref(), field::MSN)
     }
 }
 
@@ -206,7 +206,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the MSN; only the 24 low bits of `value` are used.
     pub fn set_msn(&mut self, value: u32) {
-        be::put_u24(self.buffer.as_mut(), field::MSN, value);
+        put_u24(self.buffer.as_mut(), field::MSN, value);
     }
 }
 

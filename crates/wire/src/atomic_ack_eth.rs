@@ -5,7 +5,7 @@
 //! Original Remote Data (64) @0
 //! ```
 
-use crate::roce::be;
+use crate::field::{put_u64, u64_at};
 use crate::{Error, Result};
 
 /// Length of the header in bytes.
@@ -55,14 +55,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Original Remote Data: the 8 bytes at the target before the atomic operation.
     pub fn orig_data(&self) -> u64 {
-        be::u64_at(self.buffer.as_ref(), field::ORIG_DATA)
+        u64_at(self.buffer.as_ref(), field::ORIG_DATA)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the field described at [`Packet::orig_data`].
     pub fn set_orig_data(&mut self, value: u64) {
-        be::put_u64(self.buffer.as_mut(), field::ORIG_DATA, value);
+        put_u64(self.buffer.as_mut(), field::ORIG_DATA, value);
     }
 }
 

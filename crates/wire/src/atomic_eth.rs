@@ -8,7 +8,7 @@
 //! VA (64) @0 | R_Key (32) @8 | Swap/Add Data (64) @12 | Compare Data (64) @20
 //! ```
 
-use crate::roce::be;
+use crate::field::{put_u32, put_u64, u32_at, u64_at};
 use crate::{Error, Result};
 
 /// Length of the header in bytes.
@@ -61,44 +61,44 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// VA: the remote virtual address of the 8-byte target.
     pub fn va(&self) -> u64 {
-        be::u64_at(self.buffer.as_ref(), field::VA)
+        u64_at(self.buffer.as_ref(), field::VA)
     }
 
     /// R_Key: the remote key of the target memory region.
     pub fn rkey(&self) -> u32 {
-        be::u32_at(self.buffer.as_ref(), field::RKEY)
+        u32_at(self.buffer.as_ref(), field::RKEY)
     }
 
     /// Swap (COMPARE_SWAP) or Add (FETCH_ADD) Data.
     pub fn swap_add(&self) -> u64 {
-        be::u64_at(self.buffer.as_ref(), field::SWAP_ADD)
+        u64_at(self.buffer.as_ref(), field::SWAP_ADD)
     }
 
     /// Compare Data (COMPARE_SWAP only).
     pub fn compare(&self) -> u64 {
-        be::u64_at(self.buffer.as_ref(), field::COMPARE)
+        u64_at(self.buffer.as_ref(), field::COMPARE)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the field described at [`Packet::va`].
     pub fn set_va(&mut self, value: u64) {
-        be::put_u64(self.buffer.as_mut(), field::VA, value);
+        put_u64(self.buffer.as_mut(), field::VA, value);
     }
 
     /// Sets the field described at [`Packet::rkey`].
     pub fn set_rkey(&mut self, value: u32) {
-        be::put_u32(self.buffer.as_mut(), field::RKEY, value);
+        put_u32(self.buffer.as_mut(), field::RKEY, value);
     }
 
     /// Sets the field described at [`Packet::swap_add`].
     pub fn set_swap_add(&mut self, value: u64) {
-        be::put_u64(self.buffer.as_mut(), field::SWAP_ADD, value);
+        put_u64(self.buffer.as_mut(), field::SWAP_ADD, value);
     }
 
     /// Sets the field described at [`Packet::compare`].
     pub fn set_compare(&mut self, value: u64) {
-        be::put_u64(self.buffer.as_mut(), field::COMPARE, value);
+        put_u64(self.buffer.as_mut(), field::COMPARE, value);
     }
 }
 

@@ -5,12 +5,12 @@
 //!  OpCode   | SE|M|PadCnt(2)|TVer(4)| P_Key | FECN|BECN|resv6 | DestQP  | AckReq|resv7 | PSN
 //! ```
 
-use crate::opcode::Opcode;
-use crate::roce::be;
+use crate::field::{put_u16, put_u24, u16_at, u24_at};
+use crate::opcode::{Opcode, BTH_LEN};
 use crate::{Error, Result};
 
-/// Length of the BTH in bytes.
-pub const HEADER_LEN: usize = 12;
+/// Length of the BTH in bytes (the opcode table's [`BTH_LEN`]).
+pub const HEADER_LEN: usize = BTH_LEN;
 
 /// The only transport header version defined; anything else is rejected.
 pub const TVER: u8 = 0;
@@ -104,7 +104,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The P_Key field.
     pub fn pkey(&self) -> u16 {
-        be::u16_at(self.buffer.as_ref(), field::PKEY)
+        u16_at(self.buffer.as_ref(), field::PKEY)
     }
 
     /// The FECN bit.
@@ -124,7 +124,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The DestQP field (24 bits).
     pub fn dest_qp(&self) -> u32 {
-        be::u24_at(self.buffer.as_ref(), field::DEST_QP)
+        u24_at(self.buffer.as_ref(), field::DEST_QP)
     }
 
     /// The AckReq bit.
@@ -139,7 +139,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// The PSN field (24 bits).
     pub fn psn(&self) -> u32 {
-        be::u24_at(self.buffer.as_ref(), field::PSN)
+        u24_at(self.buffer.as_ref(), field::PSN)
     }
 }
 
@@ -181,7 +181,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the P_Key field.
     pub fn set_pkey(&mut self, value: u16) {
-        be::put_u16(self.buffer.as_mut(), field::PKEY, value);
+        put_u16(self.buffer.as_mut(), field::PKEY, value);
     }
 
     /// Sets the FECN bit.
@@ -202,7 +202,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets DestQP; only the 24 low bits of `value` are used.
     pub fn set_dest_qp(&mut self, value: u32) {
-        be::put_u24(self.buffer.as_mut(), field::DEST_QP, value);
+        put_u24(self.buffer.as_mut(), field::DEST_QP, value);
     }
 
     /// Sets the AckReq bit.
@@ -218,7 +218,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 
     /// Sets the PSN; only the 24 low bits of `value` are used.
     pub fn set_psn(&mut self, value: u32) {
-        be::put_u24(self.buffer.as_mut(), field::PSN, value);
+        put_u24(self.buffer.as_mut(), field::PSN, value);
     }
 }
 

@@ -4,7 +4,7 @@
 //! Q_Key (32) @0 | reserved (8) @4 | SrcQP (24) @5
 //! ```
 
-use crate::roce::be;
+use crate::field::{put_u24, put_u32, u24_at, u32_at};
 use crate::{Error, Result};
 
 /// Length of the header in bytes.
@@ -56,12 +56,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Q_Key: the queue key the destination QP must hold.
     pub fn qkey(&self) -> u32 {
-        be::u32_at(self.buffer.as_ref(), field::QKEY)
+        u32_at(self.buffer.as_ref(), field::QKEY)
     }
 
     /// SrcQP: the sending queue pair number (24 bits).
     pub fn src_qp(&self) -> u32 {
-        be::u24_at(self.buffer.as_ref(), field::SRC_QP)
+        u24_at(self.buffer.as_ref(), field::SRC_QP)
     }
 
     /// The reserved byte (sent as zero, ignored on receive).
@@ -73,12 +73,12 @@ impl<T: AsRef<[u8]>> Packet<T> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the field described at [`Packet::qkey`].
     pub fn set_qkey(&mut self, value: u32) {
-        be::put_u32(self.buffer.as_mut(), field::QKEY, value);
+        put_u32(self.buffer.as_mut(), field::QKEY, value);
     }
 
     /// Sets the field described at [`Packet::src_qp`]. Only the 24 low bits of `value` are used.
     pub fn set_src_qp(&mut self, value: u32) {
-        be::put_u24(self.buffer.as_mut(), field::SRC_QP, value);
+        put_u24(self.buffer.as_mut(), field::SRC_QP, value);
     }
 
     /// Sets the reserved byte.

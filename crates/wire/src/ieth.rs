@@ -4,7 +4,7 @@
 //! R_Key (32) @0
 //! ```
 
-use crate::roce::be;
+use crate::field::{put_u32, u32_at};
 use crate::{Error, Result};
 
 /// Length of the header in bytes.
@@ -54,14 +54,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// R_Key: the remote key the responder must invalidate.
     pub fn rkey(&self) -> u32 {
-        be::u32_at(self.buffer.as_ref(), field::RKEY)
+        u32_at(self.buffer.as_ref(), field::RKEY)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the field described at [`Packet::rkey`].
     pub fn set_rkey(&mut self, value: u32) {
-        be::put_u32(self.buffer.as_mut(), field::RKEY, value);
+        put_u32(self.buffer.as_mut(), field::RKEY, value);
     }
 }
 

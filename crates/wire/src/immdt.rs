@@ -8,7 +8,7 @@
 //! Immediate Data (32) @0
 //! ```
 
-use crate::roce::be;
+use crate::field::{put_u32, u32_at};
 use crate::{Error, Result};
 
 /// Length of the header in bytes.
@@ -58,14 +58,14 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// Immediate Data: the four bytes on the wire read big-endian.
     pub fn imm_data(&self) -> u32 {
-        be::u32_at(self.buffer.as_ref(), field::IMM_DATA)
+        u32_at(self.buffer.as_ref(), field::IMM_DATA)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the field described at [`Packet::imm_data`].
     pub fn set_imm_data(&mut self, value: u32) {
-        be::put_u32(self.buffer.as_mut(), field::IMM_DATA, value);
+        put_u32(self.buffer.as_mut(), field::IMM_DATA, value);
     }
 }
 

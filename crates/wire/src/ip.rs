@@ -5,7 +5,7 @@
 //! answers [`Error::Unsupported`]), IPv6 extension headers, IPv4 fragments. IPv4 options are
 //! skipped using the IHL, but [`Ipv4Repr`] neither keeps nor emits them.
 
-use crate::roce::be;
+use crate::field::{put_u16, put_u32, u16_at, u24_at};
 use crate::{Error, Result};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -26,6 +26,15 @@ pub const IPV4_HEADER_LEN: usize = 20;
 pub const IPV6_HEADER_LEN: usize = 40;
 /// Length of a UDP header.
 pub const UDP_HEADER_LEN: usize = 8;
+
+/// The GID that stands for an IP address on RoCEv2: IPv4 as the IPv4-mapped IPv6 address
+/// `::ffff:a.b.c.d`, IPv6 as is. Never fails.
+pub fn ip_to_gid(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+        IpAddr::V6(a) => a,
+    }
+}
 
 fn addr6(b: &[u8], at: usize) -> Ipv6Addr {
     let mut a = [0u8; 16];
@@ -107,7 +116,7 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
 
     /// The EtherType.
     pub fn ethertype(&self) -> u16 {
-        be::u16_at(self.buffer.as_ref(), 12)
+        u16_at(self.buffer.as_ref(), 12)
     }
 
     /// Everything after the header (including any Ethernet padding).
@@ -132,7 +141,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> EthernetFrame<T> {
 
     /// Sets the EtherType.
     pub fn set_ethertype(&mut self, value: u16) {
-        be::put_u16(self.buffer.as_mut(), 12, value);
+        put_u16(self.buffer.as_mut(), 12, value);
     }
 
     /// Everything after the header, mutable.
@@ -250,12 +259,12 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
 
     /// The total length field.
     pub fn total_len(&self) -> u16 {
-        be::u16_at(self.buffer.as_ref(), 2)
+        u16_at(self.buffer.as_ref(), 2)
     }
 
     /// The Identification field.
     pub fn ident(&self) -> u16 {
-        be::u16_at(self.buffer.as_ref(), 4)
+        u16_at(self.buffer.as_ref(), 4)
     }
 
     /// The Don't Fragment flag.
@@ -270,7 +279,7 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
 
     /// The fragment offset in bytes.
     pub fn frag_offset(&self) -> u16 {
-        (be::u16_at(self.buffer.as_ref(), 6) & 0x1fff) << 3
+        (u16_at(self.buffer.as_ref(), 6) & 0x1fff) << 3
     }
 
     /// The time to live.
@@ -285,7 +294,7 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
 
     /// The header checksum field.
     pub fn checksum(&self) -> u16 {
-        be::u16_at(self.buffer.as_ref(), 10)
+        u16_at(self.buffer.as_ref(), 10)
     }
 
     /// The source address.
@@ -334,12 +343,12 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
 
     /// Sets the total length.
     pub fn set_total_len(&mut self, value: u16) {
-        be::put_u16(self.buffer.as_mut(), 2, value);
+        put_u16(self.buffer.as_mut(), 2, value);
     }
 
     /// Sets the Identification.
     pub fn set_ident(&mut self, value: u16) {
-        be::put_u16(self.buffer.as_mut(), 4, value);
+        put_u16(self.buffer.as_mut(), 4, value);
     }
 
     /// Sets the flags and fragment offset word: DF, MF and the offset in bytes (a multiple
@@ -352,7 +361,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
         if more_frags {
             v |= 0x2000;
         }
-        be::put_u16(self.buffer.as_mut(), 6, v);
+        put_u16(self.buffer.as_mut(), 6, v);
     }
 
     /// Sets the time to live.
@@ -367,7 +376,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
 
     /// Sets the checksum field.
     pub fn set_checksum(&mut self, value: u16) {
-        be::put_u16(self.buffer.as_mut(), 10, value);
+        put_u16(self.buffer.as_mut(), 10, value);
     }
 
     /// Sets the source address.
@@ -539,12 +548,12 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
 
     /// The flow label (20 bits).
     pub fn flow_label(&self) -> u32 {
-        be::u24_at(self.buffer.as_ref(), 1) & 0x000f_ffff
+        u24_at(self.buffer.as_ref(), 1) & 0x000f_ffff
     }
 
     /// The payload length field.
     pub fn payload_len(&self) -> u16 {
-        be::u16_at(self.buffer.as_ref(), 4)
+        u16_at(self.buffer.as_ref(), 4)
     }
 
     /// The next header field (17 for UDP).
@@ -586,12 +595,12 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv6Packet<T> {
     /// Sets version (6), traffic class and flow label (20 low bits used).
     pub fn set_version_class_flow(&mut self, traffic_class: u8, flow_label: u32) {
         let word = (6u32 << 28) | (u32::from(traffic_class) << 20) | (flow_label & 0x000f_ffff);
-        be::put_u32(self.buffer.as_mut(), 0, word);
+        put_u32(self.buffer.as_mut(), 0, word);
     }
 
     /// Sets the payload length.
     pub fn set_payload_len(&mut self, value: u16) {
-        be::put_u16(self.buffer.as_mut(), 4, value);
+        put_u16(self.buffer.as_mut(), 4, value);
     }
 
     /// Sets the next header.
@@ -737,17 +746,17 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
 
     /// The source port.
     pub fn src_port(&self) -> u16 {
-        be::u16_at(self.buffer.as_ref(), 0)
+        u16_at(self.buffer.as_ref(), 0)
     }
 
     /// The destination port.
     pub fn dst_port(&self) -> u16 {
-        be::u16_at(self.buffer.as_ref(), 2)
+        u16_at(self.buffer.as_ref(), 2)
     }
 
     /// The length field (header plus payload).
     pub fn len(&self) -> u16 {
-        be::u16_at(self.buffer.as_ref(), 4)
+        u16_at(self.buffer.as_ref(), 4)
     }
 
     /// Whether the length field says there is no payload.
@@ -757,7 +766,7 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
 
     /// The checksum field (0 = not computed).
     pub fn checksum(&self) -> u16 {
-        be::u16_at(self.buffer.as_ref(), 6)
+        u16_at(self.buffer.as_ref(), 6)
     }
 
     /// The 8 header bytes (empty when the buffer is shorter).
@@ -807,22 +816,22 @@ impl<T: AsRef<[u8]>> UdpPacket<T> {
 impl<T: AsRef<[u8]> + AsMut<[u8]>> UdpPacket<T> {
     /// Sets the source port.
     pub fn set_src_port(&mut self, value: u16) {
-        be::put_u16(self.buffer.as_mut(), 0, value);
+        put_u16(self.buffer.as_mut(), 0, value);
     }
 
     /// Sets the destination port.
     pub fn set_dst_port(&mut self, value: u16) {
-        be::put_u16(self.buffer.as_mut(), 2, value);
+        put_u16(self.buffer.as_mut(), 2, value);
     }
 
     /// Sets the length field.
     pub fn set_len(&mut self, value: u16) {
-        be::put_u16(self.buffer.as_mut(), 4, value);
+        put_u16(self.buffer.as_mut(), 4, value);
     }
 
     /// Sets the checksum field.
     pub fn set_checksum(&mut self, value: u16) {
-        be::put_u16(self.buffer.as_mut(), 6, value);
+        put_u16(self.buffer.as_mut(), 6, value);
     }
 
     /// Computes and stores the checksum over the pseudo-header and the datagram (as long as

@@ -29,6 +29,7 @@ pub mod cm;
 pub mod cma;
 pub mod deth;
 mod error;
+mod field;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;

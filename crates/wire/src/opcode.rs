@@ -15,6 +15,11 @@
 use crate::{Error, Result};
 use core::fmt;
 
+/// Length of the base transport header in bytes, where every extension header's offset starts
+/// ([`crate::bth::HEADER_LEN`] is this value; it lives here because the opcode table lays out
+/// the headers that follow the BTH, below the BTH's own module).
+pub const BTH_LEN: usize = 12;
+
 /// The transport service an opcode belongs to (the top three bits of the opcode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Transport {
@@ -208,7 +213,7 @@ impl OpcodeInfo {
     /// The byte offset of `header` from the start of the BTH, or `None` when this opcode does
     /// not carry that header.
     pub fn offset_of(&self, header: ExtHeader) -> Option<usize> {
-        let mut at = crate::bth::HEADER_LEN;
+        let mut at = BTH_LEN;
         for h in self.headers {
             if *h == header {
                 return Some(at);
@@ -230,7 +235,7 @@ impl OpcodeInfo {
         headers: &'static [ExtHeader],
         position: Position,
     ) -> OpcodeInfo {
-        let mut header_len = crate::bth::HEADER_LEN;
+        let mut header_len = BTH_LEN;
         let mut has_immediate = false;
         let mut has_invalidate = false;
         let mut i = 0;
@@ -626,7 +631,7 @@ impl Layout {
             has_payload: info.has_payload,
             atomic_write: matches!(info.operation, Operation::AtomicWrite),
         };
-        let mut at = crate::bth::HEADER_LEN;
+        let mut at = BTH_LEN;
         let mut i = 0;
         while i < info.headers.len() {
             let h = info.headers[i];

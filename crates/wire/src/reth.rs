@@ -4,7 +4,7 @@
 //! VA (64) @0 | R_Key (32) @8 | DMA Length (32) @12
 //! ```
 
-use crate::roce::be;
+use crate::field::{put_u32, put_u64, u32_at, u64_at};
 use crate::{Error, Result};
 
 /// Length of the header in bytes.
@@ -56,34 +56,34 @@ impl<T: AsRef<[u8]>> Packet<T> {
 
     /// VA: the remote virtual address.
     pub fn va(&self) -> u64 {
-        be::u64_at(self.buffer.as_ref(), field::VA)
+        u64_at(self.buffer.as_ref(), field::VA)
     }
 
     /// R_Key: the remote key of the target memory region.
     pub fn rkey(&self) -> u32 {
-        be::u32_at(self.buffer.as_ref(), field::RKEY)
+        u32_at(self.buffer.as_ref(), field::RKEY)
     }
 
     /// DMA Length: the total length of the RDMA operation in bytes.
     pub fn dma_len(&self) -> u32 {
-        be::u32_at(self.buffer.as_ref(), field::DMA_LEN)
+        u32_at(self.buffer.as_ref(), field::DMA_LEN)
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets the field described at [`Packet::va`].
     pub fn set_va(&mut self, value: u64) {
-        be::put_u64(self.buffer.as_mut(), field::VA, value);
+        put_u64(self.buffer.as_mut(), field::VA, value);
     }
 
     /// Sets the field described at [`Packet::rkey`].
     pub fn set_rkey(&mut self, value: u32) {
-        be::put_u32(self.buffer.as_mut(), field::RKEY, value);
+        put_u32(self.buffer.as_mut(), field::RKEY, value);
     }
 
     /// Sets the field described at [`Packet::dma_len`].
     pub fn set_dma_len(&mut self, value: u32) {
-        be::put_u32(self.buffer.as_mut(), field::DMA_LEN, value);
+        put_u32(self.buffer.as_mut(), field::DMA_LEN, value);
     }
 }
 

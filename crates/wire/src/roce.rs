@@ -39,51 +39,6 @@ pub const MIN_LEN: usize = bth::HEADER_LEN + ICRC_LEN;
 /// The payload length an RC ATOMIC_WRITE must carry.
 pub const ATOMIC_WRITE_LEN: usize = 8;
 
-/// Big-endian field access shared by the header modules. Callers guarantee the range.
-pub(crate) mod be {
-    #[inline]
-    pub(crate) fn u16_at(b: &[u8], at: usize) -> u16 {
-        u16::from_be_bytes([b[at], b[at + 1]])
-    }
-
-    #[inline]
-    pub(crate) fn u24_at(b: &[u8], at: usize) -> u32 {
-        u32::from_be_bytes([0, b[at], b[at + 1], b[at + 2]])
-    }
-
-    #[inline]
-    pub(crate) fn u32_at(b: &[u8], at: usize) -> u32 {
-        u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-    }
-
-    #[inline]
-    pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
-        let mut a = [0u8; 8];
-        a.copy_from_slice(&b[at..at + 8]);
-        u64::from_be_bytes(a)
-    }
-
-    #[inline]
-    pub(crate) fn put_u16(b: &mut [u8], at: usize, v: u16) {
-        b[at..at + 2].copy_from_slice(&v.to_be_bytes());
-    }
-
-    #[inline]
-    pub(crate) fn put_u24(b: &mut [u8], at: usize, v: u32) {
-        b[at..at + 3].copy_from_slice(&v.to_be_bytes()[1..]);
-    }
-
-    #[inline]
-    pub(crate) fn put_u32(b: &mut [u8], at: usize, v: u32) {
-        b[at..at + 4].copy_from_slice(&v.to_be_bytes());
-    }
-
-    #[inline]
-    pub(crate) fn put_u64(b: &mut [u8], at: usize, v: u64) {
-        b[at..at + 8].copy_from_slice(&v.to_be_bytes());
-    }
-}
-
 /// A read/write view of a RoCEv2 transport packet (BTH through ICRC) filling a buffer.
 ///
 /// The whole buffer is the packet: the ICRC is its last four bytes. Accessors never panic on

@@ -17,8 +17,7 @@
 #include <arpa/inet.h>
 #include <infiniband/verbs.h>
 
-#define CHECK(c, ...) do { if (!(c)) { fprintf(stderr, "%s:%d: ", __FILE__, __LINE__); \
-	fprintf(stderr, __VA_ARGS__); fprintf(stderr, " (errno %d)\n", errno); exit(1); } } while (0)
+#include "test_util.h"
 
 enum { BUF = 4096 };
 
@@ -47,37 +46,8 @@ static struct ibv_qp *make_qp(struct ibv_context *ctx, struct ibv_pd *pd, struct
 
 static void connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid)
 {
-	struct ibv_qp_attr at;
-	memset(&at, 0, sizeof(at));
-	at.qp_state = IBV_QPS_INIT;
-	at.port_num = 1;
-	at.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-			     IBV_ACCESS_REMOTE_ATOMIC;
-	CHECK(!ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-			     IBV_QP_ACCESS_FLAGS), "INIT");
-	memset(&at, 0, sizeof(at));
-	at.qp_state = IBV_QPS_RTR;
-	at.path_mtu = IBV_MTU_1024;
-	at.dest_qp_num = dest;
-	at.rq_psn = 0;
-	at.max_dest_rd_atomic = 1;
-	at.min_rnr_timer = 12;
-	at.ah_attr.is_global = 1;
-	at.ah_attr.grh.dgid = *gid;
-	at.ah_attr.grh.hop_limit = 1;
-	at.ah_attr.port_num = 1;
-	CHECK(!ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-			     IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-			     IBV_QP_MIN_RNR_TIMER), "RTR");
-	memset(&at, 0, sizeof(at));
-	at.qp_state = IBV_QPS_RTS;
-	at.timeout = 14;
-	at.retry_cnt = 7;
-	at.rnr_retry = 7;
-	at.sq_psn = 0;
-	at.max_rd_atomic = 1;
-	CHECK(!ibv_modify_qp(qp, &at, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-			     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC), "RTS");
+	connect_rc_qp(qp, dest, gid, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+			     IBV_ACCESS_REMOTE_ATOMIC);
 }
 
 struct seen {

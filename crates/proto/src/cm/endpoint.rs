@@ -1,20 +1,24 @@
 //! The CM state machine: [`Cm`].
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use softrdma_wire::bth::DEFAULT_PKEY;
 use softrdma_wire::cm::{
-    self as wcm, cm_timeout_to_ms, pad_private_data, DrepRepr, DreqRepr, Message, MessageMraed,
-    MessageRejected, MraRepr, RejRepr, RejectReason, RepRepr, ReqPath, ReqRepr, RtuRepr,
-    SidrRepRepr, SidrReqRepr, SidrStatus, TransportServiceType,
+    self as wcm, pad_private_data, DrepRepr, DreqRepr, Message, MessageMraed, MessageRejected,
+    MraRepr, RejRepr, RejectReason, RepRepr, ReqPath, ReqRepr, RtuRepr, SidrRepRepr, SidrReqRepr,
+    SidrStatus, TransportServiceType,
 };
+use softrdma_wire::ip::ip_to_gid;
 use softrdma_wire::{mad, Error as WireError};
 
 use super::rng::{Permutation, SplitMix64};
 use super::types::{
-    AcceptParams, CmConfig, CmError, CmEvent, CmStats, ConnId, ConnectRequest, RepInfo, ReqInfo,
+    AcceptParams, CmConfig, CmError, CmEvent, CmStats, CmTransmit, ConnId, ConnectRequest, RepInfo,
+    ReqInfo,
 };
+use crate::timer::cm_timeout_ms_linux;
 
 /// A 256-byte MAD.
 type MadBuf = [u8; mad::MAD_SIZE];
@@ -28,8 +32,6 @@ pub const EVENT_QUEUE_LIMIT: usize = 4096;
 
 /// Largest 24-bit value (QPN, PSN).
 const MAX_24: u32 = 0x00FF_FFFF;
-/// The default P_Key RoCE uses.
-const DEFAULT_PKEY: u16 = 0xFFFF;
 /// The permissive LID rdma_cm puts in REQs whose path is routed (hop limit > 1).
 const PERMISSIVE_LID: u16 = 0xFFFF;
 
@@ -45,14 +47,6 @@ pub fn cm_ack_timeout(ca_ack_delay: u8, packet_lifetime: u8) -> u8 {
         delay + u16::from(ack + 1 >= delay)
     };
     t.min(31) as u8
-}
-
-/// The GID of an IP address: IPv4 as `::ffff:a.b.c.d`, IPv6 as is.
-pub fn ip_to_gid(ip: IpAddr) -> Ipv6Addr {
-    match ip {
-        IpAddr::V4(a) => a.to_ipv6_mapped(),
-        IpAddr::V6(a) => a,
-    }
 }
 
 fn after(now: Instant, ms: u64) -> Instant {
@@ -357,7 +351,7 @@ impl Cm {
         self.unpend(conn);
         conn.state = State::Timewait;
         conn.retx = None;
-        conn.expiry = Some(after(now, cm_timeout_to_ms(conn.av_timeout)));
+        conn.expiry = Some(after(now, cm_timeout_ms_linux(conn.av_timeout)));
     }
 
     fn arm(conn: &mut Conn, now: Instant, mad: MadBuf, timeout_ms: u64, retries: u8) {
@@ -462,8 +456,8 @@ impl Cm {
             sap_supported: false,
             private_data,
         };
-        let timeout_ms =
-            2 * cm_timeout_to_ms(cfg.packet_lifetime) + cm_timeout_to_ms(cfg.cm_response_timeout);
+        let timeout_ms = 2 * cm_timeout_ms_linux(cfg.packet_lifetime)
+            + cm_timeout_ms_linux(cfg.cm_response_timeout);
         let max_retries = cfg.max_cm_retries.min(15);
         let av_timeout = (cfg.packet_lifetime.min(30)) + 1;
         let tid = self.form_tid(id);
@@ -819,7 +813,7 @@ impl Cm {
             private_data: pd,
         });
         let buf = self.send(peer, tid, &msg);
-        let timeout_ms = cm_timeout_to_ms(self.cfg.cm_response_timeout);
+        let timeout_ms = cm_timeout_ms_linux(self.cfg.cm_response_timeout);
         let retries = self.cfg.max_cm_retries.min(15);
         let mut conn = Conn::new(State::SidrReqSent, peer);
         conn.service_id = service_id;
@@ -861,7 +855,7 @@ impl Cm {
         self.unpend(&mut conn);
         conn.state = State::SidrAnswered;
         conn.reply = Some(Box::new(buf));
-        let window = cm_timeout_to_ms(self.cfg.cm_response_timeout)
+        let window = cm_timeout_ms_linux(self.cfg.cm_response_timeout)
             * (u64::from(self.cfg.max_cm_retries.min(15)) + 1);
         conn.expiry = Some(after(now, window));
         self.put(id.0, conn);
@@ -1102,8 +1096,27 @@ impl Cm {
     }
 
     /// The next MAD to send and its destination IP (to QP1 with Q_Key 0x80010000).
+    /// [`Cm::poll_transmit_into`] gives the same MADs in the transport's shape instead.
     pub fn poll_transmit(&mut self) -> Option<(IpAddr, [u8; 256])> {
         self.tx.pop_front()
+    }
+
+    /// Writes the next MAD to send into `buf[..256]` and returns its length and destination
+    /// IP, or returns `None` when there is nothing to send or `buf` is shorter than a MAD
+    /// (the MAD then stays queued). The shape of the transport's
+    /// [`Qp::poll_transmit`](crate::transport::Qp::poll_transmit): an owner can write the
+    /// MAD straight behind the BTH and DETH of the packet it builds. Takes from the same
+    /// queue as [`Cm::poll_transmit`].
+    pub fn poll_transmit_into(&mut self, buf: &mut [u8]) -> Option<CmTransmit> {
+        let (dest, mad) = self.tx.front()?;
+        let dst = buf.get_mut(..mad.len())?;
+        dst.copy_from_slice(mad);
+        let t = CmTransmit {
+            len: mad.len(),
+            dest: *dest,
+        };
+        self.tx.pop_front();
+        Some(t)
     }
 
     /// The next event for the owner.
@@ -1320,7 +1333,7 @@ impl Cm {
         conn.remote_qpn = req.local_qpn;
         conn.service_id = req.service_id;
         conn.tid = tid;
-        conn.timeout_ms = cm_timeout_to_ms(req.local_cm_response_timeout);
+        conn.timeout_ms = cm_timeout_ms_linux(req.local_cm_response_timeout);
         conn.max_retries = req.max_cm_retries;
         conn.av_timeout = packet_lifetime + 1;
         conn.pending = true;
@@ -1401,7 +1414,8 @@ impl Cm {
         let Some(mut conn) = self.unput(mra.remote_comm_id) else {
             return;
         };
-        let timeout = cm_timeout_to_ms(mra.service_timeout) + cm_timeout_to_ms(conn.av_timeout);
+        let timeout =
+            cm_timeout_ms_linux(mra.service_timeout) + cm_timeout_ms_linux(conn.av_timeout);
         if let Some(r) = conn.retx.as_mut() {
             r.timeout_ms = timeout;
             r.deadline = after(now, timeout);

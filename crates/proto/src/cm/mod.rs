@@ -11,7 +11,9 @@
 //!   [`Cm::handle_timeout`] when [`Cm::poll_timeout`] says so;
 //!
 //! and produces MADs to send ([`Cm::poll_transmit`]: destination IP + 256 bytes, to be sent
-//! as a UD SEND from QP1 to QP1 with Q_Key 0x80010000) and events ([`Cm::poll_event`]).
+//! as a UD SEND from QP1 to QP1 with Q_Key 0x80010000; or [`Cm::poll_transmit_into`], which
+//! writes them into the caller's buffer as the transport's `Qp::poll_transmit` does) and
+//! events ([`Cm::poll_event`]).
 //! Communication IDs and the TID high word come from a splitmix64 generator seeded by
 //! [`CmConfig::seed`], so the same inputs give the same outputs, byte for byte.
 //!
@@ -94,8 +96,9 @@ mod types;
 #[cfg(test)]
 mod tests;
 
-pub use endpoint::{cm_ack_timeout, ip_to_gid, Cm, EVENT_QUEUE_LIMIT, TX_QUEUE_LIMIT};
+pub use endpoint::{cm_ack_timeout, Cm, EVENT_QUEUE_LIMIT, TX_QUEUE_LIMIT};
+pub use softrdma_wire::ip::ip_to_gid;
 pub use types::{
-    AcceptParams, CmConfig, CmError, CmEvent, CmStats, ConnId, ConnectRequest, MsgCounts, RepInfo,
-    ReqInfo, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PENDING_REQS,
+    AcceptParams, CmConfig, CmError, CmEvent, CmStats, CmTransmit, ConnId, ConnectRequest,
+    MsgCounts, RepInfo, ReqInfo, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PENDING_REQS,
 };

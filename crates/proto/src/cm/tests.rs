@@ -122,6 +122,42 @@ fn golden_req_matches_rxe_frame_361() {
     }
 }
 
+#[test]
+fn poll_transmit_into_gives_the_same_mads_into_the_callers_buffer() {
+    // Two CMs with the same seed and inputs queue the same MADs: one is drained the old
+    // way, the other into a buffer.
+    let now = Instant::now();
+    let mut second = frame361_request();
+    second.dst = v4(198, 18, 0, 9);
+    second.local_qpn = 0x25;
+    let mut old = cm(v4(198, 18, 0, 3), 0x5054_00ff_fe00_0003, 7);
+    let mut new = cm(v4(198, 18, 0, 3), 0x5054_00ff_fe00_0003, 7);
+    for c in [&mut old, &mut new] {
+        c.connect(now, frame361_request()).unwrap();
+        c.connect(now, second.clone()).unwrap();
+    }
+    let expect = drain(&mut old);
+    assert_eq!(expect.len(), 2);
+    // A buffer shorter than a MAD gets nothing and leaves the MAD queued.
+    let mut short = [0u8; 255];
+    assert_eq!(new.poll_transmit_into(&mut short), None);
+    let mut buf = [0xeeu8; 300];
+    for (dst, mad) in &expect {
+        let t = new.poll_transmit_into(&mut buf).unwrap();
+        assert_eq!(
+            t,
+            CmTransmit {
+                len: 256,
+                dest: *dst
+            }
+        );
+        assert_eq!(&buf[..256], &mad[..]);
+        assert!(buf[256..].iter().all(|&b| b == 0xee), "wrote past the MAD");
+    }
+    assert_eq!(new.poll_transmit_into(&mut buf), None);
+    assert_eq!(new.poll_transmit(), None);
+}
+
 /// The no-listener capture: the REQ (frame 1) and the REJ reason 4 that the kernel sends when
 /// the requester is destroyed with the REQ still outstanding (frame 4).
 #[test]

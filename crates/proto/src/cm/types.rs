@@ -410,6 +410,18 @@ impl MsgCounts {
     }
 }
 
+/// A MAD the CM wants sent, as [`Cm::poll_transmit_into`](super::Cm::poll_transmit_into)
+/// wrote it into the caller's buffer: the same shape as the transport's
+/// [`Transmit`](crate::transport::Transmit) (bytes written, then where they go).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CmTransmit {
+    /// Bytes written at the start of the buffer: one whole MAD (256 bytes), to be sent as a
+    /// UD SEND from QP1 to QP1 with Q_Key 0x80010000.
+    pub len: usize,
+    /// The IP address of the peer's GSI endpoint.
+    pub dest: IpAddr,
+}
+
 /// Counters of a [`Cm`](super::Cm).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CmStats {

@@ -14,29 +14,22 @@
 //! receive requests are taken from the owner too ([`Env::take_recv`]), so the receive queue
 //! can be the QP's own or a shared one.
 
+mod ctx;
 mod inline;
+mod io;
 mod qp;
 mod requester;
 mod responder;
 mod sglist;
+mod stats;
 
 pub use inline::{InlineData, INLINE_IN_PLACE};
-pub use qp::{Qp, QpStats};
-pub use sglist::{SgList, SG_INLINE};
+pub use qp::Qp;
+pub use sglist::{SgList, Sge, SG_INLINE};
+pub use stats::QpStats;
 
 use crate::mtu::Mtu;
 use crate::qp::QpType;
-
-/// A piece of local registered memory (`struct ibv_sge`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Sge {
-    /// Address of the first byte, in the region's iova space.
-    pub addr: u64,
-    /// Length in bytes.
-    pub length: u32,
-    /// Local key of the region.
-    pub lkey: u32,
-}
 
 /// What a send request does, with the operands of its kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,8 +7,15 @@
 //! `high_psn` one past the highest PSN ever sent. A retry rewinds `next_psn` to `comp_psn`
 //! and the cursor to the work request holding it (mid-message for SEND/WRITE; a READ is
 //! resumed with a shorter request).
+//!
+//! [`Requester`] owns all of this state. Its [`super::Qp`] lends it the shared [`QpCtx`]
+//! (configuration, error state, completions, counters) for each call; it never sees the
+//! responder. Its face to the QP: [`Requester::post`], [`Requester::handle_packet`] (ACK-class
+//! packets), [`Requester::poll_transmit`], [`Requester::handle_timeout`],
+//! [`Requester::flush_send_queue`] and a few read-only queries.
 
-use super::qp::{emit_headers, gather, make_bth, scatter, sge_total, Qp};
+use super::ctx::{QpCtx, MAX_MSG};
+use super::io::{emit_headers, gather, make_bth, scatter, sge_total};
 use super::*;
 use crate::psn::Psn;
 use crate::qp::QpType;
@@ -20,27 +27,25 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Most unacknowledged PSNs the requester lets out (`RXE_MAX_UNACKED_PSNS`).
-pub(super) const WINDOW: u32 = 128;
+const WINDOW: u32 = 128;
 /// Most packets between two AckReq bits inside a long message.
-pub(super) const MAX_PKT_PER_ACK: u32 = 64;
-/// The largest message (2^31 bytes).
-pub(super) const MAX_MSG: u64 = 1 << 31;
+const MAX_PKT_PER_ACK: u32 = 64;
 /// The shortest tail-loss probe interval.
-pub(super) const PROBE_MIN: Duration = Duration::from_micros(50);
+const PROBE_MIN: Duration = Duration::from_micros(50);
 /// The probe interval before any round trip was measured.
 pub(super) const PROBE_INITIAL: Duration = Duration::from_millis(1);
 /// The longest probe interval (short of the local ACK timeout): a round-trip estimate
 /// inflated by a stalled thread, or doubled by probes without answer, still probes this
 /// often (two packets each).
-pub(super) const PROBE_MAX: Duration = Duration::from_millis(10);
+const PROBE_MAX: Duration = Duration::from_millis(10);
 /// Most doublings of the probe interval without progress.
 const PROBE_MAX_BACKOFF: u32 = 5;
 /// The smallest send window a loss shrinks the requester's to, in PSNs.
-pub(super) const CWND_MIN: u32 = 8;
+const CWND_MIN: u32 = 8;
 
 /// What a work request does on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+enum Kind {
     Send,
     Write,
     Read,
@@ -60,13 +65,13 @@ impl Kind {
         }
     }
 
-    pub(super) fn is_rd_atomic(self) -> bool {
+    fn is_rd_atomic(self) -> bool {
         matches!(self, Kind::Read | Kind::Atomic)
     }
 }
 
 /// The completion opcode of a send operation.
-pub(super) fn wc_opcode(op: &SendOp) -> WcOpcode {
+fn wc_opcode(op: &SendOp) -> WcOpcode {
     match op {
         SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
         SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
@@ -80,25 +85,25 @@ pub(super) fn wc_opcode(op: &SendOp) -> WcOpcode {
 
 /// A posted send request and its transmission state.
 #[derive(Debug)]
-pub(super) struct Wqe {
-    pub(super) req: SendRequest,
-    pub(super) kind: Kind,
-    pub(super) len: u64,
+struct Wqe {
+    req: SendRequest,
+    kind: Kind,
+    len: u64,
     /// PSNs the request takes (READ: one per response packet).
-    pub(super) npkts: u32,
-    pub(super) first_psn: Psn,
-    pub(super) last_psn: Psn,
+    npkts: u32,
+    first_psn: Psn,
+    last_psn: Psn,
     /// PSNs assigned (first packet sent at least once).
-    pub(super) started: bool,
+    started: bool,
     /// Counted in `rd_outstanding`.
-    pub(super) rd_counted: bool,
+    rd_counted: bool,
     /// UC/UD: sent, waiting for in-order retirement.
-    pub(super) done: bool,
+    done: bool,
     /// The error it will complete with when the QP flushes.
-    pub(super) status: Option<WcStatus>,
+    status: Option<WcStatus>,
     /// For a message that consumes a receive request at the responder (SEND, WRITE with
     /// immediate): its number among such messages, from 1, given when it starts; else 0.
-    pub(super) rwqe_seq: u32,
+    rwqe_seq: u32,
 }
 
 impl Wqe {
@@ -116,16 +121,16 @@ impl Wqe {
 
 /// Send queue, requester and completer state.
 #[derive(Debug)]
-pub(super) struct SendQueue {
-    pub(super) wqes: VecDeque<Wqe>,
+pub(super) struct Requester {
+    wqes: VecDeque<Wqe>,
     /// Index in `wqes` of the request being sent.
-    pub(super) cur: usize,
+    cur: usize,
     /// Bytes of `wqes[cur]` already covered by sent packets.
-    pub(super) offset: u64,
-    pub(super) next_psn: Psn,
-    pub(super) comp_psn: Psn,
-    pub(super) high_psn: Psn,
-    pub(super) sent_any: bool,
+    offset: u64,
+    next_psn: Psn,
+    comp_psn: Psn,
+    high_psn: Psn,
+    sent_any: bool,
     noack: u32,
     rd_outstanding: u32,
     retry_left: u8,
@@ -135,8 +140,8 @@ pub(super) struct SendQueue {
     pub(super) retrans_deadline: Option<Instant>,
     /// Tail-loss probe: when, with packets outstanding and no ACK progress, the requester
     /// resends from `comp_psn` without waiting for the local ACK timeout (see
-    /// [`Qp::probe_interval`]). Set when a packet goes out, moved on progress.
-    pub(super) probe_deadline: Option<Instant>,
+    /// [`Requester::probe_interval`]). Set when a packet goes out, moved on progress.
+    probe_deadline: Option<Instant>,
     /// Probes since the last progress (each doubles the next interval).
     probes: u32,
     /// The packets a probe still has to send, by PSN: the first unacknowledged one and the
@@ -156,7 +161,7 @@ pub(super) struct SendQueue {
     /// window above). Every unacknowledged PSN is resent on a go-back-N restart (a
     /// responder drops what follows a gap), so a window far beyond the round trip costs a
     /// window of resends per loss; lossless, it stays at [`WINDOW`].
-    pub(super) cwnd: u32,
+    cwnd: u32,
     ssthresh: u32,
     /// PSNs acknowledged toward the next one-PSN growth above `ssthresh`.
     cwnd_acc: u32,
@@ -166,19 +171,19 @@ pub(super) struct SendQueue {
     /// The packet being timed for the next round-trip sample: its last PSN and send time
     /// (cleared by any go-back-N restart: Karn's rule).
     rtt_sample: Option<(Psn, Instant)>,
-    pub(super) rnr_deadline: Option<Instant>,
+    rnr_deadline: Option<Instant>,
     /// The `rwqe_seq` of the last message that consumes a receive request to have started.
     rwqe_started: u32,
     /// The `rwqe_seq` of the last such message completed.
     rwqe_retired: u32,
     /// End-to-end credits (RC): the highest `rwqe_seq` the responder has receives for, from
     /// its last ACK; `None` while it gives no credit information (rxe never does).
-    pub(super) credit_limit: Option<u32>,
+    credit_limit: Option<u32>,
     /// The PSN of the ACK that set `credit_limit` (older ACKs do not change it).
     credit_psn: Option<Psn>,
     /// With no credit left and nothing outstanding: when the requester sends one message
     /// anyway, unless an ACK brings credits first (see [`CREDIT_PROBE_DELAY`]).
-    pub(super) credit_probe_at: Option<Instant>,
+    credit_probe_at: Option<Instant>,
     /// Whether the responder sends unsolicited credit updates: `Some(true)` once one was
     /// seen (a repeated ACK of the same PSN with more credits), `Some(false)` once a wait of
     /// [`CREDIT_PROBE_DELAY_UPDATES`] ran out without one, `None` before either. A requester
@@ -211,10 +216,10 @@ fn npkts(len: u64, mtu: u64) -> u32 {
     }
 }
 
-impl SendQueue {
-    pub(super) fn new(cfg: &QpConfig) -> SendQueue {
+impl Requester {
+    pub(super) fn new(cfg: &QpConfig) -> Requester {
         let psn = Psn::new(cfg.sq_psn);
-        SendQueue {
+        Requester {
             wqes: VecDeque::with_capacity(cfg.max_send_wr.clamp(1, 4096) as usize),
             cur: 0,
             offset: 0,
@@ -260,7 +265,62 @@ impl SendQueue {
         self.rnr_left = cfg.rnr_retry;
     }
 
-    pub(super) fn push(&mut self, req: SendRequest, mtu: u32) {
+    /// Queues a send request (see [`super::Qp::post_send`]): gives it back when
+    /// `max_send_wr` requests are outstanding; in ERR completes it at once with
+    /// `WR_FLUSH_ERR`.
+    #[allow(clippy::result_large_err)]
+    pub(super) fn post(&mut self, ctx: &mut QpCtx, req: SendRequest) -> Result<(), SendRequest> {
+        if self.wqes.len() >= ctx.cfg.max_send_wr.max(1) as usize {
+            return Err(req);
+        }
+        if ctx.error {
+            ctx.completions.push_back(Completion {
+                wr_id: req.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: wc_opcode(&req.op),
+                ..Completion::default()
+            });
+            return Ok(());
+        }
+        self.push(req, ctx.mtu);
+        Ok(())
+    }
+
+    /// Whether a request packet may be ready to go (the cursor is on a request and no RNR
+    /// wait holds it back); the QP's error state is the caller's to check.
+    pub(super) fn may_transmit(&self) -> bool {
+        self.rnr_deadline.is_none() && self.cur < self.wqes.len()
+    }
+
+    /// Whether packets were sent and not all acknowledged yet.
+    pub(super) fn awaiting_ack(&self) -> bool {
+        self.next_psn != self.comp_psn
+    }
+
+    /// Requests posted and not yet fully transmitted.
+    pub(super) fn unsent_requests(&self) -> usize {
+        self.wqes.len().saturating_sub(self.cur)
+    }
+
+    /// Whether the last ACK told how many receives the responder has.
+    pub(super) fn knows_credits(&self) -> bool {
+        self.credit_limit.is_some()
+    }
+
+    /// The earliest of the requester's timers (retransmit, probe, RNR, credit probe).
+    pub(super) fn next_timeout(&self) -> Option<Instant> {
+        [
+            self.retrans_deadline,
+            self.probe_deadline,
+            self.rnr_deadline,
+            self.credit_probe_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    fn push(&mut self, req: SendRequest, mtu: u32) {
         let kind = Kind::of(&req.op);
         let len = match kind {
             Kind::Local => 0,
@@ -294,22 +354,22 @@ impl SendQueue {
     }
 }
 
-impl Qp {
+impl Requester {
     /// Completes the oldest request with `status` (no completion for a successful
     /// unsignaled one).
-    fn complete_front(&mut self, status: WcStatus) {
-        let Some(w) = self.sq.wqes.pop_front() else {
+    fn complete_front(&mut self, ctx: &mut QpCtx, status: WcStatus) {
+        let Some(w) = self.wqes.pop_front() else {
             return;
         };
         if w.rd_counted {
-            self.sq.rd_outstanding = self.sq.rd_outstanding.saturating_sub(1);
+            self.rd_outstanding = self.rd_outstanding.saturating_sub(1);
         }
         if w.rwqe_seq != 0 {
-            self.sq.rwqe_retired = w.rwqe_seq;
+            self.rwqe_retired = w.rwqe_seq;
         }
-        self.sq.cur = self.sq.cur.saturating_sub(1);
+        self.cur = self.cur.saturating_sub(1);
         if status != WcStatus::Success || w.req.signaled {
-            self.completions.push_back(Completion {
+            ctx.completions.push_back(Completion {
                 wr_id: w.req.wr_id,
                 status,
                 opcode: wc_opcode(&w.req.op),
@@ -324,56 +384,59 @@ impl Qp {
         // Local operations carried out already complete as soon as everything before them
         // has (they wait for no acknowledgement).
         if self
-            .sq
             .wqes
             .front()
             .is_some_and(|f| f.kind == Kind::Local && f.started)
         {
-            self.complete_front(WcStatus::Success);
+            self.complete_front(ctx, WcStatus::Success);
         }
     }
 
     /// Retires the UC/UD requests that were sent, oldest first.
-    fn pop_done(&mut self) {
-        while self.sq.wqes.front().is_some_and(|w| w.done) {
-            self.complete_front(WcStatus::Success);
+    fn pop_done(&mut self, ctx: &mut QpCtx) {
+        while self.wqes.front().is_some_and(|w| w.done) {
+            self.complete_front(ctx, WcStatus::Success);
         }
     }
 
-    /// Marks request `idx` failed with `status` and moves the QP to ERR.
-    fn fail_wqe(&mut self, idx: usize, status: WcStatus) {
-        if let Some(w) = self.sq.wqes.get_mut(idx) {
+    /// Marks request `idx` failed with `status`, moves the QP to ERR and flushes the send
+    /// queue at once (the QP flushes the responder's side when it gets control back).
+    fn fail_wqe(&mut self, ctx: &mut QpCtx, idx: usize, status: WcStatus) {
+        if let Some(w) = self.wqes.get_mut(idx) {
             w.status = Some(status);
         }
-        self.enter_error(None);
+        if !ctx.error {
+            ctx.fail(None);
+            self.flush_send_queue(ctx);
+        }
     }
 
     /// Completes every queued request: failed ones with their status, the rest with
-    /// `WR_FLUSH_ERR`.
-    pub(super) fn flush_send_queue(&mut self) {
-        while let Some(w) = self.sq.wqes.pop_front() {
-            self.completions.push_back(Completion {
+    /// `WR_FLUSH_ERR`; stops the timers. Calling it again does nothing more.
+    pub(super) fn flush_send_queue(&mut self, ctx: &mut QpCtx) {
+        while let Some(w) = self.wqes.pop_front() {
+            ctx.completions.push_back(Completion {
                 wr_id: w.req.wr_id,
                 status: w.status.unwrap_or(WcStatus::WrFlushErr),
                 opcode: wc_opcode(&w.req.op),
                 ..Completion::default()
             });
         }
-        self.sq.cur = 0;
-        self.sq.offset = 0;
-        self.sq.rd_outstanding = 0;
-        self.sq.retrans_deadline = None;
-        self.sq.probe_deadline = None;
-        self.sq.probe_psns = [None; 2];
-        self.sq.rnr_deadline = None;
+        self.cur = 0;
+        self.offset = 0;
+        self.rd_outstanding = 0;
+        self.retrans_deadline = None;
+        self.probe_deadline = None;
+        self.probe_psns = [None; 2];
+        self.rnr_deadline = None;
     }
 
     /// Why a request cannot be sent on this QP at all, if it cannot.
-    fn check_wqe(&self, w: &Wqe) -> Option<WcStatus> {
+    fn check_wqe(&self, ctx: &QpCtx, w: &Wqe) -> Option<WcStatus> {
         if w.len > MAX_MSG {
             return Some(WcStatus::LocLenErr);
         }
-        match self.cfg.qp_type {
+        match ctx.cfg.qp_type {
             QpType::Ud => {
                 if w.req.ud.is_none() || !matches!(w.req.op, SendOp::Send | SendOp::SendWithImm(_))
                 {
@@ -394,91 +457,88 @@ impl Qp {
         None
     }
 
-    /// The requester half of [`Qp::poll_transmit`]: a probe's packets first, then the
+    /// The requester half of [`super::Qp::poll_transmit`]: a probe's packets first, then the
     /// next packet at the cursor.
-    pub(super) fn requester_transmit(
+    pub(super) fn poll_transmit(
         &mut self,
+        ctx: &mut QpCtx,
         now: Instant,
         buf: &mut [u8],
         env: &mut dyn Env,
     ) -> Option<Transmit> {
-        while let Some(psn) = self.sq.probe_psns.iter_mut().find_map(Option::take) {
-            if self.error || self.sq.rnr_deadline.is_some() {
-                self.sq.probe_psns = [None; 2];
+        while let Some(psn) = self.probe_psns.iter_mut().find_map(Option::take) {
+            if ctx.error || self.rnr_deadline.is_some() {
+                self.probe_psns = [None; 2];
                 break;
             }
-            if !self.sq.outstanding()
-                || psn.is_before(self.sq.comp_psn)
-                || !psn.is_before(self.sq.high_psn)
+            if !self.outstanding() || psn.is_before(self.comp_psn) || !psn.is_before(self.high_psn)
             {
                 continue;
             }
             // Send the packet at `psn` as it was sent, asking for an ACK, and put the cursor
             // back where it was.
-            let saved = (self.sq.cur, self.sq.offset, self.sq.next_psn, self.sq.noack);
-            self.reposition(psn);
-            let started = self.sq.wqes.get(self.sq.cur).is_some_and(|w| w.started);
+            let saved = (self.cur, self.offset, self.next_psn, self.noack);
+            self.reposition(ctx, psn);
+            let started = self.wqes.get(self.cur).is_some_and(|w| w.started);
             let t = if started {
-                self.sq.probe_ack_req = true;
-                let t = self.next_request_packet(now, buf, env);
-                self.sq.probe_ack_req = false;
+                self.probe_ack_req = true;
+                let t = self.next_request_packet(ctx, now, buf, env);
+                self.probe_ack_req = false;
                 t
             } else {
                 None
             };
-            (self.sq.cur, self.sq.offset, self.sq.next_psn, self.sq.noack) = saved;
+            (self.cur, self.offset, self.next_psn, self.noack) = saved;
             if t.is_some() {
                 return t;
             }
         }
-        self.next_request_packet(now, buf, env)
+        self.next_request_packet(ctx, now, buf, env)
     }
 
     /// Builds the packet at the cursor and moves the cursor past it.
     fn next_request_packet(
         &mut self,
+        ctx: &mut QpCtx,
         now: Instant,
         buf: &mut [u8],
         env: &mut dyn Env,
     ) -> Option<Transmit> {
         loop {
-            if self.error || self.sq.rnr_deadline.is_some() {
+            if ctx.error || self.rnr_deadline.is_some() {
                 return None;
             }
-            let rc = self.cfg.qp_type == QpType::Rc;
-            let ud = self.cfg.qp_type == QpType::Ud;
-            let mtu = u64::from(self.mtu);
-            let idx = self.sq.cur;
-            let w = self.sq.wqes.get(idx)?;
+            let rc = ctx.cfg.qp_type == QpType::Rc;
+            let ud = ctx.cfg.qp_type == QpType::Ud;
+            let mtu = u64::from(ctx.mtu);
+            let idx = self.cur;
+            let w = self.wqes.get(idx)?;
             if w.kind == Kind::Local {
-                if self.local_op(idx, env) {
+                if self.local_op(ctx, idx, env) {
                     continue;
                 }
                 return None;
             }
-            if rc
-                && !self.sq.probe_ack_req
-                && self.sq.comp_psn.distance_to(self.sq.next_psn) >= self.sq.cwnd
-            {
+            if rc && !self.probe_ack_req && self.comp_psn.distance_to(self.next_psn) >= self.cwnd {
                 return None;
             }
-            let offset = self.sq.offset;
+            let offset = self.offset;
             if offset == 0 && !w.started {
-                if let Some(status) = self.check_wqe(w) {
-                    self.fail_wqe(idx, status);
+                if let Some(status) = self.check_wqe(ctx, w) {
+                    self.fail_wqe(ctx, idx, status);
                     return None;
                 }
                 if ud && w.len > mtu {
                     // C10-93.1.1 as rxe reads it: emit nothing, report no error.
-                    self.stats.ud_oversize += 1;
-                    let w = &mut self.sq.wqes[idx];
+                    ctx.stats.ud_oversize += 1;
+                    let w = &mut self.wqes[idx];
                     w.started = true;
                     w.done = true;
-                    self.sq.cur += 1;
-                    self.pop_done();
+                    self.cur += 1;
+                    self.pop_done(ctx);
                     continue;
                 }
-                if w.req.fence && self.sq.wqes.iter().take(idx).any(|x| x.kind.is_rd_atomic()) {
+                if w.req.fence && self.wqes.iter().take(idx).any(|x| x.kind.is_rd_atomic()) {
                     return None;
                 }
                 // End-to-end credits: a message that needs a receive at the responder starts
@@ -486,32 +546,32 @@ impl Qp {
                 // nothing outstanding, after CREDIT_PROBE_DELAY without a credit update (one
                 // message at a time, whose ACK brings news).
                 if rc && w.consumes_recv() {
-                    if let Some(limit) = self.sq.credit_limit {
-                        let seq = self.sq.rwqe_started.wrapping_add(1);
+                    if let Some(limit) = self.credit_limit {
+                        let seq = self.rwqe_started.wrapping_add(1);
                         if (seq.wrapping_sub(limit) as i32) > 0 {
-                            if self.sq.outstanding() {
-                                self.stats.credit_waits += 1;
+                            if self.outstanding() {
+                                ctx.stats.credit_waits += 1;
                                 return None;
                             }
-                            match self.sq.credit_probe_at {
+                            match self.credit_probe_at {
                                 None => {
-                                    self.stats.credit_waits += 1;
-                                    let delay = if self.sq.peer_updates_credits == Some(false) {
+                                    ctx.stats.credit_waits += 1;
+                                    let delay = if self.peer_updates_credits == Some(false) {
                                         CREDIT_PROBE_DELAY
                                     } else {
                                         CREDIT_PROBE_DELAY_UPDATES
                                     };
-                                    self.sq.credit_probe_at = Some(now + delay);
+                                    self.credit_probe_at = Some(now + delay);
                                     return None;
                                 }
                                 Some(t) if now < t => return None,
                                 Some(_) => {
                                     // The wait ran out with no update: unless one was ever
                                     // seen, this responder sends none; probe early from now.
-                                    if self.sq.peer_updates_credits != Some(true) {
-                                        self.sq.peer_updates_credits = Some(false);
+                                    if self.peer_updates_credits != Some(true) {
+                                        self.peer_updates_credits = Some(false);
                                     }
-                                    self.sq.credit_probe_at = None
+                                    self.credit_probe_at = None
                                 }
                             }
                         }
@@ -520,13 +580,13 @@ impl Qp {
             }
             if w.kind.is_rd_atomic()
                 && !w.rd_counted
-                && self.sq.rd_outstanding >= u32::from(self.cfg.max_rd_atomic.max(1))
+                && self.rd_outstanding >= u32::from(ctx.cfg.max_rd_atomic.max(1))
             {
                 return None;
             }
 
             // Build the packet.
-            let psn = self.sq.next_psn;
+            let psn = self.next_psn;
             let remaining = w.len.saturating_sub(offset);
             let first = offset == 0;
             let (n, last) = match w.kind {
@@ -540,7 +600,7 @@ impl Qp {
                 Kind::Read => npkts(remaining, mtu),
                 _ => 1,
             };
-            let noack = self.sq.noack + 1;
+            let noack = self.noack + 1;
             let after = psn.add(consumed);
             // An ACK is asked for at the end of each message, every MAX_PKT_PER_ACK packets,
             // and on the last packet the requester can send for now (the window is full, or
@@ -548,12 +608,12 @@ impl Qp {
             // a probe.
             let ack_req = rc
                 && (last
-                    || self.sq.probe_ack_req
+                    || self.probe_ack_req
                     || noack >= MAX_PKT_PER_ACK
-                    || self.sq.comp_psn.distance_to(after) >= self.sq.cwnd
-                    || (self.sq.sent_any && after == self.sq.high_psn));
+                    || self.comp_psn.distance_to(after) >= self.cwnd
+                    || (self.sent_any && after == self.high_psn));
             let se = w.req.solicited && last;
-            let base: u8 = match self.cfg.qp_type {
+            let base: u8 = match ctx.cfg.qp_type {
                 QpType::Rc => 0x00,
                 QpType::Uc => 0x20,
                 _ => 0x60,
@@ -562,7 +622,7 @@ impl Qp {
                 payload_len: n as usize,
                 ..roce::Repr::default()
             };
-            let mut dest_qp = self.cfg.dest_qp_num;
+            let mut dest_qp = ctx.cfg.dest_qp_num;
             let mut ud_dest = None;
             let op: u8 = match (w.kind, w.req.op) {
                 (Kind::Send, op) if ud => {
@@ -574,13 +634,13 @@ impl Qp {
                     dest_qp = d.remote_qpn;
                     ud_dest = Some(d.dest);
                     let qkey = if d.remote_qkey & 0x8000_0000 != 0 {
-                        self.cfg.qkey
+                        ctx.cfg.qkey
                     } else {
                         d.remote_qkey
                     };
                     repr.deth = Some(deth::Repr {
                         qkey,
-                        src_qp: self.cfg.qp_num & 0xff_ffff,
+                        src_qp: ctx.cfg.qp_num & 0xff_ffff,
                     });
                     if let SendOp::SendWithImm(imm) = op {
                         repr.immdt = Some(immdt::Repr { imm_data: imm });
@@ -705,54 +765,54 @@ impl Qp {
                 }
             };
             if filled.is_err() {
-                self.fail_wqe(idx, WcStatus::LocProtErr);
+                self.fail_wqe(ctx, idx, WcStatus::LocProtErr);
                 return None;
             }
 
             // Commit.
-            let w = &mut self.sq.wqes[idx];
+            let w = &mut self.wqes[idx];
             if !w.started {
                 w.started = true;
                 w.first_psn = psn;
                 w.last_psn = psn.add(w.npkts - 1);
                 if rc && w.consumes_recv() {
-                    self.sq.rwqe_started = self.sq.rwqe_started.wrapping_add(1);
-                    w.rwqe_seq = self.sq.rwqe_started;
+                    self.rwqe_started = self.rwqe_started.wrapping_add(1);
+                    w.rwqe_seq = self.rwqe_started;
                 }
             }
             if w.kind.is_rd_atomic() && !w.rd_counted {
                 w.rd_counted = true;
-                self.sq.rd_outstanding += 1;
+                self.rd_outstanding += 1;
             }
             if last && !rc {
                 w.done = true;
             }
-            self.sq.noack = if ack_req { 0 } else { noack };
-            if self.sq.sent_any && psn.is_before(self.sq.high_psn) {
-                self.stats.retransmitted_packets += 1;
-            } else if rc && ack_req && self.sq.rtt_sample.is_none() {
-                self.sq.rtt_sample = Some((psn.add(consumed - 1), now));
+            self.noack = if ack_req { 0 } else { noack };
+            if self.sent_any && psn.is_before(self.high_psn) {
+                ctx.stats.retransmitted_packets += 1;
+            } else if rc && ack_req && self.rtt_sample.is_none() {
+                self.rtt_sample = Some((psn.add(consumed - 1), now));
             }
-            self.sq.next_psn = psn.add(consumed);
-            if !self.sq.sent_any || self.sq.next_psn.is_after(self.sq.high_psn) {
-                self.sq.high_psn = self.sq.next_psn;
+            self.next_psn = psn.add(consumed);
+            if !self.sent_any || self.next_psn.is_after(self.high_psn) {
+                self.high_psn = self.next_psn;
             }
-            self.sq.sent_any = true;
+            self.sent_any = true;
             if last {
-                self.sq.cur += 1;
-                self.sq.offset = 0;
+                self.cur += 1;
+                self.offset = 0;
             } else {
-                self.sq.offset = offset + n as u64;
+                self.offset = offset + n as u64;
             }
             if rc {
-                if self.sq.retrans_deadline.is_none() {
-                    self.sq.retrans_deadline = local_ack_timeout(self.cfg.timeout).map(|d| now + d);
+                if self.retrans_deadline.is_none() {
+                    self.retrans_deadline = local_ack_timeout(ctx.cfg.timeout).map(|d| now + d);
                 }
-                if self.sq.probe_deadline.is_none() {
-                    self.sq.probe_deadline = self.probe_interval().map(|d| now + d);
+                if self.probe_deadline.is_none() {
+                    self.probe_deadline = self.probe_interval(ctx).map(|d| now + d);
                 }
             } else {
-                self.pop_done();
+                self.pop_done(ctx);
             }
             return Some(Transmit {
                 len: total,
@@ -767,14 +827,14 @@ impl Qp {
     /// soon as every request before it has. Returns `false` when the cursor must stay (a
     /// fence waits for READs/atomics before it) or the operation failed (the QP is in ERR
     /// and it completes with its status).
-    fn local_op(&mut self, idx: usize, env: &mut dyn Env) -> bool {
-        let w = &self.sq.wqes[idx];
+    fn local_op(&mut self, ctx: &mut QpCtx, idx: usize, env: &mut dyn Env) -> bool {
+        let w = &self.wqes[idx];
         if !w.started {
-            if self.cfg.qp_type == QpType::Ud {
-                self.fail_wqe(idx, WcStatus::LocQpOpErr);
+            if ctx.cfg.qp_type == QpType::Ud {
+                self.fail_wqe(ctx, idx, WcStatus::LocQpOpErr);
                 return false;
             }
-            if w.req.fence && self.sq.wqes.iter().take(idx).any(|x| x.kind.is_rd_atomic()) {
+            if w.req.fence && self.wqes.iter().take(idx).any(|x| x.kind.is_rd_atomic()) {
                 return false;
             }
             let r = match w.req.op {
@@ -783,32 +843,32 @@ impl Qp {
                 _ => Err(WcStatus::LocQpOpErr),
             };
             if let Err(status) = r {
-                self.fail_wqe(idx, status);
+                self.fail_wqe(ctx, idx, status);
                 return false;
             }
-            let psn = self.sq.next_psn;
-            let w = &mut self.sq.wqes[idx];
+            let psn = self.next_psn;
+            let w = &mut self.wqes[idx];
             w.started = true;
             w.done = true;
             w.first_psn = psn;
             w.last_psn = psn.sub(1);
         }
-        self.sq.cur = idx + 1;
-        self.sq.offset = 0;
+        self.cur = idx + 1;
+        self.offset = 0;
         if idx == 0 {
-            self.complete_front(WcStatus::Success);
-        } else if self.cfg.qp_type != QpType::Rc {
-            self.pop_done();
+            self.complete_front(ctx, WcStatus::Success);
+        } else if ctx.cfg.qp_type != QpType::Rc {
+            self.pop_done(ctx);
         }
         true
     }
 
     /// Puts the cursor on PSN `psn` (which must be `comp_psn` or later).
-    fn reposition(&mut self, psn: Psn) {
-        let mtu = u64::from(self.mtu);
-        let mut idx = self.sq.wqes.len();
+    fn reposition(&mut self, ctx: &mut QpCtx, psn: Psn) {
+        let mtu = u64::from(ctx.mtu);
+        let mut idx = self.wqes.len();
         let mut offset = 0;
-        for (i, w) in self.sq.wqes.iter().enumerate() {
+        for (i, w) in self.wqes.iter().enumerate() {
             if !w.started {
                 idx = i;
                 break;
@@ -822,22 +882,22 @@ impl Qp {
                 break;
             }
         }
-        self.sq.cur = idx;
-        self.sq.offset = offset;
-        self.sq.next_psn = psn;
+        self.cur = idx;
+        self.offset = offset;
+        self.next_psn = psn;
     }
 
     /// A loss seen by a go-back-N restart: halves the send window (a timeout: to the least).
     fn on_loss(&mut self, timeout: bool) {
-        let half = (self.sq.cwnd / 2).max(CWND_MIN);
-        self.sq.ssthresh = half;
-        self.sq.cwnd = if timeout { CWND_MIN } else { half };
-        self.sq.cwnd_acc = 0;
+        let half = (self.cwnd / 2).max(CWND_MIN);
+        self.ssthresh = half;
+        self.cwnd = if timeout { CWND_MIN } else { half };
+        self.cwnd_acc = 0;
     }
 
     /// `acked` more PSNs were acknowledged: grows the send window.
     fn grow_window(&mut self, acked: u32) {
-        let sq = &mut self.sq;
+        let sq = self;
         if sq.cwnd < sq.ssthresh {
             sq.cwnd = (sq.cwnd + acked).min(sq.ssthresh);
         } else if sq.cwnd < WINDOW {
@@ -850,20 +910,20 @@ impl Qp {
     }
 
     /// Go-back-N: resend from `comp_psn`; the local ACK timer restarts with the resend.
-    fn rewind(&mut self, now: Instant) {
-        self.go_back(now);
-        self.sq.retrans_deadline = None;
-        self.stats.retries += 1;
+    fn rewind(&mut self, ctx: &mut QpCtx, now: Instant) {
+        self.go_back(ctx, now);
+        self.retrans_deadline = None;
+        ctx.stats.retries += 1;
     }
 
     /// Puts the cursor back on `comp_psn` and marks the restart.
-    fn go_back(&mut self, _now: Instant) {
-        let psn = self.sq.comp_psn;
-        self.reposition(psn);
-        self.sq.retry_mark = Some(psn);
-        self.sq.rtt_sample = None;
-        self.sq.probe_deadline = None;
-        self.sq.probe_psns = [None; 2];
+    fn go_back(&mut self, ctx: &mut QpCtx, _now: Instant) {
+        let psn = self.comp_psn;
+        self.reposition(ctx, psn);
+        self.retry_mark = Some(psn);
+        self.rtt_sample = None;
+        self.probe_deadline = None;
+        self.probe_psns = [None; 2];
     }
 
     /// The interval of the next tail-loss probe: twice the smoothed round trip, or the
@@ -871,13 +931,13 @@ impl Qp {
     /// ([`PROBE_INITIAL`] before a round trip was measured), doubled for each probe since
     /// the last progress, at most [`PROBE_MAX`] and never past the local ACK timeout
     /// (`None` when the QP has no timer, timeout 0, and so no probes either).
-    pub(super) fn probe_interval(&self) -> Option<Duration> {
-        let limit = local_ack_timeout(self.cfg.timeout)?;
-        let base = match self.sq.srtt {
-            Some(s) => (s * 2).max(s + self.sq.rttvar * 4).max(PROBE_MIN),
+    fn probe_interval(&self, ctx: &QpCtx) -> Option<Duration> {
+        let limit = local_ack_timeout(ctx.cfg.timeout)?;
+        let base = match self.srtt {
+            Some(s) => (s * 2).max(s + self.rttvar * 4).max(PROBE_MIN),
             None => PROBE_INITIAL,
         };
-        let d = base.saturating_mul(1 << self.sq.probes.min(PROBE_MAX_BACKOFF));
+        let d = base.saturating_mul(1 << self.probes.min(PROBE_MAX_BACKOFF));
         Some(d.min(PROBE_MAX).min(limit))
     }
 
@@ -886,66 +946,65 @@ impl Qp {
     /// the IBTA spec and hardware have it (only the RNR retry count has an infinite value, 7;
     /// Linux rxe treats a retry_cnt of 7 as infinite too, which makes a dead peer undetectable
     /// for rping and every rdma_cm user, which all pass 7).
-    fn start_retry(&mut self, now: Instant, timeout: bool) {
-        if !timeout && self.sq.retry_mark == Some(self.sq.comp_psn) {
+    fn start_retry(&mut self, ctx: &mut QpCtx, now: Instant, timeout: bool) {
+        if !timeout && self.retry_mark == Some(self.comp_psn) {
             return;
         }
-        if !self.sq.outstanding() {
+        if !self.outstanding() {
             return;
         }
-        if self.sq.retry_left == 0 {
-            self.fail_wqe(0, WcStatus::RetryExcErr);
+        if self.retry_left == 0 {
+            self.fail_wqe(ctx, 0, WcStatus::RetryExcErr);
             return;
         }
-        self.sq.retry_left -= 1;
+        self.retry_left -= 1;
         self.on_loss(timeout);
-        self.rewind(now);
+        self.rewind(ctx, now);
     }
 
-    fn on_progress(&mut self, now: Instant, acked: u32) {
+    fn on_progress(&mut self, ctx: &mut QpCtx, now: Instant, acked: u32) {
         self.grow_window(acked);
-        self.sq.retry_left = self.cfg.retry_cnt;
-        self.sq.rnr_left = self.cfg.rnr_retry;
-        self.sq.retry_mark = None;
+        self.retry_left = ctx.cfg.retry_cnt;
+        self.rnr_left = ctx.cfg.rnr_retry;
+        self.retry_mark = None;
         if self
-            .sq
             .rtt_sample
-            .is_some_and(|(psn, _)| psn.is_before(self.sq.comp_psn))
+            .is_some_and(|(psn, _)| psn.is_before(self.comp_psn))
         {
             // Acknowledged by a later ACK than its own: no sample (that ACK's wait is not
             // a round trip).
-            self.sq.rtt_sample = None;
+            self.rtt_sample = None;
         }
-        self.sq.probes = 0;
-        let outstanding = self.sq.outstanding();
-        let probed = self.sq.probe_sent.take();
-        if outstanding && probed.is_some_and(|p| p.next() == self.sq.comp_psn) {
+        self.probes = 0;
+        let outstanding = self.outstanding();
+        let probed = self.probe_sent.take();
+        if outstanding && probed.is_some_and(|p| p.next() == self.comp_psn) {
             // The ACK a probe drew stops short of the last PSN sent: the responder took
             // what it was waiting for and dropped what followed; send the rest again.
-            self.go_back(now);
+            self.go_back(ctx, now);
         }
-        self.sq.retrans_deadline = if outstanding {
-            local_ack_timeout(self.cfg.timeout).map(|d| now + d)
+        self.retrans_deadline = if outstanding {
+            local_ack_timeout(ctx.cfg.timeout).map(|d| now + d)
         } else {
             None
         };
-        self.sq.probe_deadline = if outstanding {
-            self.probe_interval().map(|d| now + d)
+        self.probe_deadline = if outstanding {
+            self.probe_interval(ctx).map(|d| now + d)
         } else {
             None
         };
-        if self.sq.next_psn.is_before(self.sq.comp_psn) {
-            let psn = self.sq.comp_psn;
-            self.reposition(psn);
+        if self.next_psn.is_before(self.comp_psn) {
+            let psn = self.comp_psn;
+            self.reposition(ctx, psn);
         }
     }
 
     /// The response to the packet at `psn` came (its own ACK, READ response or ATOMIC
     /// ACK): a round-trip sample if that packet is being timed.
     fn rtt_answer(&mut self, now: Instant, psn: Psn) {
-        if let Some((p, sent)) = self.sq.rtt_sample {
+        if let Some((p, sent)) = self.rtt_sample {
             if p == psn {
-                self.sq.rtt_sample = None;
+                self.rtt_sample = None;
                 self.rtt_update(now.saturating_duration_since(sent));
             }
         }
@@ -953,15 +1012,15 @@ impl Qp {
 
     /// Takes a round-trip sample (RFC 6298's smoothing).
     fn rtt_update(&mut self, r: Duration) {
-        match self.sq.srtt {
+        match self.srtt {
             None => {
-                self.sq.srtt = Some(r);
-                self.sq.rttvar = r / 2;
+                self.srtt = Some(r);
+                self.rttvar = r / 2;
             }
             Some(s) => {
                 let diff = s.abs_diff(r);
-                self.sq.rttvar = (self.sq.rttvar * 3 + diff) / 4;
-                self.sq.srtt = Some((s * 7 + r) / 8);
+                self.rttvar = (self.rttvar * 3 + diff) / 4;
+                self.srtt = Some((s * 7 + r) / 8);
             }
         }
     }
@@ -969,10 +1028,10 @@ impl Qp {
     /// Everything before `upto` has been acknowledged: completes SEND/WRITE requests that
     /// end before it. Returns `true` when a READ/atomic before `upto` still misses its
     /// response (the caller retries).
-    fn advance(&mut self, now: Instant, upto: Psn) -> bool {
-        let before = self.sq.comp_psn;
+    fn advance(&mut self, ctx: &mut QpCtx, now: Instant, upto: Psn) -> bool {
+        let before = self.comp_psn;
         let mut blocked = false;
-        while let Some(f) = self.sq.wqes.front() {
+        while let Some(f) = self.wqes.front() {
             if !f.started {
                 break;
             }
@@ -982,124 +1041,125 @@ impl Qp {
                     break;
                 }
                 let next = f.last_psn.next();
-                if next.is_after(self.sq.comp_psn) {
-                    self.sq.comp_psn = next;
+                if next.is_after(self.comp_psn) {
+                    self.comp_psn = next;
                 }
-                self.complete_front(WcStatus::Success);
+                self.complete_front(ctx, WcStatus::Success);
             } else {
-                if !f.kind.is_rd_atomic() && upto.is_after(self.sq.comp_psn) {
-                    self.sq.comp_psn = upto;
+                if !f.kind.is_rd_atomic() && upto.is_after(self.comp_psn) {
+                    self.comp_psn = upto;
                 }
                 break;
             }
         }
         if !blocked
-            && self.sq.wqes.front().is_none_or(|f| !f.started)
-            && upto.is_after(self.sq.comp_psn)
-            && upto.is_before_or_eq(self.sq.high_psn)
+            && self.wqes.front().is_none_or(|f| !f.started)
+            && upto.is_after(self.comp_psn)
+            && upto.is_before_or_eq(self.high_psn)
         {
-            self.sq.comp_psn = upto;
+            self.comp_psn = upto;
         }
-        if self.sq.comp_psn.is_after(before) {
-            let acked = before.distance_to(self.sq.comp_psn);
-            self.on_progress(now, acked);
+        if self.comp_psn.is_after(before) {
+            let acked = before.distance_to(self.comp_psn);
+            self.on_progress(ctx, now, acked);
         }
         blocked
     }
 
-    /// An ACK-class packet (RC): ACK/NAK, READ response or ATOMIC ACK.
-    pub(super) fn completer_packet(
+    /// An ACK-class packet (RC): ACK/NAK, READ response or ATOMIC ACK (the completer).
+    pub(super) fn handle_packet(
         &mut self,
+        ctx: &mut QpCtx,
         now: Instant,
         repr: &roce::Repr,
         payload: &[u8],
         env: &mut dyn Env,
     ) {
         let psn = Psn::new(repr.bth.psn);
-        if !self.sq.sent_any || !psn.is_before(self.sq.high_psn) {
-            self.stats.malformed += 1;
+        if !self.sent_any || !psn.is_before(self.high_psn) {
+            ctx.stats.malformed += 1;
             return;
         }
         let Some(aeth) = repr.aeth else {
             // READ_RESPONSE_MIDDLE
-            self.on_read_response(now, psn, payload, env);
+            self.on_read_response(ctx, now, psn, payload, env);
             return;
         };
         match repr.bth.opcode {
             Opcode::RC_ACKNOWLEDGE => match aeth.syndrome {
                 Syndrome::Ack { credit } => {
-                    self.stats.acks_received += 1;
+                    ctx.stats.acks_received += 1;
                     self.rtt_answer(now, psn);
                     let upto = psn.next();
-                    if upto.is_after(self.sq.comp_psn) && self.advance(now, upto) {
-                        self.start_retry(now, false);
+                    if upto.is_after(self.comp_psn) && self.advance(ctx, now, upto) {
+                        self.start_retry(ctx, now, false);
                     }
-                    self.update_credits(psn, credit);
+                    self.update_credits(ctx, psn, credit);
                 }
                 Syndrome::RnrNak { timer } => {
-                    self.stats.rnr_naks_received += 1;
-                    self.on_rnr_nak(now, psn, timer);
+                    ctx.stats.rnr_naks_received += 1;
+                    self.on_rnr_nak(ctx, now, psn, timer);
                 }
                 Syndrome::Nak(NakCode::PsnSequenceError) => {
-                    self.stats.seq_naks_received += 1;
-                    if psn.is_before(self.sq.comp_psn) {
+                    ctx.stats.seq_naks_received += 1;
+                    if psn.is_before(self.comp_psn) {
                         return;
                     }
-                    self.advance(now, psn);
-                    if self.sq.rnr_deadline.is_none() {
-                        let before = self.stats.retries;
-                        self.start_retry(now, false);
-                        if self.stats.retries != before {
+                    self.advance(ctx, now, psn);
+                    if self.rnr_deadline.is_none() {
+                        let before = ctx.stats.retries;
+                        self.start_retry(ctx, now, false);
+                        if ctx.stats.retries != before {
                             // The responder NAKs a gap once: if the first packet of the
                             // resend is lost too, it drops everything until a probe. That
                             // packet goes out twice (the copy asks for an ACK; a duplicate
                             // only draws one).
-                            self.sq.probe_psns = [Some(self.sq.comp_psn), None];
+                            self.probe_psns = [Some(self.comp_psn), None];
                         }
                     }
                 }
                 Syndrome::Nak(code) => {
-                    self.stats.note_err_nak(code, false);
-                    if psn.is_before(self.sq.comp_psn) {
+                    ctx.stats.note_err_nak(code, false);
+                    if psn.is_before(self.comp_psn) {
                         return;
                     }
-                    self.advance(now, psn);
+                    self.advance(ctx, now, psn);
                     let status = match code {
                         NakCode::InvalidRequest => WcStatus::RemInvReqErr,
                         NakCode::RemoteAccessError => WcStatus::RemAccessErr,
                         NakCode::RemoteOperationalError => WcStatus::RemOpErr,
                         _ => WcStatus::RemInvRdReqErr,
                     };
-                    self.fail_wqe(0, status);
+                    self.fail_wqe(ctx, 0, status);
                 }
             },
             Opcode::RC_ATOMIC_ACKNOWLEDGE => {
                 let orig = repr.atomic_ack_eth.map_or(0, |a| a.orig_data);
-                self.on_atomic_ack(now, psn, orig, env);
+                self.on_atomic_ack(ctx, now, psn, orig, env);
             }
-            _ => self.on_read_response(now, psn, payload, env),
+            _ => self.on_read_response(ctx, now, psn, payload, env),
         }
     }
 
     /// Records the end-to-end credits of an ACK for `psn`: the responder has `credit`
     /// receives beyond those taken by the messages that started at or before `psn`.
-    fn update_credits(&mut self, psn: Psn, credit: u8) {
-        if self.cfg.qp_type != QpType::Rc {
+    fn update_credits(&mut self, ctx: &mut QpCtx, psn: Psn, credit: u8) {
+        if ctx.cfg.qp_type != QpType::Rc {
             return;
         }
-        if self.sq.credit_psn.is_some_and(|p| psn.is_before(p)) {
+        if self.credit_psn.is_some_and(|p| psn.is_before(p)) {
             return;
         }
-        let again = self.sq.credit_psn == Some(psn);
-        let before = self.sq.credit_limit;
-        self.sq.credit_psn = Some(psn);
-        self.sq.credit_probe_at = None;
+        let again = self.credit_psn == Some(psn);
+        let before = self.credit_limit;
+        self.credit_psn = Some(psn);
+        self.credit_probe_at = None;
         let Some(free) = aeth::credit_count(credit) else {
-            self.sq.credit_limit = None;
+            self.credit_limit = None;
             return;
         };
-        let mut taken = self.sq.rwqe_retired;
-        for w in &self.sq.wqes {
+        let mut taken = self.rwqe_retired;
+        for w in &self.wqes {
             if !w.started || w.first_psn.is_after(psn) {
                 break;
             }
@@ -1109,120 +1169,134 @@ impl Qp {
         }
         let limit = taken.wrapping_add(free);
         if again && before.is_some_and(|b| (limit.wrapping_sub(b) as i32) > 0) {
-            self.sq.peer_updates_credits = Some(true);
+            self.peer_updates_credits = Some(true);
         }
-        self.sq.credit_limit = Some(limit);
+        self.credit_limit = Some(limit);
     }
 
-    fn on_rnr_nak(&mut self, now: Instant, psn: Psn, timer: u8) {
-        if psn.is_before(self.sq.comp_psn) || self.sq.rnr_deadline.is_some() {
+    fn on_rnr_nak(&mut self, ctx: &mut QpCtx, now: Instant, psn: Psn, timer: u8) {
+        if psn.is_before(self.comp_psn) || self.rnr_deadline.is_some() {
             return;
         }
-        self.advance(now, psn);
-        if self.sq.rnr_left == 0 {
-            self.fail_wqe(0, WcStatus::RnrRetryExcErr);
+        self.advance(ctx, now, psn);
+        if self.rnr_left == 0 {
+            self.fail_wqe(ctx, 0, WcStatus::RnrRetryExcErr);
             return;
         }
-        if self.sq.rnr_left != 7 {
-            self.sq.rnr_left -= 1;
+        if self.rnr_left != 7 {
+            self.rnr_left -= 1;
         }
-        self.sq.rnr_deadline = Some(now + rnr_timer(timer));
-        self.sq.retrans_deadline = None;
-        self.sq.probe_deadline = None;
+        self.rnr_deadline = Some(now + rnr_timer(timer));
+        self.retrans_deadline = None;
+        self.probe_deadline = None;
     }
 
     /// Common checks of a READ response / ATOMIC ACK at `psn`: implicit ACK of what
     /// precedes it, then it must be the next response expected. Returns `false` (after
     /// starting a retry or counting a duplicate) when it is not.
-    fn response_in_order(&mut self, now: Instant, psn: Psn) -> bool {
-        if psn.is_before(self.sq.comp_psn) {
+    fn response_in_order(&mut self, ctx: &mut QpCtx, now: Instant, psn: Psn) -> bool {
+        if psn.is_before(self.comp_psn) {
             return false;
         }
-        let blocked = self.advance(now, psn);
-        if blocked || psn != self.sq.comp_psn {
-            self.start_retry(now, false);
+        let blocked = self.advance(ctx, now, psn);
+        if blocked || psn != self.comp_psn {
+            self.start_retry(ctx, now, false);
             return false;
         }
         true
     }
 
-    fn on_read_response(&mut self, now: Instant, psn: Psn, payload: &[u8], env: &mut dyn Env) {
-        if !self.response_in_order(now, psn) {
+    fn on_read_response(
+        &mut self,
+        ctx: &mut QpCtx,
+        now: Instant,
+        psn: Psn,
+        payload: &[u8],
+        env: &mut dyn Env,
+    ) {
+        if !self.response_in_order(ctx, now, psn) {
             return;
         }
         self.rtt_answer(now, psn);
-        let mtu = u64::from(self.mtu);
-        let Some(f) = self.sq.wqes.front() else {
-            self.stats.malformed += 1;
+        let mtu = u64::from(ctx.mtu);
+        let Some(f) = self.wqes.front() else {
+            ctx.stats.malformed += 1;
             return;
         };
         if f.kind != Kind::Read || !f.started || psn.is_after(f.last_psn) {
-            self.stats.malformed += 1;
+            ctx.stats.malformed += 1;
             return;
         }
         let off = u64::from(f.first_psn.distance_to(psn)) * mtu;
         let expect = f.len.saturating_sub(off).min(mtu);
         if payload.len() as u64 != expect {
-            self.stats.malformed += 1;
+            ctx.stats.malformed += 1;
             return;
         }
         if !payload.is_empty() && scatter(env, &f.req.sges, off, payload).is_err() {
-            self.fail_wqe(0, WcStatus::LocProtErr);
+            self.fail_wqe(ctx, 0, WcStatus::LocProtErr);
             return;
         }
         let last = psn == f.last_psn;
-        self.sq.comp_psn = psn.next();
+        self.comp_psn = psn.next();
         if last {
-            self.complete_front(WcStatus::Success);
+            self.complete_front(ctx, WcStatus::Success);
         }
-        self.on_progress(now, 1);
+        self.on_progress(ctx, now, 1);
     }
 
-    fn on_atomic_ack(&mut self, now: Instant, psn: Psn, orig: u64, env: &mut dyn Env) {
-        if !self.response_in_order(now, psn) {
+    fn on_atomic_ack(
+        &mut self,
+        ctx: &mut QpCtx,
+        now: Instant,
+        psn: Psn,
+        orig: u64,
+        env: &mut dyn Env,
+    ) {
+        if !self.response_in_order(ctx, now, psn) {
             return;
         }
         self.rtt_answer(now, psn);
-        let Some(f) = self.sq.wqes.front() else {
-            self.stats.malformed += 1;
+        let Some(f) = self.wqes.front() else {
+            ctx.stats.malformed += 1;
             return;
         };
         if f.kind != Kind::Atomic || !f.started || f.first_psn != psn {
-            self.stats.malformed += 1;
+            ctx.stats.malformed += 1;
             return;
         }
         if !f.req.sges.is_empty() {
             let bytes = orig.to_ne_bytes();
             if scatter(env, &f.req.sges, 0, &bytes).is_err() {
-                self.fail_wqe(0, WcStatus::LocProtErr);
+                self.fail_wqe(ctx, 0, WcStatus::LocProtErr);
                 return;
             }
         }
-        self.sq.comp_psn = psn.next();
-        self.complete_front(WcStatus::Success);
-        self.on_progress(now, 1);
+        self.comp_psn = psn.next();
+        self.complete_front(ctx, WcStatus::Success);
+        self.on_progress(ctx, now, 1);
     }
 
-    /// The timer half of [`Qp::handle_timeout`].
-    pub(super) fn requester_timeout(&mut self, now: Instant) {
-        if self.sq.rnr_deadline.is_some_and(|d| d <= now) {
-            self.sq.rnr_deadline = None;
-            if self.sq.outstanding() {
-                self.rewind(now);
+    /// The timer half of [`super::Qp::handle_timeout`].
+    pub(super) fn handle_timeout(&mut self, ctx: &mut QpCtx, now: Instant) {
+        if self.rnr_deadline.is_some_and(|d| d <= now) {
+            self.rnr_deadline = None;
+            if self.outstanding() {
+                self.rewind(ctx, now);
             }
         }
-        if self.sq.retrans_deadline.is_some_and(|d| d <= now) {
-            self.sq.retrans_deadline = None;
-            if self.sq.outstanding() {
-                self.stats.timeouts += 1;
-                self.start_retry(now, true);
+        if self.retrans_deadline.is_some_and(|d| d <= now) {
+            self.retrans_deadline = None;
+            if self.outstanding() {
+                ctx.stats.timeouts += 1;
+                self.start_retry(ctx, now, true);
                 return;
             }
         }
-        if self.sq.probe_deadline.is_some_and(|d| d <= now) {
-            self.sq.probe_deadline = None;
-            if self.sq.outstanding() && self.sq.rnr_deadline.is_none() && !self.error {
-                self.probe(now);
+        if self.probe_deadline.is_some_and(|d| d <= now) {
+            self.probe_deadline = None;
+            if self.outstanding() && self.rnr_deadline.is_none() && !ctx.error {
+                self.probe(ctx, now);
             }
         }
     }
@@ -1239,14 +1313,14 @@ impl Qp {
     /// in the IBTA sense (a requester may resend what is unacknowledged; a responder
     /// answers duplicates with ACKs), so a dead peer still gets RETRY_EXC_ERR after exactly
     /// `retry_cnt` + 1 local ACK timeouts.
-    fn probe(&mut self, now: Instant) {
-        self.stats.probes += 1;
-        self.sq.probes = self.sq.probes.saturating_add(1);
-        self.sq.probe_sent = Some(self.sq.comp_psn);
-        self.sq.rtt_sample = None;
-        let first = self.sq.comp_psn;
-        let last = self.sq.high_psn.sub(1);
-        self.sq.probe_psns = [Some(first), (last != first).then_some(last)];
-        self.sq.probe_deadline = self.probe_interval().map(|d| now + d);
+    fn probe(&mut self, ctx: &mut QpCtx, now: Instant) {
+        ctx.stats.probes += 1;
+        self.probes = self.probes.saturating_add(1);
+        self.probe_sent = Some(self.comp_psn);
+        self.rtt_sample = None;
+        let first = self.comp_psn;
+        let last = self.high_psn.sub(1);
+        self.probe_psns = [Some(first), (last != first).then_some(last)];
+        self.probe_deadline = self.probe_interval(ctx).map(|d| now + d);
     }
 }

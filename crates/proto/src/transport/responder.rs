@@ -3,12 +3,20 @@
 //! ACK generation), the UC responder (drop the rest of a message on a gap) and UD receive.
 //!
 //! Responses are queued in `out` in PSN order and turned into packets by
-//! [`Qp::poll_transmit`]; READ response data is read from memory only then, straight into
-//! the packet buffer.
+//! [`Responder::poll_transmit`]; READ response data is read from memory only then, straight
+//! into the packet buffer.
+//!
+//! [`Responder`] owns all of this state. Its [`super::Qp`] lends it the shared [`QpCtx`]
+//! (configuration, error state, completions, events, counters) for each call; it never sees
+//! the requester. Its face to the QP: [`Responder::handle_packet`] (request-class packets),
+//! [`Responder::poll_transmit`], [`Responder::credit_update`], [`Responder::flush`] and a few
+//! queries.
 
-use super::qp::{emit_headers, make_bth, scatter, sge_total, Qp};
+use super::ctx::{QpCtx, MAX_MSG};
+use super::io::{emit_headers, make_bth, scatter, sge_total};
 use super::*;
 use crate::psn::Psn;
+use crate::qp::QpType;
 use softrdma_wire::aeth::{self, NakCode, Syndrome};
 use softrdma_wire::opcode::{Opcode, OpcodeInfo, Operation, Position};
 use softrdma_wire::{atomic_ack_eth, roce};
@@ -20,18 +28,18 @@ const REMOTE_READ: u32 = 4;
 const REMOTE_ATOMIC: u32 = 8;
 
 /// The GRH area at the start of every UD receive buffer.
-pub(super) const GRH_LEN: u64 = 40;
+const GRH_LEN: u64 = 40;
 
 /// A receive request the responder is filling.
 #[derive(Debug)]
-pub(super) struct HeldRecv {
-    pub(super) req: RecvRequest,
+struct HeldRecv {
+    req: RecvRequest,
     cap: u64,
 }
 
 /// A multi-packet SEND or WRITE in progress.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct InMsg {
+struct InMsg {
     write: bool,
     offset: u64,
     va: u64,
@@ -55,9 +63,9 @@ enum Resource {
     },
 }
 
-/// A response waiting for [`Qp::poll_transmit`].
+/// A response waiting for [`super::Qp::poll_transmit`].
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Out {
+enum Out {
     Ack {
         psn: Psn,
         syndrome: Syndrome,
@@ -84,17 +92,17 @@ pub(super) struct Responder {
     epsn: Psn,
     msn: u32,
     nak_sent: bool,
-    pub(super) cur: Option<InMsg>,
-    pub(super) recv: Option<HeldRecv>,
+    cur: Option<InMsg>,
+    recv: Option<HeldRecv>,
     uc_drop: bool,
     res: VecDeque<Resource>,
     res_cap: usize,
-    pub(super) out: VecDeque<Out>,
+    out: VecDeque<Out>,
     comm_est: bool,
     received_any: bool,
     /// End-to-end credits advertised by the last positive ACK and not yet used since (RC,
     /// own receive queue); `None` before the first such ACK or without credit information.
-    pub(super) credits_left: Option<u32>,
+    credits_left: Option<u32>,
 }
 
 /// A responder sends an unsolicited credit update when receives are posted while fewer than
@@ -190,6 +198,25 @@ impl Responder {
             )
     }
 
+    /// Whether a response waits to be sent.
+    pub(super) fn has_pending_transmit(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Drops every response waiting (the owner moved the QP to ERR).
+    pub(super) fn discard_responses(&mut self) {
+        self.out.clear();
+    }
+
+    /// The QP went to ERR: completes a held receive request with `WR_FLUSH_ERR` and forgets
+    /// the message in progress. Responses already queued are still sent.
+    pub(super) fn flush(&mut self, ctx: &mut QpCtx) {
+        if let Some(r) = self.recv.take() {
+            ctx.push_recv_completion(r.req.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, 0);
+        }
+        self.cur = None;
+    }
+
     fn push_nak(&mut self, psn: Psn, syndrome: Syndrome) {
         self.out.push_back(Out::Ack {
             psn,
@@ -208,78 +235,96 @@ fn len_ok(position: Position, n: u64, mtu: u64) -> bool {
     }
 }
 
-impl Qp {
-    fn note_request(&mut self) {
-        self.rsp.received_any = true;
-        if !self.rsp.comm_est {
-            self.rsp.comm_est = true;
-            self.events.push_back(QpEvent::CommEst);
+impl Responder {
+    fn note_request(&mut self, ctx: &mut QpCtx) {
+        self.received_any = true;
+        if !self.comm_est {
+            self.comm_est = true;
+            ctx.events.push_back(QpEvent::CommEst);
         }
     }
 
     /// RC class C error: NAK `code` for `psn`, ERR with `event`.
-    fn rc_fail(&mut self, psn: Psn, code: NakCode, event: QpEvent) {
-        self.rsp.push_nak(psn, Syndrome::Nak(code));
-        self.stats.note_err_nak(code, true);
-        self.enter_error(Some(event));
+    fn rc_fail(&mut self, ctx: &mut QpCtx, psn: Psn, code: NakCode, event: QpEvent) {
+        self.push_nak(psn, Syndrome::Nak(code));
+        ctx.stats.note_err_nak(code, true);
+        ctx.fail(Some(event));
     }
 
     /// Completes the held receive request with an error status.
-    fn fail_recv(&mut self, status: WcStatus, opcode: WcOpcode) {
-        if let Some(r) = self.rsp.recv.take() {
-            self.push_recv_completion(r.req.wr_id, status, opcode, 0);
+    fn fail_recv(&mut self, ctx: &mut QpCtx, status: WcStatus, opcode: WcOpcode) {
+        if let Some(r) = self.recv.take() {
+            ctx.push_recv_completion(r.req.wr_id, status, opcode, 0);
         }
     }
 
     /// Takes a receive request unless one is held; `false` when none is available.
     fn ensure_recv(&mut self, env: &mut dyn Env) -> bool {
-        if self.rsp.recv.is_some() {
+        if self.recv.is_some() {
             return true;
         }
         match env.take_recv() {
             Some(req) => {
-                if let Some(n) = self.rsp.credits_left.as_mut() {
+                if let Some(n) = self.credits_left.as_mut() {
                     *n = n.saturating_sub(1);
                 }
                 let cap = sge_total(&req.sges);
-                self.rsp.recv = Some(HeldRecv { req, cap });
+                self.recv = Some(HeldRecv { req, cap });
                 true
             }
             None => false,
         }
     }
 
-    /// An RC request packet.
-    pub(super) fn rc_request(
+    /// A request-class packet of this QP's transport (RC, UC or UD).
+    pub(super) fn handle_packet(
         &mut self,
+        ctx: &mut QpCtx,
+        repr: &roce::Repr,
+        info: &OpcodeInfo,
+        payload: &[u8],
+        meta: &RxMeta,
+        env: &mut dyn Env,
+    ) {
+        match ctx.cfg.qp_type {
+            QpType::Rc => self.rc_request(ctx, repr, info, payload, env),
+            QpType::Uc => self.uc_request(ctx, repr, info, payload, env),
+            QpType::Ud => self.ud_request(ctx, repr, payload, meta, env),
+            _ => ctx.stats.malformed += 1,
+        }
+    }
+
+    /// An RC request packet.
+    fn rc_request(
+        &mut self,
+        ctx: &mut QpCtx,
         repr: &roce::Repr,
         info: &OpcodeInfo,
         payload: &[u8],
         env: &mut dyn Env,
     ) {
         let psn = Psn::new(repr.bth.psn);
-        let diff = psn.diff(self.rsp.epsn);
+        let diff = psn.diff(self.epsn);
         if diff > 0 {
-            self.stats.out_of_sequence += 1;
-            if !self.rsp.nak_sent {
-                self.rsp.nak_sent = true;
-                let e = self.rsp.epsn;
-                self.rsp
-                    .push_nak(e, Syndrome::Nak(NakCode::PsnSequenceError));
-                self.stats.seq_naks_sent += 1;
+            ctx.stats.out_of_sequence += 1;
+            if !self.nak_sent {
+                self.nak_sent = true;
+                let e = self.epsn;
+                self.push_nak(e, Syndrome::Nak(NakCode::PsnSequenceError));
+                ctx.stats.seq_naks_sent += 1;
             }
             return;
         }
         if diff < 0 {
-            self.stats.duplicates += 1;
-            self.rc_duplicate(repr, info, psn);
+            ctx.stats.duplicates += 1;
+            self.rc_duplicate(ctx, repr, info, psn);
             return;
         }
-        self.rsp.nak_sent = false;
-        self.note_request();
+        self.nak_sent = false;
+        self.note_request(ctx);
         // Opcode sequence.
         let op = info.operation;
-        let seq_ok = match (self.rsp.cur, info.position) {
+        let seq_ok = match (self.cur, info.position) {
             (Some(m), Position::Middle | Position::Last) => {
                 (op == Operation::RdmaWrite && m.write) || (op == Operation::Send && !m.write)
             }
@@ -287,20 +332,21 @@ impl Qp {
             _ => false,
         };
         if !seq_ok {
-            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
             return;
         }
         match op {
-            Operation::Send => self.rc_send(repr, info, psn, payload, env),
-            Operation::RdmaWrite => self.rc_write(repr, info, psn, payload, env),
-            Operation::RdmaReadRequest => self.rc_read(repr, psn, env),
-            Operation::CompareSwap | Operation::FetchAdd => self.rc_atomic(repr, op, psn, env),
-            _ => self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr),
+            Operation::Send => self.rc_send(ctx, repr, info, psn, payload, env),
+            Operation::RdmaWrite => self.rc_write(ctx, repr, info, psn, payload, env),
+            Operation::RdmaReadRequest => self.rc_read(ctx, repr, psn, env),
+            Operation::CompareSwap | Operation::FetchAdd => self.rc_atomic(ctx, repr, op, psn, env),
+            _ => self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr),
         }
     }
 
     fn rc_send(
         &mut self,
+        ctx: &mut QpCtx,
         repr: &roce::Repr,
         info: &OpcodeInfo,
         psn: Psn,
@@ -308,16 +354,16 @@ impl Qp {
         env: &mut dyn Env,
     ) {
         let n = payload.len() as u64;
-        if !len_ok(info.position, n, u64::from(self.mtu)) {
-            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+        if !len_ok(info.position, n, u64::from(ctx.mtu)) {
+            self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
             return;
         }
         if info.position.is_start() {
             if !self.ensure_recv(env) {
-                self.rnr_nak(psn);
+                self.rnr_nak(ctx, psn);
                 return;
             }
-            self.rsp.cur = Some(InMsg {
+            self.cur = Some(InMsg {
                 write: false,
                 offset: 0,
                 va: 0,
@@ -325,18 +371,18 @@ impl Qp {
                 dma_len: 0,
             });
         }
-        let (Some(mut m), Some(held)) = (self.rsp.cur, self.rsp.recv.as_ref()) else {
-            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+        let (Some(mut m), Some(held)) = (self.cur, self.recv.as_ref()) else {
+            self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
             return;
         };
         if m.offset + n > held.cap {
-            self.fail_recv(WcStatus::LocLenErr, WcOpcode::Recv);
-            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            self.fail_recv(ctx, WcStatus::LocLenErr, WcOpcode::Recv);
+            self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
             return;
         }
         if n > 0 && scatter(env, &held.req.sges, m.offset, payload).is_err() {
-            self.fail_recv(WcStatus::LocProtErr, WcOpcode::Recv);
-            self.rc_fail(psn, NakCode::RemoteOperationalError, QpEvent::Fatal);
+            self.fail_recv(ctx, WcStatus::LocProtErr, WcOpcode::Recv);
+            self.rc_fail(ctx, psn, NakCode::RemoteOperationalError, QpEvent::Fatal);
             return;
         }
         m.offset += n;
@@ -346,29 +392,29 @@ impl Qp {
                 // one that cannot be is an invalid request (class J), completing the
                 // receive in error too.
                 if env.remote_invalidate(i.rkey).is_err() {
-                    self.fail_recv(WcStatus::RemInvReqErr, WcOpcode::Recv);
-                    self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+                    self.fail_recv(ctx, WcStatus::RemInvReqErr, WcOpcode::Recv);
+                    self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
                     return;
                 }
             }
         }
-        self.rsp.epsn = psn.next();
+        self.epsn = psn.next();
         if info.position.is_end() {
-            self.rsp.cur = None;
-            self.finish_send(repr, m.offset);
+            self.cur = None;
+            self.finish_send(ctx, repr, m.offset);
         } else {
-            self.rsp.cur = Some(m);
+            self.cur = Some(m);
         }
         if repr.bth.ack_req {
-            self.rsp.push_ack(psn);
+            self.push_ack(psn);
         }
     }
 
     /// The receive completion of a SEND (RC/UC), MSN bump.
-    fn finish_send(&mut self, repr: &roce::Repr, len: u64) {
-        self.rsp.msn = (self.rsp.msn + 1) & 0xff_ffff;
-        if let Some(r) = self.rsp.recv.take() {
-            self.completions.push_back(Completion {
+    fn finish_send(&mut self, ctx: &mut QpCtx, repr: &roce::Repr, len: u64) {
+        self.msn = (self.msn + 1) & 0xff_ffff;
+        if let Some(r) = self.recv.take() {
+            ctx.completions.push_back(Completion {
                 wr_id: r.req.wr_id,
                 status: WcStatus::Success,
                 opcode: WcOpcode::Recv,
@@ -383,13 +429,13 @@ impl Qp {
     }
 
     /// The receive completion of a WRITE with immediate (RC/UC), MSN bump.
-    fn finish_write(&mut self, repr: &roce::Repr, len: u64) {
-        self.rsp.msn = (self.rsp.msn + 1) & 0xff_ffff;
+    fn finish_write(&mut self, ctx: &mut QpCtx, repr: &roce::Repr, len: u64) {
+        self.msn = (self.msn + 1) & 0xff_ffff;
         if repr.immdt.is_none() {
             return;
         }
-        if let Some(r) = self.rsp.recv.take() {
-            self.completions.push_back(Completion {
+        if let Some(r) = self.recv.take() {
+            ctx.completions.push_back(Completion {
                 wr_id: r.req.wr_id,
                 status: WcStatus::Success,
                 opcode: WcOpcode::RecvRdmaWithImm,
@@ -403,30 +449,31 @@ impl Qp {
         }
     }
 
-    fn rnr_nak(&mut self, psn: Psn) {
-        let timer = self.cfg.min_rnr_timer & 0x1f;
-        self.rsp.push_nak(psn, Syndrome::RnrNak { timer });
-        self.stats.rnr_naks_sent += 1;
+    fn rnr_nak(&mut self, ctx: &mut QpCtx, psn: Psn) {
+        let timer = ctx.cfg.min_rnr_timer & 0x1f;
+        self.push_nak(psn, Syndrome::RnrNak { timer });
+        ctx.stats.rnr_naks_sent += 1;
     }
 
     fn rc_write(
         &mut self,
+        ctx: &mut QpCtx,
         repr: &roce::Repr,
         info: &OpcodeInfo,
         psn: Psn,
         payload: &[u8],
         env: &mut dyn Env,
     ) {
-        if self.cfg.access_flags & REMOTE_WRITE == 0 {
-            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+        if ctx.cfg.access_flags & REMOTE_WRITE == 0 {
+            self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
             return;
         }
         let n = payload.len() as u64;
-        if !len_ok(info.position, n, u64::from(self.mtu)) {
-            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+        if !len_ok(info.position, n, u64::from(ctx.mtu)) {
+            self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
             return;
         }
-        let mut m = match (info.position.is_start(), repr.reth, self.rsp.cur) {
+        let mut m = match (info.position.is_start(), repr.reth, self.cur) {
             (true, Some(r), _) => InMsg {
                 write: true,
                 offset: 0,
@@ -436,21 +483,21 @@ impl Qp {
             },
             (false, _, Some(m)) => m,
             _ => {
-                self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+                self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
                 return;
             }
         };
         let end = info.position.is_end();
         if m.offset + n > m.dma_len || (end && m.offset + n != m.dma_len) {
-            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
             return;
         }
         if info.consumes_recv_wqe && !self.ensure_recv(env) {
-            self.rnr_nak(psn);
+            self.rnr_nak(ctx, psn);
             return;
         }
         if info.position.is_start() && env.check_remote(m.rkey, m.va, m.dma_len, true).is_err() {
-            self.rc_fail(psn, NakCode::RemoteAccessError, QpEvent::AccessErr);
+            self.rc_fail(ctx, psn, NakCode::RemoteAccessError, QpEvent::AccessErr);
             return;
         }
         if n > 0
@@ -458,69 +505,76 @@ impl Qp {
                 .write_remote(m.rkey, m.va.wrapping_add(m.offset), payload)
                 .is_err()
         {
-            self.rc_fail(psn, NakCode::RemoteAccessError, QpEvent::AccessErr);
+            self.rc_fail(ctx, psn, NakCode::RemoteAccessError, QpEvent::AccessErr);
             return;
         }
         m.offset += n;
-        self.rsp.epsn = psn.next();
+        self.epsn = psn.next();
         if end {
-            self.rsp.cur = None;
-            self.finish_write(repr, m.dma_len);
+            self.cur = None;
+            self.finish_write(ctx, repr, m.dma_len);
         } else {
-            self.rsp.cur = Some(m);
+            self.cur = Some(m);
         }
         if repr.bth.ack_req {
-            self.rsp.push_ack(psn);
+            self.push_ack(psn);
         }
     }
 
-    fn rc_read(&mut self, repr: &roce::Repr, psn: Psn, env: &mut dyn Env) {
+    fn rc_read(&mut self, ctx: &mut QpCtx, repr: &roce::Repr, psn: Psn, env: &mut dyn Env) {
         let Some(r) = repr.reth else {
-            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
             return;
         };
         let len = u64::from(r.dma_len);
-        if self.cfg.access_flags & REMOTE_READ == 0 || len > super::requester::MAX_MSG {
-            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+        if ctx.cfg.access_flags & REMOTE_READ == 0 || len > MAX_MSG {
+            self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
             return;
         }
         if env.check_remote(r.rkey, r.va, len, false).is_err() {
-            self.rc_fail(psn, NakCode::RemoteAccessError, QpEvent::AccessErr);
+            self.rc_fail(ctx, psn, NakCode::RemoteAccessError, QpEvent::AccessErr);
             return;
         }
-        let mtu = u64::from(self.mtu);
+        let mtu = u64::from(ctx.mtu);
         let npkts = if len == 0 {
             1
         } else {
             len.div_ceil(mtu) as u32
         };
         let last = psn.add(npkts - 1);
-        self.rsp.add_resource(Resource::Read {
+        self.add_resource(Resource::Read {
             first: psn,
             last,
             va: r.va,
             rkey: r.rkey,
             len,
         });
-        self.rsp.msn = (self.rsp.msn + 1) & 0xff_ffff;
-        self.rsp.out.push_back(Out::Read {
+        self.msn = (self.msn + 1) & 0xff_ffff;
+        self.out.push_back(Out::Read {
             psn,
             va: r.va,
             rkey: r.rkey,
             remaining: len,
             first: true,
-            msn: self.rsp.msn,
+            msn: self.msn,
         });
-        self.rsp.epsn = last.next();
+        self.epsn = last.next();
     }
 
-    fn rc_atomic(&mut self, repr: &roce::Repr, op: Operation, psn: Psn, env: &mut dyn Env) {
+    fn rc_atomic(
+        &mut self,
+        ctx: &mut QpCtx,
+        repr: &roce::Repr,
+        op: Operation,
+        psn: Psn,
+        env: &mut dyn Env,
+    ) {
         let Some(a) = repr.atomic_eth else {
-            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+            self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
             return;
         };
-        if self.cfg.access_flags & REMOTE_ATOMIC == 0 || a.va % 8 != 0 {
-            self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+        if ctx.cfg.access_flags & REMOTE_ATOMIC == 0 || a.va % 8 != 0 {
+            self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
             return;
         }
         let aop = if op == Operation::CompareSwap {
@@ -534,36 +588,36 @@ impl Qp {
         let orig = match env.atomic_remote(a.rkey, a.va, aop) {
             Ok(v) => v,
             Err(AccessError::Misaligned) => {
-                self.rc_fail(psn, NakCode::InvalidRequest, QpEvent::ReqErr);
+                self.rc_fail(ctx, psn, NakCode::InvalidRequest, QpEvent::ReqErr);
                 return;
             }
             Err(_) => {
-                self.rc_fail(psn, NakCode::RemoteAccessError, QpEvent::AccessErr);
+                self.rc_fail(ctx, psn, NakCode::RemoteAccessError, QpEvent::AccessErr);
                 return;
             }
         };
-        self.rsp.msn = (self.rsp.msn + 1) & 0xff_ffff;
-        self.rsp.add_resource(Resource::Atomic { psn, orig });
-        self.rsp.out.push_back(Out::AtomicAck {
+        self.msn = (self.msn + 1) & 0xff_ffff;
+        self.add_resource(Resource::Atomic { psn, orig });
+        self.out.push_back(Out::AtomicAck {
             psn,
             orig,
-            msn: self.rsp.msn,
+            msn: self.msn,
         });
-        self.rsp.epsn = psn.next();
+        self.epsn = psn.next();
     }
 
     /// A request whose PSN is below the expected one: re-ACK SEND/WRITE, replay READ and
     /// atomic from the resources, drop the rest.
-    fn rc_duplicate(&mut self, repr: &roce::Repr, info: &OpcodeInfo, psn: Psn) {
+    fn rc_duplicate(&mut self, ctx: &mut QpCtx, repr: &roce::Repr, info: &OpcodeInfo, psn: Psn) {
         match info.operation {
             Operation::Send | Operation::RdmaWrite => {
-                let last_good = self.rsp.epsn.prev();
-                self.rsp.push_ack(last_good);
+                let last_good = self.epsn.prev();
+                self.push_ack(last_good);
             }
             Operation::RdmaReadRequest => {
                 let Some(r) = repr.reth else { return };
                 let (va, len) = (r.va, u64::from(r.dma_len));
-                let found = self.rsp.res.iter().rev().find_map(|res| match *res {
+                let found = self.res.iter().rev().find_map(|res| match *res {
                     Resource::Read {
                         first,
                         last,
@@ -581,28 +635,28 @@ impl Qp {
                     _ => None,
                 });
                 if found.is_some() {
-                    self.stats.read_replays += 1;
-                    self.rsp.out.push_back(Out::Read {
+                    ctx.stats.read_replays += 1;
+                    self.out.push_back(Out::Read {
                         psn,
                         va,
                         rkey: r.rkey,
                         remaining: len,
                         first: true,
-                        msn: self.rsp.msn,
+                        msn: self.msn,
                     });
                 }
             }
             Operation::CompareSwap | Operation::FetchAdd => {
-                let found = self.rsp.res.iter().rev().find_map(|res| match *res {
+                let found = self.res.iter().rev().find_map(|res| match *res {
                     Resource::Atomic { psn: p, orig } if p == psn => Some(orig),
                     _ => None,
                 });
                 if let Some(orig) = found {
-                    self.stats.atomic_replays += 1;
-                    self.rsp.out.push_back(Out::AtomicAck {
+                    ctx.stats.atomic_replays += 1;
+                    self.out.push_back(Out::AtomicAck {
                         psn,
                         orig,
-                        msn: self.rsp.msn,
+                        msn: self.msn,
                     });
                 }
             }
@@ -612,68 +666,69 @@ impl Qp {
 
     /// Drops the rest of the current UC message (its receive request is kept).
     fn uc_drop_msg(&mut self) {
-        self.rsp.cur = None;
-        self.rsp.uc_drop = true;
+        self.cur = None;
+        self.uc_drop = true;
     }
 
     /// A UC request packet.
-    pub(super) fn uc_request(
+    fn uc_request(
         &mut self,
+        ctx: &mut QpCtx,
         repr: &roce::Repr,
         info: &OpcodeInfo,
         payload: &[u8],
         env: &mut dyn Env,
     ) {
         let psn = Psn::new(repr.bth.psn);
-        let diff = psn.diff(self.rsp.epsn);
-        if diff < 0 && self.rsp.received_any {
+        let diff = psn.diff(self.epsn);
+        if diff < 0 && self.received_any {
             // Stale (UC has no retransmission; only a duplicating network makes these).
-            self.stats.out_of_sequence += 1;
+            ctx.stats.out_of_sequence += 1;
             return;
         }
         let start = info.position.is_start();
-        if diff != 0 || self.rsp.uc_drop {
+        if diff != 0 || self.uc_drop {
             if start {
-                self.rsp.cur = None;
-                self.rsp.uc_drop = false;
+                self.cur = None;
+                self.uc_drop = false;
             } else {
                 self.uc_drop_msg();
-                self.rsp.epsn = psn.next();
-                self.rsp.received_any = true;
-                self.stats.out_of_sequence += 1;
+                self.epsn = psn.next();
+                self.received_any = true;
+                ctx.stats.out_of_sequence += 1;
                 return;
             }
         }
-        self.rsp.epsn = psn.next();
-        self.note_request();
+        self.epsn = psn.next();
+        self.note_request(ctx);
         let op = info.operation;
         if start {
-            self.rsp.cur = None;
+            self.cur = None;
         } else {
-            match self.rsp.cur {
+            match self.cur {
                 Some(m) if m.write == (op == Operation::RdmaWrite) => {}
                 _ => {
                     self.uc_drop_msg();
-                    self.stats.out_of_sequence += 1;
+                    ctx.stats.out_of_sequence += 1;
                     return;
                 }
             }
         }
         let n = payload.len() as u64;
-        if !len_ok(info.position, n, u64::from(self.mtu)) {
+        if !len_ok(info.position, n, u64::from(ctx.mtu)) {
             self.uc_drop_msg();
-            self.stats.malformed += 1;
+            ctx.stats.malformed += 1;
             return;
         }
         match op {
             Operation::Send => {
                 if start {
                     if !self.ensure_recv(env) {
-                        self.stats.no_recv_drops += 1;
+                        ctx.stats.no_recv_drops += 1;
                         self.uc_drop_msg();
                         return;
                     }
-                    self.rsp.cur = Some(InMsg {
+                    self.cur = Some(InMsg {
                         write: false,
                         offset: 0,
                         va: 0,
@@ -681,34 +736,34 @@ impl Qp {
                         dma_len: 0,
                     });
                 }
-                let (Some(mut m), Some(held)) = (self.rsp.cur, self.rsp.recv.as_ref()) else {
+                let (Some(mut m), Some(held)) = (self.cur, self.recv.as_ref()) else {
                     self.uc_drop_msg();
                     return;
                 };
                 if m.offset + n > held.cap {
-                    self.fail_recv(WcStatus::LocLenErr, WcOpcode::Recv);
+                    self.fail_recv(ctx, WcStatus::LocLenErr, WcOpcode::Recv);
                     self.uc_drop_msg();
                     return;
                 }
                 if n > 0 && scatter(env, &held.req.sges, m.offset, payload).is_err() {
-                    self.fail_recv(WcStatus::LocProtErr, WcOpcode::Recv);
+                    self.fail_recv(ctx, WcStatus::LocProtErr, WcOpcode::Recv);
                     self.uc_drop_msg();
                     return;
                 }
                 m.offset += n;
                 if info.position.is_end() {
-                    self.rsp.cur = None;
-                    self.finish_send(repr, m.offset);
+                    self.cur = None;
+                    self.finish_send(ctx, repr, m.offset);
                 } else {
-                    self.rsp.cur = Some(m);
+                    self.cur = Some(m);
                 }
             }
             Operation::RdmaWrite => {
-                if self.cfg.access_flags & REMOTE_WRITE == 0 {
+                if ctx.cfg.access_flags & REMOTE_WRITE == 0 {
                     self.uc_drop_msg();
                     return;
                 }
-                let mut m = match (start, repr.reth, self.rsp.cur) {
+                let mut m = match (start, repr.reth, self.cur) {
                     (true, Some(r), _) => InMsg {
                         write: true,
                         offset: 0,
@@ -731,7 +786,7 @@ impl Qp {
                     return;
                 }
                 if info.consumes_recv_wqe && !self.ensure_recv(env) {
-                    self.stats.no_recv_drops += 1;
+                    ctx.stats.no_recv_drops += 1;
                     self.uc_drop_msg();
                     return;
                 }
@@ -745,37 +800,38 @@ impl Qp {
                 }
                 m.offset += n;
                 if end {
-                    self.rsp.cur = None;
-                    self.finish_write(repr, m.dma_len);
+                    self.cur = None;
+                    self.finish_write(ctx, repr, m.dma_len);
                 } else {
-                    self.rsp.cur = Some(m);
+                    self.cur = Some(m);
                 }
             }
             _ => {
-                self.stats.malformed += 1;
+                ctx.stats.malformed += 1;
                 self.uc_drop_msg();
             }
         }
     }
 
     /// A UD SEND.
-    pub(super) fn ud_request(
+    fn ud_request(
         &mut self,
+        ctx: &mut QpCtx,
         repr: &roce::Repr,
         payload: &[u8],
         meta: &RxMeta,
         env: &mut dyn Env,
     ) {
         let Some(d) = repr.deth else {
-            self.stats.malformed += 1;
+            ctx.stats.malformed += 1;
             return;
         };
-        if d.qkey != self.cfg.qkey {
-            self.stats.qkey_violations += 1;
+        if d.qkey != ctx.cfg.qkey {
+            ctx.stats.qkey_violations += 1;
             return;
         }
         let Some(req) = env.take_recv() else {
-            self.stats.no_recv_drops += 1;
+            ctx.stats.no_recv_drops += 1;
             return;
         };
         let need = GRH_LEN + payload.len() as u64;
@@ -789,7 +845,7 @@ impl Qp {
             WcStatus::Success
         };
         let ok = status == WcStatus::Success;
-        self.completions.push_back(Completion {
+        ctx.completions.push_back(Completion {
             wr_id: req.wr_id,
             status,
             opcode: WcOpcode::Recv,
@@ -806,23 +862,24 @@ impl Qp {
         });
     }
 
-    /// The responder half of [`Qp::poll_transmit`].
-    pub(super) fn responder_transmit(
+    /// The responder half of [`super::Qp::poll_transmit`].
+    pub(super) fn poll_transmit(
         &mut self,
+        ctx: &mut QpCtx,
         buf: &mut [u8],
         env: &mut dyn Env,
     ) -> Option<Transmit> {
-        let mtu = u64::from(self.mtu);
-        let dest_qp = self.cfg.dest_qp_num;
+        let mtu = u64::from(ctx.mtu);
+        let dest_qp = ctx.cfg.dest_qp_num;
         loop {
-            let front = *self.rsp.out.front()?;
+            let front = *self.out.front()?;
             match front {
                 Out::Ack { psn, syndrome, msn } => {
                     // A positive ACK carries the receives left now (end-to-end credits).
                     let syndrome = match syndrome {
                         Syndrome::Ack { .. } => {
                             let code = aeth::credit_code(env.recv_available());
-                            self.rsp.credits_left = aeth::credit_count(code);
+                            self.credits_left = aeth::credit_count(code);
                             Syndrome::Ack { credit: code }
                         }
                         other => other,
@@ -833,9 +890,9 @@ impl Qp {
                         ..roce::Repr::default()
                     };
                     let (_, total) = emit_headers(buf, &repr)?;
-                    self.rsp.out.pop_front();
+                    self.out.pop_front();
                     if syndrome.is_ack() {
-                        self.stats.acks_sent += 1;
+                        ctx.stats.acks_sent += 1;
                     }
                     return Some(Transmit {
                         len: total,
@@ -855,7 +912,7 @@ impl Qp {
                         ..roce::Repr::default()
                     };
                     let (_, total) = emit_headers(buf, &repr)?;
-                    self.rsp.out.pop_front();
+                    self.out.pop_front();
                     return Some(Transmit {
                         len: total,
                         ud_dest: None,
@@ -893,25 +950,25 @@ impl Qp {
                     let n = n as usize;
                     if n > 0 && env.read_remote(rkey, va, &mut buf[hlen..hlen + n]).is_err() {
                         // The memory went away under a READ being answered.
-                        self.rsp.out.pop_front();
-                        self.rsp.out.push_front(Out::Ack {
+                        self.out.pop_front();
+                        self.out.push_front(Out::Ack {
                             psn,
                             syndrome: Syndrome::Nak(NakCode::RemoteAccessError),
                             msn,
                         });
-                        self.stats.note_err_nak(NakCode::RemoteAccessError, true);
-                        self.enter_error(Some(QpEvent::AccessErr));
+                        ctx.stats.note_err_nak(NakCode::RemoteAccessError, true);
+                        ctx.fail(Some(QpEvent::AccessErr));
                         continue;
                     }
                     if last {
-                        self.rsp.out.pop_front();
+                        self.out.pop_front();
                     } else if let Some(Out::Read {
                         psn: p,
                         va: v,
                         remaining: r,
                         first: f,
                         ..
-                    }) = self.rsp.out.front_mut()
+                    }) = self.out.front_mut()
                     {
                         *p = psn.next();
                         *v = va.wrapping_add(n as u64);

@@ -2,9 +2,19 @@
 //! spills to the heap only beyond, so that posting a work request with a short list (nearly
 //! every one: one entry is the common case) allocates nothing.
 
-use super::Sge;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
+
+/// A piece of local registered memory (`struct ibv_sge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sge {
+    /// Address of the first byte, in the region's iova space.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the region.
+    pub lkey: u32,
+}
 
 /// Entries an [`SgList`] holds without allocating.
 pub const SG_INLINE: usize = 4;

@@ -445,7 +445,7 @@ fn timeout_and_rnr_timers() {
         qp.poll_timeout(),
         Some(t0 + super::requester::PROBE_INITIAL)
     );
-    assert_eq!(qp.sq.retrans_deadline, Some(t0 + rto));
+    assert_eq!(qp.requester.retrans_deadline, Some(t0 + rto));
     // RNR NAK: the retransmit timer stops, the RNR timer (code 5 = 60 µs) runs.
     qp.handle_packet(t0, &ack(0, Syndrome::RnrNak { timer: 5 }), &META, &mut env);
     assert_eq!(qp.poll_timeout(), Some(t0 + Duration::from_micros(60)));

@@ -178,7 +178,7 @@ fn max_backlog_from(v: Option<String>) -> usize {
     }
 }
 /// `RDMA_UDP_QKEY`: the Q_Key of every UD QP and multicast group the CM sets up.
-pub const RDMA_UDP_QKEY: u32 = softrdma_wire::cma::RDMA_UDP_QKEY;
+pub use softrdma_wire::cma::RDMA_UDP_QKEY;
 /// The QP number that addresses a multicast group.
 pub const MULTICAST_QPN: u32 = crate::provider::MULTICAST_QPN;
 

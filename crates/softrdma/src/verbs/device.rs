@@ -540,7 +540,7 @@ pub(crate) fn port_attr(dev: &Device) -> PortAttr {
 pub const GID_TABLE_LEN: u32 = 1;
 
 /// The default (and only) P_Key.
-pub const DEFAULT_PKEY: u16 = softrdma_wire::bth::DEFAULT_PKEY;
+pub use softrdma_wire::bth::DEFAULT_PKEY;
 
 /// `struct ibv_gid_entry`: one GID table entry with its type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

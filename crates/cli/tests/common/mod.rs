@@ -1,0 +1,35 @@
+//! Helpers shared by the tests of the `softrdma` binary.
+#![allow(dead_code)]
+
+use std::process::Command;
+
+/// A loopback address no other process on this machine uses (see `softrdma::testing`), as
+/// text: a device address of the test's own.
+pub fn unique() -> String {
+    softrdma::testing::unique_loopback_addr().to_string()
+}
+
+/// Runs `softrdma ARGS` to its end: (success, stdout, stderr).
+pub fn softrdma(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .args(args)
+        .output()
+        .expect("run softrdma");
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// The value of `"key":` in a one-line JSON object (numbers and strings only).
+pub fn json_field<'a>(json: &'a str, key: &str) -> &'a str {
+    let pat = format!("\"{key}\":");
+    let start = json
+        .find(&pat)
+        .unwrap_or_else(|| panic!("no {key} in {json}"))
+        + pat.len();
+    let rest = &json[start..];
+    let end = rest.find([',', '}']).unwrap();
+    rest[..end].trim_matches('"')
+}
