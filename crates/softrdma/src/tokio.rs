@@ -66,8 +66,8 @@
 //! use softrdma::tokio::{conn_param, default_cap, AsyncConn, AsyncListener};
 //! use softrdma::Buffer;
 //! use std::sync::Arc;
-//! # let ip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 3);
-//! # let cip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 4);
+//! # let ip = softrdma::testing::unique_loopback_addr();
+//! # let cip = softrdma::testing::unique_loopback_addr();
 //! let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 //! rt.block_on(async {
 //!     let listener = AsyncListener::bind((ip, 0).into(), 8).unwrap();
@@ -100,8 +100,8 @@ use crate::rdma_cm::{
     RDMA_MAX_INIT_DEPTH, RDMA_MAX_RESP_RES,
 };
 use crate::{
-    CompChannel, Cq, Mr, Qp, QpCap, RecvWr, SendFlags, SendWr, Sge, WcStatus, WorkCompletion,
-    WrOpcode,
+    CompChannel, Cq, Mr, Qp, QpCap, RecvWr, RemoteMr, SendFlags, SendWr, Sge, WcStatus,
+    WorkCompletion, WrOpcode,
 };
 use ::tokio::io::unix::AsyncFd;
 use ::tokio::io::Interest;
@@ -224,8 +224,8 @@ impl std::fmt::Debug for AsyncEventChannel {
 /// ```
 /// use softrdma::rdma_cm::PortSpace;
 /// use softrdma::tokio::{conn_param, default_cap, AsyncCmId};
-/// # let ip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 5);
-/// # let cip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 6);
+/// # let ip = softrdma::testing::unique_loopback_addr();
+/// # let cip = softrdma::testing::unique_loopback_addr();
 /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 /// rt.block_on(async {
 ///     // Nobody listens on that port: the connect is refused.
@@ -389,8 +389,8 @@ impl std::fmt::Debug for AsyncCmId {
 ///
 /// ```
 /// use softrdma::tokio::{conn_param, default_cap, AsyncConn, AsyncListener};
-/// # let ip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 7);
-/// # let cip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 8);
+/// # let ip = softrdma::testing::unique_loopback_addr();
+/// # let cip = softrdma::testing::unique_loopback_addr();
 /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 /// rt.block_on(async {
 ///     let listener = AsyncListener::bind((ip, 0).into(), 8).unwrap();
@@ -532,8 +532,8 @@ impl std::fmt::Debug for AsyncListener {
 ///
 /// ```
 /// use softrdma::tokio::{conn_param, default_cap, AsyncConn, AsyncListener};
-/// # let ip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 9);
-/// # let cip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 10);
+/// # let ip = softrdma::testing::unique_loopback_addr();
+/// # let cip = softrdma::testing::unique_loopback_addr();
 /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 /// rt.block_on(async {
 ///     let listener = AsyncListener::bind((ip, 0).into(), 8).unwrap();
@@ -921,8 +921,8 @@ const WR_TAG: u64 = 0xa5 << 56;
 /// use softrdma::tokio::{conn_param, default_cap, AsyncConn, AsyncListener};
 /// use softrdma::Buffer;
 /// use std::sync::Arc;
-/// # let ip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 11);
-/// # let cip = std::net::Ipv4Addr::new(127, 62, (std::process::id() % 250) as u8, 12);
+/// # let ip = softrdma::testing::unique_loopback_addr();
+/// # let cip = softrdma::testing::unique_loopback_addr();
 /// let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
 /// rt.block_on(async {
 ///     let listener = AsyncListener::bind((ip, 0).into(), 8).unwrap();
@@ -936,7 +936,7 @@ const WR_TAG: u64 = 0xa5 << 56;
 ///     let tmr = server.id().reg_write(&target).unwrap();
 ///     let src = Arc::new(Buffer::from_slice(b"written!"));
 ///     let smr = client.id().reg_msgs(&src).unwrap();
-///     let wc = client.qp().write(&smr, 0..8, tmr.iova(), tmr.rkey()).await.unwrap();
+///     let wc = client.qp().write(&smr, 0..8, tmr.remote()).await.unwrap();
 ///     assert_eq!(wc.byte_len, 8);
 ///     assert_eq!(target.to_vec(), b"written!");
 /// });
@@ -1037,45 +1037,53 @@ impl AsyncQp {
         self.post_recv(&sge).await
     }
 
-    /// Writes the bytes `range` of `mr` to the peer's memory at `remote_addr` under `rkey`
-    /// (RDMA WRITE) and waits for the completion.
+    /// Writes the bytes `range` of `mr` to the start of the peer's region `remote` (RDMA
+    /// WRITE; take a sub-range with [`RemoteMr::slice`]) and waits for the completion.
     ///
-    /// Fails like [`AsyncQp::send`], and with `EACCES` when the peer refused the access.
+    /// Fails like [`AsyncQp::send`], with `EINVAL` when the bytes do not fit `remote`, and
+    /// with `EACCES` when the peer refused the access.
     pub async fn write(
         &self,
         mr: &Mr,
         range: Range<usize>,
-        remote_addr: u64,
-        rkey: u32,
+        remote: RemoteMr,
     ) -> Result<WorkCompletion> {
-        let sge = [sge(mr, range)?];
-        self.post_send(SendWr {
-            sg_list: &sge,
-            opcode: WrOpcode::RdmaWrite,
-            remote_addr,
-            rkey,
-            ..Default::default()
-        })
-        .await
+        self.rdma(WrOpcode::RdmaWrite, mr, range, remote).await
     }
 
-    /// Reads the peer's memory at `remote_addr` under `rkey` into the bytes `range` of `mr`
-    /// (RDMA READ) and waits for the completion, after which the bytes are in `mr`.
+    /// Reads the start of the peer's region `remote` into the bytes `range` of `mr` (RDMA
+    /// READ) and waits for the completion, after which the bytes are in `mr`.
     ///
     /// Fails like [`AsyncQp::write`].
     pub async fn read(
         &self,
         mr: &Mr,
         range: Range<usize>,
-        remote_addr: u64,
-        rkey: u32,
+        remote: RemoteMr,
+    ) -> Result<WorkCompletion> {
+        self.rdma(WrOpcode::RdmaRead, mr, range, remote).await
+    }
+
+    /// An RDMA WRITE or READ between `range` of `mr` and the start of `remote`.
+    async fn rdma(
+        &self,
+        opcode: WrOpcode,
+        mr: &Mr,
+        range: Range<usize>,
+        remote: RemoteMr,
     ) -> Result<WorkCompletion> {
         let sge = [sge(mr, range)?];
+        let what = if opcode == WrOpcode::RdmaWrite {
+            "an RDMA WRITE"
+        } else {
+            "an RDMA READ"
+        };
+        remote.check_fits(u64::from(sge[0].length), what)?;
         self.post_send(SendWr {
             sg_list: &sge,
-            opcode: WrOpcode::RdmaRead,
-            remote_addr,
-            rkey,
+            opcode,
+            remote_addr: remote.addr,
+            rkey: remote.rkey,
             ..Default::default()
         })
         .await

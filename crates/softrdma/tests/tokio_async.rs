@@ -81,12 +81,16 @@ fn send_recv_write_and_read_return_their_own_completions() {
         assert_eq!(&sbuf.to_vec()[..16], b"0123456789abcdef");
         // RDMA WRITE into the server's region, RDMA READ back from it.
         cbuf.write(0, b"WRITTEN-BY-CLIENT").unwrap_or(());
-        let w = guard(client.qp().write(&cmr, 0..8, smr.iova() + 32, smr.rkey()))
-            .await
-            .unwrap();
+        let w = guard(
+            client
+                .qp()
+                .write(&cmr, 0..8, smr.remote().slice(32..).unwrap()),
+        )
+        .await
+        .unwrap();
         assert_eq!((w.opcode, w.byte_len), (softrdma::WcOpcode::RdmaWrite, 8));
         assert_eq!(&sbuf.to_vec()[32..40], &cbuf.to_vec()[..8]);
-        let rd = guard(client.qp().read(&cmr, 8..16, smr.iova(), smr.rkey()))
+        let rd = guard(client.qp().read(&cmr, 8..16, smr.remote()))
             .await
             .unwrap();
         assert_eq!((rd.opcode, rd.byte_len), (softrdma::WcOpcode::RdmaRead, 8));
@@ -112,13 +116,10 @@ fn concurrent_requests_from_many_tasks_each_get_their_own_completion() {
         let mut tasks = Vec::new();
         for i in 0..N {
             let (client, cmr) = (client.clone(), cmr.clone());
-            let (rkey, at) = (smr.rkey(), smr.iova() + (i * 8) as u64);
+            let at = smr.remote().slice((i * 8) as u64..).unwrap();
             tasks.push(tokio::spawn(async move {
                 // Each task writes its own 8 bytes (i + 1 of them from the source).
-                client
-                    .qp()
-                    .write(&cmr, i * 8..i * 8 + i % 8 + 1, at, rkey)
-                    .await
+                client.qp().write(&cmr, i * 8..i * 8 + i % 8 + 1, at).await
             }));
         }
         let mut ids = std::collections::HashSet::new();

@@ -174,12 +174,11 @@ pub struct ConnParam {
 /// use softrdma::rdma_cm::*;
 /// use softrdma::QpCap;
 /// use std::net::{IpAddr, SocketAddr};
-/// let pid = std::process::id();
-/// let (a, b) = ((pid >> 8) as u8, pid as u8);
+/// let ip: IpAddr = softrdma::testing::unique_loopback_addr().into();
 /// let id = CmId::create(None, 0, PortSpace::Udp)?;
-/// id.bind_addr(SocketAddr::new(IpAddr::from([127, 78, a, b]), 0))?;
+/// id.bind_addr(SocketAddr::new(ip, 0))?;
 /// id.create_qp(None, &mut QpCap { max_send_wr: 4, max_recv_wr: 4, ..Default::default() })?;
-/// let group = IpAddr::from([239, 78, a, b]);
+/// let group = IpAddr::from(softrdma::testing::unique_multicast_group());
 /// id.join_multicast(group, 0)?; // blocks for MULTICAST_JOIN
 /// let ud: UdParam = id.event().unwrap().ud.unwrap();
 /// assert_eq!((ud.qp_num, ud.qkey), (MULTICAST_QPN, RDMA_UDP_QKEY));
@@ -207,8 +206,7 @@ pub struct UdParam {
 /// ```
 /// use softrdma::rdma_cm::{CmEventType, CmId, PortSpace};
 /// use std::net::{IpAddr, SocketAddr};
-/// let pid = std::process::id();
-/// let ip = IpAddr::from([127, 77, (pid >> 8) as u8, pid as u8]);
+/// let ip: IpAddr = softrdma::testing::unique_loopback_addr().into();
 /// let id = CmId::create(None, 0, PortSpace::Tcp)?;
 /// id.resolve_addr(Some(SocketAddr::new(ip, 0)), SocketAddr::new(ip, 7471), 2000)?;
 /// let info = id.event().unwrap();
@@ -238,8 +236,7 @@ pub struct EventInfo {
 /// ```
 /// use softrdma::rdma_cm::{CmEventType, CmId, EventChannel, PortSpace};
 /// use std::net::{IpAddr, SocketAddr};
-/// let pid = std::process::id();
-/// let ip = IpAddr::from([127, 77, (pid >> 8) as u8, pid as u8]);
+/// let ip: IpAddr = softrdma::testing::unique_loopback_addr().into();
 /// let ch = EventChannel::new()?;
 /// let id = CmId::create(Some(&ch), 42, PortSpace::Tcp)?;
 /// id.resolve_addr(Some(SocketAddr::new(ip, 0)), SocketAddr::new(ip, 7471), 2000)?;

@@ -177,16 +177,19 @@ impl Drop for IdInner {
 /// ```
 /// use softrdma::rdma_cm::{CmEventType, CmId, PortSpace};
 /// use std::net::{IpAddr, SocketAddr};
-/// let pid = std::process::id();
-/// let ip = |net: u8| IpAddr::from([127, net, (pid >> 8) as u8, pid as u8]);
+/// // Two loopback addresses no other process uses (each is a device).
+/// let (src, dst): (IpAddr, IpAddr) = (
+///     softrdma::testing::unique_loopback_addr().into(),
+///     softrdma::testing::unique_loopback_addr().into(),
+/// );
 /// let id = CmId::create(None, 0, PortSpace::Tcp)?;
 /// assert!(id.is_sync());
 /// // The source address picks the device (one per local IP address); without it, the
 /// // route to a loopback destination would start at 127.0.0.1.
-/// id.resolve_addr(Some(SocketAddr::new(ip(78), 0)), SocketAddr::new(ip(77), 7471), 2000)?;
+/// id.resolve_addr(Some(SocketAddr::new(src, 0)), SocketAddr::new(dst, 7471), 2000)?;
 /// assert_eq!(id.event().unwrap().event, CmEventType::AddrResolved);
-/// assert_eq!(id.local_addr().unwrap().ip(), ip(78));
-/// assert_eq!(id.verbs().unwrap().device().addr(), ip(78));
+/// assert_eq!(id.local_addr().unwrap().ip(), src);
+/// assert_eq!(id.verbs().unwrap().device().addr(), src);
 /// id.destroy();
 /// # Ok::<(), softrdma::Error>(())
 /// ```

@@ -37,9 +37,9 @@
 //! use softrdma::{Buffer, QpCap, RemoteMr, SendFlags};
 //! use std::net::{IpAddr, SocketAddr};
 //! use std::sync::Arc;
-//! // Addresses of this process's own: 127.77.x.y serves, 127.78.x.y connects.
-//! let pid = std::process::id();
-//! let ip = |net: u8| IpAddr::from([127, net, (pid >> 8) as u8, pid as u8]);
+//! // Two loopback addresses no other process uses: the server's and the client's devices.
+//! let server_ip: IpAddr = softrdma::testing::unique_loopback_addr().into();
+//! let client_ip: IpAddr = softrdma::testing::unique_loopback_addr().into();
 //! let cap = QpCap { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1,
 //!                   max_inline_data: 64 };
 //! let param = ConnParam { responder_resources: 1, initiator_depth: 1, retry_count: 7,
@@ -47,7 +47,7 @@
 //!
 //! // The server: a synchronous listener on an ephemeral port.
 //! let listener = CmId::create(None, 0, PortSpace::Tcp)?;
-//! listener.bind_addr(SocketAddr::new(ip(77), 0))?;
+//! listener.bind_addr(SocketAddr::new(server_ip, 0))?;
 //! listener.listen(1)?;
 //! let server_addr = listener.local_addr().unwrap();
 //! let server = std::thread::spawn({
@@ -71,7 +71,7 @@
 //!
 //! // The client.
 //! let id = CmId::create(None, 0, PortSpace::Tcp)?;
-//! id.resolve_addr(Some(SocketAddr::new(ip(78), 0)), server_addr, 2000)?;
+//! id.resolve_addr(Some(SocketAddr::new(client_ip, 0)), server_addr, 2000)?;
 //! id.resolve_route(2000)?;
 //! let mut c = cap;
 //! id.create_qp(None, &mut c)?;
@@ -241,11 +241,10 @@ pub enum CmOption {
 /// ```
 /// use softrdma::rdma_cm::*;
 /// use std::net::{IpAddr, SocketAddr};
-/// let pid = std::process::id();
-/// let (a, b) = ((pid >> 8) as u8, pid as u8);
+/// let ip: IpAddr = softrdma::testing::unique_loopback_addr().into();
 /// let id = CmId::create(None, 0, PortSpace::Udp)?;
-/// id.bind_addr(SocketAddr::new(IpAddr::from([127, 77, a, b]), 0))?;
-/// let group = IpAddr::from([239, 77, a, b]);
+/// id.bind_addr(SocketAddr::new(ip, 0))?;
+/// let group = IpAddr::from(softrdma::testing::unique_multicast_group());
 /// let attr = JoinMcAttrEx {
 ///     comp_mask: RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS,
 ///     join_flags: RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER, // send to it, receive nothing
@@ -276,9 +275,9 @@ pub struct JoinMcAttrEx {
 /// use softrdma::{QpCap, QpState};
 /// use std::net::{IpAddr, SocketAddr};
 /// use std::sync::Arc;
-/// let pid = std::process::id();
+/// let ip: IpAddr = softrdma::testing::unique_loopback_addr().into();
 /// let id = CmId::create(None, 0, PortSpace::Tcp)?;
-/// id.bind_addr(SocketAddr::new(IpAddr::from([127, 77, (pid >> 8) as u8, pid as u8]), 0))?;
+/// id.bind_addr(SocketAddr::new(ip, 0))?;
 /// // One CQ of the application's for both queues (so get_send_comp cannot wait on it).
 /// let cq = Arc::new(id.verbs().unwrap().create_cq(32, 0, None, 0)?);
 /// let mut attr = CmQpInitAttr {

@@ -21,7 +21,7 @@ impl CmId {
     /// ```
     /// use softrdma::rdma_cm::{CmId, PortSpace};
     /// use std::time::Duration;
-    /// # let ip = std::net::Ipv4Addr::new(127, 61, (std::process::id() % 250) as u8, 9);
+    /// # let ip = softrdma::testing::unique_loopback_addr();
     /// let listener = CmId::create(None, 0, PortSpace::Tcp).unwrap();
     /// listener.bind_addr((ip, 0).into()).unwrap();
     /// listener.listen(1).unwrap();

@@ -347,8 +347,7 @@ pub struct SendWr<'a> {
 /// ```
 /// # use softrdma::*;
 /// # use std::sync::Arc;
-/// # let pid = std::process::id();
-/// # let addr = std::net::IpAddr::from([127, 77, (pid >> 8) as u8, pid as u8]);
+/// # let addr = softrdma::testing::unique_loopback_addr().into();
 /// let ctx = Device::from_addr(addr).unwrap().open().unwrap();
 /// let pd = ctx.alloc_pd().unwrap();
 /// let buf = Arc::new(Buffer::new(4096));
