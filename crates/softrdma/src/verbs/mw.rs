@@ -404,7 +404,7 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Buffer, Device};
+    use crate::{Buffer, Context, Device};
 
     const ALL: u32 = AccessFlags::LOCAL_WRITE.bits()
         | AccessFlags::REMOTE_WRITE.bits()
@@ -412,6 +412,19 @@ mod tests {
         | AccessFlags::REMOTE_ATOMIC.bits()
         | AccessFlags::MW_BIND.bits();
     const RW: u32 = AccessFlags::REMOTE_WRITE.bits() | AccessFlags::REMOTE_READ.bits();
+
+    /// A context of its own, two PDs, and a 4 KiB region in the first with every access.
+    fn setup() -> (Context, Pd, Pd, Arc<Buffer>, Mr) {
+        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
+            .unwrap()
+            .open()
+            .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let other = ctx.alloc_pd().unwrap();
+        let buf = Arc::new(Buffer::new(4096));
+        let mr = pd.reg_buffer(&buf, ALL).unwrap();
+        (ctx, pd, other, buf, mr)
+    }
 
     fn bind(mw: &Mw, mr: &Mr, off: u64, len: u64, access: u32, key: u32) -> TpBind {
         MwBindInfo {
@@ -427,15 +440,8 @@ mod tests {
     /// PD, and only invalidations through that QP (remote) or its PD (local) undo it.
     #[test]
     fn type2_windows_answer_only_their_qp_and_pd() {
-        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
-            .unwrap()
-            .open()
-            .unwrap();
+        let (ctx, pd, other, _buf, mr) = setup();
         let res = &ctx.inner.shared.resources;
-        let pd = ctx.alloc_pd().unwrap();
-        let other = ctx.alloc_pd().unwrap();
-        let buf = Arc::new(Buffer::new(4096));
-        let mr = pd.reg_buffer(&buf, ALL).unwrap();
         let mw = pd.alloc_mw(MwType::Type2).unwrap();
         let k = inc_rkey(mw.rkey());
         let b = bind(&mw, &mr, 0, 1024, RW, k);
@@ -489,15 +495,8 @@ mod tests {
     /// not extend past its region, whose PD must be the window's.
     #[test]
     fn type1_windows_and_region_rules() {
-        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
-            .unwrap()
-            .open()
-            .unwrap();
+        let (ctx, pd, other, buf, mr) = setup();
         let res = &ctx.inner.shared.resources;
-        let pd = ctx.alloc_pd().unwrap();
-        let other = ctx.alloc_pd().unwrap();
-        let buf = Arc::new(Buffer::new(4096));
-        let mr = pd.reg_buffer(&buf, ALL).unwrap();
         let foreign = other.reg_buffer(&buf, ALL).unwrap();
         let mw = pd.alloc_mw(MwType::Type1).unwrap();
         let k = inc_rkey(mw.rkey());
