@@ -398,13 +398,20 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     })
 }
 
-/// `ibv_destroy_cq`: 0, or the errno (EINVAL for NULL; EBUSY while a QP uses it or its
-/// events are not all acknowledged).
+/// `ibv_destroy_cq`: 0, or the errno (EINVAL for NULL; EBUSY while a QP uses it). Waits,
+/// as rdma-core does, until the completion and asynchronous events taken about the CQ are
+/// all acknowledged.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     ret_errno(|| {
         if cq.is_null() {
             return Err(EINVAL);
+        }
+        // As rdma-core: wait until the program acknowledged every event it took about the
+        // CQ (another thread may be about to), unless a QP uses it (EBUSY at once).
+        // SAFETY: a live boxed CCq.
+        if let Some(w) = unsafe { objects::wrapper::<_, CCq>(cq) } {
+            w.cq.wait_events_acked();
         }
         // SAFETY: a live boxed CCq.
         unsafe {

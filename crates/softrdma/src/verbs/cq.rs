@@ -533,12 +533,33 @@ impl Cq {
             .fetch_add(u64::from(nevents), Ordering::AcqRel);
     }
 
+    /// Waits, as rdma-core's `ibv_destroy_cq` does before it destroys, until every completion
+    /// event returned by [`CompChannel::get_cq_event`] and every asynchronous event about the
+    /// CQ is acknowledged — unless a QP uses the CQ, when it returns at once (the destroy then
+    /// fails with `EBUSY` without waiting, as the kernel's does). A program that never
+    /// acknowledges waits for ever, as with rdma-core. The C library calls it before
+    /// [`Cq::destroy`].
+    pub fn wait_events_acked(&self) {
+        let i = &self.inner;
+        loop {
+            let unacked = i.events_reported.load(Ordering::Acquire) as i64
+                - i.events_acked.load(Ordering::Acquire) as i64;
+            let async_unacked = i.async_unacked.load(Ordering::Acquire);
+            if users_of(&**i) != 0 || (unacked <= 0 && async_unacked == 0) {
+                return;
+            }
+            // Teardown is not the hot path: a short sleep between looks is enough.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
     /// Destroys the CQ (`ibv_destroy_cq`).
     ///
     /// Fails with `EBUSY`, giving the CQ back, while a QP uses it, while completion events
     /// returned by [`CompChannel::get_cq_event`] are not all acknowledged (rdma-core blocks
-    /// here until they are; softrdma reports it so that a single-threaded program cannot
-    /// deadlock), or while an asynchronous event about it is not acknowledged.
+    /// here until they are: [`Cq::wait_events_acked`] does that; `destroy` itself reports it so
+    /// that a single-threaded Rust program cannot deadlock), or while an asynchronous event
+    /// about it is not acknowledged.
     pub fn destroy(self) -> std::result::Result<(), DestroyError<Cq>> {
         let i = &self.inner;
         let users = users_of(&**i);
