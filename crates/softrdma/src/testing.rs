@@ -154,6 +154,18 @@ pub fn unused_tcp_port() -> u16 {
         .port()
 }
 
+/// For the library's unit tests: a context on a device of its own, and two PDs of it.
+#[cfg(test)]
+pub(crate) fn context_with_two_pds() -> (crate::Context, crate::Pd, crate::Pd) {
+    let ctx = crate::Device::from_addr(unique_loopback_addr().into())
+        .unwrap()
+        .open()
+        .unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let other = ctx.alloc_pd().unwrap();
+    (ctx, pd, other)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -772,16 +772,10 @@ impl Drop for MrLease {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Buffer, Device};
+    use crate::Buffer;
 
     fn setup() -> (crate::Context, Pd, Pd) {
-        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
-            .unwrap()
-            .open()
-            .unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let other = ctx.alloc_pd().unwrap();
-        (ctx, pd, other)
+        crate::testing::context_with_two_pds()
     }
 
     const ALL: u32 = AccessFlags::LOCAL_WRITE.bits()

@@ -404,7 +404,7 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Buffer, Context, Device};
+    use crate::{Buffer, Context};
 
     const ALL: u32 = AccessFlags::LOCAL_WRITE.bits()
         | AccessFlags::REMOTE_WRITE.bits()
@@ -415,12 +415,7 @@ mod tests {
 
     /// A context of its own, two PDs, and a 4 KiB region in the first with every access.
     fn setup() -> (Context, Pd, Pd, Arc<Buffer>, Mr) {
-        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
-            .unwrap()
-            .open()
-            .unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let other = ctx.alloc_pd().unwrap();
+        let (ctx, pd, other) = crate::testing::context_with_two_pds();
         let buf = Arc::new(Buffer::new(4096));
         let mr = pd.reg_buffer(&buf, ALL).unwrap();
         (ctx, pd, other, buf, mr)
