@@ -1100,16 +1100,5 @@ impl std::fmt::Debug for AsyncQp {
 
 /// The scatter/gather entry of the bytes `range` of `mr`.
 fn sge(mr: &Mr, range: Range<usize>) -> Result<Sge> {
-    let len = range.end.checked_sub(range.start);
-    match len {
-        Some(len) if range.end as u64 <= mr.length() && len <= u32::MAX as usize => Ok(Sge {
-            addr: mr.iova() + range.start as u64,
-            length: len as u32,
-            lkey: mr.lkey(),
-        }),
-        _ => Err(Error::invalid(format!(
-            "the range {range:?} is not inside the region of {} bytes",
-            mr.length()
-        ))),
-    }
+    Ok(mr.slice(range.start as u64..range.end as u64)?.sge())
 }

@@ -231,24 +231,7 @@ impl CmId {
         };
         let ctx = s.ctx.clone().expect("resolved");
         let dev = ctx.query_device()?;
-        for (v, lim, what) in [
-            (
-                param.responder_resources,
-                dev.max_qp_rd_atom,
-                "responder_resources",
-            ),
-            (
-                param.initiator_depth,
-                dev.max_qp_init_rd_atom,
-                "initiator_depth",
-            ),
-        ] {
-            if v != RDMA_MAX_RESP_RES && u32::from(v) > lim {
-                return Err(Error::invalid(format!(
-                    "{what} {v} exceeds the device's {lim}"
-                )));
-            }
-        }
+        check_rd_limits(param, &dev)?;
         let (src, dst) = (s.src.expect("resolved"), s.dst.expect("resolved"));
         let mut pd = vec![0u8; cma::CMA_HDR_LEN];
         CmaHeaderRepr::new(src.ip(), src.port(), dst.ip())
@@ -386,24 +369,7 @@ impl CmId {
         }
         let ctx = s.ctx.clone().expect("bound");
         let dev = ctx.query_device()?;
-        for (v, lim, what) in [
-            (
-                param.responder_resources,
-                dev.max_qp_rd_atom,
-                "responder_resources",
-            ),
-            (
-                param.initiator_depth,
-                dev.max_qp_init_rd_atom,
-                "initiator_depth",
-            ),
-        ] {
-            if v != RDMA_MAX_RESP_RES && u32::from(v) > lim {
-                return Err(Error::invalid(format!(
-                    "{what} {v} exceeds the device's {lim}"
-                )));
-            }
-        }
+        check_rd_limits(param, &dev)?;
         // The request's values are already from our point of view (swapped).
         let resp =
             resources(param.responder_resources, dev.max_qp_rd_atom).min(req.responder_resources);
@@ -663,6 +629,31 @@ pub(super) fn cm_error(call: &str, e: softrdma_proto::cm::CmError) -> Error {
 }
 
 /// The errno librdmacm reports for an event a synchronous call did not want.
+/// `rdma_connect`'s and `rdma_accept`'s check of `responder_resources` and
+/// `initiator_depth` against the device (`RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH`, 0xff,
+/// mean "the device's most"): EINVAL beyond it.
+fn check_rd_limits(param: &ConnParam, dev: &crate::DeviceAttr) -> Result<()> {
+    for (v, lim, what) in [
+        (
+            param.responder_resources,
+            dev.max_qp_rd_atom,
+            "responder_resources",
+        ),
+        (
+            param.initiator_depth,
+            dev.max_qp_init_rd_atom,
+            "initiator_depth",
+        ),
+    ] {
+        if v != RDMA_MAX_RESP_RES && u32::from(v) > lim {
+            return Err(Error::invalid(format!(
+                "{what} {v} exceeds the device's {lim}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn event_error(info: &EventInfo) -> Error {
     let errno = match info.event {
         CmEventType::Rejected => libc::ECONNREFUSED,

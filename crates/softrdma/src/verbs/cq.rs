@@ -540,17 +540,23 @@ impl Cq {
     /// acknowledges waits for ever, as with rdma-core. The C library calls it before
     /// [`Cq::destroy`].
     pub fn wait_events_acked(&self) {
-        let i = &self.inner;
         loop {
-            let unacked = i.events_reported.load(Ordering::Acquire) as i64
-                - i.events_acked.load(Ordering::Acquire) as i64;
-            let async_unacked = i.async_unacked.load(Ordering::Acquire);
-            if users_of(&**i) != 0 || (unacked <= 0 && async_unacked == 0) {
+            let (unacked, async_unacked) = self.unacked_events();
+            if users_of(&*self.inner) != 0 || (unacked <= 0 && async_unacked == 0) {
                 return;
             }
             // Teardown is not the hot path: a short sleep between looks is enough.
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+    }
+
+    /// The completion events taken from the channel and not acknowledged, and the
+    /// asynchronous events about the CQ not acknowledged.
+    fn unacked_events(&self) -> (i64, usize) {
+        let i = &self.inner;
+        let unacked = i.events_reported.load(Ordering::Acquire) as i64
+            - i.events_acked.load(Ordering::Acquire) as i64;
+        (unacked, i.async_unacked.load(Ordering::Acquire))
     }
 
     /// Destroys the CQ (`ibv_destroy_cq`).
@@ -563,9 +569,7 @@ impl Cq {
     pub fn destroy(self) -> std::result::Result<(), DestroyError<Cq>> {
         let i = &self.inner;
         let users = users_of(&**i);
-        let unacked = i.events_reported.load(Ordering::Acquire) as i64
-            - i.events_acked.load(Ordering::Acquire) as i64;
-        let async_unacked = i.async_unacked.load(Ordering::Acquire);
+        let (unacked, async_unacked) = self.unacked_events();
         let why = if users != 0 {
             format!("the CQ is used by {users} QP(s)")
         } else if unacked > 0 {
