@@ -42,15 +42,7 @@ fn devices_with_an_unknown_device_fails_with_a_clear_message() {
 
 /// The QP counters line of one side: (tx packets, rx packets).
 fn qp_packets(out: &str, who: &str) -> (u64, u64) {
-    let line = out
-        .lines()
-        .find(|l| l.starts_with(&format!(" {who} QP: ")))
-        .unwrap_or_else(|| panic!("no {who} QP line in {out}"));
-    let nums: Vec<u64> = line
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|w| w.parse().ok())
-        .collect();
-    (nums[0], nums[2])
+    qp_packets_of(out, &format!("{who} QP"))
 }
 
 #[test]

@@ -6,24 +6,6 @@ use common::*;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
-/// The packets counted on a QP counters line starting with `label`: (tx, rx).
-fn packets(out: &str, label: &str) -> (u64, u64) {
-    let line = out
-        .lines()
-        .find(|l| l.starts_with(&format!(" {label}: tx ")))
-        .unwrap_or_else(|| panic!("no {label} line in {out}"));
-    let num = |after: &str| -> u64 {
-        let i = line.find(after).unwrap() + after.len();
-        line[i..]
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    (num(": tx "), num(", rx "))
-}
-
 #[test]
 fn perf_q3_send_verifies_every_message_on_every_qp() {
     let (c, s) = (unique(), unique());
@@ -49,8 +31,8 @@ fn perf_q3_send_verifies_every_message_on_every_qp() {
     assert_eq!(json_field(json, "qps"), "3");
     // -n is per QP, as in perftest; the table shows the aggregate.
     assert_eq!(json_field(json, "iters"), "9000");
-    let (ctx, _) = packets(&out, "client QPs (3, summed)");
-    let (_, srx) = packets(&out, "server QPs (3, summed)");
+    let (ctx, _) = qp_packets_of(&out, "client QPs (3, summed)");
+    let (_, srx) = qp_packets_of(&out, "server QPs (3, summed)");
     assert!(ctx >= 9000 && srx >= 9000, "{out}");
 }
 
@@ -118,8 +100,8 @@ fn perf_q_with_a_server_process() {
         "{sout}"
     );
     assert!(sout.contains(", 4 QPs"), "{sout}");
-    let (ctx, _) = packets(&out, "client QPs (4, summed)");
-    let (_, srx) = packets(&format!("\n{sout}"), "server QPs (4, summed)");
+    let (ctx, _) = qp_packets_of(&out, "client QPs (4, summed)");
+    let (_, srx) = qp_packets_of(&format!("\n{sout}"), "server QPs (4, summed)");
     // Every message of every QP reached the server (resent packets may add to both).
     assert!(ctx >= 8000 && srx >= 8000, "{out}\n{sout}");
 }

@@ -29,14 +29,8 @@ static void *acker(void *arg)
 int main(int argc, char **argv)
 {
 	CHECK(argc == 2, "usage: cq_events DEVICE");
-	int n;
-	struct ibv_device **list = ibv_get_device_list(&n), *dev = NULL;
-	for (int i = 0; list && i < n; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
-			dev = list[i];
-	CHECK(dev, "no device %s", argv[1]);
-	struct ibv_context *ctx = ibv_open_device(dev);
-	CHECK(ctx, "ibv_open_device");
+	struct ibv_device **list;
+	struct ibv_context *ctx = open_device_named(argv[1], &list);
 	union ibv_gid gid;
 	CHECK(!ibv_query_gid(ctx, 1, 0, &gid), "ibv_query_gid");
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);

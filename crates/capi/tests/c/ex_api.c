@@ -99,16 +99,8 @@ static struct seen *find(struct seen *s, int n, uint64_t wr_id)
 int main(int argc, char **argv)
 {
 	CHECK(argc == 2, "usage: ex_api DEVICE");
-	int num;
-	struct ibv_device **list = ibv_get_device_list(&num);
-	CHECK(list, "ibv_get_device_list");
-	struct ibv_device *dev = NULL;
-	for (int i = 0; i < num; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
-			dev = list[i];
-	CHECK(dev, "device %s not listed", argv[1]);
-	struct ibv_context *ctx = ibv_open_device(dev);
-	CHECK(ctx, "ibv_open_device");
+	struct ibv_device **list;
+	struct ibv_context *ctx = open_device_named(argv[1], &list);
 	ibv_free_device_list(list);
 
 	/* ibv_query_device_ex through the verbs_context slot. */

@@ -111,16 +111,8 @@ static void expect_ok(struct ibv_wc wc, uint64_t wr_id, enum ibv_wc_opcode op, c
 int main(int argc, char **argv)
 {
 	CHECK(argc == 2, "usage: mem_windows DEVICE");
-	int num;
-	struct ibv_device **list = ibv_get_device_list(&num);
-	CHECK(list, "ibv_get_device_list");
-	struct ibv_device *dev = NULL;
-	for (int i = 0; i < num; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
-			dev = list[i];
-	CHECK(dev, "device %s not listed", argv[1]);
-	ctx = ibv_open_device(dev);
-	CHECK(ctx, "ibv_open_device");
+	struct ibv_device **list;
+	ctx = open_device_named(argv[1], &list);
 	ibv_free_device_list(list);
 	CHECK(!ibv_query_gid(ctx, 1, 0, &gid), "ibv_query_gid");
 

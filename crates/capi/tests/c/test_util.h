@@ -1,5 +1,5 @@
 /*
- * Helpers shared by the C test programs: CHECK, and moving an RC QP through INIT, RTR and
+ * Helpers shared by the C test programs: CHECK, opening a device by name, and moving an RC QP through INIT, RTR and
  * RTS to a QP of the same device (GID index 0, PSN 0, MTU 1024, one READ/atomic in flight,
  * retry counts 7).
  */
@@ -16,6 +16,23 @@
 /* Fails the program with the location, a message and errno unless c holds. */
 #define CHECK(c, ...) do { if (!(c)) { fprintf(stderr, "%s:%d: ", __FILE__, __LINE__); \
 	fprintf(stderr, __VA_ARGS__); fprintf(stderr, " (errno %d)\n", errno); exit(1); } } while (0)
+
+/* Opens the device called `name`; *list is the device list, to free with
+ * ibv_free_device_list once done. Fails the program when there is no such device. */
+static inline struct ibv_context *open_device_named(const char *name, struct ibv_device ***list)
+{
+	int num;
+	*list = ibv_get_device_list(&num);
+	CHECK(*list, "ibv_get_device_list");
+	struct ibv_device *dev = NULL;
+	for (int i = 0; i < num; i++)
+		if (!strcmp(ibv_get_device_name((*list)[i]), name))
+			dev = (*list)[i];
+	CHECK(dev, "device %s not listed", name);
+	struct ibv_context *ctx = ibv_open_device(dev);
+	CHECK(ctx, "ibv_open_device");
+	return ctx;
+}
 
 /* Connects the RC QP qp to the QP dest at gid, granting the peer `access` (IBV_ACCESS_*). */
 static inline void connect_rc_qp(struct ibv_qp *qp, uint32_t dest, const union ibv_gid *gid,

@@ -33,3 +33,21 @@ pub fn json_field<'a>(json: &'a str, key: &str) -> &'a str {
     let end = rest.find([',', '}']).unwrap();
     rest[..end].trim_matches('"')
 }
+
+/// The packets counted on a QP counters line starting with `label`: (tx, rx).
+pub fn qp_packets_of(out: &str, label: &str) -> (u64, u64) {
+    let line = out
+        .lines()
+        .find(|l| l.starts_with(&format!(" {label}: tx ")))
+        .unwrap_or_else(|| panic!("no {label} line in {out}"));
+    let num = |after: &str| -> u64 {
+        let i = line.find(after).unwrap() + after.len();
+        line[i..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (num(": tx "), num(", rx "))
+}
