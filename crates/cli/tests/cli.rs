@@ -581,7 +581,7 @@ fn perf_on_a_device_whose_port_is_taken_says_what_to_do() {
     assert!(!ok);
     assert!(
         err.contains(&format!(
-            "UDP port 4791 on {ip_163} is used by another process"
+            "UDP port 4791 on {ip_163} is held by a socket that does not share it"
         )) && err.contains("another 127.0.0.x")
             && err.contains("EADDRINUSE"),
         "{err}"

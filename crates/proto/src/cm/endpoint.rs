@@ -265,8 +265,11 @@ impl Cm {
 
     fn alloc_id(&mut self) -> Option<u32> {
         for _ in 0..64 {
-            let id = self.perm.apply(self.next_index);
+            let mut id = self.perm.apply(self.next_index);
             self.next_index = self.next_index.wrapping_add(1);
+            if let Some(tag) = self.cfg.comm_id_tag {
+                id = (id & 0x00ff_ffff) | (u32::from(tag) << 24);
+            }
             if id != 0 && !self.conns.contains_key(&id) {
                 return Some(id);
             }
@@ -521,6 +524,11 @@ impl Cm {
         } else {
             Err(CmError::AlreadyListening)
         }
+    }
+
+    /// Whether REQs and SIDR_REQs for `service_id` are accepted ([`Cm::listen`]).
+    pub fn is_listening(&self, service_id: u64) -> bool {
+        self.listens.contains(&service_id)
     }
 
     /// Stops accepting new requests for `service_id`; communications already reported are

@@ -37,6 +37,11 @@ pub struct CmConfig {
     /// are rejected with reason 3, excess SIDR_REQs are dropped (the requester retries).
     /// Default [`DEFAULT_MAX_PENDING_REQS`].
     pub max_pending_reqs: usize,
+    /// When set, the top byte (bits 24..31) of every local communication ID (and SIDR
+    /// request ID) this CM allocates: the owner's slot on a device that several processes
+    /// share, so that a MAD addressed to the ID can be routed to its process. The other 24
+    /// bits stay unpredictable. `None` (the default): all 32 bits are.
+    pub comm_id_tag: Option<u8>,
 }
 
 /// Default [`CmConfig::max_connections`]: 262,144 communication records, the order of the
@@ -65,6 +70,7 @@ impl CmConfig {
             local_ack_delay: 15,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_pending_reqs: DEFAULT_MAX_PENDING_REQS,
+            comm_id_tag: None,
         }
     }
 }

@@ -26,6 +26,7 @@ pub(crate) struct Counters {
     pub(crate) icmp_errors: AtomicU64,
     pub(crate) probes_sent: AtomicU64,
     pub(crate) probes_received: AtomicU64,
+    pub(crate) misrouted: AtomicU64,
 }
 
 /// A snapshot of a device's packet counters.
@@ -78,6 +79,11 @@ pub struct DeviceCounters {
     pub probes_sent: u64,
     /// Liveness probes (empty datagrams) received and dropped.
     pub probes_received: u64,
+    /// Packets this process received for a QP of another process sharing the device (the
+    /// steering program was stale, say after a process died) and forwarded to it over a
+    /// host-local socket: one extra hop, nothing lost. Packets for a process that is gone
+    /// count in `unknown_qp`.
+    pub misrouted: u64,
 }
 
 /// How often a device probes the peers it has connections with (see
@@ -107,6 +113,7 @@ impl Counters {
             icmp_errors: g(&self.icmp_errors),
             probes_sent: g(&self.probes_sent),
             probes_received: g(&self.probes_received),
+            misrouted: g(&self.misrouted),
         }
     }
 }

@@ -6,8 +6,11 @@
 //! runs its timers, and queues its events for the connection-manager layer, which takes them
 //! with [`Gsi::take_events`].
 
+use super::share::{slot_of_comm_id, ServiceClaim, FIRST_SLOT, LAST_SLOT};
 use super::tx::{with_tx, TxBatch};
 use super::Engine;
+use crate::error::Result;
+use std::collections::HashMap;
 use softrdma_proto::cm::{Cm, CmConfig, CmEvent, CmStats};
 use softrdma_wire::{bth, deth, mad, opcode::Opcode, roce};
 use std::collections::VecDeque;
@@ -18,6 +21,7 @@ use std::time::Instant;
 
 /// The Q_Key of QP 1.
 pub(crate) const GSI_QKEY: u32 = mad::GSI_QKEY;
+
 
 /// Counters of the GSI path, beyond the CM's own.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -91,13 +95,18 @@ pub(crate) struct Gsi {
     psn: u32,
     events: VecDeque<CmEvent>,
     pub(crate) counters: GsiCounters,
+    /// The services this process listens on, claimed on the shared device.
+    claims: HashMap<u64, ServiceClaim>,
 }
 
 impl Gsi {
-    pub(crate) fn new(local: IpAddr, guid: u64) -> Gsi {
+    /// QP 1 of the device at `local`, for the process in `slot` (the tag of its CM's
+    /// communication IDs).
+    pub(crate) fn new(local: IpAddr, guid: u64, slot: u8) -> Gsi {
         let seed =
             (u64::from(crate::gid::random_u32()) << 32) | u64::from(crate::gid::random_u32());
         let mut cfg = CmConfig::new(local, guid, seed);
+        cfg.comm_id_tag = Some(slot);
         (cfg.max_connections, cfg.max_pending_reqs) = limits_from(|k| std::env::var(k).ok());
         Gsi {
             cm: Cm::new(cfg),
@@ -105,6 +114,7 @@ impl Gsi {
             psn: crate::gid::random_u32() & 0xff_ffff,
             events: VecDeque::new(),
             counters: GsiCounters::default(),
+            claims: HashMap::new(),
         }
     }
 
@@ -224,7 +234,26 @@ pub(super) fn engine_started(engine: &Arc<Engine>) {
 // The engine's side of QP 1: receiving MADs, ICMP errors, liveness probes, and handing CM
 // events to the connection-manager layer.
 impl Engine {
-    pub(super) fn gsi_receive(&self, pkt: &[u8], src: SocketAddr, now: Instant, tx: &mut TxBatch) {
+    /// Hands a packet for QP 1 to the CM of the process it is for: this one's, or, on a
+    /// shared device, another process's (forwarded; see [`Engine::mad_owner`]). A packet
+    /// `forwarded` here by another process is this process's.
+    pub(super) fn gsi_receive(
+        &self,
+        pkt: &[u8],
+        src: SocketAddr,
+        now: Instant,
+        tx: &mut TxBatch,
+        forwarded: bool,
+    ) {
+        if !forwarded {
+            if let Some(slot) = self.mad_owner(pkt) {
+                if self.share.forward(slot, src, pkt).is_ok() {
+                    self.counters.misrouted.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                // The owner is gone: this CM answers (it knows no such communication).
+            }
+        }
         let evs = {
             let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
             g.receive(now, src.ip(), pkt);
@@ -233,6 +262,60 @@ impl Engine {
         };
         self.send(tx);
         self.dispatch(evs);
+    }
+
+    /// The slot of the other process sharing this device that a CM MAD (`pkt`, BTH to
+    /// ICRC) is for, if it is not for this one: a REQ or SIDR_REQ goes to the process
+    /// that listens on its service ID, a SIDR_REP to the owner of its request ID, every
+    /// other CM message to the owner of the communication ID it names as the receiver's.
+    fn mad_owner(&self, pkt: &[u8]) -> Option<u8> {
+        // BTH (12) and DETH (8), then the MAD: class at 1, attribute at 16, then the CM data.
+        let mad = pkt.get(20..20 + mad::MAD_SIZE)?;
+        if mad[1] != mad::MGMT_CLASS_CM {
+            return None;
+        }
+        let be32 = |at: usize| u32::from_be_bytes([mad[at], mad[at + 1], mad[at + 2], mad[at + 3]]);
+        let slot = match u16::from_be_bytes([mad[16], mad[17]]) {
+            mad::ATTR_CM_REQ | mad::ATTR_CM_SIDR_REQ => {
+                let sid = (u64::from(be32(32)) << 32) | u64::from(be32(36));
+                let local = self
+                    .gsi
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .cm
+                    .is_listening(sid);
+                if local {
+                    return None;
+                }
+                self.share.service_owner(sid)?
+            }
+            mad::ATTR_CM_SIDR_REP => slot_of_comm_id(be32(24)),
+            _ => slot_of_comm_id(be32(28)),
+        };
+        (slot != self.share.slot() && (FIRST_SLOT..=LAST_SLOT).contains(&slot)).then_some(slot)
+    }
+
+    /// Makes this device's CM accept requests for the service `sid`, claiming it on the
+    /// shared device; says whether this process did not listen on it before.
+    ///
+    /// Fails with `EADDRINUSE` when another process listens on `sid` on this device.
+    pub(crate) fn cm_listen(&self, sid: u64) -> Result<bool> {
+        let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+        if g.claims.contains_key(&sid) {
+            let _ = g.cm.listen(sid);
+            return Ok(false);
+        }
+        let claim = self.share.claim_service(sid)?;
+        g.claims.insert(sid, claim);
+        let _ = g.cm.listen(sid);
+        Ok(true)
+    }
+
+    /// Stops accepting requests for `sid` and lets go of its claim.
+    pub(crate) fn cm_unlisten(&self, sid: u64) {
+        let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+        g.cm.unlisten(sid);
+        g.claims.remove(&sid);
     }
 
     /// Reads the socket's ICMP errors ([`super::sock::UdpSock::take_icmp_errors`]) and

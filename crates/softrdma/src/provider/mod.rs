@@ -60,6 +60,7 @@ pub(crate) mod gsi;
 mod mcast;
 mod progress;
 mod rx;
+pub(crate) mod share;
 pub(crate) mod sock;
 mod tx;
 
@@ -84,6 +85,8 @@ pub(crate) const POLL_HANDOFF: Duration = Duration::from_micros(500);
 /// The engine of one device.
 pub(crate) struct Engine {
     sock: UdpSock,
+    /// This process's membership of the device, which other processes may share.
+    share: share::Share,
     pub(crate) local: SocketAddr,
     qps: RwLock<HashMap<u32, Weak<dyn QpPort>>>,
     timers: Mutex<HashMap<u32, Instant>>,
@@ -246,7 +249,11 @@ impl Engine {
 
     pub(crate) fn start_on_port(addr: IpAddr, port: u16, ifindex: u32) -> Result<Arc<Engine>> {
         crate::log::init_from_env();
-        let sock = UdpSock::bind(addr, port)?;
+        // The slot first, the socket second: a process holds a socket in the group only
+        // while it holds a slot, so discovery's count of slots is the group's size.
+        let share = share::Share::join(addr)?;
+        let slot = share.slot();
+        let sock = UdpSock::bind_shared(addr, port)?;
         let local = sock.local_addr()?;
         tracing::debug!(%local, "device engine started");
         // Multicast sends leave from the device socket; a device whose interface cannot do
@@ -256,6 +263,7 @@ impl Engine {
         }
         let e = Arc::new(Engine {
             sock,
+            share,
             local,
             qps: RwLock::new(HashMap::new()),
             timers: Mutex::new(HashMap::new()),
@@ -284,6 +292,7 @@ impl Engine {
             gsi: Mutex::new(crate::provider::gsi::Gsi::new(
                 local.ip(),
                 crate::gid::guid_for(&local.ip()),
+                slot,
             )),
             busy_poll: Duration::from_micros(
                 std::env::var("SOFTRDMA_BUSY_POLL_US")
@@ -309,8 +318,41 @@ impl Engine {
             .name(format!("softrdma-{addr}"))
             .spawn(move || progress::progress(weak))
             .map_err(|err| crate::Error::from_io(err, "spawning the progress thread"))?;
+        // Learn the group's indices and steer by slot (the members that were there before
+        // keep theirs: a new member is appended to the group).
+        e.rediscover();
         tracing::debug!(%local, "device engine started");
         Ok(e)
+    }
+
+    /// This process's slot on the device: the byte in bits 16..23 of its QP numbers and
+    /// 24..31 of its CM communication IDs.
+    pub(crate) fn slot(&self) -> u8 {
+        self.share.slot()
+    }
+
+    /// Runs the discovery of the device's group indices on a thread of its own (unless one
+    /// runs; then it runs once more after), and attaches the steering program it builds.
+    pub(crate) fn rediscover(&self) {
+        let Some(me) = self.me.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        if self.share.busy() {
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("softrdma-discovery".into())
+            .spawn(move || {
+                let dst = SocketAddr::new(me.local.ip(), me.local.port());
+                me.share.discover(
+                    Duration::from_millis(50),
+                    |m| me.sock.send_one(m, dst),
+                    |p| me.sock.attach_steering(p),
+                );
+            });
+        if let Err(err) = spawned {
+            tracing::warn!(error = %err, "spawning the discovery thread");
+        }
     }
 
     /// Registers the QP `qpn`: packets and timeouts for it go to `qp` from now on.

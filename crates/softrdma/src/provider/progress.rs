@@ -128,7 +128,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
     // its generation.
     let mut groups = Arc::new(mcast::View::default());
     let mut groups_gen = 0;
-    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(2);
+    let mut fds: Vec<libc::pollfd> = Vec::with_capacity(3);
     // The application threads' busy polls counted when last looked at.
     let mut seen_polls = 0u64;
     loop {
@@ -178,6 +178,8 @@ pub(super) fn progress(weak: Weak<Engine>) {
             engine.sock.raw()
         }));
         fds.push(pollfd(std::os::fd::AsRawFd::as_raw_fd(&engine.wake)));
+        // What other processes sharing the device forward to this one: always watched.
+        fds.push(pollfd(engine.share.raw()));
         fds.extend(groups.groups.iter().map(|g| pollfd(g.sock.raw())));
         let mut timeout = timeout;
         if handoff.is_none()
@@ -223,7 +225,13 @@ pub(super) fn progress(weak: Weak<Engine>) {
                 last_rx = Instant::now();
             }
         }
-        if fds[2..].iter().any(|fd| fd.revents & libc::POLLIN != 0) {
+        if fds[2].revents & libc::POLLIN != 0 {
+            let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
+            if engine.receive_forwarded(&mut rx, &mut tx) > 0 {
+                last_rx = Instant::now();
+            }
+        }
+        if fds[3..].iter().any(|fd| fd.revents & libc::POLLIN != 0) {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
             if engine.poll_mcast(&mut rx, &mut tx, 64) > 0 {
                 last_rx = Instant::now();

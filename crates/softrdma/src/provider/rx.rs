@@ -3,6 +3,7 @@
 
 use super::counters::Counters;
 use super::mcast;
+use super::share;
 use super::sock::{RxMsg, ROCE_PORT};
 use super::tx::TxBatch;
 use super::{Delivery, Engine, Via, BATCH};
@@ -306,11 +307,21 @@ impl Engine {
                 run.clear();
                 let mut run_qpn = None;
                 for pkt in pkts {
+                    if pkt.len() == share::MARKER_LEN
+                        && pkt[0] == share::MARKER_OPCODE
+                        && self.share.on_marker(pkt, src)
+                    {
+                        continue;
+                    }
                     let Some(qpn) = check_packet(self, pkt, src, flow, ident) else {
                         continue;
                     };
                     if qpn == softrdma_wire::mad::GSI_QPN {
-                        self.gsi_receive(pkt, src, now, tx);
+                        self.gsi_receive(pkt, src, now, tx, false);
+                        continue;
+                    }
+                    if !self.owns_qpn(qpn) {
+                        self.misrouted(qpn, src, pkt);
                         continue;
                     }
                     if run_qpn != Some(qpn) {
@@ -332,6 +343,72 @@ impl Engine {
             }
         }
         total
+    }
+}
+
+impl Engine {
+    /// Whether packets for `qpn` are this process's (its slot's, or the multicast QP's):
+    /// the others belong to other processes sharing the device.
+    #[inline]
+    pub(super) fn owns_qpn(&self, qpn: u32) -> bool {
+        share::slot_of_qpn(qpn) == self.share.slot() || qpn == super::MULTICAST_QPN
+    }
+
+    /// A good packet for a QP of another process sharing the device: forwarded to it
+    /// (counted in `misrouted`), or dropped when that process is gone (`unknown_qp`); either
+    /// way the steering is out of date, so discovery runs again.
+    fn misrouted(&self, qpn: u32, src: SocketAddr, pkt: &[u8]) {
+        let c = &self.counters;
+        match self.share.forward(share::slot_of_qpn(qpn), src, pkt) {
+            Ok(()) => c.misrouted.fetch_add(1, Ordering::Relaxed),
+            Err(_) => c.unknown_qp.fetch_add(1, Ordering::Relaxed),
+        };
+        if self.share.discovery_due() {
+            self.rediscover();
+        }
+    }
+
+    /// Receives what other processes sharing the device forwarded to this one (packets that
+    /// reached them for QPs of this process) and processes it as if it had arrived on the
+    /// device socket: the same checks, then delivery. Returns the number of messages taken.
+    pub(super) fn receive_forwarded(&self, rx: &mut RxState, tx: &mut TxBatch) -> usize {
+        let RxState {
+            bufs,
+            prefixes,
+            ident,
+            ..
+        } = rx;
+        let buf = &mut bufs[0];
+        let mut n = 0;
+        while n < 4 * BATCH {
+            let Some(got) = self.share.recv(buf) else {
+                break;
+            };
+            n += 1;
+            let Some((src, range)) = got else {
+                continue;
+            };
+            let pkt = &buf[range];
+            let flow = prefixes.entry(src).or_insert_with(|| RxFlow {
+                prefix: rx_flow(src, self.local.ip()),
+                zero_ident: 0,
+                solved_any: false,
+            });
+            let Some(qpn) = check_packet(self, pkt, src, flow, ident) else {
+                continue;
+            };
+            let now = Instant::now();
+            if qpn == softrdma_wire::mad::GSI_QPN {
+                self.gsi_receive(pkt, src, now, tx, true);
+            } else if self.owns_qpn(qpn) {
+                deliver(self, qpn, &[pkt], src, now, tx);
+            } else {
+                // Never a second hop.
+                self.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.send(tx);
+        n
     }
 }
 

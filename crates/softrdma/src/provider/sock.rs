@@ -132,16 +132,55 @@ pub(crate) struct UdpSock {
 }
 
 impl UdpSock {
-    /// Binds `addr:4791` with the RoCEv2 options.
+    /// Binds `addr:port` with the RoCEv2 options as a member of the device's reuseport group
+    /// (`SO_REUSEPORT`): every process of this user that opens the device binds one such
+    /// socket, and the group's steering program ([`UdpSock::attach_steering`]) gives each
+    /// datagram to the process that owns its QP (see `provider::share`).
     ///
-    /// Fails with `EADDRINUSE` (and a sentence saying what to do) when another process, or a
-    /// kernel rxe device, already owns the port on that address.
-    pub(crate) fn bind(addr: IpAddr, port: u16) -> Result<UdpSock> {
-        Self::bind_with(SocketAddr::new(addr, port), false)
+    /// Fails with `EADDRINUSE` when a socket without `SO_REUSEPORT`, another user's, or a
+    /// kernel RoCE device holds the port on that address.
+    pub(crate) fn bind_shared(addr: IpAddr, port: u16) -> Result<UdpSock> {
+        Self::bind_with(SocketAddr::new(addr, port), false, true)
     }
 
-    /// Binds `at` with the RoCEv2 options, and `SO_REUSEADDR` first when `reuse`.
-    fn bind_with(at: SocketAddr, reuse: bool) -> Result<UdpSock> {
+    /// Attaches the classic BPF program `prog` to the socket's reuseport group
+    /// (`SO_ATTACH_REUSEPORT_CBPF`; no privilege needed), replacing the one attached before.
+    ///
+    /// Fails with the `setsockopt` error (`EINVAL` for a program the kernel refuses).
+    pub(crate) fn attach_steering(&self, prog: &[libc::sock_filter]) -> Result<()> {
+        const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
+        let fprog = libc::sock_fprog {
+            len: prog.len() as libc::c_ushort,
+            filter: prog.as_ptr() as *mut libc::sock_filter,
+        };
+        setopt_val(
+            self.raw(),
+            libc::SOL_SOCKET,
+            SO_ATTACH_REUSEPORT_CBPF,
+            &fprog,
+        )
+    }
+
+    /// Sends one datagram `buf` to `dst` without blocking; a failure is ignored (used for
+    /// discovery markers, which discovery repeats when one is lost).
+    pub(crate) fn send_one(&self, buf: &[u8], dst: SocketAddr) {
+        let (ss, len) = to_sockaddr(&dst);
+        // SAFETY: a valid buffer and a valid sockaddr of `len` bytes.
+        unsafe {
+            libc::sendto(
+                self.fd.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+                (&ss as *const libc::sockaddr_storage).cast(),
+                len,
+            );
+        }
+    }
+
+    /// Binds `at` with the RoCEv2 options, and `SO_REUSEADDR` first when `reuse`,
+    /// `SO_REUSEPORT` when `reuse_port`.
+    fn bind_with(at: SocketAddr, reuse: bool, reuse_port: bool) -> Result<UdpSock> {
         let (addr, port) = (at.ip(), at.port());
         let domain = if addr.is_ipv4() {
             libc::AF_INET
@@ -185,6 +224,9 @@ impl UdpSock {
         if reuse {
             setopt(raw, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
         }
+        if reuse_port {
+            setopt(raw, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+        }
         let (ss, len) = to_sockaddr(&at);
         // SAFETY: ss/len describe a valid sockaddr of the socket's family.
         let r = unsafe { libc::bind(raw, (&ss as *const libc::sockaddr_storage).cast(), len) };
@@ -194,8 +236,9 @@ impl UdpSock {
                 return Err(Error::new(
                     ErrorKind::AddrInUse,
                     format!(
-                        "UDP port {port} on {addr} is used by another process (or a kernel RoCE device): \
-                         bind another address, e.g. another 127.0.0.x on loopback"
+                        "UDP port {port} on {addr} is held by a socket that does not share it (another \
+                         user's softrdma, another program, or a kernel RoCE device): bind another \
+                         address, e.g. another 127.0.0.x on loopback"
                     ),
                 ));
             }
@@ -261,7 +304,7 @@ impl UdpSock {
             IpAddr::V6(g) => SocketAddr::V6(SocketAddrV6::new(g, ROCE_PORT, 0, ifindex)),
             IpAddr::V4(_) => SocketAddr::new(group, ROCE_PORT),
         };
-        let sock = Self::bind_with(at, true)?;
+        let sock = Self::bind_with(at, true, false)?;
         let raw = sock.raw();
         match (group, local) {
             (IpAddr::V4(g), IpAddr::V4(l)) => {
@@ -367,7 +410,10 @@ impl UdpSock {
                 if gso && gso_keeps_ident(dst) {
                     while i + n < count && n < MAX_SEGS {
                         let (p, d) = pkt(i + n);
+                        // One super-datagram carries packets for one process of the
+                        // peer device: the peer's steering reads the first packet's QP slot.
                         if d != dst
+                            || p.get(5) != first.get(5)
                             || p.len() > seg
                             || total + p.len() > MAX_GSO_BYTES
                             || p.is_empty()

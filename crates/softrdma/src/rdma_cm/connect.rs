@@ -159,14 +159,26 @@ impl CmId {
                 ));
             }
         }
+        // Claim the service on every device first: another process listening on it on a
+        // device this id would listen on makes the port busy (EADDRINUSE), and then this id
+        // listens nowhere.
+        let mut claimed = Vec::new();
+        for e in &engines {
+            match e.cm_listen(sid) {
+                Ok(true) => claimed.push(e.clone()),
+                Ok(false) => {}
+                Err(err) => {
+                    for c in claimed {
+                        c.cm_unlisten(sid);
+                    }
+                    return Err(err);
+                }
+            }
+        }
         let mut r = registry();
         for e in &engines {
             let list = r.listeners.entry((e.local.ip(), sid)).or_default();
             list.retain(|w| w.strong_count() > 0);
-            if list.is_empty() {
-                // Another id may have made the CM listen and gone; listening twice is fine.
-                let _ = e.with_cm(|g, _| g.cm.listen(sid));
-            }
             list.push(Arc::downgrade(&self.inner));
         }
         drop(r);
@@ -602,7 +614,7 @@ impl CmId {
             drop(r);
             for e in crate::provider::all_engines() {
                 if idle.contains(&e.local.ip()) {
-                    e.with_cm(|gsi, _| gsi.cm.unlisten(sid));
+                    e.cm_unlisten(sid);
                 }
             }
         }

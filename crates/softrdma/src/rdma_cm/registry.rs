@@ -175,7 +175,11 @@ pub(super) fn engine_started(engine: &Arc<Engine>) {
         list.push(Arc::downgrade(&l));
         drop(r);
         if first {
-            let _ = engine.with_cm(|g, _| g.cm.listen(sid));
+            if let Err(err) = engine.cm_listen(sid) {
+                // Another process listens on the service on this device: the wildcard
+                // listener does not get it there.
+                tracing::debug!(error = %err, ip = %engine.local.ip(), "wildcard listen");
+            }
         }
     }
 }

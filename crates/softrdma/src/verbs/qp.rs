@@ -729,7 +729,7 @@ impl Pd {
             },
         };
         let count = Resources::acquire(&shared, Kind::Qp)?;
-        let qp_num = shared.resources.alloc_qpn();
+        let qp_num = shared.resources.alloc_qpn(shared.engine()?.slot())?;
         init_attr.cap = cap;
         let attr = QpAttr {
             cap,

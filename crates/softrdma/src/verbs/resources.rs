@@ -116,15 +116,21 @@ impl Resources {
         }
     }
 
-    /// Picks an unused, unpredictable QP number in `MIN_QPN..MULTICAST_QPN`.
-    pub(crate) fn alloc_qpn(&self) -> u32 {
+    /// Picks an unused, unpredictable QP number in `MIN_QPN..MULTICAST_QPN` whose bits
+    /// 16..23 are `slot`, the process's slot on the shared device (the device steers packets
+    /// to processes by that byte); 2^16 numbers per process, less those taken.
+    ///
+    /// Fails with `ENOMEM` when no number is free (which the QP limit prevents in practice).
+    pub(crate) fn alloc_qpn(&self, slot: u8) -> Result<u32> {
         let mut used = self.qpns.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            let qpn = random_u32() & 0xff_ffff;
+        let base = u32::from(slot) << 16;
+        for _ in 0..(1 << 20) {
+            let qpn = base | (random_u32() & 0xffff);
             if (MIN_QPN..MULTICAST_QPN).contains(&qpn) && used.insert(qpn) {
-                return qpn;
+                return Ok(qpn);
             }
         }
+        Err(Error::no_memory("no free QP number in this process's slot"))
     }
 
     /// Returns a QP number to the pool.

@@ -1,0 +1,629 @@
+//! One device, many processes: how the processes that open the same softrdma device (the same
+//! IP address) share its UDP port 4791, as every process on a host shares its NIC.
+//!
+//! The design and the kernel facts behind it are in `docs/design/shared_devices.md`. In short:
+//!
+//! - **Members and slots.** Each process that opens the device binds its own socket to
+//!   `IP:4791` with `SO_REUSEPORT`: the sockets form one reuseport group. The process also
+//!   takes a *slot* (1..=254), by binding an abstract `AF_UNIX` datagram socket named after the
+//!   device and the slot. The kernel frees both when the process dies, so a dead process never
+//!   holds a slot. Every QP number of the process carries the slot in bits 16..23 (the byte
+//!   at offset 5 of the BTH), every local CM communication ID in bits 24..31.
+//! - **Steering.** A classic BPF program attached to the group (`SO_ATTACH_REUSEPORT_CBPF`,
+//!   which needs no privilege) reads that byte of each datagram and returns the group index
+//!   of the slot's socket, so a packet reaches the process that owns its QP with no extra hop.
+//! - **Discovery.** Group indices are the kernel's: a member that joins is appended, and when
+//!   one leaves the last one fills its hole. So the indices are *discovered*: a member sends
+//!   one marker datagram per index (the program sends a marker to the index it names), each
+//!   member answers on the discoverer's slot socket with the index its marker said, and the
+//!   discoverer attaches a program built from the answers. Discovery runs when a member joins,
+//!   and again whenever a packet arrives at the wrong process (after a death).
+//! - **Correctness never depends on steering.** A packet that reaches the wrong process (the
+//!   program is stale, or a GRO batch mixes QPs of two processes) is forwarded to the owner's
+//!   slot socket, counted in `misrouted`, and goes through the owner's checks as if it had
+//!   arrived on its UDP socket. A packet for a slot nobody holds is dropped (`unknown_qp`),
+//!   as a NIC drops packets for a QP that no longer exists.
+//! - **QP 1.** The connection manager's MADs are routed by what they name: a REQ or SIDR_REQ
+//!   by its service ID, to the process that listens on it (listeners claim
+//!   `svc/<id>` names, so two processes cannot listen on one service of a device: `EADDRINUSE`),
+//!   every other CM message by the communication ID it is addressed to.
+
+use crate::error::{Error, ErrorKind, Result};
+use std::mem::{size_of, zeroed};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// The lowest and highest slot a process can take (0 would make QP 1's byte a slot, 255
+/// the multicast QP's).
+pub(crate) const FIRST_SLOT: u8 = 1;
+/// See [`FIRST_SLOT`].
+pub(crate) const LAST_SLOT: u8 = 254;
+
+/// The opcode byte of a discovery marker: 0xFF, in the manufacturer-specific range, which no
+/// transport sends.
+pub(crate) const MARKER_OPCODE: u8 = 0xFF;
+const MARKER_MAGIC: [u8; 4] = *b"SRDM";
+/// `[0xFF, index, magic(4), from_slot, nonce(8)]`.
+pub(crate) const MARKER_LEN: usize = 15;
+
+/// Kinds of message on a slot socket.
+const MSG_PACKET: u8 = 1;
+const MSG_REPLY: u8 = 2;
+/// Bytes before the packet in a forwarded packet: kind, family, address (16), port (2).
+const FWD_HEADER: usize = 20;
+
+/// The slot byte of a QP number (bits 16..23).
+#[inline]
+pub(crate) fn slot_of_qpn(qpn: u32) -> u8 {
+    (qpn >> 16) as u8
+}
+
+/// The slot byte of a local CM communication ID (bits 24..31).
+#[inline]
+pub(crate) fn slot_of_comm_id(id: u32) -> u8 {
+    (id >> 24) as u8
+}
+
+/// The abstract socket name of `what` for the device at `ip`, unique per user.
+fn name(ip: IpAddr, what: &str) -> String {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    format!("softrdma-{uid}/{ip}/{what}")
+}
+
+fn unix_addr(name: &str) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain data; all-zero is valid.
+    let mut sun: libc::sockaddr_un = unsafe { zeroed() };
+    sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = name.as_bytes();
+    if bytes.len() + 1 > sun.sun_path.len() {
+        return Err(Error::invalid(format!("socket name too long: {name}")));
+    }
+    // sun_path[0] stays 0: the abstract namespace.
+    for (d, s) in sun.sun_path[1..].iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::offset_of!(libc::sockaddr_un, sun_path) + 1 + bytes.len();
+    Ok((sun, len as libc::socklen_t))
+}
+
+fn unix_socket() -> Result<OwnedFd> {
+    // SAFETY: plain socket(2); the result is checked.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(Error::last_os_error("socket(AF_UNIX, SOCK_DGRAM)"));
+    }
+    // SAFETY: fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Binds a fresh abstract datagram socket to `name`. `Ok(None)` when another socket holds
+/// the name (`EADDRINUSE`).
+fn bind_name(name: &str) -> Result<Option<OwnedFd>> {
+    let fd = unix_socket()?;
+    let (sun, len) = unix_addr(name)?;
+    // SAFETY: a valid sockaddr_un of `len` bytes.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&sun as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
+    if r == 0 {
+        return Ok(Some(fd));
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EADDRINUSE) {
+        return Ok(None);
+    }
+    Err(Error::from_io(e, format!("binding the socket name {name}")))
+}
+
+/// Whether a socket is bound to the abstract `name` now.
+fn name_is_held(probe: &OwnedFd, name: &str) -> bool {
+    let Ok((sun, len)) = unix_addr(name) else {
+        return false;
+    };
+    // SAFETY: a valid sockaddr_un of `len` bytes. Connecting a datagram socket only sets its
+    // default destination; connecting again replaces it.
+    let r = unsafe {
+        libc::connect(
+            probe.as_raw_fd(),
+            (&sun as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
+    r == 0
+}
+
+/// What a process holds of a shared device.
+pub(crate) struct Share {
+    ip: IpAddr,
+    /// This process's slot on the device.
+    slot: u8,
+    /// The slot socket: forwarded packets and discovery answers arrive here.
+    sock: OwnedFd,
+    /// This process's socket's index in the reuseport group, as the last marker said
+    /// (`u32::MAX`: not known yet).
+    index: AtomicU32,
+    /// A discovery runs (at most one per process and device).
+    discovering: AtomicBool,
+    /// Asked to discover again after the running one.
+    again: AtomicBool,
+    disc: Mutex<Disc>,
+    answered: Condvar,
+}
+
+/// The state of a discovery.
+#[derive(Default)]
+struct Disc {
+    nonce: u64,
+    /// (slot, index) answers to the markers of `nonce`.
+    answers: Vec<(u8, u8)>,
+    /// When the last discovery ended (rate limit for rediscovery).
+    last: Option<Instant>,
+    /// The members and their indices as the last discovery found them.
+    members: Vec<(u8, u8)>,
+}
+
+impl std::fmt::Debug for Share {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Share")
+            .field("ip", &self.ip)
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Share {
+    /// Takes a free slot of the device at `ip` (starting from a random one).
+    ///
+    /// Fails with `EBUSY` when all 254 slots are taken, and with the socket error otherwise.
+    pub(crate) fn join(ip: IpAddr) -> Result<Share> {
+        let span = u32::from(LAST_SLOT - FIRST_SLOT) + 1;
+        let start = crate::gid::random_u32() % span;
+        for k in 0..span {
+            let slot = FIRST_SLOT + ((start + k) % span) as u8;
+            if let Some(sock) = bind_name(&name(ip, &format!("slot/{slot}")))? {
+                // Room for bursts of forwarded packets.
+                let size: libc::c_int = 4 << 20;
+                // SAFETY: a pointer to a live c_int and its size.
+                unsafe {
+                    libc::setsockopt(
+                        sock.as_raw_fd(),
+                        libc::SOL_SOCKET,
+                        libc::SO_RCVBUF,
+                        (&size as *const libc::c_int).cast(),
+                        size_of::<libc::c_int>() as libc::socklen_t,
+                    );
+                }
+                return Ok(Share {
+                    ip,
+                    slot,
+                    sock,
+                    index: AtomicU32::new(u32::MAX),
+                    discovering: AtomicBool::new(false),
+                    again: AtomicBool::new(false),
+                    disc: Mutex::new(Disc::default()),
+                    answered: Condvar::new(),
+                });
+            }
+        }
+        Err(Error::new(
+            ErrorKind::Busy,
+            format!("all {span} process slots of the device at {ip} are taken"),
+        ))
+    }
+
+    /// This process's slot.
+    pub(crate) fn slot(&self) -> u8 {
+        self.slot
+    }
+
+    /// The slot socket's descriptor (for the progress thread's poll set).
+    pub(crate) fn raw(&self) -> std::os::fd::RawFd {
+        self.sock.as_raw_fd()
+    }
+
+    /// The slots other processes hold now on this device.
+    pub(crate) fn live_slots(&self) -> Vec<u8> {
+        let Ok(probe) = unix_socket() else {
+            return Vec::new();
+        };
+        (FIRST_SLOT..=LAST_SLOT)
+            .filter(|&s| s != self.slot && name_is_held(&probe, &name(self.ip, &format!("slot/{s}"))))
+            .collect()
+    }
+
+    /// The members the last discovery found (slot, group index), this process included.
+    pub(crate) fn members(&self) -> Vec<(u8, u8)> {
+        self.disc.lock().unwrap_or_else(|p| p.into_inner()).members.clone()
+    }
+
+    fn send_to_slot(&self, slot: u8, parts: &[&[u8]]) -> std::io::Result<()> {
+        let (sun, len) = unix_addr(&name(self.ip, &format!("slot/{slot}")))
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        let mut iov: [libc::iovec; 4] = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; 4];
+        let n = parts.len().min(4);
+        for (v, p) in iov.iter_mut().zip(parts) {
+            *v = libc::iovec {
+                iov_base: p.as_ptr() as *mut libc::c_void,
+                iov_len: p.len(),
+            };
+        }
+        // SAFETY: all-zero msghdr is valid; every pointer set below outlives the call.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_name = (&sun as *const libc::sockaddr_un as *mut libc::sockaddr_un).cast();
+        msg.msg_namelen = len;
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = n;
+        // SAFETY: msg describes valid buffers.
+        let r = unsafe { libc::sendmsg(self.sock.as_raw_fd(), &msg, libc::MSG_DONTWAIT) };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Forwards a packet (`pkt`, the UDP payload) that arrived from `src` to the process in
+    /// `slot`. Fails with the socket error: `ECONNREFUSED` when no process holds the slot,
+    /// `EAGAIN` when its socket is full.
+    pub(crate) fn forward(&self, slot: u8, src: SocketAddr, pkt: &[u8]) -> std::io::Result<()> {
+        let mut h = [0u8; FWD_HEADER];
+        h[0] = MSG_PACKET;
+        match src.ip() {
+            IpAddr::V4(a) => {
+                h[1] = 4;
+                h[2..6].copy_from_slice(&a.octets());
+            }
+            IpAddr::V6(a) => {
+                h[1] = 6;
+                h[2..18].copy_from_slice(&a.octets());
+            }
+        }
+        h[18..20].copy_from_slice(&src.port().to_be_bytes());
+        self.send_to_slot(slot, &[&h, pkt])
+    }
+
+    /// Receives one message from the slot socket into `buf`, without blocking. A forwarded
+    /// packet comes back as its sender and the range of `buf` it occupies; a discovery answer
+    /// is taken in here and gives `Some(None)`. `None` when nothing waits.
+    pub(crate) fn recv(&self, buf: &mut [u8]) -> Option<Option<(SocketAddr, std::ops::Range<usize>)>> {
+        // SAFETY: buf is valid for writes of buf.len() bytes.
+        let r = unsafe {
+            libc::recv(
+                self.sock.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if r < 0 {
+            return None;
+        }
+        let m = &buf[..r as usize];
+        match m.first() {
+            Some(&MSG_PACKET) if m.len() >= FWD_HEADER => {
+                let ip = match m[1] {
+                    4 => IpAddr::from([m[2], m[3], m[4], m[5]]),
+                    6 => {
+                        let mut a = [0u8; 16];
+                        a.copy_from_slice(&m[2..18]);
+                        IpAddr::from(a)
+                    }
+                    _ => return Some(None),
+                };
+                let port = u16::from_be_bytes([m[18], m[19]]);
+                Some(Some((SocketAddr::new(ip, port), FWD_HEADER..m.len())))
+            }
+            Some(&MSG_REPLY) if m.len() == 11 => {
+                let mut n = [0u8; 8];
+                n.copy_from_slice(&m[1..9]);
+                let nonce = u64::from_be_bytes(n);
+                let mut d = self.disc.lock().unwrap_or_else(|p| p.into_inner());
+                if d.nonce == nonce && !d.answers.iter().any(|&(s, _)| s == m[9]) {
+                    d.answers.push((m[9], m[10]));
+                    self.answered.notify_all();
+                }
+                Some(None)
+            }
+            _ => Some(None),
+        }
+    }
+
+    /// Whether `pkt`, from `src` to this device, is a discovery marker (then it has been
+    /// answered).
+    pub(crate) fn on_marker(&self, pkt: &[u8], src: SocketAddr) -> bool {
+        if pkt.len() != MARKER_LEN
+            || pkt[0] != MARKER_OPCODE
+            || pkt[2..6] != MARKER_MAGIC
+            || src.ip() != self.ip
+        {
+            return false;
+        }
+        let index = pkt[1];
+        self.index.store(u32::from(index), Ordering::Relaxed);
+        let mut reply = [0u8; 11];
+        reply[0] = MSG_REPLY;
+        reply[1..9].copy_from_slice(&pkt[7..15]);
+        reply[9] = self.slot;
+        reply[10] = index;
+        let _ = self.send_to_slot(pkt[6], &[&reply]);
+        true
+    }
+
+    /// Whether a packet that reached the wrong process should start a discovery: none runs
+    /// and none ended in the last 100 ms (a burst of misrouted packets starts one).
+    pub(crate) fn discovery_due(&self) -> bool {
+        !self.discovering.load(Ordering::Acquire)
+            && self
+                .disc
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .last
+                .is_none_or(|t| t.elapsed() >= Duration::from_millis(100))
+    }
+
+    /// Whether a discovery runs (then it is asked to run once more after).
+    pub(crate) fn busy(&self) -> bool {
+        if self.discovering.load(Ordering::Acquire) {
+            self.again.store(true, Ordering::Release);
+            return true;
+        }
+        false
+    }
+
+    /// Runs discovery unless one runs or one ended less than `min_gap` ago (then asks for one
+    /// more after the running one). `send_marker` sends a datagram to the device's own
+    /// `IP:4791` from its UDP socket; `attach` attaches a steering program to the group.
+    /// Blocks for up to about a second; meant for a thread of its own.
+    pub(crate) fn discover(
+        &self,
+        min_gap: Duration,
+        send_marker: impl Fn(&[u8]),
+        attach: impl Fn(&[libc::sock_filter]) -> Result<()>,
+    ) {
+        if self.discovering.swap(true, Ordering::AcqRel) {
+            self.again.store(true, Ordering::Release);
+            return;
+        }
+        loop {
+            let recent = self
+                .disc
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .last
+                .is_some_and(|t| t.elapsed() < min_gap);
+            if recent {
+                std::thread::sleep(min_gap);
+            }
+            self.again.store(false, Ordering::Release);
+            // One discovery at a time per device on the host: the members' answers and the
+            // program must come from one view of the group.
+            let lock = hold_name(&name(self.ip, "discovery"), Duration::from_secs(2));
+            let found = (0..5).find_map(|attempt| {
+                if attempt > 0 {
+                    std::thread::sleep(Duration::from_millis(10 << attempt));
+                }
+                self.discover_once(&send_marker)
+            });
+            if let Some(members) = found {
+                let prog = steering_program(&members);
+                match attach(&prog) {
+                    Ok(()) => {
+                        tracing::debug!(ip = %self.ip, ?members, "steering program attached")
+                    }
+                    Err(e) => tracing::warn!(error = %e, "attaching the steering program"),
+                }
+                let mut d = self.disc.lock().unwrap_or_else(|p| p.into_inner());
+                d.members = members;
+            } else {
+                tracing::debug!(ip = %self.ip, "discovery found no consistent view; packets are forwarded");
+            }
+            drop(lock);
+            self.disc.lock().unwrap_or_else(|p| p.into_inner()).last = Some(Instant::now());
+            if !self.again.load(Ordering::Acquire) {
+                break;
+            }
+        }
+        self.discovering.store(false, Ordering::Release);
+    }
+
+    /// One round of discovery: the members' (slot, index) when every live member answered
+    /// with a distinct index below the group's size.
+    fn discover_once(&self, send_marker: &impl Fn(&[u8])) -> Option<Vec<(u8, u8)>> {
+        let mut live = self.live_slots();
+        live.push(self.slot);
+        live.sort_unstable();
+        let n = live.len();
+        let nonce = (u64::from(crate::gid::random_u32()) << 32) | u64::from(crate::gid::random_u32());
+        {
+            let mut d = self.disc.lock().unwrap_or_else(|p| p.into_inner());
+            d.nonce = nonce;
+            d.answers.clear();
+        }
+        for i in 0..n {
+            let mut m = [0u8; MARKER_LEN];
+            m[0] = MARKER_OPCODE;
+            m[1] = i as u8;
+            m[2..6].copy_from_slice(&MARKER_MAGIC);
+            m[6] = self.slot;
+            m[7..15].copy_from_slice(&nonce.to_be_bytes());
+            send_marker(&m);
+        }
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let mut d = self.disc.lock().unwrap_or_else(|p| p.into_inner());
+        while d.answers.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            d = self
+                .answered
+                .wait_timeout(d, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        let mut answers = d.answers.clone();
+        drop(d);
+        answers.sort_unstable();
+        let slots: Vec<u8> = answers.iter().map(|a| a.0).collect();
+        let mut idx: Vec<u8> = answers.iter().map(|a| a.1).collect();
+        idx.sort_unstable();
+        let consistent = slots == live && idx.iter().enumerate().all(|(k, &i)| usize::from(i) == k);
+        consistent.then_some(answers)
+    }
+
+    /// Claims the service ID `sid` of this device for a listener of this process: fails with
+    /// `EADDRINUSE` when another process listens on it. The claim lasts as long as the value.
+    pub(crate) fn claim_service(&self, sid: u64) -> Result<ServiceClaim> {
+        let Some(lock) = bind_name(&name(self.ip, &format!("svc/{sid:016x}")))? else {
+            return Err(Error::new(
+                ErrorKind::AddrInUse,
+                format!(
+                    "another process listens on service {sid:#x} of the device at {}",
+                    self.ip
+                ),
+            ));
+        };
+        let locator = bind_name(&name(self.ip, &format!("svc/{sid:016x}/{}", self.slot)))?
+            .ok_or_else(|| Error::new(ErrorKind::AddrInUse, "service locator taken"))?;
+        Ok(ServiceClaim {
+            _lock: lock,
+            _locator: locator,
+        })
+    }
+
+    /// The slot of the process (other than this one) that listens on the service `sid` of
+    /// this device, if any.
+    pub(crate) fn service_owner(&self, sid: u64) -> Option<u8> {
+        let probe = unix_socket().ok()?;
+        if !name_is_held(&probe, &name(self.ip, &format!("svc/{sid:016x}"))) {
+            return None;
+        }
+        let known: Vec<u8> = self.members().into_iter().map(|m| m.0).collect();
+        let held = |s: u8| name_is_held(&probe, &name(self.ip, &format!("svc/{sid:016x}/{s}")));
+        known
+            .iter()
+            .copied()
+            .filter(|&s| s != self.slot)
+            .find(|&s| held(s))
+            .or_else(|| (FIRST_SLOT..=LAST_SLOT).filter(|&s| s != self.slot).find(|&s| held(s)))
+    }
+}
+
+/// A listener's hold on a service ID of a shared device ([`Share::claim_service`]).
+#[derive(Debug)]
+pub(crate) struct ServiceClaim {
+    _lock: OwnedFd,
+    _locator: OwnedFd,
+}
+
+/// Holds the abstract name `name` (a host-wide lock that dies with its process), waiting up
+/// to `wait` for it; `None` when it stayed taken.
+fn hold_name(name: &str, wait: Duration) -> Option<OwnedFd> {
+    let end = Instant::now() + wait;
+    loop {
+        match bind_name(name) {
+            Ok(Some(fd)) => return Some(fd),
+            Ok(None) if Instant::now() < end => std::thread::sleep(Duration::from_millis(2)),
+            _ => return None,
+        }
+    }
+}
+
+const BPF_LD_B_ABS: u16 = 0x30;
+const BPF_JEQ_K: u16 = 0x15;
+const BPF_RET_K: u16 = 0x06;
+const BPF_RET_A: u16 = 0x16;
+
+fn ins(code: u16, jt: u8, jf: u8, k: u32) -> libc::sock_filter {
+    libc::sock_filter { code, jt, jf, k }
+}
+
+/// The steering program for `members` (slot, group index): a marker goes to the index in its
+/// second byte; any other datagram to the index of the slot in its byte 5 (the top byte of
+/// the BTH destination QP); a datagram for no member's slot to an index past the group, which
+/// makes the kernel fall back to its hash.
+pub(crate) fn steering_program(members: &[(u8, u8)]) -> Vec<libc::sock_filter> {
+    let mut p = vec![
+        ins(BPF_LD_B_ABS, 0, 0, 0),
+        ins(BPF_JEQ_K, 0, 2, u32::from(MARKER_OPCODE)),
+        ins(BPF_LD_B_ABS, 0, 0, 1),
+        ins(BPF_RET_A, 0, 0, 0),
+        ins(BPF_LD_B_ABS, 0, 0, 5),
+    ];
+    for &(slot, index) in members {
+        p.push(ins(BPF_JEQ_K, 0, 1, u32::from(slot)));
+        p.push(ins(BPF_RET_K, 0, 0, u32::from(index)));
+    }
+    p.push(ins(BPF_RET_K, 0, 0, u32::MAX));
+    p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_program_sends_markers_by_their_byte_and_packets_by_their_slot() {
+        // Interpret the program on a few payloads.
+        fn run(p: &[libc::sock_filter], pkt: &[u8]) -> u32 {
+            let (mut pc, mut a) = (0usize, 0u32);
+            loop {
+                let i = p[pc];
+                match i.code {
+                    BPF_LD_B_ABS => a = u32::from(pkt.get(i.k as usize).copied().unwrap_or(0)),
+                    BPF_JEQ_K => {
+                        pc += usize::from(if a == i.k { i.jt } else { i.jf });
+                    }
+                    BPF_RET_K => return i.k,
+                    BPF_RET_A => return a,
+                    _ => panic!("unknown instruction"),
+                }
+                pc += 1;
+            }
+        }
+        let p = steering_program(&[(7, 0), (9, 2), (200, 1)]);
+        let mut marker = [0u8; MARKER_LEN];
+        marker[0] = MARKER_OPCODE;
+        marker[1] = 5;
+        assert_eq!(run(&p, &marker), 5);
+        let pkt = |slot: u8| [0x04, 0, 0, 0, 0, slot, 0x12, 0x34, 0, 0, 0, 1];
+        assert_eq!(run(&p, &pkt(7)), 0);
+        assert_eq!(run(&p, &pkt(9)), 2);
+        assert_eq!(run(&p, &pkt(200)), 1);
+        assert_eq!(run(&p, &pkt(8)), u32::MAX);
+        assert!(p.len() < 4096);
+    }
+
+    #[test]
+    fn slots_are_exclusive_and_probed() {
+        let ip: IpAddr = crate::testing::unique_loopback_addr().into();
+        let a = Share::join(ip).unwrap();
+        let b = Share::join(ip).unwrap();
+        assert_ne!(a.slot(), b.slot());
+        assert_eq!(a.live_slots(), vec![b.slot()]);
+        let c1 = a.claim_service(0x1_0600_1234).unwrap();
+        let e = b.claim_service(0x1_0600_1234).unwrap_err();
+        assert_eq!(e.errno(), libc::EADDRINUSE);
+        assert_eq!(b.service_owner(0x1_0600_1234), Some(a.slot()));
+        drop(c1);
+        assert_eq!(b.service_owner(0x1_0600_1234), None);
+        drop(b);
+        assert!(a.live_slots().is_empty());
+    }
+}
