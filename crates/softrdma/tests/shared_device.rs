@@ -71,6 +71,23 @@ fn serve(ip: &str, port: u16) {
         assert_eq!(id.get_send_comp().unwrap().status, WcStatus::Success);
     }
     let _ = id.disconnect();
+    let ctx = softrdma::rdma_cm::device_context(ip.parse().unwrap()).unwrap();
+    println!("misrouted {}", ctx.counters().misrouted);
+    std::io::Write::flush(&mut std::io::stdout()).unwrap();
+}
+
+/// Echo client: `rounds` messages of every size, then the counters of its device.
+fn client(ip: &str, port: u16, rounds: u8) {
+    let c = Client::connect(ip, port);
+    for round in 0..rounds {
+        for len in [8usize, 4096, 70000] {
+            c.echo(&pattern(len, round));
+        }
+    }
+    c.finish();
+    let ctx = softrdma::rdma_cm::device_context(ip.parse().unwrap()).unwrap();
+    println!("misrouted {}", ctx.counters().misrouted);
+    std::io::Write::flush(&mut std::io::stdout()).unwrap();
 }
 
 #[test]
@@ -78,20 +95,31 @@ fn shared_device_child() {
     let Ok(spec) = std::env::var(CHILD) else {
         return;
     };
-    let (ip, port) = spec.split_once(' ').unwrap();
-    serve(ip, port.parse().unwrap());
+    let mut it = spec.split(' ');
+    let (role, ip, port) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+    match role {
+        "server" => serve(ip, port.parse().unwrap()),
+        _ => client(ip, port.parse().unwrap(), 20),
+    }
 }
 
 /// A child process serving on `ip:port`, running once it listens.
 struct Server {
     child: Child,
+    /// The rest of its output, once it ends.
+    out: Option<std::thread::JoinHandle<String>>,
 }
 
 impl Server {
     fn start(ip: &str, port: u16) -> Server {
+        Self::start_with(ip, port, &[])
+    }
+
+    fn start_with(ip: &str, port: u16, env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "shared_device_child", "--nocapture", "--test-threads=1"])
-            .env(CHILD, format!("{ip} {port}"))
+            .env(CHILD, format!("server {ip} {port}"))
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .spawn()
             .unwrap();
@@ -108,9 +136,31 @@ impl Server {
             }
         }
         // Keep draining its output so that it never blocks on a full pipe.
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        Server { child }
+        let out = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = std::io::Read::read_to_string(&mut out, &mut s);
+            s
+        });
+        Server {
+            child,
+            out: Some(out),
+        }
     }
+
+    /// Waits for the server to end; its output after "listening".
+    fn output(mut self) -> String {
+        let _ = self.child.wait();
+        self.out.take().unwrap().join().unwrap()
+    }
+}
+
+/// The count after "misrouted " in a child's output.
+fn misrouted(text: &str) -> u64 {
+    text.split("misrouted ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count in {text}"))
 }
 
 impl Drop for Server {
@@ -131,8 +181,11 @@ struct Client {
 
 impl Client {
     fn connect(ip: &str, port: u16) -> Client {
+        // From the same device (the same address) as the server's, not from the one the
+        // route would pick (127.0.0.1).
         let hints = AddrInfoHints {
             ai_port_space: Some(PortSpace::Tcp),
+            ai_src_addr: Some(std::net::SocketAddr::new(ip.parse().unwrap(), 0)),
             ..Default::default()
         };
         let res = getaddrinfo(Some(ip), Some(&port.to_string()), Some(&hints)).unwrap();
@@ -251,11 +304,33 @@ fn a_process_killed_mid_run_leaves_the_device_to_the_others() {
         .post_send(0, dead.send.addr(), 2, Some(&dead.smr), SendFlags::empty())
         .unwrap();
     let wc = dead.id.get_send_comp();
-    eprintln!("the send to the dead process: {wc:?}");
     assert!(
         wc.as_ref().map_or(true, |w| w.status != WcStatus::Success),
         "a send to a dead process succeeded: {wc:?}"
     );
     drop(late);
     drop(servers);
+}
+
+/// Correctness never depends on the steering: with none (`SOFTRDMA_STEERING=hash`, the
+/// kernel's hash sends every datagram between the two processes to one of them), the packets
+/// of the other are forwarded to it, and every byte still arrives.
+#[test]
+fn without_steering_misrouted_packets_are_forwarded() {
+    let ip = softrdma::testing::unique_loopback_addr().to_string();
+    let port = softrdma::testing::unused_tcp_port();
+    let hash = [("SOFTRDMA_STEERING", "hash")];
+    let server = Server::start_with(&ip, port, &hash);
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "shared_device_child", "--nocapture", "--test-threads=1"])
+        .env(CHILD, format!("client {ip} {port}"))
+        .envs(hash)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the client failed: {text}");
+    let by_client = misrouted(&text);
+    let by_server = misrouted(&server.output());
+    eprintln!("forwarded: {by_client} by the client, {by_server} by the server");
+    assert!(by_client + by_server > 0, "nothing was forwarded");
 }

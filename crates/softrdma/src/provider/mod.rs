@@ -340,6 +340,15 @@ impl Engine {
         if self.share.busy() {
             return;
         }
+        if std::env::var("SOFTRDMA_STEERING").is_ok_and(|v| v.trim() == "hash") {
+            // SOFTRDMA_STEERING=hash: no steering; the kernel spreads datagrams by its hash
+            // and every one that reaches the wrong process is forwarded (for tests of the
+            // forwarding path, and to measure what steering saves).
+            if let Err(err) = self.sock.attach_steering(&share::hash_program()) {
+                tracing::warn!(error = %err, "attaching the hash program");
+            }
+            return;
+        }
         let spawned = std::thread::Builder::new()
             .name("softrdma-discovery".into())
             .spawn(move || {

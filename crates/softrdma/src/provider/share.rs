@@ -574,6 +574,11 @@ pub(crate) fn steering_program(members: &[(u8, u8)]) -> Vec<libc::sock_filter> {
     p
 }
 
+/// A program that steers nothing: every datagram falls back to the kernel's hash.
+pub(crate) fn hash_program() -> Vec<libc::sock_filter> {
+    vec![ins(BPF_RET_K, 0, 0, u32::MAX)]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
