@@ -142,9 +142,8 @@ impl RxFlows {
             if is_cnp(pkt) {
                 let (covered, icrc) = pkt.split_at(pkt.len() - roce::ICRC_LEN);
                 let icrc = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
-                if check_icrc(c, &flow.prefix, solver, covered, icrc).is_ok() {
-                    c.count_drop(DropReason::Cnp, 1);
-                }
+                check_icrc(c, &flow.prefix, solver, covered, icrc)?;
+                c.count_drop(DropReason::Cnp, 1);
                 return Err(DropReason::Cnp);
             }
             c.count_drop(DropReason::Malformed, 1);
@@ -200,22 +199,24 @@ fn check_icrc(
 #[derive(Debug)]
 pub(super) struct TxFlows {
     local: IpAddr,
+    port: u16,
     flows: HashMap<IpAddr, IcrcPrefix>,
     max: usize,
     last: Option<(IpAddr, IcrcPrefix)>,
 }
 
 impl TxFlows {
-    pub(super) fn new(local: IpAddr, max: usize) -> TxFlows {
+    pub(super) fn new(local: IpAddr, port: u16, max: usize) -> TxFlows {
         TxFlows {
             local,
+            port,
             flows: HashMap::new(),
             max,
             last: None,
         }
     }
 
-    /// The ICRC of `covered` (BTH through pad) sent from the device (port 4791) to `dst`
+    /// The ICRC of `covered` (BTH through pad) sent from the device (its port) to `dst`
     /// port 4791. Fails like [`IcrcPrefix::compute`] (too long for the length fields).
     pub(super) fn icrc(&mut self, dst: IpAddr, covered: &[u8]) -> softrdma_wire::Result<u32> {
         match &self.last {
@@ -225,7 +226,7 @@ impl TxFlows {
         let p = match self.flows.get(&dst) {
             Some(p) => p.clone(),
             None => {
-                let p = icrc_flow(self.local, ROCE_V2_UDP_PORT, dst);
+                let p = icrc_flow(self.local, self.port, dst);
                 if self.flows.len() < self.max {
                     self.flows.insert(dst, p.clone());
                 }

@@ -71,6 +71,9 @@ pub const GSI_QPN: u32 = mad::GSI_QPN;
 pub struct DeviceConfig {
     /// The device's IP address: the source of what it sends.
     pub local: IpAddr,
+    /// The UDP source port of what it sends (the port its socket is bound to; 4791 for a
+    /// device), which the ICRC of every packet sent covers.
+    pub port: u16,
     /// The PSN of the first MAD sent from QP 1 (24 bits; the provider draws it at random).
     pub gsi_psn: u32,
     /// Whether the owner hands the socket to polling application threads, which then hold
@@ -82,11 +85,12 @@ pub struct DeviceConfig {
 }
 
 impl DeviceConfig {
-    /// The settings of a device at `local`: first GSI PSN 0, no held ACKs, up to 4096 flows
-    /// each way.
+    /// The settings of a device at `local` port 4791: first GSI PSN 0, no held ACKs, up to
+    /// 4096 flows each way.
     pub fn new(local: IpAddr) -> DeviceConfig {
         DeviceConfig {
             local,
+            port: softrdma_wire::ROCE_V2_UDP_PORT,
             gsi_psn: 0,
             hold_acks: false,
             max_flows: 4096,
@@ -152,7 +156,7 @@ impl<H: Clone> Device<H> {
             cfg,
             qps: HashMap::new(),
             rx: RxFlows::new(cfg.max_flows),
-            tx: TxFlows::new(cfg.local, cfg.max_flows),
+            tx: TxFlows::new(cfg.local, cfg.port, cfg.max_flows),
             timers: TimerTable::new(),
             acks: HeldAcks::new(cfg.hold_acks),
             counters: DeviceCounters::default(),
@@ -251,7 +255,7 @@ impl<H: Clone> Device<H> {
         self.last_rx
     }
 
-    /// Seals a packet this device sends to `dst` (port 4791 to port 4791): `packet` is the
+    /// Seals a packet this device sends to `dst` (from its port to port 4791): `packet` is the
     /// whole transport packet, BTH through the 4 bytes reserved for the ICRC, which get the
     /// ICRC computed over the pseudo-header of that flow (IPv4: identification 0, DF; IPv6
     /// when either address is). Fails, counted, when the packet is shorter than a BTH plus

@@ -281,6 +281,11 @@ pub struct Sim {
     seq: u64,
     pub hash: u64,
     pub packets: u64,
+    /// Datagrams the network corrupted (one flipped bit each).
+    pub corrupted: u64,
+    /// Of those, the ones whose flipped bit is in BTH byte 4 (FECN, BECN, reserved): bits
+    /// the ICRC does not cover, as routers may change them.
+    pub corrupted_variant: u64,
     buf: Vec<u8>,
     /// QPs due, reused.
     due: Vec<u32>,
@@ -365,6 +370,8 @@ impl Sim {
             seq: 0,
             hash: FNV0,
             packets: 0,
+            corrupted: 0,
+            corrupted_variant: 0,
             buf: vec![0u8; 4096 + 128],
             due: Vec::new(),
             record: None,
@@ -401,6 +408,8 @@ impl Sim {
             if self.rng.chance(net.corrupt) {
                 let i = self.rng.below(p.len() as u64) as usize;
                 p[i] ^= 1 << self.rng.below(8);
+                self.corrupted += 1;
+                self.corrupted_variant += u64::from(i == 4);
             }
             let at = sent + delay;
             self.seq += 1;
