@@ -145,9 +145,13 @@ fn unknown_qpn_is_dropped_and_counted() {
             meta,
         } => {
             assert_eq!((qpn, handle, packet), (0x33, 7, &p[..]));
+            assert_eq!(meta.grh[..20], [0; 20]);
             let h = ip::Ipv4Packet::new_unchecked(&meta.grh[20..]);
             assert!(h.verify_checksum());
-            assert_eq!((h.src_addr(), h.dst_addr()), (from.ip(), to).try_into_v4());
+            assert_eq!(
+                (IpAddr::V4(h.src_addr()), IpAddr::V4(h.dst_addr())),
+                (from.ip(), to)
+            );
             assert_eq!(usize::from(h.total_len()), 20 + 8 + p.len());
         }
         other => panic!("expected the QP, got {other:?}"),
@@ -160,8 +164,8 @@ fn unknown_qpn_is_dropped_and_counted() {
         b.handle_datagram(now, from, to, &p),
         Received::Dropped(DropReason::UnknownQp)
     );
-    // Another packet number of the same QP, for a QPN that only differs above 24 bits:
-    // still unknown.
+    // A QP number is 24 bits: one registered with more is registered as its low 24 (0x34);
+    // 0x35 stays unknown.
     b.register(0x0100_0034, 1);
     let mut q = send_only(0x35, 6, b"x");
     a.seal(to, &mut q).unwrap();
@@ -220,19 +224,6 @@ fn unknown_qpn_is_dropped_and_counted() {
     // Sealing refuses what is not a packet.
     assert!(a.seal(to, &mut [0u8; 15]).is_err());
     assert_eq!(a.counters().seal_errors, 1);
-}
-
-/// `(a, b)` as IPv4 addresses, for comparing with an IPv4 header's.
-trait V4 {
-    fn try_into_v4(self) -> (std::net::Ipv4Addr, std::net::Ipv4Addr);
-}
-impl V4 for (IpAddr, IpAddr) {
-    fn try_into_v4(self) -> (std::net::Ipv4Addr, std::net::Ipv4Addr) {
-        match self {
-            (IpAddr::V4(a), IpAddr::V4(b)) => (a, b),
-            _ => panic!("not IPv4"),
-        }
-    }
 }
 
 #[test]
@@ -386,16 +377,15 @@ fn qp1_framing_round_trip() {
         f(&mut v);
         v
     };
-    let mut rc = send_only(GSI_QPN, 1, &m);
+    // The headers of a MAD packet followed by 252 bytes, not 256.
     let short = {
-        let mut v = vec![0u8; MAD_PACKET_LEN - 4];
-        frame_mad(&mut vec![0u8; MAD_PACKET_LEN], 0, &m).unwrap();
         let mut full = vec![0u8; MAD_PACKET_LEN];
         frame_mad(&mut full, 0, &m).unwrap();
-        // Payload 252 bytes: the UDP datagram of a MAD cut short.
-        v[..20].copy_from_slice(&full[..20]);
+        let mut v = full[..MAD_PACKET_LEN - 4].to_vec();
+        v[MAD_PACKET_LEN - 8..].fill(0);
         v
     };
+    let mut rc = send_only(GSI_QPN, 1, &m);
     for mut v in [
         bad(&|v| v[15] ^= 1),         // Q_Key
         bad(&|v| v[2..4].fill(0x12)), // P_Key
@@ -531,8 +521,89 @@ fn two_cms_connect_and_disconnect_through_their_devices() {
         );
     }
     assert_eq!(devs[1].counters().rx_packets, 3);
-    // A buffer too short for a MAD packet leaves the MAD queued.
-    cms[0].disconnect(now, id, &[]).ok();
+    // A buffer too short for a MAD packet leaves the MAD queued and the PSN where it was.
+    cms[0].connect(now, connect_request(ips[1])).unwrap();
+    let mut short = [0u8; MAD_PACKET_LEN - 1];
+    assert_eq!(devs[0].poll_cm_transmit(&mut cms[0], &mut short), None);
+    assert_eq!(devs[0].gsi_psn(), 1);
+    let mut buf = [0u8; MAD_PACKET_LEN];
+    assert_eq!(
+        devs[0].poll_cm_transmit(&mut cms[0], &mut buf),
+        Some((MAD_PACKET_LEN, ips[1]))
+    );
+    assert_eq!(devs[0].gsi_psn(), 2);
+}
+
+/// Seals `pkt` as sent from `src` to `dst` port 4791 by another stack: an IPv4 header with
+/// identification `ident` (softrdma peers send 0).
+fn seal_with_ident(pkt: &mut [u8], src: SocketAddr, dst: IpAddr, ident: u16) {
+    let (IpAddr::V4(s), IpAddr::V4(d)) = (src.ip(), dst) else {
+        panic!("IPv4 only")
+    };
+    let mut h = [0u8; 20];
+    h[0] = 0x45;
+    h[4..6].copy_from_slice(&ident.to_be_bytes());
+    h[6] = 0x40;
+    h[8] = 64;
+    h[9] = 17;
+    h[12..16].copy_from_slice(&s.octets());
+    h[16..20].copy_from_slice(&d.octets());
+    let mut u = [0u8; 8];
+    u[..2].copy_from_slice(&src.port().to_be_bytes());
+    u[2..4].copy_from_slice(&4791u16.to_be_bytes());
+    let prefix = softrdma_wire::icrc::IcrcPrefix::from_headers(&h, &u).unwrap();
+    let n = pkt.len();
+    let crc = prefix.compute(&pkt[..n - 4]).unwrap();
+    pkt[n - 4..].copy_from_slice(&crc.to_le_bytes());
+}
+
+#[test]
+fn another_stacks_identification_is_solved_but_never_for_a_softrdma_peer() {
+    let to = node_addr(1).ip();
+    let now = Instant::now();
+    let mut b: Device<u32> = Device::new(DeviceConfig::new(to));
+    b.register(0x22, 0);
+    let rxe = SocketAddr::new(node_addr(0).ip(), 49152);
+    let mut p = send_only(0x22, 1, b"from rxe");
+    seal_with_ident(&mut p, rxe, to, 0x1234);
+    assert!(matches!(
+        b.handle_datagram(now, rxe, to, &p),
+        Received::Qp { qpn: 0x22, .. }
+    ));
+    assert_eq!(b.last_ident(), 0x1234);
+    assert_eq!(b.counters().icrc_ident_solved, 1);
+    // A sender whose first 64 packets all verified with identification 0 is a softrdma
+    // peer: from then on its packets get the full 32-bit check, no solving.
+    let peer = SocketAddr::new(node_addr(0).ip(), 4791);
+    let mut z = send_only(0x22, 2, b"from softrdma");
+    seal_with_ident(&mut z, peer, to, 0);
+    let mut sealed = z.clone();
+    Device::<()>::new(DeviceConfig::new(peer.ip()))
+        .seal(to, &mut sealed)
+        .unwrap();
+    assert_eq!(sealed, z, "a device seals with identification 0");
+    for _ in 0..softrdma_proto::device::flows::ZERO_IDENT_PEER {
+        assert!(matches!(
+            b.handle_datagram(now, peer, to, &z),
+            Received::Qp { .. }
+        ));
+        assert_eq!(b.last_ident(), 0);
+    }
+    let mut q = send_only(0x22, 3, b"odd one");
+    seal_with_ident(&mut q, peer, to, 0x1234);
+    assert_eq!(
+        b.handle_datagram(now, peer, to, &q),
+        Received::Dropped(DropReason::Icrc)
+    );
+    assert_eq!(b.counters().icrc_ident_solved, 1);
+    // The same packet from a sender not known as a softrdma peer is solved.
+    let other = SocketAddr::new(node_addr(0).ip(), 49153);
+    seal_with_ident(&mut q, other, to, 0x1234);
+    assert!(matches!(
+        b.handle_datagram(now, other, to, &q),
+        Received::Qp { .. }
+    ));
+    assert_eq!(b.counters().icrc_ident_solved, 2);
 }
 
 // ------------------------------------------------------------------------------------------

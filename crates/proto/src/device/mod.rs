@@ -40,8 +40,15 @@
 //!   [`HeldAcks::take_all`] and drives those QPs; post_send, a move to RESET/ERR and destroy
 //!   call [`HeldAcks::release`] for theirs.
 //!
-//! Multicast group sockets and their fan-out, ICMP errors, fault injection, capture and the
-//! socket hand-off stay in the provider.
+//! The provider's `Counters` map onto [`DeviceCounters`] field for field (`rx_packets`,
+//! `rx_bytes`, `probes_received`, `malformed`, `icrc_errors`, `icrc_ident_solved`,
+//! `cnp_received`, `unknown_qp`, `wrong_source`), and its GSI `dropped` onto `gsi_dropped`;
+//! `tx_*` stay the socket's (what `sendmmsg` took), beside `sealed_*` here. A capture records
+//! the identification a packet verified with from [`Device::last_ident`].
+//!
+//! Multicast group sockets and their fan-out (the provider checks their ICRC per group, with
+//! no per-sender history), ICMP errors, fault injection, capture and the socket hand-off stay
+//! in the provider.
 
 pub mod acks;
 mod counters;
@@ -146,6 +153,7 @@ pub struct Device<H> {
     acks: HeldAcks,
     counters: DeviceCounters,
     last_rx: Option<Instant>,
+    last_ident: u16,
     gsi_psn: u32,
 }
 
@@ -161,6 +169,7 @@ impl<H: Clone> Device<H> {
             acks: HeldAcks::new(cfg.hold_acks),
             counters: DeviceCounters::default(),
             last_rx: None,
+            last_ident: 0,
             gsi_psn: cfg.gsi_psn & 0xff_ffff,
         }
     }
@@ -219,7 +228,10 @@ impl<H: Clone> Device<H> {
             return Received::Probe;
         }
         let qpn = match self.rx.check(c, datagram, src, dst) {
-            Ok((qpn, _ident)) => qpn,
+            Ok((qpn, ident)) => {
+                self.last_ident = ident;
+                qpn
+            }
             Err(why) => return Received::Dropped(why),
         };
         c.rx_packets = c.rx_packets.saturating_add(1);
@@ -253,6 +265,13 @@ impl<H: Clone> Device<H> {
     /// busy-polling for a while after it).
     pub fn last_receive(&self) -> Option<Instant> {
         self.last_rx
+    }
+
+    /// The IPv4 identification the last packet that passed the ICRC check verified with:
+    /// 0 for softrdma peers and IPv6, the solved one for other stacks' packets (a capture
+    /// that writes the IP header as it was on the wire records it).
+    pub fn last_ident(&self) -> u16 {
+        self.last_ident
     }
 
     /// Seals a packet this device sends to `dst` (from its port to port 4791): `packet` is the
