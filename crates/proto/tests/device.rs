@@ -9,8 +9,8 @@ mod harness;
 use harness::*;
 use softrdma_proto::cm::{AcceptParams, Cm, CmConfig, CmEvent, ConnectRequest};
 use softrdma_proto::device::{
-    frame_mad, unframe_mad, Device, DeviceConfig, DropReason, Received, Receiver, TimerTable,
-    GSI_QPN, MAD_PACKET_LEN,
+    frame_mad, unframe_mad, Device, DeviceConfig, DropReason, Received, Receiver, Sealer,
+    TimerTable, GSI_QPN, MAD_PACKET_LEN,
 };
 use softrdma_proto::transport::{RecvRequest, SendOp, SendRequest, Sge};
 use softrdma_proto::{Mtu, QpType};
@@ -224,6 +224,46 @@ fn unknown_qpn_is_dropped_and_counted() {
     // Sealing refuses what is not a packet.
     assert!(a.seal(to, &mut [0u8; 15]).is_err());
     assert_eq!(a.counters().seal_errors, 1);
+}
+
+#[test]
+fn ipv6_devices_seal_check_and_build_an_ipv6_grh() {
+    let a_ip: IpAddr = "fd00::1".parse().unwrap();
+    let b_ip: IpAddr = "fd00::2".parse().unwrap();
+    let mut a: Device<u32> = Device::new(DeviceConfig::new(a_ip));
+    let mut b: Device<u32> = Device::new(DeviceConfig::new(b_ip));
+    b.register(0x22, 5);
+    let mut p = send_only(0x22, 9, &[7; 33]);
+    a.seal(b_ip, &mut p).unwrap();
+    // A sealer of its own (a sending thread's) seals the same bytes.
+    let mut q = p.clone();
+    let n = q.len();
+    q[n - 4..].fill(0);
+    Sealer::new(a_ip, 4791, 16).seal(b_ip, &mut q).unwrap();
+    assert_eq!(p, q);
+    let from = SocketAddr::new(a_ip, 4791);
+    match b.handle_datagram(Instant::now(), from, b_ip, &p) {
+        Received::Qp { handle, meta, .. } => {
+            assert_eq!(handle, 5);
+            let h = ip::Ipv6Packet::new_unchecked(&meta.grh[..]);
+            assert_eq!(meta.grh[0] >> 4, 6);
+            assert_eq!(
+                (IpAddr::V6(h.src_addr()), IpAddr::V6(h.dst_addr())),
+                (a_ip, b_ip)
+            );
+            assert_eq!(usize::from(h.payload_len()), 8 + p.len());
+        }
+        other => panic!("expected the QP, got {other:?}"),
+    }
+    // Sealed for IPv4 addresses, it fails the IPv6 check.
+    let mut v4 = send_only(0x22, 10, b"v4");
+    Sealer::new(node_addr(0).ip(), 4791, 16)
+        .seal(node_addr(1).ip(), &mut v4)
+        .unwrap();
+    assert_eq!(
+        b.handle_datagram(Instant::now(), from, b_ip, &v4),
+        Received::Dropped(DropReason::Icrc)
+    );
 }
 
 #[test]

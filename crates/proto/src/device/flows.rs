@@ -194,10 +194,23 @@ fn check_icrc(
     }
 }
 
-/// The transmit flows of a device: the prefix of each destination, the last one used kept
-/// at hand (nearly every packet goes where the one before went).
-#[derive(Debug)]
-pub(super) struct TxFlows {
+/// Why a packet could not be sealed ([`Sealer::seal`], [`Device::seal`](super::Device::seal)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SealError {
+    /// Shorter than a BTH plus an ICRC.
+    Truncated,
+    /// Too long for the IP and UDP length fields.
+    TooLong,
+}
+
+/// Seals the packets one device sends: computes each one's ICRC over the pseudo-header of
+/// the flow from the device's address and port to the destination's port 4791, keeping the
+/// prefix of every destination (up to a bound) and the last one at hand, as nearly every
+/// packet goes where the one before went. A [`Device`](super::Device) holds one; a sending
+/// thread of the provider can hold its own (beside its transmit batch), since sealing needs
+/// nothing else of the device.
+#[derive(Debug, Clone)]
+pub struct Sealer {
     local: IpAddr,
     port: u16,
     flows: HashMap<IpAddr, IcrcPrefix>,
@@ -205,20 +218,37 @@ pub(super) struct TxFlows {
     last: Option<(IpAddr, IcrcPrefix)>,
 }
 
-impl TxFlows {
-    pub(super) fn new(local: IpAddr, port: u16, max: usize) -> TxFlows {
-        TxFlows {
+impl Sealer {
+    /// The sealer of a device at `local` sending from UDP port `port` (4791 for a device
+    /// socket), keeping at most `max_flows` destinations' prefixes.
+    pub fn new(local: IpAddr, port: u16, max_flows: usize) -> Sealer {
+        Sealer {
             local,
             port,
             flows: HashMap::new(),
-            max,
+            max: max_flows,
             last: None,
         }
     }
 
-    /// The ICRC of `covered` (BTH through pad) sent from the device (its port) to `dst`
-    /// port 4791. Fails like [`IcrcPrefix::compute`] (too long for the length fields).
-    pub(super) fn icrc(&mut self, dst: IpAddr, covered: &[u8]) -> softrdma_wire::Result<u32> {
+    /// Stores in the last 4 bytes of `packet` (BTH through ICRC) its ICRC for the flow to
+    /// `dst` port 4791 (IPv4 with identification 0 and DF when both addresses are IPv4,
+    /// IPv6 otherwise). Fails, leaving `packet` as it was, when it is shorter than a BTH
+    /// plus an ICRC or too long for the length fields. Allocates nothing once `dst` is known.
+    pub fn seal(&mut self, dst: IpAddr, packet: &mut [u8]) -> Result<(), SealError> {
+        if packet.len() < roce::MIN_LEN {
+            return Err(SealError::Truncated);
+        }
+        let covered = packet.len() - roce::ICRC_LEN;
+        let crc = self
+            .icrc(dst, &packet[..covered])
+            .map_err(|_| SealError::TooLong)?;
+        packet[covered..].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    /// The ICRC of `covered` (BTH through pad) sent to `dst`.
+    fn icrc(&mut self, dst: IpAddr, covered: &[u8]) -> softrdma_wire::Result<u32> {
         match &self.last {
             Some((d, p)) if *d == dst => return p.compute(covered),
             _ => {}

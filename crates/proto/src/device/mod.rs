@@ -29,7 +29,9 @@
 //!   under the GSI lock; a QP that cannot take its packets (no transport, wrong peer) is
 //!   counted with [`Device::count_drop`];
 //! * sending (`tx.rs`): each packet a QP's `poll_transmit` wrote into the batch slot is
-//!   sealed with `seal(dst, &mut slot[..len])` before `sendmmsg`; the CM's MADs come from
+//!   sealed before `sendmmsg`, by `seal(dst, &mut slot[..len])`, or, on posting threads
+//!   that do not hold the receive lock, by a [`Sealer`] kept in the thread's transmit
+//!   batch (as its ICRC prefixes are today); the CM's MADs come from
 //!   `poll_cm_transmit(&mut cm, slot)`, sealed, with their destination;
 //! * progress (`progress.rs`): sleep until `poll_timeout()`, then `handle_timeout(now, &mut
 //!   due)` and run each due QP's `on_timeout` (QP 1: `Cm::handle_timeout`); after every drive
@@ -43,7 +45,9 @@
 //! The provider's `Counters` map onto [`DeviceCounters`] field for field (`rx_packets`,
 //! `rx_bytes`, `probes_received`, `malformed`, `icrc_errors`, `icrc_ident_solved`,
 //! `cnp_received`, `unknown_qp`, `wrong_source`), and its GSI `dropped` onto `gsi_dropped`;
-//! `tx_*` stay the socket's (what `sendmmsg` took), beside `sealed_*` here. A capture records
+//! `tx_*` stay the socket's (what `sendmmsg` took), beside `sealed_*` here. The provider
+//! reads them under the receive lock, or adds them into its atomic counters after each
+//! batch. A capture records
 //! the identification a packet verified with from [`Device::last_ident`].
 //!
 //! Multicast group sockets and their fan-out (the provider checks their ICRC per group, with
@@ -58,13 +62,13 @@ pub mod timers;
 
 pub use acks::{HeldAcks, Receiver};
 pub use counters::{DeviceCounters, DropReason};
-pub use flows::{grh_for, icrc_flow};
+pub use flows::{grh_for, icrc_flow, SealError, Sealer};
 pub use gsi::{frame_mad, unframe_mad, MAD_PACKET_LEN};
 pub use timers::TimerTable;
 
 use crate::cm::Cm;
 use crate::transport::RxMeta;
-use flows::{RxFlows, TxFlows};
+use flows::RxFlows;
 use softrdma_wire::{mad, roce};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -133,22 +137,13 @@ pub enum Received<'a, H> {
     Dropped(DropReason),
 }
 
-/// Why [`Device::seal`] refused a packet (counted in [`DeviceCounters::seal_errors`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SealError {
-    /// Shorter than a BTH plus an ICRC.
-    Truncated,
-    /// Too long for the IP and UDP length fields.
-    TooLong,
-}
-
 /// The sans-IO device: see the [module documentation](self).
 #[derive(Debug)]
 pub struct Device<H> {
     cfg: DeviceConfig,
     qps: HashMap<u32, H>,
     rx: RxFlows,
-    tx: TxFlows,
+    tx: Sealer,
     timers: TimerTable,
     acks: HeldAcks,
     counters: DeviceCounters,
@@ -164,7 +159,7 @@ impl<H: Clone> Device<H> {
             cfg,
             qps: HashMap::new(),
             rx: RxFlows::new(cfg.max_flows),
-            tx: TxFlows::new(cfg.local, cfg.port, cfg.max_flows),
+            tx: Sealer::new(cfg.local, cfg.port, cfg.max_flows),
             timers: TimerTable::new(),
             acks: HeldAcks::new(cfg.hold_acks),
             counters: DeviceCounters::default(),
@@ -280,22 +275,18 @@ impl<H: Clone> Device<H> {
     /// when either address is). Fails, counted, when the packet is shorter than a BTH plus
     /// an ICRC or too long for the length fields; the packet is then left as it was.
     pub fn seal(&mut self, dst: IpAddr, packet: &mut [u8]) -> Result<(), SealError> {
-        let Some(covered) = packet.len().checked_sub(roce::ICRC_LEN) else {
-            self.counters.seal_errors += 1;
-            return Err(SealError::Truncated);
-        };
-        if packet.len() < roce::MIN_LEN {
-            self.counters.seal_errors += 1;
-            return Err(SealError::Truncated);
+        let c = &mut self.counters;
+        match self.tx.seal(dst, packet) {
+            Ok(()) => {
+                c.sealed_packets = c.sealed_packets.saturating_add(1);
+                c.sealed_bytes = c.sealed_bytes.saturating_add(packet.len() as u64);
+                Ok(())
+            }
+            Err(e) => {
+                c.seal_errors = c.seal_errors.saturating_add(1);
+                Err(e)
+            }
         }
-        let Ok(crc) = self.tx.icrc(dst, &packet[..covered]) else {
-            self.counters.seal_errors += 1;
-            return Err(SealError::TooLong);
-        };
-        packet[covered..].copy_from_slice(&crc.to_le_bytes());
-        self.counters.sealed_packets += 1;
-        self.counters.sealed_bytes += packet.len() as u64;
-        Ok(())
     }
 
     /// Frames `mad` (256 bytes) as the next packet from QP 1 to QP 1 at `dst` into `buf` and
