@@ -92,6 +92,7 @@ pub const RULES: &[CrateRule] = &[
         src: "crates/proto/src",
         mode: Mode::Fail,
         layers: &[
+            ("device", &["device"]),
             ("connection manager", &["cm"]),
             ("transport", &["transport"]),
             ("basics", &["qp", "psn", "mtu", "timer", ""]),

@@ -9,12 +9,15 @@
 //! * [`mtu`]: IB path MTU and its derivation from the link MTU;
 //! * [`timer`]: IBA time encodings (ACK timeout, RNR timer, CM timeouts);
 //! * [`transport`]: the RC/UC/UD transport of one QP (requester, completer, responder);
-//! * [`cm`]: the IB connection manager (REQ/REP/RTU, DREQ/DREP, REJ, MRA, SIDR) of a device.
+//! * [`cm`]: the IB connection manager (REQ/REP/RTU, DREQ/DREP, REJ, MRA, SIDR) of a device;
+//! * [`device`]: one RoCEv2 device between a UDP socket and its QPs: ICRC checks and seals,
+//!   routing by QP number, QP 1 framing, timers per QP and the held-ACK policy.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod cm;
+pub mod device;
 pub mod mtu;
 pub mod psn;
 pub mod qp;

@@ -4,11 +4,17 @@
 //! Every scenario runs for many seeds and loss rates 0–30 %, checks the outcome, and runs a
 //! second time with the same seed to check the whole trace (events with their virtual times,
 //! and the counters) is identical.
+//!
+//! Each node's CM sits behind a sans-IO [`Device`]: its MADs are framed (UD SEND_ONLY to
+//! QP 1, Q_Key 0x80010000) and sealed by it, travel as datagram bytes, and reach the other
+//! CM through the receiving device's ICRC check and QP 1 unframing; the CM's deadline is
+//! kept in the device's timer table under QP 1.
 
 use softrdma_proto::cm::{
     AcceptParams, Cm, CmConfig, CmEvent, CmStats, ConnId, ConnectRequest, EVENT_QUEUE_LIMIT,
     TX_QUEUE_LIMIT,
 };
+use softrdma_proto::device::{Device, DeviceConfig, Received, GSI_QPN};
 use softrdma_wire::cm::{
     Message, RejectReason, ReqPath, ReqRepr, SidrStatus, TransportServiceType, REQ_PRIVATE_DATA_LEN,
 };
@@ -16,7 +22,7 @@ use softrdma_wire::cma::{self, PortSpace};
 use softrdma_wire::mad;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 // ------------------------------------------------------------------------------------------
@@ -62,6 +68,8 @@ enum Todo {
 struct Node {
     ip: IpAddr,
     cm: Cm,
+    /// The device the CM's MADs go through.
+    dev: Device<()>,
     on_req: OnReq,
     /// Virtual ms since start, event.
     log: Vec<(u128, CmEvent)>,
@@ -70,8 +78,9 @@ struct Node {
     todo: Vec<(Instant, Todo)>,
 }
 
-/// A MAD on the wire: (delivery time, sequence, destination node, source IP, MAD).
-type InFlight = (Instant, u64, usize, IpAddr, [u8; 256]);
+/// A MAD on the wire: (delivery time, sequence, destination node, source IP, the datagram:
+/// the framed and sealed MAD).
+type InFlight = (Instant, u64, usize, IpAddr, Vec<u8>);
 /// Per-node event logs, per-node counters, final virtual ms, MADs sent to nobody.
 type Trace = (Vec<Vec<(u128, CmEvent)>>, Vec<CmStats>, u128, u64);
 
@@ -146,6 +155,10 @@ impl Sim {
                 Node {
                     ip,
                     cm: Cm::new(cfg),
+                    dev: Device::new(DeviceConfig {
+                        gsi_psn: (seed as u32 ^ i as u32) & 0xff_ffff,
+                        ..DeviceConfig::new(ip)
+                    }),
                     on_req: OnReq::Accept,
                     log: Vec::new(),
                     rtu_sent: Vec::new(),
@@ -173,8 +186,14 @@ impl Sim {
     /// Moves queued MADs onto the wire, applying loss, duplication and a random delay
     /// (0.1–20 ms, so packets overtake each other).
     fn flush(&mut self) {
+        let mut buf = [0u8; 512];
         for i in 0..self.nodes.len() {
-            while let Some((dst, mad)) = self.nodes[i].cm.poll_transmit() {
+            loop {
+                let n = &mut self.nodes[i];
+                let Some((len, dst)) = n.dev.poll_cm_transmit(&mut n.cm, &mut buf) else {
+                    break;
+                };
+                let pkt = &buf[..len];
                 let Some(j) = self.nodes.iter().position(|n| n.ip == dst) else {
                     self.blackholed += 1;
                     continue;
@@ -188,7 +207,7 @@ impl Sim {
                     self.seq += 1;
                     let src = self.nodes[i].ip;
                     self.wire
-                        .push(Reverse((self.now + delay, self.seq, j, src, mad)));
+                        .push(Reverse((self.now + delay, self.seq, j, src, pkt.to_vec())));
                 }
             }
         }
@@ -263,6 +282,13 @@ impl Sim {
         }
     }
 
+    /// Gives each device its CM's deadline (under QP 1).
+    fn sync_timers(&mut self) {
+        for n in &mut self.nodes {
+            n.dev.set_timer(GSI_QPN, n.cm.poll_timeout());
+        }
+    }
+
     /// Advances the virtual clock event by event until `done` holds, nothing is left to do,
     /// or `limit` of virtual time has passed. Returns whether `done` held.
     fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&Sim) -> bool) -> bool {
@@ -272,12 +298,14 @@ impl Sim {
             if done(self) {
                 return true;
             }
+            self.sync_timers();
             let mut next = self.wire.peek().map(|Reverse(p)| p.0);
             for n in &self.nodes {
-                for t in
-                    n.cm.poll_timeout()
-                        .into_iter()
-                        .chain(n.todo.iter().map(|x| x.0))
+                for t in n
+                    .dev
+                    .poll_timeout()
+                    .into_iter()
+                    .chain(n.todo.iter().map(|x| x.0))
                 {
                     next = Some(next.map_or(t, |x: Instant| x.min(t)));
                 }
@@ -290,13 +318,22 @@ impl Sim {
             }
             self.now = self.now.max(next);
             while self.wire.peek().is_some_and(|Reverse(p)| p.0 <= self.now) {
-                let Reverse((_, _, j, src, mad)) = self.wire.pop().unwrap();
+                let Reverse((_, _, j, src, pkt)) = self.wire.pop().unwrap();
                 let now = self.now;
-                self.nodes[j].cm.handle_mad(now, src, &mad);
+                let n = &mut self.nodes[j];
+                let from = SocketAddr::new(src, softrdma_wire::ROCE_V2_UDP_PORT);
+                match n.dev.handle_datagram(now, from, n.ip, &pkt) {
+                    Received::Mad { src, mad } => n.cm.handle_mad(now, src, mad),
+                    other => panic!("a CM datagram came out as {other:?}"),
+                }
             }
+            self.sync_timers();
             let now = self.now;
+            let mut due = Vec::new();
             for n in &mut self.nodes {
-                if n.cm.poll_timeout().is_some_and(|t| t <= now) {
+                due.clear();
+                n.dev.handle_timeout(now, &mut due);
+                if due.contains(&GSI_QPN) {
                     n.cm.handle_timeout(now);
                 }
             }

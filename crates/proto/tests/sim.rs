@@ -347,8 +347,14 @@ fn ud_send_recv() {
             assert_eq!(c.imm_data, cases[i].2);
             assert_eq!(c.solicited, i == 3);
             let slot = rbase + (c.wr_id - 500) * 2048;
-            assert_eq!(sim.nodes[1].env.bytes(RECV, slot, 40), &[0x45u8; 40][..]);
+            // The GRH area holds the IPv4 header the datagram came with, as the receiving
+            // device builds it from the addresses and the packet's length.
             let len = cases[i].0 as usize;
+            let imm = if cases[i].2.is_some() { 4 } else { 0 };
+            let plen = 12 + 8 + imm + len + (4 - len % 4) % 4 + 4;
+            let grh = softrdma_proto::device::grh_for(node_addr(0).ip(), node_addr(1).ip(), plen);
+            assert_eq!(sim.nodes[1].env.bytes(RECV, slot, 40), &grh[..]);
+            assert_eq!(grh[20..22], [0x45, 0]);
             let want = sim.nodes[0].env.bytes(SRC, sbase + i as u64, len).to_vec();
             assert_eq!(sim.nodes[1].env.bytes(RECV, slot + 40, len), &want[..]);
             assert_eq!(c.wr_id, 500 + k as u64);

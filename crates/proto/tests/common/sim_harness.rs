@@ -1,17 +1,25 @@
 //! A deterministic simulated network for two transport QPs: in-memory registered memory and
 //! receive queues, a seeded PRNG, loss / duplication / reordering / corruption / delay, and
 //! a virtual clock that jumps to the next delivery or deadline.
+//!
+//! Each node is a sans-IO [`Device`] with its QP registered: what a QP sends is sealed by its
+//! device (ICRC) and travels as datagram bytes; what arrives goes through the other device,
+//! which checks the ICRC (a corrupted packet is caught and counted there, not by the
+//! network), routes it by QP number and builds its GRH; the devices' timer tables say when
+//! each QP's timers are due.
 
 #![allow(dead_code, clippy::needless_range_loop)]
 
+use softrdma_proto::device::{Device, DeviceConfig, Received};
 use softrdma_proto::transport::{
-    AccessError, AtomicOp, Completion, Env, MwBind, Qp, QpConfig, QpEvent, RecvRequest, RxMeta,
+    AccessError, AtomicOp, Completion, Env, MwBind, Qp, QpConfig, QpEvent, RecvRequest,
     SendRequest, Sge, WcStatus,
 };
 use softrdma_proto::{Mtu, QpType};
 use softrdma_wire::roce;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 pub const LOCAL_WRITE: u32 = 1;
@@ -49,7 +57,7 @@ impl Rng {
     }
 }
 
-/// FNV-1a, for trace hashes and the simulated ICRC.
+/// FNV-1a, for trace hashes.
 pub fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
     for b in bytes {
         h ^= u64::from(*b);
@@ -253,10 +261,18 @@ pub struct Node {
     pub events: Vec<QpEvent>,
 }
 
-type Flight = Reverse<(Duration, u64, usize, u64, Vec<u8>)>;
+/// A datagram on the wire: (arrival, sequence, destination node, bytes).
+type Flight = Reverse<(Duration, u64, usize, Vec<u8>)>;
+
+/// The address of node `i`'s device (port 4791, as a device socket is bound).
+pub fn node_addr(i: usize) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1 + i as u8)), 4791)
+}
 
 pub struct Sim {
     pub nodes: [Node; 2],
+    /// The device of each node; the handle of a QP is its node's index.
+    pub devices: [Device<usize>; 2],
     pub base: Instant,
     pub now: Instant,
     pub net: NetCfg,
@@ -265,8 +281,14 @@ pub struct Sim {
     seq: u64,
     pub hash: u64,
     pub packets: u64,
-    pub corrupted_drops: u64,
+    /// Datagrams the network corrupted (one flipped bit each).
+    pub corrupted: u64,
+    /// Of those, the ones whose flipped bit is in BTH byte 4 (FECN, BECN, reserved): bits
+    /// the ICRC does not cover, as routers may change them.
+    pub corrupted_variant: u64,
     buf: Vec<u8>,
+    /// QPs due, reused.
+    due: Vec<u32>,
     /// Every emitted packet (opcode, psn) per node, when recording.
     pub record: Option<Vec<(usize, roce::Repr)>>,
     /// Link serialization time per byte, in picoseconds (0: infinitely fast links): a
@@ -332,7 +354,13 @@ impl Sim {
             comps: Vec::new(),
             events: Vec::new(),
         };
+        let dev = |i: usize, qpn: u32| {
+            let mut d = Device::new(DeviceConfig::new(node_addr(i).ip()));
+            d.register(qpn, i);
+            d
+        };
         Sim {
+            devices: [dev(0, a.qp_num), dev(1, b.qp_num)],
             nodes: [mk(a), mk(b)],
             base,
             now: base,
@@ -342,8 +370,10 @@ impl Sim {
             seq: 0,
             hash: FNV0,
             packets: 0,
-            corrupted_drops: 0,
+            corrupted: 0,
+            corrupted_variant: 0,
             buf: vec![0u8; 4096 + 128],
+            due: Vec::new(),
             record: None,
             link_ps_per_byte: 0,
             link_free: [Duration::ZERO; 2],
@@ -367,7 +397,6 @@ impl Sim {
             return;
         }
         let copies = if self.rng.chance(net.dup) { 2 } else { 1 };
-        let icrc = fnv(FNV0, &pkt);
         for c in 0..copies {
             let _ = c;
             let mut p = pkt.clone();
@@ -379,10 +408,12 @@ impl Sim {
             if self.rng.chance(net.corrupt) {
                 let i = self.rng.below(p.len() as u64) as usize;
                 p[i] ^= 1 << self.rng.below(8);
+                self.corrupted += 1;
+                self.corrupted_variant += u64::from(i == 4);
             }
             let at = sent + delay;
             self.seq += 1;
-            self.inflight.push(Reverse((at, self.seq, to, icrc, p)));
+            self.inflight.push(Reverse((at, self.seq, to, p)));
         }
     }
 
@@ -406,6 +437,9 @@ impl Sim {
                     break;
                 };
                 assert!(t.len >= 16 && t.len <= self.buf.len());
+                self.devices[i]
+                    .seal(node_addr(1 - i).ip(), &mut self.buf[..t.len])
+                    .expect("emitted packet sealed");
                 let pkt = self.buf[..t.len].to_vec();
                 let view = roce::Packet::new_checked(&pkt[..]).expect("emitted packet layout");
                 let repr = roce::Repr::parse(&view).expect("emitted packet parses");
@@ -432,20 +466,50 @@ impl Sim {
         }
     }
 
+    /// Gives each device the deadline of its QP.
+    fn sync_timers(&mut self) {
+        for (d, n) in self.devices.iter_mut().zip(&self.nodes) {
+            d.set_timer(n.qp.config().qp_num, n.qp.poll_timeout());
+        }
+    }
+
+    /// Packets the devices dropped for a bad ICRC (the network's corruption).
+    pub fn corrupted_drops(&self) -> u64 {
+        self.devices.iter().map(|d| d.counters().icrc_errors).sum()
+    }
+
+    /// Hands datagram `pkt` from node `1 - to` to node `to`'s device and, when it routes it
+    /// to a QP, to that QP.
+    pub fn deliver(&mut self, to: usize, pkt: &[u8]) {
+        let now = self.now;
+        let from = node_addr(1 - to);
+        let local = node_addr(to).ip();
+        if let Received::Qp {
+            handle,
+            packet,
+            meta,
+            ..
+        } = self.devices[to].handle_datagram(now, from, local, pkt)
+        {
+            let node = &mut self.nodes[handle];
+            node.qp.handle_packet(now, packet, &meta, &mut node.env);
+        }
+    }
+
     /// Runs until `done` holds, nothing is left to happen, or `limit` of virtual time
     /// passed. Returns whether `done` held.
     pub fn run(&mut self, limit: Duration, mut done: impl FnMut(&Sim) -> bool) -> bool {
-        let grh = RxMeta { grh: [0x45; 40] };
         loop {
             self.pump();
             if done(self) {
                 return true;
             }
+            self.sync_timers();
             let mut next: Option<Duration> = self.inflight.peek().map(|Reverse(f)| f.0);
-            for n in &self.nodes {
-                if let Some(t) = n.qp.poll_timeout() {
-                    let d = t.saturating_duration_since(self.base);
-                    next = Some(next.map_or(d, |x| x.min(d)));
+            for d in &self.devices {
+                if let Some(t) = d.poll_timeout() {
+                    let t = t.saturating_duration_since(self.base);
+                    next = Some(next.map_or(t, |x| x.min(t)));
                 }
             }
             let Some(next) = next else {
@@ -463,21 +527,23 @@ impl Sim {
                 .peek()
                 .is_some_and(|Reverse(f)| self.base + f.0 <= self.now)
             {
-                let Reverse((_, _, to, icrc, pkt)) = self.inflight.pop().unwrap();
-                if fnv(FNV0, &pkt) != icrc {
-                    self.corrupted_drops += 1;
-                    continue;
-                }
-                let now = self.now;
-                let node = &mut self.nodes[to];
-                node.qp.handle_packet(now, &pkt, &grh, &mut node.env);
+                let Reverse((_, _, to, pkt)) = self.inflight.pop().unwrap();
+                self.deliver(to, &pkt);
             }
-            for n in &mut self.nodes {
-                if n.qp.poll_timeout().is_some_and(|t| t <= self.now) {
+            self.sync_timers();
+            let mut due = std::mem::take(&mut self.due);
+            for (i, d) in self.devices.iter_mut().enumerate() {
+                due.clear();
+                d.handle_timeout(self.now, &mut due);
+                for &qpn in &due {
+                    let h = *d.handle(qpn).expect("due QP registered");
+                    assert_eq!(h, i);
                     let now = self.now;
+                    let n = &mut self.nodes[h];
                     n.qp.handle_timeout(now, &mut n.env);
                 }
             }
+            self.due = due;
         }
     }
 

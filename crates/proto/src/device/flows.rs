@@ -1,0 +1,268 @@
+//! The ICRC flows of a device: the masked IP and UDP pseudo-header of every sender it hears
+//! from and every peer it sends to ([`IcrcPrefix`]), the check of a received packet's ICRC
+//! (with the IPv4 identification solved for other stacks), and the GRH a UD receive gets.
+
+use super::counters::{DeviceCounters, DropReason};
+use softrdma_wire::icrc::{IcrcPrefix, IdentSolver};
+use softrdma_wire::{bth, ip, opcode::Opcode, roce, ROCE_V2_UDP_PORT};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+
+/// The ICRC flow of datagrams from `src` port `src_port` to `dst` port 4791: IPv4 when both
+/// addresses are IPv4 (identification 0, DF: what a softrdma peer sends), IPv6 otherwise
+/// (IPv4 addresses mapped). Never fails.
+pub fn icrc_flow(src: IpAddr, src_port: u16, dst: IpAddr) -> IcrcPrefix {
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IcrcPrefix::ipv4(s, d, src_port, ROCE_V2_UDP_PORT),
+        (s, d) => IcrcPrefix::ipv6(
+            ip::ip_to_gid(s),
+            ip::ip_to_gid(d),
+            src_port,
+            ROCE_V2_UDP_PORT,
+        ),
+    }
+}
+
+/// The 40-byte GRH area a UD receive gets for a transport packet of `packet_len` bytes from
+/// `src` to `dst`: the IP header the datagram came with as softrdma peers send it (TTL 64,
+/// DF, identification 0), an IPv4 one in the last 20 bytes after 20 zero bytes, or an IPv6
+/// one (IPv4 addresses mapped) when either address is IPv6. Built through
+/// [`softrdma_wire::ip`]. Never fails: a packet too long for the length fields, which
+/// cannot arrive in a UDP datagram, leaves them zero.
+pub fn grh_for(src: IpAddr, dst: IpAddr, packet_len: usize) -> [u8; 40] {
+    let mut g = [0u8; 40];
+    let udp_len = ip::UDP_HEADER_LEN + packet_len;
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let repr = ip::Ipv4Repr {
+                src_addr: s,
+                dst_addr: d,
+                protocol: ip::IP_PROTOCOL_UDP,
+                payload_len: udp_len,
+                ttl: 64,
+                tos: 0,
+                ident: 0,
+                dont_frag: true,
+            };
+            let _ = repr.emit(&mut ip::Ipv4Packet::new_unchecked(&mut g[20..]));
+        }
+        (s, d) => {
+            let repr = ip::Ipv6Repr {
+                src_addr: ip::ip_to_gid(s),
+                dst_addr: ip::ip_to_gid(d),
+                next_header: ip::IP_PROTOCOL_UDP,
+                payload_len: udp_len,
+                hop_limit: 64,
+                traffic_class: 0,
+                flow_label: 0,
+            };
+            let _ = repr.emit(&mut ip::Ipv6Packet::new_unchecked(&mut g[..]));
+        }
+    }
+    g
+}
+
+/// Packets verified with identification 0, and none through a solved one, after which a
+/// sender counts as a softrdma peer whose packets get only the full 32-bit check (a corrupted
+/// packet would otherwise pass the 16-bit check of a solved identification with probability
+/// 2^-16). Linux rxe varies the identification per packet, so its flows solve one long
+/// before this many zeros. The provider's receive path uses the same number.
+pub const ZERO_IDENT_PEER: u32 = 64;
+
+/// What the receive side keeps per sender: its ICRC prefix and how its packets verified.
+#[derive(Debug)]
+struct RxFlow {
+    prefix: IcrcPrefix,
+    /// Packets verified with identification 0 (saturating).
+    zero_ident: u32,
+    /// Whether a packet ever verified through a solved identification (another stack).
+    solved_any: bool,
+}
+
+impl RxFlow {
+    fn new(src: SocketAddr, dst: IpAddr) -> RxFlow {
+        RxFlow {
+            prefix: icrc_flow(src.ip(), src.port(), dst),
+            zero_ident: 0,
+            solved_any: false,
+        }
+    }
+}
+
+/// The receive flows of a device, at most `max` of them (a sender beyond that is checked
+/// with a prefix built for the packet and kept nowhere).
+#[derive(Debug)]
+pub(super) struct RxFlows {
+    flows: HashMap<(SocketAddr, IpAddr), RxFlow>,
+    max: usize,
+    solver: IdentSolver,
+}
+
+/// Whether a UDP payload is a RoCEv2 CNP: opcode `0x81` in a packet of exactly its size
+/// (BTH, 16 reserved bytes, ICRC).
+fn is_cnp(pkt: &[u8]) -> bool {
+    pkt.len() == bth::HEADER_LEN + 16 + roce::ICRC_LEN && pkt.first() == Some(&Opcode::CNP.0)
+}
+
+impl RxFlows {
+    pub(super) fn new(max: usize) -> RxFlows {
+        RxFlows {
+            flows: HashMap::new(),
+            max,
+            solver: IdentSolver::new(),
+        }
+    }
+
+    /// Checks one received transport packet `pkt` (BTH through ICRC) from `src` to `dst`:
+    /// its layout and its ICRC. Returns the destination QP number of a good packet and the
+    /// IPv4 identification it verified with; counts a bad one (and a CNP) and says why it
+    /// was dropped. Good packets are counted by the caller.
+    pub(super) fn check(
+        &mut self,
+        c: &mut DeviceCounters,
+        pkt: &[u8],
+        src: SocketAddr,
+        dst: IpAddr,
+    ) -> Result<(u32, u16), DropReason> {
+        let key = (src, dst);
+        let mut spare;
+        let flow = if self.flows.contains_key(&key) || self.flows.len() < self.max {
+            self.flows
+                .entry(key)
+                .or_insert_with(|| RxFlow::new(src, dst))
+        } else {
+            spare = RxFlow::new(src, dst);
+            &mut spare
+        };
+        // A sender whose packets all verified with identification 0 (a softrdma peer) keeps
+        // the full 32-bit check: its packets are never accepted through a solved one.
+        let solve = flow.solved_any || flow.zero_ident < ZERO_IDENT_PEER;
+        let solver = solve.then_some(&mut self.solver);
+        let Ok(view) = roce::Packet::new_checked(pkt) else {
+            if is_cnp(pkt) {
+                let (covered, icrc) = pkt.split_at(pkt.len() - roce::ICRC_LEN);
+                let icrc = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
+                check_icrc(c, &flow.prefix, solver, covered, icrc)?;
+                c.count_drop(DropReason::Cnp, 1);
+                return Err(DropReason::Cnp);
+            }
+            c.count_drop(DropReason::Malformed, 1);
+            return Err(DropReason::Malformed);
+        };
+        let ident = check_icrc(c, &flow.prefix, solver, view.icrc_covered(), view.icrc())?;
+        if ident == 0 {
+            flow.zero_ident = flow.zero_ident.saturating_add(1);
+        } else {
+            flow.solved_any = true;
+        }
+        Ok((view.bth().dest_qp(), ident))
+    }
+
+    /// The number of senders whose flows are kept.
+    pub(super) fn len(&self) -> usize {
+        self.flows.len()
+    }
+}
+
+/// Verifies the ICRC `icrc` of the bytes it covers against a flow's prefix: first as sent
+/// with IPv4 identification 0 (the full 32-bit check), then, when `solver` is given, with
+/// the identification solved from the ICRC. Returns the identification that matched;
+/// counts and fails with [`DropReason::Icrc`] when none does.
+fn check_icrc(
+    c: &mut DeviceCounters,
+    prefix: &IcrcPrefix,
+    solver: Option<&mut IdentSolver>,
+    covered: &[u8],
+    icrc: u32,
+) -> Result<u16, DropReason> {
+    match prefix.compute(covered) {
+        Ok(crc) if crc == icrc => Ok(0),
+        Ok(crc) => match solver.and_then(|s| prefix.solve_ident(s, covered.len(), crc, icrc)) {
+            Some(ident) => {
+                c.icrc_ident_solved = c.icrc_ident_solved.saturating_add(1);
+                Ok(ident)
+            }
+            None => {
+                c.count_drop(DropReason::Icrc, 1);
+                Err(DropReason::Icrc)
+            }
+        },
+        Err(_) => {
+            c.count_drop(DropReason::Icrc, 1);
+            Err(DropReason::Icrc)
+        }
+    }
+}
+
+/// Why a packet could not be sealed ([`Sealer::seal`], [`Device::seal`](super::Device::seal)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SealError {
+    /// Shorter than a BTH plus an ICRC.
+    Truncated,
+    /// Too long for the IP and UDP length fields.
+    TooLong,
+}
+
+/// Seals the packets one device sends: computes each one's ICRC over the pseudo-header of
+/// the flow from the device's address and port to the destination's port 4791, keeping the
+/// prefix of every destination (up to a bound) and the last one at hand, as nearly every
+/// packet goes where the one before went. A [`Device`](super::Device) holds one; a sending
+/// thread of the provider can hold its own (beside its transmit batch), since sealing needs
+/// nothing else of the device.
+#[derive(Debug, Clone)]
+pub struct Sealer {
+    local: IpAddr,
+    port: u16,
+    flows: HashMap<IpAddr, IcrcPrefix>,
+    max: usize,
+    last: Option<(IpAddr, IcrcPrefix)>,
+}
+
+impl Sealer {
+    /// The sealer of a device at `local` sending from UDP port `port` (4791 for a device
+    /// socket), keeping at most `max_flows` destinations' prefixes.
+    pub fn new(local: IpAddr, port: u16, max_flows: usize) -> Sealer {
+        Sealer {
+            local,
+            port,
+            flows: HashMap::new(),
+            max: max_flows,
+            last: None,
+        }
+    }
+
+    /// Stores in the last 4 bytes of `packet` (BTH through ICRC) its ICRC for the flow to
+    /// `dst` port 4791 (IPv4 with identification 0 and DF when both addresses are IPv4,
+    /// IPv6 otherwise). Fails, leaving `packet` as it was, when it is shorter than a BTH
+    /// plus an ICRC or too long for the length fields. Allocates nothing once `dst` is known.
+    pub fn seal(&mut self, dst: IpAddr, packet: &mut [u8]) -> Result<(), SealError> {
+        if packet.len() < roce::MIN_LEN {
+            return Err(SealError::Truncated);
+        }
+        let covered = packet.len() - roce::ICRC_LEN;
+        let crc = self
+            .icrc(dst, &packet[..covered])
+            .map_err(|_| SealError::TooLong)?;
+        packet[covered..].copy_from_slice(&crc.to_le_bytes());
+        Ok(())
+    }
+
+    /// The ICRC of `covered` (BTH through pad) sent to `dst`.
+    fn icrc(&mut self, dst: IpAddr, covered: &[u8]) -> softrdma_wire::Result<u32> {
+        match &self.last {
+            Some((d, p)) if *d == dst => return p.compute(covered),
+            _ => {}
+        }
+        let p = match self.flows.get(&dst) {
+            Some(p) => p.clone(),
+            None => {
+                let p = icrc_flow(self.local, self.port, dst);
+                if self.flows.len() < self.max {
+                    self.flows.insert(dst, p.clone());
+                }
+                p
+            }
+        };
+        self.last.insert((dst, p)).1.compute(covered)
+    }
+}
