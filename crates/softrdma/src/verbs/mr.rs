@@ -223,10 +223,10 @@ impl Pd {
 impl Pd {
     /// The lkey of a region of this PD that covers `addr..addr + len` (iova space), if any.
     pub(crate) fn lkey_covering(&self, addr: u64, len: u64) -> Option<u32> {
-        self.inner
-            .shared()
-            .resources
-            .lkey_covering(&self.inner, addr, len)
+        let end = addr.checked_add(len)?;
+        self.inner.shared().resources.lkey_where(|m: &MrInner| {
+            Arc::ptr_eq(m.pd.arc(), &self.inner) && m.iova <= addr && end <= m.iova + m.length
+        })
     }
 }
 
@@ -660,8 +660,8 @@ impl Resources {
             }
         }
         let mr = match kind {
-            KeyKind::Local => self.mr_by_lkey(key),
-            KeyKind::Remote => self.mr_by_rkey(key),
+            KeyKind::Local => self.mr_by_lkey::<MrInner>(key),
+            KeyKind::Remote => self.mr_by_rkey::<MrInner>(key),
         }
         .ok_or(AccessError::InvalidKey)?;
         *slot = Some((key, mr.clone()));
