@@ -1,5 +1,7 @@
-//! Event channels and events: `rdma_create_event_channel`, `rdma_get_cm_event`,
-//! `rdma_ack_cm_event`, `rdma_event_str`.
+//! What events say: their types (`rdma_event_str`), the connection and datagram parameters
+//! they carry, and an event's contents as a synchronous id keeps them. The channels and the
+//! events themselves (`rdma_create_event_channel`, `rdma_get_cm_event`,
+//! `rdma_ack_cm_event`) are in `objects.rs`, with the ids they name.
 
 use crate::AhAttr;
 

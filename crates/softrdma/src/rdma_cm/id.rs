@@ -1,5 +1,5 @@
-//! The id (`struct rdma_cm_id`): its state, its shared data, and its first calls: create,
-//! the accessors, events of a synchronous id, options, binding.
+//! The id's first calls (`struct rdma_cm_id`; its types are in `objects.rs`): create, the
+//! accessors, events of a synchronous id, options, binding; and what an id's drop undoes.
 
 use super::connect::event_error;
 use super::event::{CmEventType, ConnParam, EventInfo, UdParam};
