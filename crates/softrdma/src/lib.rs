@@ -117,8 +117,7 @@ pub use verbs::mem::{Buffer, BufferView};
 pub use verbs::mr::{AccessFlags, Mr, MrSlice, RemoteMr};
 pub use verbs::mw::{inc_rkey, BindMwWr, Mw, MwBind, MwBindInfo, MwType};
 pub use verbs::pd::Pd;
-pub use verbs::qp::{
-    MigState, PostError, Qp, QpAttr, QpCap, QpInitAttr, QpInitInfo, RecvWr, SendFlags, SendWr, Sge,
-    WrOpcode,
-};
+pub use verbs::qp::{MigState, Qp, QpAttr, QpCap, QpInitAttr, QpInitInfo};
+pub use verbs::requests::{RecvWr, SendWr};
 pub use verbs::srq::{Srq, SrqAttr, SrqAttrMask, SrqInitAttr};
+pub use verbs::wr::{PostError, SendFlags, Sge, WrOpcode};

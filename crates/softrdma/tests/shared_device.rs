@@ -117,7 +117,12 @@ impl Server {
 
     fn start_with(ip: &str, port: u16, env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "shared_device_child", "--nocapture", "--test-threads=1"])
+            .args([
+                "--exact",
+                "shared_device_child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(CHILD, format!("server {ip} {port}"))
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
@@ -215,7 +220,13 @@ impl Client {
             .unwrap();
         self.send.write(0, msg).unwrap();
         self.id
-            .post_send(0, self.send.addr(), msg.len(), Some(&self.smr), SendFlags::empty())
+            .post_send(
+                0,
+                self.send.addr(),
+                msg.len(),
+                Some(&self.smr),
+                SendFlags::empty(),
+            )
             .unwrap();
         assert_eq!(self.id.get_send_comp().unwrap().status, WcStatus::Success);
         let wc = self.id.get_recv_comp().unwrap();
@@ -249,7 +260,9 @@ fn two_processes_on_one_device_connect_and_transfer() {
     let server = Server::start(&ip, port);
     // A second listener on the same service of the device, in another process: busy, as
     // the kernel's rdma_cm says for a port bound by another process.
-    let e = passive(&ip, port).err().expect("a second listener must fail");
+    let e = passive(&ip, port)
+        .err()
+        .expect("a second listener must fail");
     assert_eq!(e.errno(), libc::EADDRINUSE, "{e}");
     let c = Client::connect(&ip, port);
     for (k, len) in [1usize << 4, 4096, 4097, MAX].into_iter().enumerate() {
@@ -262,12 +275,17 @@ fn two_processes_on_one_device_connect_and_transfer() {
 #[test]
 fn a_process_killed_mid_run_leaves_the_device_to_the_others() {
     let ip = softrdma::testing::unique_loopback_addr().to_string();
-    let ports: Vec<u16> = (0..4).map(|_| softrdma::testing::unused_tcp_port()).collect();
+    let ports: Vec<u16> = (0..4)
+        .map(|_| softrdma::testing::unused_tcp_port())
+        .collect();
     let mut servers: Vec<Option<Server>> = ports[..3]
         .iter()
         .map(|&p| Some(Server::start(&ip, p)))
         .collect();
-    let clients: Vec<Client> = ports[..3].iter().map(|&p| Client::connect(&ip, p)).collect();
+    let clients: Vec<Client> = ports[..3]
+        .iter()
+        .map(|&p| Client::connect(&ip, p))
+        .collect();
     for round in 0..4u8 {
         for c in &clients {
             c.echo(&pattern(8192 + usize::from(round), round));
@@ -322,7 +340,12 @@ fn without_steering_misrouted_packets_are_forwarded() {
     let hash = [("SOFTRDMA_STEERING", "hash")];
     let server = Server::start_with(&ip, port, &hash);
     let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "shared_device_child", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "shared_device_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD, format!("client {ip} {port}"))
         .envs(hash)
         .output()

@@ -10,9 +10,9 @@ use super::share::{slot_of_comm_id, ServiceClaim, FIRST_SLOT, LAST_SLOT};
 use super::tx::{with_tx, TxBatch};
 use super::Engine;
 use crate::error::Result;
-use std::collections::HashMap;
 use softrdma_proto::cm::{Cm, CmConfig, CmEvent, CmStats};
 use softrdma_wire::{bth, deth, mad, opcode::Opcode, roce};
+use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -21,7 +21,6 @@ use std::time::Instant;
 
 /// The Q_Key of QP 1.
 pub(crate) const GSI_QKEY: u32 = mad::GSI_QKEY;
-
 
 /// Counters of the GSI path, beyond the CM's own.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -241,13 +241,19 @@ impl Share {
             return Vec::new();
         };
         (FIRST_SLOT..=LAST_SLOT)
-            .filter(|&s| s != self.slot && name_is_held(&probe, &name(self.ip, &format!("slot/{s}"))))
+            .filter(|&s| {
+                s != self.slot && name_is_held(&probe, &name(self.ip, &format!("slot/{s}")))
+            })
             .collect()
     }
 
     /// The members the last discovery found (slot, group index), this process included.
     pub(crate) fn members(&self) -> Vec<(u8, u8)> {
-        self.disc.lock().unwrap_or_else(|p| p.into_inner()).members.clone()
+        self.disc
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .members
+            .clone()
     }
 
     fn send_to_slot(&self, slot: u8, parts: &[&[u8]]) -> std::io::Result<()> {
@@ -301,7 +307,10 @@ impl Share {
     /// Receives one message from the slot socket into `buf`, without blocking. A forwarded
     /// packet comes back as its sender and the range of `buf` it occupies; a discovery answer
     /// is taken in here and gives `Some(None)`. `None` when nothing waits.
-    pub(crate) fn recv(&self, buf: &mut [u8]) -> Option<Option<(SocketAddr, std::ops::Range<usize>)>> {
+    pub(crate) fn recv(
+        &self,
+        buf: &mut [u8],
+    ) -> Option<Option<(SocketAddr, std::ops::Range<usize>)>> {
         // SAFETY: buf is valid for writes of buf.len() bytes.
         let r = unsafe {
             libc::recv(
@@ -449,7 +458,8 @@ impl Share {
         live.push(self.slot);
         live.sort_unstable();
         let n = live.len();
-        let nonce = (u64::from(crate::gid::random_u32()) << 32) | u64::from(crate::gid::random_u32());
+        let nonce =
+            (u64::from(crate::gid::random_u32()) << 32) | u64::from(crate::gid::random_u32());
         {
             let mut d = self.disc.lock().unwrap_or_else(|p| p.into_inner());
             d.nonce = nonce;
@@ -521,7 +531,11 @@ impl Share {
             .copied()
             .filter(|&s| s != self.slot)
             .find(|&s| held(s))
-            .or_else(|| (FIRST_SLOT..=LAST_SLOT).filter(|&s| s != self.slot).find(|&s| held(s)))
+            .or_else(|| {
+                (FIRST_SLOT..=LAST_SLOT)
+                    .filter(|&s| s != self.slot)
+                    .find(|&s| held(s))
+            })
     }
 }
 

@@ -1,7 +1,20 @@
 //! Resolving, listening, connecting, accepting, rejecting, disconnecting and destroying an
 //! id, and the helpers those steps share.
 
-use super::*;
+use super::event::{CmEventType, ConnParam, EventInfo};
+use super::objects::{CmId, IdState, McGroup};
+use super::qp_state::qp_to_err;
+use super::registry::{device_res, errno_err, ports, registry, resources, wildcards};
+use super::{max_backlog, RDMA_MAX_RESP_RES, RDMA_UDP_QKEY};
+use crate::error::{Error, ErrorKind, Result};
+use crate::provider::Engine;
+use crate::{Mtu, QpType};
+use softrdma_proto::cm::{AcceptParams, ConnId, ConnectRequest};
+use softrdma_wire::cm::{RejectReason, SidrStatus, TransportServiceType};
+use softrdma_wire::cma::{self, CmaHeader, CmaHeaderRepr};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 
 impl CmId {
     /// Resolves the destination and binds the id to the device of the local address that
@@ -91,7 +104,8 @@ impl CmId {
     /// Listens for connection requests (`rdma_listen`); CONNECT_REQUEST events follow, each
     /// with a new id. At most `backlog` requests (0 or less, or above [`max_backlog`]: that
     /// maximum, 1024 unless `SOFTRDMA_CM_MAX_BACKLOG` sets it) wait to be taken with
-    /// [`EventChannel::get_cm_event`]; one beyond is dropped unanswered and forgotten, as
+    /// [`EventChannel::get_cm_event`](super::EventChannel::get_cm_event); one beyond is
+    /// dropped unanswered and forgotten, as
     /// Linux drops it, so that the peer's CM retries it later (its REQ timer, about 4 s a
     /// try): the memory a flood of requests takes is bounded by the backlog, whether or not
     /// the application ever takes them. An id bound to a specific address listens on that device, one bound to
@@ -195,7 +209,8 @@ impl CmId {
     /// Connects to the resolved peer (`rdma_connect`). RC: sends the IB CM REQ with the
     /// rdma_cm header; ESTABLISHED follows (the QP then in RTS), or CONNECT_RESPONSE when the
     /// id has no QP (then call [`CmId::establish`]), REJECTED or UNREACHABLE. UD: sends a
-    /// SIDR_REQ; ESTABLISHED carries the peer's QPN and Q_Key in [`CmEvent::ud`], or
+    /// SIDR_REQ; ESTABLISHED carries the peer's QPN and Q_Key in
+    /// [`CmEvent::ud`](super::CmEvent::ud), or
     /// UNREACHABLE (status: the SIDR status, or `-ETIMEDOUT`). On a synchronous id it
     /// returns once that event came, failing with `ECONNREFUSED` (REJECTED), `ETIMEDOUT`
     /// (UNREACHABLE) or the event's errno.
@@ -640,7 +655,6 @@ pub(super) fn cm_error(call: &str, e: softrdma_proto::cm::CmError) -> Error {
     errno_err(errno, format!("rdma_{call}: {e:?}"))
 }
 
-/// The errno librdmacm reports for an event a synchronous call did not want.
 /// `rdma_connect`'s and `rdma_accept`'s check of `responder_resources` and
 /// `initiator_depth` against the device (`RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH`, 0xff,
 /// mean "the device's most"): EINVAL beyond it.
@@ -666,6 +680,7 @@ fn check_rd_limits(param: &ConnParam, dev: &crate::DeviceAttr) -> Result<()> {
     Ok(())
 }
 
+/// The errno librdmacm reports for an event a synchronous call did not want.
 pub(crate) fn event_error(info: &EventInfo) -> Error {
     let errno = match info.event {
         CmEventType::Rejected => libc::ECONNREFUSED,
@@ -694,27 +709,4 @@ pub(super) fn route_source(dst: IpAddr) -> Result<IpAddr> {
     Ok(s.local_addr()
         .map_err(|e| Error::from_io(e, "route lookup"))?
         .ip())
-}
-
-pub(super) fn mtu_min(a: Mtu, b: Mtu) -> Mtu {
-    if a.bytes() <= b.bytes() {
-        a
-    } else {
-        b
-    }
-}
-
-pub(super) fn modify_to(qp: &Qp, am: Result<(QpAttr, QpAttrMask)>) -> Result<()> {
-    let (a, m) = am?;
-    qp.modify_qp(&a, m.bits())
-}
-
-pub(super) fn qp_to_err(qp: &Qp) {
-    let _ = qp.modify_qp(
-        &QpAttr {
-            qp_state: QpState::Err,
-            ..Default::default()
-        },
-        QpAttrMask::STATE.bits(),
-    );
 }

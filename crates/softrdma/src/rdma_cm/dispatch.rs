@@ -2,7 +2,19 @@
 //! rejections and disconnections, and this module hands each to the rdma_cm id it concerns
 //! (creating the new id of an incoming request), moving QPs as librdmacm does.
 
-use super::*;
+use super::event::{CmEventType, ConnParam, UdParam};
+use super::objects::{CmEvent, CmId, IdInner, IdState, Neg};
+use super::qp_state::{mtu_min, qp_to_err};
+use super::registry::{device_res, registry};
+use crate::error::Error;
+use crate::provider::Engine;
+use crate::{AhAttr, Mtu, QpType};
+use softrdma_proto::cm::{CmEvent as ProtoEvent, ConnId, RepInfo, ReqInfo};
+use softrdma_wire::cm::{RejectReason, SidrStatus};
+use softrdma_wire::cma::CmaHeaderRepr;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 
 fn param_from(
     private_data: &[u8],

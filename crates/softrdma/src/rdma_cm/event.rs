@@ -1,14 +1,9 @@
-//! Event channels and events: `rdma_create_event_channel`, `rdma_get_cm_event`,
-//! `rdma_ack_cm_event`, `rdma_event_str`.
+//! What events say: their types (`rdma_event_str`), the connection and datagram parameters
+//! they carry, and an event's contents as a synchronous id keeps them. The channels and the
+//! events themselves (`rdma_create_event_channel`, `rdma_get_cm_event`,
+//! `rdma_ack_cm_event`) are in `objects.rs`, with the ids they name.
 
-use super::{CmId, IdInner};
-use crate::error::{DestroyError, Error, Result};
-use crate::provider::fd::EventFd;
 use crate::AhAttr;
-use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
 /// `enum rdma_cm_event_type`, with librdmacm's numbering.
 ///
@@ -33,7 +28,7 @@ pub enum CmEventType {
     /// `RDMA_CM_EVENT_CONNECT_REQUEST`: a new id for an incoming connection.
     ConnectRequest = 4,
     /// `RDMA_CM_EVENT_CONNECT_RESPONSE`: the peer accepted; the id has no QP
-    /// (call [`CmId::establish`]).
+    /// (call [`CmId::establish`](super::CmId::establish)).
     ConnectResponse = 5,
     /// `RDMA_CM_EVENT_CONNECT_ERROR`.
     ConnectError = 6,
@@ -60,7 +55,7 @@ pub enum CmEventType {
     AddrinfoResolved = 16,
     /// `RDMA_CM_EVENT_ADDRINFO_ERROR`.
     AddrinfoError = 17,
-    /// `RDMA_CM_EVENT_USER`: written by [`CmId::write_cm_event`].
+    /// `RDMA_CM_EVENT_USER`: written by [`CmId::write_cm_event`](super::CmId::write_cm_event).
     User = 18,
 }
 
@@ -124,7 +119,8 @@ pub fn event_str(n: u32) -> &'static str {
     CmEventType::from_u32(n).map_or("UNKNOWN EVENT", CmEventType::as_str)
 }
 
-/// `struct rdma_conn_param`: what [`CmId::connect`] and [`CmId::accept`] offer.
+/// `struct rdma_conn_param`: what [`CmId::connect`](super::CmId::connect) and
+/// [`CmId::accept`](super::CmId::accept) offer.
 ///
 /// **`rnr_retry_count` is 0 in `ConnParam::default()`**, as in a zeroed C struct: the QP
 /// then gives up at the first RNR NAK, so a SEND that reaches the peer before the peer has
@@ -201,7 +197,8 @@ pub struct UdParam {
     pub qkey: u32,
 }
 
-/// The contents of an event, as a synchronous id keeps its last one ([`CmId::event`]).
+/// The contents of an event, as a synchronous id keeps its last one
+/// ([`CmId::event`](super::CmId::event)).
 ///
 /// ```
 /// use softrdma::rdma_cm::{CmEventType, CmId, PortSpace};
@@ -227,285 +224,4 @@ pub struct EventInfo {
     pub ud: Option<UdParam>,
     /// USER: the value given to `write_cm_event`; MULTICAST_JOIN/ERROR: the join context.
     pub arg: u64,
-}
-
-/// An event channel (`struct rdma_event_channel`): a real file descriptor that is readable
-/// while events wait; set `O_NONBLOCK` on it to make [`EventChannel::get_cm_event`] fail
-/// with `EAGAIN` instead of blocking.
-///
-/// ```
-/// use softrdma::rdma_cm::{CmEventType, CmId, EventChannel, PortSpace};
-/// use std::net::{IpAddr, SocketAddr};
-/// let ip: IpAddr = softrdma::testing::unique_loopback_addr().into();
-/// let ch = EventChannel::new()?;
-/// let id = CmId::create(Some(&ch), 42, PortSpace::Tcp)?;
-/// id.resolve_addr(Some(SocketAddr::new(ip, 0)), SocketAddr::new(ip, 7471), 2000)?;
-/// let ev = ch.get_cm_event()?; // blocks; poll ch.fd() to wait with other things
-/// assert_eq!(ev.event, CmEventType::AddrResolved);
-/// assert_eq!(ev.id.context(), 42);
-/// ev.ack();
-/// ch.set_nonblocking(true)?;
-/// assert_eq!(ch.get_cm_event().unwrap_err().errno(), libc::EAGAIN);
-/// id.destroy();
-/// # Ok::<(), softrdma::Error>(())
-/// ```
-#[derive(Clone)]
-pub struct EventChannel {
-    pub(super) inner: Arc<ChanInner>,
-}
-
-pub(super) struct ChanInner {
-    fd: EventFd,
-    queue: Mutex<VecDeque<CmEvent>>,
-    pub(super) ids: AtomicUsize,
-}
-
-impl EventChannel {
-    /// Creates an event channel (`rdma_create_event_channel`).
-    ///
-    /// Fails with the errno of `eventfd` (`EMFILE`, `ENOMEM`).
-    pub fn new() -> Result<EventChannel> {
-        Ok(EventChannel {
-            inner: Arc::new(ChanInner {
-                fd: EventFd::new()?,
-                queue: Mutex::new(VecDeque::new()),
-                ids: AtomicUsize::new(0),
-            }),
-        })
-    }
-
-    /// The channel's descriptor (`channel->fd`): poll it for `POLLIN`, or set `O_NONBLOCK`.
-    pub fn fd(&self) -> RawFd {
-        self.inner.fd.as_raw_fd()
-    }
-
-    /// Makes [`EventChannel::get_cm_event`] fail with `EAGAIN` instead of blocking
-    /// (`fcntl(channel->fd, F_SETFL, O_NONBLOCK)`), or blocking again.
-    ///
-    /// Fails with the errno of `fcntl`.
-    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
-        self.inner.fd.set_nonblocking(nonblocking)
-    }
-
-    /// Takes the next event (`rdma_get_cm_event`): blocks until one arrives, unless the
-    /// descriptor is non-blocking (then `EAGAIN`). Acknowledge it with [`CmEvent::ack`] (or
-    /// drop it): destroying or migrating its id waits for that.
-    ///
-    /// Fails with `EAGAIN` on a non-blocking descriptor with no event waiting.
-    pub fn get_cm_event(&self) -> Result<CmEvent> {
-        self.take_event(|| self.inner.fd.wait())
-    }
-
-    /// Takes the next event as [`EventChannel::get_cm_event`] does, waiting `timeout` at
-    /// most (whatever the descriptor's `O_NONBLOCK`; a zero timeout only looks).
-    ///
-    /// Fails with `ETIMEDOUT` when no event came in time; nothing is lost: an event that
-    /// arrives later is there for the next call.
-    ///
-    /// ```
-    /// use softrdma::rdma_cm::EventChannel;
-    /// use std::time::Duration;
-    /// let ch = EventChannel::new().unwrap();
-    /// let e = ch.get_cm_event_timeout(Duration::from_millis(1)).unwrap_err();
-    /// assert_eq!(e.errno(), libc::ETIMEDOUT);
-    /// ```
-    pub fn get_cm_event_timeout(&self, timeout: std::time::Duration) -> Result<CmEvent> {
-        let deadline = std::time::Instant::now() + timeout;
-        self.take_event(|| self.inner.fd.wait_deadline(deadline))
-    }
-
-    fn take_event(&self, wait: impl Fn() -> Result<()>) -> Result<CmEvent> {
-        loop {
-            wait()?;
-            let mut q = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(mut ev) = q.pop_front() {
-                // Counted as reported while the queue is locked, so that destroy (which
-                // purges the queue under the same lock) never misses it.
-                ev.id.inner.reported.fetch_add(1, Ordering::AcqRel);
-                if let Some(g) = &ev.group {
-                    g.reported.fetch_add(1, Ordering::AcqRel);
-                }
-                ev.delivered = true;
-                if ev.event == CmEventType::ConnectRequest {
-                    if let Some(l) = &ev.listen_id {
-                        l.inner.backlog_used.fetch_sub(1, Ordering::AcqRel);
-                    }
-                }
-                return Ok(ev);
-            }
-        }
-    }
-
-    /// Destroys the channel (`rdma_destroy_event_channel`).
-    ///
-    /// Fails with `EBUSY`, giving it back, while ids use it.
-    pub fn destroy(self) -> std::result::Result<(), DestroyError<EventChannel>> {
-        let n = self.inner.ids.load(Ordering::Acquire);
-        if n != 0 {
-            return Err(DestroyError {
-                object: self,
-                error: Error::busy(format!("{n} rdma_cm id(s) use the channel")),
-            });
-        }
-        Ok(())
-    }
-
-    pub(super) fn post(&self, ev: CmEvent) {
-        self.inner
-            .queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push_back(ev);
-        self.inner.fd.signal();
-    }
-
-    /// Takes out the queued (not yet delivered) events that `pred` selects.
-    pub(super) fn remove_queued(&self, pred: impl Fn(&CmEvent) -> bool) -> Vec<CmEvent> {
-        let mut q = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = Vec::new();
-        let mut keep = VecDeque::with_capacity(q.len());
-        for ev in q.drain(..) {
-            if pred(&ev) {
-                out.push(ev);
-            } else {
-                keep.push_back(ev);
-            }
-        }
-        *q = keep;
-        drop(q);
-        for _ in 0..out.len() {
-            self.inner.fd.try_wait();
-        }
-        out
-    }
-}
-
-impl std::fmt::Debug for EventChannel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EventChannel")
-            .field("fd", &self.fd())
-            .finish()
-    }
-}
-
-/// Counts of the events of one multicast group, so that leaving it waits for its events.
-#[derive(Default)]
-pub(super) struct GroupCount {
-    pub(super) reported: AtomicUsize,
-    pub(super) acked: AtomicUsize,
-}
-
-/// An event (`struct rdma_cm_event`). Acknowledge every event exactly once
-/// ([`CmEvent::ack`], or by dropping it): [`CmId::destroy`] waits for the events of its id.
-///
-/// ```
-/// use softrdma::rdma_cm::{CmEventType, CmId, EventChannel, PortSpace};
-/// let ch = EventChannel::new()?;
-/// let id = CmId::create(Some(&ch), 5, PortSpace::Tcp)?;
-/// // rdma_write_cm_event: a USER event, say to wake the thread that waits on the channel.
-/// id.write_cm_event(CmEventType::User, 0, 77)?;
-/// let ev = ch.get_cm_event()?;
-/// assert_eq!((ev.event, ev.arg, ev.id.context()), (CmEventType::User, 77, 5));
-/// assert!(ev.listen_id.is_none());
-/// let info = ev.info(); // the contents without the ids, to keep after the ack
-/// ev.ack();
-/// assert_eq!(info.arg, 77);
-/// id.destroy();
-/// # Ok::<(), softrdma::Error>(())
-/// ```
-pub struct CmEvent {
-    /// What happened.
-    pub event: CmEventType,
-    /// 0, a negative errno, (REJECTED) the IB CM reject reason, or (UNREACHABLE on a UD id)
-    /// the SIDR status.
-    pub status: i32,
-    /// The id the event is about: for CONNECT_REQUEST, a new id for the incoming connection.
-    pub id: CmId,
-    /// For CONNECT_REQUEST, the listening id.
-    pub listen_id: Option<CmId>,
-    /// Connection parameters (private data from the peer, the peer's resources and depth as
-    /// seen from this side).
-    pub param: ConnParam,
-    /// Datagram parameters: SIDR (CONNECT_REQUEST and ESTABLISHED on UD ids) and
-    /// MULTICAST_JOIN.
-    pub ud: Option<UdParam>,
-    /// USER: the value given to `write_cm_event`; MULTICAST_JOIN/ERROR: the join context.
-    pub arg: u64,
-    pub(super) group: Option<Arc<GroupCount>>,
-    pub(super) delivered: bool,
-    pub(super) acked: bool,
-}
-
-impl CmEvent {
-    pub(super) fn new(
-        event: CmEventType,
-        status: i32,
-        id: CmId,
-        listen_id: Option<CmId>,
-        param: ConnParam,
-    ) -> CmEvent {
-        CmEvent {
-            event,
-            status,
-            id,
-            listen_id,
-            param,
-            ud: None,
-            arg: 0,
-            group: None,
-            delivered: false,
-            acked: false,
-        }
-    }
-
-    /// Acknowledges the event (`rdma_ack_cm_event`).
-    pub fn ack(mut self) {
-        self.release();
-    }
-
-    /// The event's contents, without the ids.
-    pub fn info(&self) -> EventInfo {
-        EventInfo {
-            event: self.event,
-            status: self.status,
-            param: self.param.clone(),
-            ud: self.ud.clone(),
-            arg: self.arg,
-        }
-    }
-
-    fn release(&mut self) {
-        if self.acked {
-            return;
-        }
-        self.acked = true;
-        if !self.delivered {
-            return;
-        }
-        if let Some(g) = &self.group {
-            g.acked.fetch_add(1, Ordering::AcqRel);
-        }
-        let i: &IdInner = &self.id.inner;
-        let _g = i.lock();
-        i.acked.fetch_add(1, Ordering::AcqRel);
-        i.acked_cv.notify_all();
-    }
-}
-
-impl Drop for CmEvent {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
-impl std::fmt::Debug for CmEvent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CmEvent")
-            .field("event", &self.event)
-            .field("status", &self.status)
-            .field("param", &self.param)
-            .field("ud", &self.ud)
-            .field("arg", &self.arg)
-            .finish_non_exhaustive()
-    }
 }

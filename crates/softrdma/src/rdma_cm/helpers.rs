@@ -1,7 +1,8 @@
 //! The `rdma_verbs.h` helpers as methods of [`CmId`]: memory registration on the id's PD,
 //! posts of one buffer or a list, and blocking completion waits on the CQs `create_qp` made.
 
-use super::{CmId, IdData, RDMA_UDP_QKEY};
+use super::objects::{CmId, IdData};
+use super::RDMA_UDP_QKEY;
 use crate::error::{Error, Result};
 use crate::{
     AccessFlags, Ah, Buffer, Mr, MrSlice, RecvWr, RemoteMr, SendFlags, SendWr, Sge, WorkCompletion,

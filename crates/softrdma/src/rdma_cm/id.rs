@@ -1,111 +1,23 @@
-//! The id (`struct rdma_cm_id`): its state, its shared data, and its first calls: create,
-//! the accessors, events of a synchronous id, options, binding.
+//! The id's first calls (`struct rdma_cm_id`; its types are in `objects.rs`): create, the
+//! accessors, events of a synchronous id, options, binding; and what an id's drop undoes.
 
-use super::*;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum IdState {
-    Idle,
-    AddrBound,
-    AddrResolved,
-    RouteResolved,
-    Listen,
-    Connect,
-    Established,
-    Disconnected,
-    Gone,
-}
-
-/// The connection's negotiated transport parameters, from the REQ (passive) or REP (active).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Neg {
-    pub(super) remote_qpn: u32,
-    pub(super) remote_psn: u32,
-    pub(super) mtu: Mtu,
-    /// Our max_dest_rd_atomic (RDMA READs/atomics we accept).
-    pub(super) resp: u8,
-    /// Our max_rd_atomic (RDMA READs/atomics we issue).
-    pub(super) init: u8,
-    pub(super) timeout: u8,
-    pub(super) retry: u8,
-    pub(super) rnr: u8,
-}
-
-pub(super) struct McGroup {
-    pub(super) addr: IpAddr,
-    pub(super) gid: Gid,
-    pub(super) send_only: bool,
-    pub(super) attached: Option<Arc<Qp>>,
-    pub(super) count: Arc<GroupCount>,
-}
-
-pub(super) struct IdData {
-    pub(super) state: IdState,
-    pub(super) src: Option<SocketAddr>,
-    pub(super) dst: Option<SocketAddr>,
-    pub(super) ctx: Option<Arc<Context>>,
-    pub(super) engine: Option<Arc<Engine>>,
-    pub(super) path_mtu: Mtu,
-    pub(super) qp: Option<Arc<Qp>>,
-    pub(super) pd: Option<Arc<Pd>>,
-    pub(super) srq: Option<Arc<Srq>>,
-    pub(super) send_cq: Option<Arc<Cq>>,
-    pub(super) recv_cq: Option<Arc<Cq>>,
-    pub(super) send_cq_channel: Option<Arc<CompChannel>>,
-    pub(super) recv_cq_channel: Option<Arc<CompChannel>>,
-    pub(super) conn: Option<ConnId>,
-    pub(super) conn_param: ConnParam,
-    pub(super) starting_psn: u32,
-    /// For a passive id: the REQ it answers.
-    pub(super) req: Option<Box<ReqInfo>>,
-    pub(super) neg: Option<Neg>,
-    pub(super) listening: Option<u64>,
-    /// A listener's backlog: most CONNECT_REQUESTs waiting to be taken.
-    pub(super) backlog: usize,
-    pub(super) tos: u8,
-    pub(super) reuseaddr: bool,
-    pub(super) afonly: bool,
-    pub(super) ack_timeout: Option<u8>,
-    /// A local CONNECT_ERROR was reported: a later DISCONNECTED or REJECTED is swallowed.
-    pub(super) conn_error: bool,
-    pub(super) mcast: Vec<McGroup>,
-    /// rdma_create_ep on a passive id: what rdma_get_request creates the new ids' QPs with.
-    pub(super) ep_attr: Option<(Option<Arc<Pd>>, CmQpInitAttr)>,
-    /// rdma_create_ep: data to put before the private data of rdma_connect (`ai_connect`).
-    pub(super) connect_data: Vec<u8>,
-}
-
-pub(super) struct ChanRef {
-    pub(super) channel: EventChannel,
-    pub(super) sync: bool,
-}
-
-pub(super) struct IdInner {
-    pub(super) ps: PortSpace,
-    pub(super) qp_type: QpType,
-    pub(super) context: u64,
-    pub(super) chan: Mutex<ChanRef>,
-    /// The last event of a synchronous id.
-    pub(super) last_event: Mutex<Option<EventInfo>>,
-    pub(super) state: Mutex<IdData>,
-    pub(super) reported: AtomicUsize,
-    pub(super) acked: AtomicUsize,
-    pub(super) acked_cv: Condvar,
-    /// The result of `rdma_resolve_addrinfo`.
-    pub(super) addrinfo: Mutex<Option<Vec<AddrInfo>>>,
-    /// A listener's CONNECT_REQUEST events not yet taken by the application.
-    pub(super) backlog_used: AtomicUsize,
-}
-
-impl IdInner {
-    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, IdData> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(super) fn chan(&self) -> std::sync::MutexGuard<'_, ChanRef> {
-        self.chan.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
+use super::connect::event_error;
+use super::event::{CmEventType, ConnParam, EventInfo, UdParam};
+use super::objects::{ChanRef, CmEvent, CmId, EventChannel, IdData, IdInner, IdState};
+use super::qp_state::qp_to_err;
+use super::registry::{
+    all_ids, device_res, errno_err, orphans, ports, random_psn, registry_mutex, PortTable,
+};
+use super::{
+    max_backlog, CmOption, PortSpace, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, RDMA_OPTION_ID,
+    RDMA_OPTION_ID_ACK_TIMEOUT, RDMA_OPTION_ID_AFONLY, RDMA_OPTION_ID_REUSEADDR,
+    RDMA_OPTION_ID_TOS,
+};
+use crate::error::{Error, ErrorKind, Result};
+use crate::{CompChannel, Context, Cq, Mtu, Pd, Qp, QpType, Srq};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 
 /// An id dropped without [`CmId::destroy`] (a panicking thread, a forgotten handle) still
 /// leaves cleanly: its connection is destroyed in the CM (REJ or DREQ to the peer, so the
@@ -164,65 +76,6 @@ impl Drop for IdInner {
                 }
             }
         }
-    }
-}
-
-/// An `rdma_cm_id`: a communication endpoint of the connection manager. Handles are cheap to
-/// clone (events carry one); [`CmId::destroy`] releases the id.
-///
-/// Created on an [`EventChannel`], an id reports what happens as events there; created with
-/// none, it is synchronous: the calls that produce an event block for it and keep it as
-/// [`CmId::event`]. The [module documentation](super) connects two ids end to end.
-///
-/// ```
-/// use softrdma::rdma_cm::{CmEventType, CmId, PortSpace};
-/// use std::net::{IpAddr, SocketAddr};
-/// // Two loopback addresses no other process uses (each is a device).
-/// let (src, dst): (IpAddr, IpAddr) = (
-///     softrdma::testing::unique_loopback_addr().into(),
-///     softrdma::testing::unique_loopback_addr().into(),
-/// );
-/// let id = CmId::create(None, 0, PortSpace::Tcp)?;
-/// assert!(id.is_sync());
-/// // The source address picks the device (one per local IP address); without it, the
-/// // route to a loopback destination would start at 127.0.0.1.
-/// id.resolve_addr(Some(SocketAddr::new(src, 0)), SocketAddr::new(dst, 7471), 2000)?;
-/// assert_eq!(id.event().unwrap().event, CmEventType::AddrResolved);
-/// assert_eq!(id.local_addr().unwrap().ip(), src);
-/// assert_eq!(id.verbs().unwrap().device().addr(), src);
-/// id.destroy();
-/// # Ok::<(), softrdma::Error>(())
-/// ```
-#[derive(Clone)]
-pub struct CmId {
-    pub(super) inner: Arc<IdInner>,
-}
-
-impl std::fmt::Debug for CmId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let s = self.inner.lock();
-        f.debug_struct("CmId")
-            .field("ps", &self.inner.ps)
-            .field("state", &s.state)
-            .field("src", &s.src)
-            .field("dst", &s.dst)
-            .finish()
-    }
-}
-
-impl PartialEq for CmId {
-    fn eq(&self, other: &CmId) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
-    }
-}
-
-impl Eq for CmId {}
-
-/// Hashes the id's identity (consistent with `==`: two handles of one id hash alike), so
-/// that ids can key a map — e.g. the C layer's table from ids to its `rdma_cm_id`s.
-impl std::hash::Hash for CmId {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        std::ptr::hash(Arc::as_ptr(&self.inner), state);
     }
 }
 

@@ -99,33 +99,20 @@ mod event;
 mod helpers;
 mod id;
 mod multicast;
+mod objects;
 mod qp;
+mod qp_state;
 mod registry;
 mod timeout;
 
 pub use addrinfo::*;
+#[cfg(feature = "tokio")]
 pub(crate) use connect::event_error;
-use connect::*;
-use dispatch::dispatch;
-pub use id::CmId;
-use id::*;
-use registry::*;
+pub use event::{event_str, CmEventType, ConnParam, EventInfo, UdParam};
+pub use objects::{CmEvent, CmId, EventChannel};
 pub use registry::{device_context, get_devices, inject_device_removal};
 
-pub use event::{event_str, CmEvent, CmEventType, ConnParam, EventChannel, EventInfo, UdParam};
-
-use crate::error::{Error, ErrorKind, Result};
-use crate::provider::Engine;
-use crate::{
-    AccessFlags, AhAttr, CompChannel, Context, Cq, Device, Gid, Mtu, Pd, Qp, QpAttr, QpAttrMask,
-    QpCap, QpInitAttr, QpState, QpType, Srq, SrqInitAttr,
-};
-use event::GroupCount;
-use softrdma_proto::cm::{
-    AcceptParams, CmEvent as ProtoEvent, ConnId, ConnectRequest, RepInfo, ReqInfo,
-};
-use softrdma_wire::cm::{RejectReason, SidrStatus, TransportServiceType};
-use softrdma_wire::cma::{self, CmaHeader, CmaHeaderRepr};
+use crate::{Cq, QpCap, QpType, Srq};
 
 /// The port space of an id chooses its QP type and how it finds its peer: TCP and IB ids
 /// connect RC QPs with REQ/REP/RTU, UDP and IPoIB ids make UD QPs and use SIDR.
@@ -140,10 +127,8 @@ use softrdma_wire::cma::{self, CmaHeader, CmaHeaderRepr};
 /// # Ok::<(), softrdma::Error>(())
 /// ```
 pub use softrdma_wire::cma::PortSpace;
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::net::IpAddr;
+use std::sync::{Arc, OnceLock};
 
 /// `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH`: "use the device maximum".
 pub const RDMA_MAX_RESP_RES: u8 = 0xff;
@@ -313,7 +298,11 @@ pub struct CmQpInitAttr {
 
 #[cfg(test)]
 mod backlog_tests {
+    use super::objects::CmId;
+    use super::registry::{device_res, registry};
     use super::*;
+    use softrdma_proto::cm::ConnId;
+    use std::net::SocketAddr;
 
     /// An id with a connection dropped while the registry is locked (here by this thread,
     /// as around the drop of a looked-up candidate; in a flood, by the device's thread

@@ -2,7 +2,20 @@
 //! `rdma_join_multicast_ex` and `rdma_leave_multicast` on UDP/IPoIB ids. Over RoCE a group
 //! is the IP multicast group itself; the device joins it when a QP is attached.
 
-use super::*;
+use super::connect::event_error;
+use super::event::{CmEventType, ConnParam, UdParam};
+use super::objects::{CmEvent, CmId, GroupCount, McGroup};
+use super::registry::errno_err;
+use super::{
+    JoinMcAttrEx, MULTICAST_QPN, RDMA_CM_JOIN_MC_ATTR_ADDRESS, RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS,
+    RDMA_CM_JOIN_MC_ATTR_RESERVED, RDMA_MC_JOIN_FLAG_FULLMEMBER, RDMA_MC_JOIN_FLAG_RESERVED,
+    RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER, RDMA_UDP_QKEY,
+};
+use crate::error::{Error, ErrorKind, Result};
+use crate::{AhAttr, Gid, QpType};
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 impl CmId {
     /// Joins the multicast group `addr` as a full member (`rdma_join_multicast`);

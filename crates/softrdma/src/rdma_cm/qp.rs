@@ -1,7 +1,16 @@
 //! The QP, SRQ and CQs of an id: `rdma_create_qp`, `rdma_create_srq`, `rdma_init_qp_attr`,
 //! and the QP state changes the connection steps make.
 
-use super::*;
+use super::objects::{CmId, IdData};
+use super::qp_state::{modify_to, qp_to_err};
+use super::registry::device_res;
+use super::{CmQpInitAttr, PortSpace, RDMA_UDP_QKEY};
+use crate::error::{Error, Result};
+use crate::{
+    AccessFlags, AhAttr, CompChannel, Cq, Pd, Qp, QpAttr, QpAttrMask, QpCap, QpInitAttr, QpState,
+    QpType, Srq, SrqInitAttr,
+};
+use std::sync::Arc;
 
 impl CmId {
     /// Creates the id's QP (`rdma_create_qp`) with send and receive CQs of its own, each

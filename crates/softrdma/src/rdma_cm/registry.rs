@@ -2,7 +2,17 @@
 //! id, the wildcard listeners, the registry of listeners and connections by device, and the
 //! hook the provider calls ([`install_hook`]).
 
-use super::*;
+use super::dispatch::dispatch;
+use super::event::{CmEventType, ConnParam};
+use super::objects::{CmId, IdInner, IdState};
+use super::qp_state::qp_to_err;
+use super::RDMA_MAX_RESP_RES;
+use crate::error::{Error, ErrorKind, Result};
+use crate::provider::Engine;
+use crate::{Context, Device, Pd};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// Contexts and default PDs of the devices the connection manager uses, one per device
 /// (`rdma_get_devices`; `rdma_create_qp` with no PD uses the device's default PD).

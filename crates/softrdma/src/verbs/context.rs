@@ -2,8 +2,9 @@
 
 use crate::error::{Error, Result};
 use crate::gid::{Gid, GidType};
-use crate::verbs::device::{self, Device, DeviceAttr, DeviceShared, GidEntry, PortAttr, PORT_NUM};
-use crate::verbs::event::AsyncQueue;
+use crate::verbs::device::{self, Device, DeviceAttr, GidEntry, PortAttr, PORT_NUM};
+use crate::verbs::event::{AsyncEvent, AsyncQueue};
+use crate::verbs::resources::DeviceShared;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -149,6 +150,13 @@ impl Context {
     /// `EAGAIN` instead of blocking.
     pub fn async_fd(&self) -> RawFd {
         self.inner.async_events.fd().as_raw_fd()
+    }
+
+    /// Takes the next asynchronous event (`ibv_get_async_event`): blocks until one arrives,
+    /// unless `O_NONBLOCK` is set on [`Context::async_fd`], in which case it fails with
+    /// `EAGAIN` when none is waiting. When several threads wait, one of them gets each event.
+    pub fn get_async_event(&self) -> Result<AsyncEvent> {
+        self.inner.async_events.pop()
     }
 
     /// The device's packet counters (zero until the device has carried traffic).

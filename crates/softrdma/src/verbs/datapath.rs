@@ -12,6 +12,7 @@ use crate::verbs::event::{AsyncElement, EventTarget, EventType};
 use crate::verbs::mr::{AccessError as MrAccessError, AccessFlags, KeyKind};
 use crate::verbs::pd::PdInner;
 use crate::verbs::qp::{QpInner, QpState_};
+use crate::verbs::requests::RecvWqe;
 use crate::verbs::resources::Resources;
 use crate::verbs::srq::SrqInner;
 use softrdma_proto::transport::{
@@ -27,7 +28,7 @@ use std::time::Instant;
 pub(crate) struct QpEnv<'a> {
     pub(crate) res: &'a Resources,
     pub(crate) pd: &'a Arc<PdInner>,
-    pub(crate) rq: &'a mut VecDeque<crate::verbs::qp::RecvWqe>,
+    pub(crate) rq: &'a mut VecDeque<RecvWqe>,
     pub(crate) srq: Option<&'a SrqInner>,
     /// SRQ limit event to raise once the QP lock is released.
     pub(crate) srq_limit_hit: bool,
@@ -51,7 +52,7 @@ impl<'a> QpEnv<'a> {
     /// `mrs` (both under the QP's lock), its PD's memory and its SRQ.
     pub(crate) fn of(
         qp: &'a QpInner,
-        rq: &'a mut VecDeque<crate::verbs::qp::RecvWqe>,
+        rq: &'a mut VecDeque<RecvWqe>,
         mrs: &'a mut crate::verbs::mr::MrCache,
     ) -> QpEnv<'a> {
         QpEnv {

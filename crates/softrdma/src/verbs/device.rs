@@ -13,12 +13,10 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::gid::{Gid, GidType};
-use crate::provider::Engine;
 use softrdma_proto::Mtu;
-use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::Arc;
 
 /// The only port of every softrdma device (ports are numbered from 1, as in verbs).
 pub const PORT_NUM: u8 = 1;
@@ -555,48 +553,4 @@ pub struct GidEntry {
     pub gid_type: GidType,
     /// Interface index of the network device that carries the address.
     pub ndev_ifindex: u32,
-}
-
-/// The per-device state every context on the same address shares.
-pub(crate) struct DeviceShared {
-    pub(crate) device: Device,
-    pub(crate) attr: DeviceAttr,
-    pub(crate) resources: crate::verbs::resources::Resources,
-}
-
-impl DeviceShared {
-    /// The device engine (its UDP socket and progress thread), started on first use.
-    ///
-    /// Fails with `EADDRINUSE` when another process or a kernel RoCE device owns UDP port
-    /// 4791 on the device's address.
-    pub(crate) fn engine(&self) -> Result<Arc<Engine>> {
-        Engine::get_or_start(self.device.addr(), self.device.ifindex())
-    }
-
-    /// The engine if it has started.
-    pub(crate) fn engine_if_started(&self) -> Option<Arc<Engine>> {
-        Engine::if_started(self.device.addr())
-    }
-}
-
-static SHARED: OnceLock<Mutex<HashMap<IpAddr, Weak<DeviceShared>>>> = OnceLock::new();
-
-impl DeviceShared {
-    /// The live shared state of `dev`, created on first open.
-    pub(crate) fn get(dev: &Device) -> Arc<DeviceShared> {
-        let map = SHARED.get_or_init(|| Mutex::new(HashMap::new()));
-        let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = map.get(&dev.info.addr).and_then(Weak::upgrade) {
-            return s;
-        }
-        let attr = device_attr(dev);
-        let s = Arc::new(DeviceShared {
-            device: dev.clone(),
-            resources: crate::verbs::resources::Resources::new(&attr),
-            attr,
-        });
-        map.retain(|_, w| w.strong_count() > 0);
-        map.insert(dev.info.addr, Arc::downgrade(&s));
-        s
-    }
 }

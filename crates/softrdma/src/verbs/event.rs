@@ -1,8 +1,9 @@
-//! Asynchronous events (`ibv_get_async_event`, `ibv_ack_async_event`).
+//! Asynchronous events (`ibv_get_async_event`, `ibv_ack_async_event`): the events, what
+//! they are about, and the queue behind a context's `async_fd` (read through
+//! `Context::get_async_event`).
 
 use crate::error::Result;
 use crate::provider::fd::EventFd;
-use crate::verbs::context::Context;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -114,7 +115,7 @@ pub enum AsyncElement {
     Device,
 }
 
-/// An asynchronous event (`struct ibv_async_event`) from [`Context::get_async_event`].
+/// An asynchronous event (`struct ibv_async_event`) from [`crate::Context::get_async_event`].
 ///
 /// Every event must be acknowledged ([`AsyncEvent::ack`], `ibv_ack_async_event`) before the
 /// QP, CQ or SRQ it is about can be destroyed; dropping the event acknowledges it too. Events
@@ -123,7 +124,7 @@ pub struct AsyncEvent {
     event_type: EventType,
     element: AsyncElement,
     target: Option<Arc<dyn EventTarget>>,
-    /// Whether [`Context::get_async_event`] handed it out (only then does it count against
+    /// Whether [`crate::Context::get_async_event`] handed it out (only then does it count against
     /// its object until acknowledged).
     reported: bool,
 }
@@ -203,7 +204,9 @@ impl AsyncQueue {
         tracing::debug!(?event_type, ?element, "asynchronous event");
     }
 
-    fn pop(&self) -> Result<AsyncEvent> {
+    /// Takes the next event, blocking until one is queued (or failing with `EAGAIN` when
+    /// the descriptor is non-blocking), and counts it against its object from now on.
+    pub(crate) fn pop(&self) -> Result<AsyncEvent> {
         loop {
             self.fd.wait()?;
             let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -233,14 +236,5 @@ impl AsyncQueue {
         }
         // (The events, and their references to the object, go once the queue is unlocked.)
         drop(gone);
-    }
-}
-
-impl Context {
-    /// Takes the next asynchronous event (`ibv_get_async_event`): blocks until one arrives,
-    /// unless `O_NONBLOCK` is set on [`Context::async_fd`], in which case it fails with
-    /// `EAGAIN` when none is waiting. When several threads wait, one of them gets each event.
-    pub fn get_async_event(&self) -> Result<AsyncEvent> {
-        self.inner.async_events.pop()
     }
 }

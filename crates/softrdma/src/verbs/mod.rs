@@ -15,5 +15,7 @@ pub(crate) mod mr;
 pub(crate) mod mw;
 pub(crate) mod pd;
 pub(crate) mod qp;
+pub(crate) mod requests;
 pub(crate) mod resources;
 pub(crate) mod srq;
+pub(crate) mod wr;

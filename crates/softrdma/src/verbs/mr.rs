@@ -5,8 +5,8 @@ use crate::error::{DestroyError, Error, Result};
 use crate::verbs::hold::Hold;
 use crate::verbs::mem::{copy_from_memory, copy_to_memory, Buffer};
 use crate::verbs::pd::{Pd, PdInner};
-use crate::verbs::qp::Sge;
 use crate::verbs::resources::{CountGuard, Kind, Resources};
+use crate::verbs::wr::Sge;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -223,10 +223,10 @@ impl Pd {
 impl Pd {
     /// The lkey of a region of this PD that covers `addr..addr + len` (iova space), if any.
     pub(crate) fn lkey_covering(&self, addr: u64, len: u64) -> Option<u32> {
-        self.inner
-            .shared()
-            .resources
-            .lkey_covering(&self.inner, addr, len)
+        let end = addr.checked_add(len)?;
+        self.inner.shared().resources.lkey_where(|m: &MrInner| {
+            Arc::ptr_eq(m.pd.arc(), &self.inner) && m.iova <= addr && end <= m.iova + m.length
+        })
     }
 }
 
@@ -660,8 +660,8 @@ impl Resources {
             }
         }
         let mr = match kind {
-            KeyKind::Local => self.mr_by_lkey(key),
-            KeyKind::Remote => self.mr_by_rkey(key),
+            KeyKind::Local => self.mr_by_lkey::<MrInner>(key),
+            KeyKind::Remote => self.mr_by_rkey::<MrInner>(key),
         }
         .ok_or(AccessError::InvalidKey)?;
         *slot = Some((key, mr.clone()));

@@ -21,8 +21,8 @@ use crate::error::{DestroyError, Error, Result};
 use crate::verbs::hold::Hold;
 use crate::verbs::mr::{check_region, AccessError, AccessFlags, Mr, MrInner, MrLease};
 use crate::verbs::pd::{Pd, PdInner};
-use crate::verbs::qp::SendFlags;
 use crate::verbs::resources::{CountGuard, Kind, Resources};
+use crate::verbs::wr::SendFlags;
 use softrdma_proto::transport::{MwBind as TpBind, WcStatus};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -267,7 +267,10 @@ impl Resources {
     ) -> std::result::Result<(), WcStatus> {
         const ERR: std::result::Result<(), WcStatus> = Err(WcStatus::MwBindErr);
         let index = (b.mw & 0xffff_ffff) as u32;
-        let Some(mw) = self.mw_by_index(index).filter(|m| m.uid == b.mw >> 32) else {
+        let Some(mw) = self
+            .mw_by_index::<MwInner>(index)
+            .filter(|m| m.uid == b.mw >> 32)
+        else {
             return ERR;
         };
         if !Arc::ptr_eq(mw.pd.arc(), pd) {
@@ -285,7 +288,7 @@ impl Resources {
             return ERR;
         }
         let mr = if b.length > 0 {
-            let Some(mr) = self.mr_by_lkey(b.lkey) else {
+            let Some(mr) = self.mr_by_lkey::<MrInner>(b.lkey) else {
                 return ERR;
             };
             let end = b.addr.checked_add(b.length);
@@ -335,7 +338,7 @@ impl Resources {
         pd: &Arc<PdInner>,
         qp: Option<u64>,
     ) -> std::result::Result<(), ()> {
-        let mw = self.mw_by_index(rkey >> 8).ok_or(())?;
+        let mw = self.mw_by_index::<MwInner>(rkey >> 8).ok_or(())?;
         if mw.mw_type != MwType::Type2 || !Arc::ptr_eq(mw.pd.arc(), pd) {
             return Err(());
         }
@@ -363,7 +366,9 @@ impl Resources {
         needed: AccessFlags,
         atomic: bool,
     ) -> std::result::Result<MrLease, AccessError> {
-        let mw = self.mw_by_index(rkey >> 8).ok_or(AccessError::InvalidKey)?;
+        let mw = self
+            .mw_by_index::<MwInner>(rkey >> 8)
+            .ok_or(AccessError::InvalidKey)?;
         let (mr, mr_va) = {
             let st = mw.lock();
             let b = st.bound.as_ref().ok_or(AccessError::InvalidKey)?;

@@ -2,8 +2,8 @@
 
 use crate::error::{DestroyError, Error, Result};
 use crate::verbs::context::{Context, ContextInner};
-use crate::verbs::device::DeviceShared;
 use crate::verbs::hold::{users_of, Counted, Hold};
+use crate::verbs::resources::DeviceShared;
 use crate::verbs::resources::{CountGuard, Kind, Resources};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;

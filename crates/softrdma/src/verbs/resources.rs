@@ -1,17 +1,63 @@
-//! Per-device resource tables: memory keys, QP numbers and object counts, shared by every
-//! context opened on the same device.
+//! The per-device state every context opened on the same device shares ([`DeviceShared`]:
+//! the device, its attributes, its engine), with its resource tables: memory keys, QP
+//! numbers, multicast groups and object counts.
 //!
 //! Keys and QP numbers come from the operating system's CSPRNG (`getrandom`), so that a peer
 //! cannot guess another connection's rkey or QP number from its own.
 
 use crate::error::{Error, Result};
 use crate::gid::Gid;
-use crate::verbs::device::DeviceAttr;
-use crate::verbs::mr::MrInner;
-use crate::verbs::mw::MwInner;
+use crate::provider::Engine;
+use crate::verbs::device::{device_attr, Device, DeviceAttr};
+use std::any::Any;
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+
+/// The per-device state every context on the same address shares.
+pub(crate) struct DeviceShared {
+    pub(crate) device: Device,
+    pub(crate) attr: DeviceAttr,
+    pub(crate) resources: Resources,
+}
+
+impl DeviceShared {
+    /// The device engine (its UDP socket and progress thread), started on first use.
+    ///
+    /// Fails with `EADDRINUSE` when another process or a kernel RoCE device owns UDP port
+    /// 4791 on the device's address.
+    pub(crate) fn engine(&self) -> Result<Arc<Engine>> {
+        Engine::get_or_start(self.device.addr(), self.device.ifindex())
+    }
+
+    /// The engine if it has started.
+    pub(crate) fn engine_if_started(&self) -> Option<Arc<Engine>> {
+        Engine::if_started(self.device.addr())
+    }
+}
+
+static SHARED: OnceLock<Mutex<HashMap<IpAddr, Weak<DeviceShared>>>> = OnceLock::new();
+
+impl DeviceShared {
+    /// The live shared state of `dev`, created on first open.
+    pub(crate) fn get(dev: &Device) -> Arc<DeviceShared> {
+        let map = SHARED.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = map.get(&dev.info.addr).and_then(Weak::upgrade) {
+            return s;
+        }
+        let attr = device_attr(dev);
+        let s = Arc::new(DeviceShared {
+            device: dev.clone(),
+            resources: Resources::new(&attr),
+            attr,
+        });
+        map.retain(|_, w| w.strong_count() > 0);
+        map.insert(dev.info.addr, Arc::downgrade(&s));
+        s
+    }
+}
 
 /// A kind of object whose number per device is limited by [`DeviceAttr`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,11 +75,11 @@ pub(crate) struct Resources {
     limits: [u32; 7],
     counts: [AtomicU32; 7],
     /// Memory regions by lkey and by rkey.
-    lkeys: RwLock<HashMap<u32, Arc<MrInner>>>,
-    rkeys: RwLock<HashMap<u32, Arc<MrInner>>>,
+    lkeys: RwLock<HashMap<u32, Entry>>,
+    rkeys: RwLock<HashMap<u32, Entry>>,
     /// Memory windows by index (the upper 24 bits of their rkeys, which no region's rkey
     /// shares). Lock order: `lkeys`, `rkeys`, `mws`.
-    mws: RwLock<HashMap<u32, Arc<MwInner>>>,
+    mws: RwLock<HashMap<u32, Entry>>,
     /// QP numbers in use.
     qpns: Mutex<std::collections::HashSet<u32>>,
     /// Multicast groups and the QP numbers attached to each.
@@ -41,6 +87,17 @@ pub(crate) struct Resources {
 }
 
 use crate::gid::random_u32;
+
+/// A memory region or window as the key tables hold it: type-erased, because the tables sit
+/// below the objects they hold (a region holds its PD, which holds its context, which holds
+/// this state). Each lookup names the type it expects (`MrInner`, `MwInner`) and finds
+/// nothing of another type.
+type Entry = Arc<dyn Any + Send + Sync>;
+
+/// The entry as the type the caller expects, if it is one.
+fn typed<T: Any + Send + Sync>(e: &Entry) -> Option<Arc<T>> {
+    e.clone().downcast::<T>().ok()
+}
 
 /// The first QP number handed to ordinary QPs (0 and 1 are the special QPs; IBTA reserves
 /// the first few, and rxe starts at 16).
@@ -50,7 +107,7 @@ pub(crate) use crate::provider::MULTICAST_QPN;
 /// Holds one unit of a counted resource until dropped.
 #[derive(Debug)]
 pub(crate) struct CountGuard {
-    shared: Arc<crate::verbs::device::DeviceShared>,
+    shared: Arc<DeviceShared>,
     kind: Kind,
 }
 
@@ -60,7 +117,7 @@ impl Drop for CountGuard {
     }
 }
 
-impl std::fmt::Debug for crate::verbs::device::DeviceShared {
+impl std::fmt::Debug for DeviceShared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceShared")
             .field("device", &self.device)
@@ -90,10 +147,7 @@ impl Resources {
     }
 
     /// Takes one unit of `kind`, failing with `ENOMEM` when the device limit is reached.
-    pub(crate) fn acquire(
-        shared: &Arc<crate::verbs::device::DeviceShared>,
-        kind: Kind,
-    ) -> Result<CountGuard> {
+    pub(crate) fn acquire(shared: &Arc<DeviceShared>, kind: Kind) -> Result<CountGuard> {
         let r = &shared.resources;
         let limit = r.limits[kind as usize];
         let c = &r.counts[kind as usize];
@@ -143,7 +197,10 @@ impl Resources {
 
     /// Enters a memory region under fresh, unpredictable, distinct, non-zero keys, which the
     /// closure receives to build the region with.
-    pub(crate) fn insert_mr(&self, build: impl FnOnce(u32, u32) -> Arc<MrInner>) -> Arc<MrInner> {
+    pub(crate) fn insert_mr<M: Any + Send + Sync>(
+        &self,
+        build: impl FnOnce(u32, u32) -> Arc<M>,
+    ) -> Arc<M> {
         let mut lkeys = self.lkeys.write().unwrap_or_else(|p| p.into_inner());
         let mut rkeys = self.rkeys.write().unwrap_or_else(|p| p.into_inner());
         let mws = self.mws.read().unwrap_or_else(|p| p.into_inner());
@@ -179,46 +236,44 @@ impl Resources {
     }
 
     /// The region registered under `lkey`.
-    pub(crate) fn mr_by_lkey(&self, lkey: u32) -> Option<Arc<MrInner>> {
+    pub(crate) fn mr_by_lkey<M: Any + Send + Sync>(&self, lkey: u32) -> Option<Arc<M>> {
         self.lkeys
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&lkey)
-            .cloned()
+            .and_then(typed)
     }
 
-    /// The lkey of a region of `pd` whose iova range covers `addr..addr + len`, if any (a
-    /// walk over every region: for the rare post that names no region).
-    pub(crate) fn lkey_covering(
+    /// The lkey of the first region for which `pred` holds, if any (a walk over every
+    /// region: for the rare post that names no region).
+    pub(crate) fn lkey_where<M: Any + Send + Sync>(
         &self,
-        pd: &Arc<crate::verbs::pd::PdInner>,
-        addr: u64,
-        len: u64,
+        pred: impl Fn(&M) -> bool,
     ) -> Option<u32> {
-        let end = addr.checked_add(len)?;
         self.lkeys
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .find(|(_, m)| {
-                Arc::ptr_eq(m.pd.arc(), pd) && m.iova <= addr && end <= m.iova + m.length
-            })
+            .find(|(_, m)| m.downcast_ref::<M>().is_some_and(&pred))
             .map(|(k, _)| *k)
     }
 
     /// The region registered under `rkey`.
-    pub(crate) fn mr_by_rkey(&self, rkey: u32) -> Option<Arc<MrInner>> {
+    pub(crate) fn mr_by_rkey<M: Any + Send + Sync>(&self, rkey: u32) -> Option<Arc<M>> {
         self.rkeys
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&rkey)
-            .cloned()
+            .and_then(typed)
     }
 
     /// Enters a memory window under a fresh, unpredictable index (the upper 24 bits of its
     /// rkeys) that no other window and no region's rkey uses; the closure builds the window
     /// from the index.
-    pub(crate) fn insert_mw(&self, build: impl FnOnce(u32) -> Arc<MwInner>) -> Arc<MwInner> {
+    pub(crate) fn insert_mw<W: Any + Send + Sync>(
+        &self,
+        build: impl FnOnce(u32) -> Arc<W>,
+    ) -> Arc<W> {
         let rkeys = self.rkeys.read().unwrap_or_else(|p| p.into_inner());
         let mut mws = self.mws.write().unwrap_or_else(|p| p.into_inner());
         let index = loop {
@@ -244,12 +299,12 @@ impl Resources {
     }
 
     /// The memory window whose rkeys have `index` in their upper 24 bits.
-    pub(crate) fn mw_by_index(&self, index: u32) -> Option<Arc<MwInner>> {
+    pub(crate) fn mw_by_index<W: Any + Send + Sync>(&self, index: u32) -> Option<Arc<W>> {
         self.mws
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&index)
-            .cloned()
+            .and_then(typed)
     }
 
     /// Adds `qpn` to the group `gid`, within the device's multicast limits (`ENOMEM`).

@@ -1,0 +1,463 @@
+//! The connection manager's objects, which hold each other: the id ([`CmId`], its shared
+//! [`IdInner`] and its state [`IdData`]), the event channel it reports to
+//! ([`EventChannel`]), and the events that name it ([`CmEvent`]). What they do is in the
+//! files above: `id.rs` (create, options, bind; an id's drop), `connect.rs`, `qp.rs`,
+//! `multicast.rs`, `dispatch.rs`.
+
+use super::addrinfo::AddrInfo;
+use super::event::{CmEventType, ConnParam, EventInfo, UdParam};
+use super::{CmQpInitAttr, PortSpace};
+use crate::error::{DestroyError, Error, Result};
+use crate::provider::fd::EventFd;
+use crate::provider::Engine;
+use crate::{CompChannel, Context, Cq, Gid, Mtu, Pd, Qp, QpType, Srq};
+use softrdma_proto::cm::{ConnId, ReqInfo};
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum IdState {
+    Idle,
+    AddrBound,
+    AddrResolved,
+    RouteResolved,
+    Listen,
+    Connect,
+    Established,
+    Disconnected,
+    Gone,
+}
+
+/// The connection's negotiated transport parameters, from the REQ (passive) or REP (active).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Neg {
+    pub(super) remote_qpn: u32,
+    pub(super) remote_psn: u32,
+    pub(super) mtu: Mtu,
+    /// Our max_dest_rd_atomic (RDMA READs/atomics we accept).
+    pub(super) resp: u8,
+    /// Our max_rd_atomic (RDMA READs/atomics we issue).
+    pub(super) init: u8,
+    pub(super) timeout: u8,
+    pub(super) retry: u8,
+    pub(super) rnr: u8,
+}
+
+pub(super) struct McGroup {
+    pub(super) addr: IpAddr,
+    pub(super) gid: Gid,
+    pub(super) send_only: bool,
+    pub(super) attached: Option<Arc<Qp>>,
+    pub(super) count: Arc<GroupCount>,
+}
+
+pub(super) struct IdData {
+    pub(super) state: IdState,
+    pub(super) src: Option<SocketAddr>,
+    pub(super) dst: Option<SocketAddr>,
+    pub(super) ctx: Option<Arc<Context>>,
+    pub(super) engine: Option<Arc<Engine>>,
+    pub(super) path_mtu: Mtu,
+    pub(super) qp: Option<Arc<Qp>>,
+    pub(super) pd: Option<Arc<Pd>>,
+    pub(super) srq: Option<Arc<Srq>>,
+    pub(super) send_cq: Option<Arc<Cq>>,
+    pub(super) recv_cq: Option<Arc<Cq>>,
+    pub(super) send_cq_channel: Option<Arc<CompChannel>>,
+    pub(super) recv_cq_channel: Option<Arc<CompChannel>>,
+    pub(super) conn: Option<ConnId>,
+    pub(super) conn_param: ConnParam,
+    pub(super) starting_psn: u32,
+    /// For a passive id: the REQ it answers.
+    pub(super) req: Option<Box<ReqInfo>>,
+    pub(super) neg: Option<Neg>,
+    pub(super) listening: Option<u64>,
+    /// A listener's backlog: most CONNECT_REQUESTs waiting to be taken.
+    pub(super) backlog: usize,
+    pub(super) tos: u8,
+    pub(super) reuseaddr: bool,
+    pub(super) afonly: bool,
+    pub(super) ack_timeout: Option<u8>,
+    /// A local CONNECT_ERROR was reported: a later DISCONNECTED or REJECTED is swallowed.
+    pub(super) conn_error: bool,
+    pub(super) mcast: Vec<McGroup>,
+    /// rdma_create_ep on a passive id: what rdma_get_request creates the new ids' QPs with.
+    pub(super) ep_attr: Option<(Option<Arc<Pd>>, CmQpInitAttr)>,
+    /// rdma_create_ep: data to put before the private data of rdma_connect (`ai_connect`).
+    pub(super) connect_data: Vec<u8>,
+}
+
+pub(super) struct ChanRef {
+    pub(super) channel: EventChannel,
+    pub(super) sync: bool,
+}
+
+pub(super) struct IdInner {
+    pub(super) ps: PortSpace,
+    pub(super) qp_type: QpType,
+    pub(super) context: u64,
+    pub(super) chan: Mutex<ChanRef>,
+    /// The last event of a synchronous id.
+    pub(super) last_event: Mutex<Option<EventInfo>>,
+    pub(super) state: Mutex<IdData>,
+    pub(super) reported: AtomicUsize,
+    pub(super) acked: AtomicUsize,
+    pub(super) acked_cv: Condvar,
+    /// The result of `rdma_resolve_addrinfo`.
+    pub(super) addrinfo: Mutex<Option<Vec<AddrInfo>>>,
+    /// A listener's CONNECT_REQUEST events not yet taken by the application.
+    pub(super) backlog_used: AtomicUsize,
+}
+
+impl IdInner {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, IdData> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn chan(&self) -> std::sync::MutexGuard<'_, ChanRef> {
+        self.chan.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// An `rdma_cm_id`: a communication endpoint of the connection manager. Handles are cheap to
+/// clone (events carry one); [`CmId::destroy`] releases the id.
+///
+/// Created on an [`EventChannel`], an id reports what happens as events there; created with
+/// none, it is synchronous: the calls that produce an event block for it and keep it as
+/// [`CmId::event`]. The [module documentation](super) connects two ids end to end.
+///
+/// ```
+/// use softrdma::rdma_cm::{CmEventType, CmId, PortSpace};
+/// use std::net::{IpAddr, SocketAddr};
+/// // Two loopback addresses no other process uses (each is a device).
+/// let (src, dst): (IpAddr, IpAddr) = (
+///     softrdma::testing::unique_loopback_addr().into(),
+///     softrdma::testing::unique_loopback_addr().into(),
+/// );
+/// let id = CmId::create(None, 0, PortSpace::Tcp)?;
+/// assert!(id.is_sync());
+/// // The source address picks the device (one per local IP address); without it, the
+/// // route to a loopback destination would start at 127.0.0.1.
+/// id.resolve_addr(Some(SocketAddr::new(src, 0)), SocketAddr::new(dst, 7471), 2000)?;
+/// assert_eq!(id.event().unwrap().event, CmEventType::AddrResolved);
+/// assert_eq!(id.local_addr().unwrap().ip(), src);
+/// assert_eq!(id.verbs().unwrap().device().addr(), src);
+/// id.destroy();
+/// # Ok::<(), softrdma::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct CmId {
+    pub(super) inner: Arc<IdInner>,
+}
+
+impl std::fmt::Debug for CmId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.inner.lock();
+        f.debug_struct("CmId")
+            .field("ps", &self.inner.ps)
+            .field("state", &s.state)
+            .field("src", &s.src)
+            .field("dst", &s.dst)
+            .finish()
+    }
+}
+
+impl PartialEq for CmId {
+    fn eq(&self, other: &CmId) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for CmId {}
+
+/// Hashes the id's identity (consistent with `==`: two handles of one id hash alike), so
+/// that ids can key a map — e.g. the C layer's table from ids to its `rdma_cm_id`s.
+impl std::hash::Hash for CmId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.inner), state);
+    }
+}
+
+/// An event channel (`struct rdma_event_channel`): a real file descriptor that is readable
+/// while events wait; set `O_NONBLOCK` on it to make [`EventChannel::get_cm_event`] fail
+/// with `EAGAIN` instead of blocking.
+///
+/// ```
+/// use softrdma::rdma_cm::{CmEventType, CmId, EventChannel, PortSpace};
+/// use std::net::{IpAddr, SocketAddr};
+/// let ip: IpAddr = softrdma::testing::unique_loopback_addr().into();
+/// let ch = EventChannel::new()?;
+/// let id = CmId::create(Some(&ch), 42, PortSpace::Tcp)?;
+/// id.resolve_addr(Some(SocketAddr::new(ip, 0)), SocketAddr::new(ip, 7471), 2000)?;
+/// let ev = ch.get_cm_event()?; // blocks; poll ch.fd() to wait with other things
+/// assert_eq!(ev.event, CmEventType::AddrResolved);
+/// assert_eq!(ev.id.context(), 42);
+/// ev.ack();
+/// ch.set_nonblocking(true)?;
+/// assert_eq!(ch.get_cm_event().unwrap_err().errno(), libc::EAGAIN);
+/// id.destroy();
+/// # Ok::<(), softrdma::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct EventChannel {
+    pub(super) inner: Arc<ChanInner>,
+}
+
+pub(super) struct ChanInner {
+    fd: EventFd,
+    queue: Mutex<VecDeque<CmEvent>>,
+    pub(super) ids: AtomicUsize,
+}
+
+impl EventChannel {
+    /// Creates an event channel (`rdma_create_event_channel`).
+    ///
+    /// Fails with the errno of `eventfd` (`EMFILE`, `ENOMEM`).
+    pub fn new() -> Result<EventChannel> {
+        Ok(EventChannel {
+            inner: Arc::new(ChanInner {
+                fd: EventFd::new()?,
+                queue: Mutex::new(VecDeque::new()),
+                ids: AtomicUsize::new(0),
+            }),
+        })
+    }
+
+    /// The channel's descriptor (`channel->fd`): poll it for `POLLIN`, or set `O_NONBLOCK`.
+    pub fn fd(&self) -> RawFd {
+        self.inner.fd.as_raw_fd()
+    }
+
+    /// Makes [`EventChannel::get_cm_event`] fail with `EAGAIN` instead of blocking
+    /// (`fcntl(channel->fd, F_SETFL, O_NONBLOCK)`), or blocking again.
+    ///
+    /// Fails with the errno of `fcntl`.
+    pub fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
+        self.inner.fd.set_nonblocking(nonblocking)
+    }
+
+    /// Takes the next event (`rdma_get_cm_event`): blocks until one arrives, unless the
+    /// descriptor is non-blocking (then `EAGAIN`). Acknowledge it with [`CmEvent::ack`] (or
+    /// drop it): destroying or migrating its id waits for that.
+    ///
+    /// Fails with `EAGAIN` on a non-blocking descriptor with no event waiting.
+    pub fn get_cm_event(&self) -> Result<CmEvent> {
+        self.take_event(|| self.inner.fd.wait())
+    }
+
+    /// Takes the next event as [`EventChannel::get_cm_event`] does, waiting `timeout` at
+    /// most (whatever the descriptor's `O_NONBLOCK`; a zero timeout only looks).
+    ///
+    /// Fails with `ETIMEDOUT` when no event came in time; nothing is lost: an event that
+    /// arrives later is there for the next call.
+    ///
+    /// ```
+    /// use softrdma::rdma_cm::EventChannel;
+    /// use std::time::Duration;
+    /// let ch = EventChannel::new().unwrap();
+    /// let e = ch.get_cm_event_timeout(Duration::from_millis(1)).unwrap_err();
+    /// assert_eq!(e.errno(), libc::ETIMEDOUT);
+    /// ```
+    pub fn get_cm_event_timeout(&self, timeout: std::time::Duration) -> Result<CmEvent> {
+        let deadline = std::time::Instant::now() + timeout;
+        self.take_event(|| self.inner.fd.wait_deadline(deadline))
+    }
+
+    fn take_event(&self, wait: impl Fn() -> Result<()>) -> Result<CmEvent> {
+        loop {
+            wait()?;
+            let mut q = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(mut ev) = q.pop_front() {
+                // Counted as reported while the queue is locked, so that destroy (which
+                // purges the queue under the same lock) never misses it.
+                ev.id.inner.reported.fetch_add(1, Ordering::AcqRel);
+                if let Some(g) = &ev.group {
+                    g.reported.fetch_add(1, Ordering::AcqRel);
+                }
+                ev.delivered = true;
+                if ev.event == CmEventType::ConnectRequest {
+                    if let Some(l) = &ev.listen_id {
+                        l.inner.backlog_used.fetch_sub(1, Ordering::AcqRel);
+                    }
+                }
+                return Ok(ev);
+            }
+        }
+    }
+
+    /// Destroys the channel (`rdma_destroy_event_channel`).
+    ///
+    /// Fails with `EBUSY`, giving it back, while ids use it.
+    pub fn destroy(self) -> std::result::Result<(), DestroyError<EventChannel>> {
+        let n = self.inner.ids.load(Ordering::Acquire);
+        if n != 0 {
+            return Err(DestroyError {
+                object: self,
+                error: Error::busy(format!("{n} rdma_cm id(s) use the channel")),
+            });
+        }
+        Ok(())
+    }
+
+    pub(super) fn post(&self, ev: CmEvent) {
+        self.inner
+            .queue
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push_back(ev);
+        self.inner.fd.signal();
+    }
+
+    /// Takes out the queued (not yet delivered) events that `pred` selects.
+    pub(super) fn remove_queued(&self, pred: impl Fn(&CmEvent) -> bool) -> Vec<CmEvent> {
+        let mut q = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        let mut keep = VecDeque::with_capacity(q.len());
+        for ev in q.drain(..) {
+            if pred(&ev) {
+                out.push(ev);
+            } else {
+                keep.push_back(ev);
+            }
+        }
+        *q = keep;
+        drop(q);
+        for _ in 0..out.len() {
+            self.inner.fd.try_wait();
+        }
+        out
+    }
+}
+
+impl std::fmt::Debug for EventChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventChannel")
+            .field("fd", &self.fd())
+            .finish()
+    }
+}
+
+/// Counts of the events of one multicast group, so that leaving it waits for its events.
+#[derive(Default)]
+pub(super) struct GroupCount {
+    pub(super) reported: AtomicUsize,
+    pub(super) acked: AtomicUsize,
+}
+
+/// An event (`struct rdma_cm_event`). Acknowledge every event exactly once
+/// ([`CmEvent::ack`], or by dropping it): [`CmId::destroy`] waits for the events of its id.
+///
+/// ```
+/// use softrdma::rdma_cm::{CmEventType, CmId, EventChannel, PortSpace};
+/// let ch = EventChannel::new()?;
+/// let id = CmId::create(Some(&ch), 5, PortSpace::Tcp)?;
+/// // rdma_write_cm_event: a USER event, say to wake the thread that waits on the channel.
+/// id.write_cm_event(CmEventType::User, 0, 77)?;
+/// let ev = ch.get_cm_event()?;
+/// assert_eq!((ev.event, ev.arg, ev.id.context()), (CmEventType::User, 77, 5));
+/// assert!(ev.listen_id.is_none());
+/// let info = ev.info(); // the contents without the ids, to keep after the ack
+/// ev.ack();
+/// assert_eq!(info.arg, 77);
+/// id.destroy();
+/// # Ok::<(), softrdma::Error>(())
+/// ```
+pub struct CmEvent {
+    /// What happened.
+    pub event: CmEventType,
+    /// 0, a negative errno, (REJECTED) the IB CM reject reason, or (UNREACHABLE on a UD id)
+    /// the SIDR status.
+    pub status: i32,
+    /// The id the event is about: for CONNECT_REQUEST, a new id for the incoming connection.
+    pub id: CmId,
+    /// For CONNECT_REQUEST, the listening id.
+    pub listen_id: Option<CmId>,
+    /// Connection parameters (private data from the peer, the peer's resources and depth as
+    /// seen from this side).
+    pub param: ConnParam,
+    /// Datagram parameters: SIDR (CONNECT_REQUEST and ESTABLISHED on UD ids) and
+    /// MULTICAST_JOIN.
+    pub ud: Option<UdParam>,
+    /// USER: the value given to `write_cm_event`; MULTICAST_JOIN/ERROR: the join context.
+    pub arg: u64,
+    pub(super) group: Option<Arc<GroupCount>>,
+    pub(super) delivered: bool,
+    pub(super) acked: bool,
+}
+
+impl CmEvent {
+    pub(super) fn new(
+        event: CmEventType,
+        status: i32,
+        id: CmId,
+        listen_id: Option<CmId>,
+        param: ConnParam,
+    ) -> CmEvent {
+        CmEvent {
+            event,
+            status,
+            id,
+            listen_id,
+            param,
+            ud: None,
+            arg: 0,
+            group: None,
+            delivered: false,
+            acked: false,
+        }
+    }
+
+    /// Acknowledges the event (`rdma_ack_cm_event`).
+    pub fn ack(mut self) {
+        self.release();
+    }
+
+    /// The event's contents, without the ids.
+    pub fn info(&self) -> EventInfo {
+        EventInfo {
+            event: self.event,
+            status: self.status,
+            param: self.param.clone(),
+            ud: self.ud.clone(),
+            arg: self.arg,
+        }
+    }
+
+    fn release(&mut self) {
+        if self.acked {
+            return;
+        }
+        self.acked = true;
+        if !self.delivered {
+            return;
+        }
+        if let Some(g) = &self.group {
+            g.acked.fetch_add(1, Ordering::AcqRel);
+        }
+        let i: &IdInner = &self.id.inner;
+        let _g = i.lock();
+        i.acked.fetch_add(1, Ordering::AcqRel);
+        i.acked_cv.notify_all();
+    }
+}
+
+impl Drop for CmEvent {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl std::fmt::Debug for CmEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmEvent")
+            .field("event", &self.event)
+            .field("status", &self.status)
+            .field("param", &self.param)
+            .field("ud", &self.ud)
+            .field("arg", &self.arg)
+            .finish_non_exhaustive()
+    }
+}
