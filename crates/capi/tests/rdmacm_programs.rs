@@ -3,12 +3,9 @@
 //! the test's own, a client bound to another (where the program can bind), and a C program
 //! checking the errors of bad calls.
 //!
-//! Not run: rdma_xserver/rdma_xclient. The server listens on the wildcard address (it has no
-//! address option), which opens softrdma's listed devices (127.0.0.1 and the host's
-//! addresses), and the client cannot bind (its device is the route's source, 127.0.0.1):
-//! on one host the two would need the same device, i.e. UDP port 4791 of one address, in
-//! two processes. (rdma_client has no bind option either: its device is 127.0.0.1, so the
-//! tests that use that address take a lock.)
+//! rdma_xserver listens on the wildcard address (it has no address option) and rdma_xclient
+//! cannot bind (its device is the route's source, 127.0.0.1): the two share the 127.0.0.1
+//! device, as two programs share a NIC, with whatever else on the machine uses it.
 //!
 //! A client starts once its server's device is up (UDP port 4791 of the server's address
 //! appears in /proc/net/udp; the server listens right after binding); a client that still
@@ -179,13 +176,6 @@ fn ok(st: Option<ExitStatus>) -> bool {
     st.is_some_and(|s| s.success())
 }
 
-/// Programs that cannot bind their client (rdma_client) use the route's source address,
-/// 127.0.0.1, as their device: one such test at a time in this process.
-fn loopback_lock() -> std::sync::MutexGuard<'static, ()> {
-    static L: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    L.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// Whether some process has UDP port 4791 of `addr` (its softrdma device).
 fn device_taken(addr: &str) -> bool {
     let ip: std::net::Ipv4Addr = addr.parse().expect("an IPv4 address");
@@ -194,25 +184,6 @@ fn device_taken(addr: &str) -> bool {
         .unwrap_or_default()
         .lines()
         .any(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
-}
-
-/// Waits (at most [`LIMIT`]) until no other process holds 127.0.0.1's device, which a
-/// client that cannot bind needs; false if one still does (another program on this
-/// machine, e.g. one that opened every device, is not this test's failure).
-fn loopback_device_free() -> bool {
-    let t0 = std::time::Instant::now();
-    while device_taken("127.0.0.1") {
-        if t0.elapsed() > LIMIT {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "127.0.0.1:4791 is held by another process"
-            );
-            eprintln!("skipped: another process holds 127.0.0.1:4791 (rdma_client's device)");
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    true
 }
 
 fn rping(extra: &[&str], count: usize) {
@@ -294,10 +265,6 @@ fn rdma_server_and_client() {
     if !have("rdma_server") {
         return;
     }
-    let _g = loopback_lock();
-    if !loopback_device_free() {
-        return;
-    }
     let a = unique_addr().to_string();
     let port = free_tcp_port().to_string();
     let mut server = Server::start_on(&a, "rdma_server", &["-s", &a, "-p", &port]);
@@ -307,6 +274,29 @@ fn rdma_server_and_client() {
     assert!(ok(sst), "rdma_server failed: {sout}\n{serr}");
     assert!(out.contains("rdma_client: end 0"), "{out}");
     assert!(sout.contains("rdma_server: end 0"), "{sout}");
+}
+
+/// rdma_xserver / rdma_xclient (RC): the server listens on the wildcard address, and the
+/// client, which cannot bind, connects from the route's source, 127.0.0.1. Both processes
+/// then share the 127.0.0.1 device (and any other process on the machine may too).
+#[test]
+fn rdma_xserver_and_xclient() {
+    if !have("rdma_xserver") {
+        return;
+    }
+    let port = free_tcp_port().to_string();
+    let mut server = Server::start_on("127.0.0.1", "rdma_xserver", &["-p", &port]);
+    let (st, out, err) = client(
+        &mut server,
+        "rdma_xclient",
+        &["-s", "127.0.0.1", "-p", &port],
+        50,
+    );
+    let (sst, sout, serr) = server.finish();
+    assert!(ok(st), "rdma_xclient failed: {out}\n{err}");
+    assert!(ok(sst), "rdma_xserver failed: {sout}\n{serr}");
+    assert!(out.contains("rdma_xclient: end 0"), "{out}");
+    assert!(sout.contains("rdma_xserver: end 0"), "{sout}");
 }
 
 fn udaddy(extra: &[&str]) {
@@ -467,8 +457,6 @@ fn rdmacm_bad_input() {
         return;
     }
     let exe = compile_c("rdmacm_errors", &["rdmacm_errors.c"]);
-    // rdma_get_devices opens every device, 127.0.0.1's too.
-    let _g = loopback_lock();
     let a = unique_addr().to_string();
     let (st, out, err) = run_bounded(
         {

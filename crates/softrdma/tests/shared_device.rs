@@ -260,9 +260,9 @@ fn two_processes_on_one_device_connect_and_transfer() {
     let server = Server::start(&ip, port);
     // A second listener on the same service of the device, in another process: busy, as
     // the kernel's rdma_cm says for a port bound by another process.
-    let e = passive(&ip, port)
-        .err()
-        .expect("a second listener must fail");
+    let Err(e) = passive(&ip, port) else {
+        panic!("a second listener must fail");
+    };
     assert_eq!(e.errno(), libc::EADDRINUSE, "{e}");
     let c = Client::connect(&ip, port);
     for (k, len) in [1usize << 4, 4096, 4097, MAX].into_iter().enumerate() {

@@ -216,8 +216,9 @@ impl Engine {
     /// The engine of the device at `addr` (interface `ifindex`), started on first use; a
     /// new engine is announced to the connection-manager layer (see [`gsi::CmHook`]).
     ///
-    /// Fails with `EADDRINUSE` when another process or a kernel RoCE device owns UDP port
-    /// 4791 on the address.
+    /// Fails with `EADDRINUSE` when a socket that does not share it (another user's process,
+    /// another program, a kernel RoCE device) holds UDP port 4791 on the address; other
+    /// softrdma processes of the same user share the device (see [`share`]).
     pub(crate) fn get_or_start(addr: IpAddr, ifindex: u32) -> Result<Arc<Engine>> {
         let map = ENGINES.get_or_init(|| Mutex::new(HashMap::new()));
         let mut map = map.lock().unwrap_or_else(|p| p.into_inner());

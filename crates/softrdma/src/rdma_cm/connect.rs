@@ -114,7 +114,8 @@ impl CmId {
     ///
     /// Fails with `EINVAL` in the wrong state (an unbound id is bound to the wildcard address
     /// and an ephemeral port first, as the kernel does) and `EADDRINUSE` when another id
-    /// listens on the same address and port.
+    /// listens on the same address and port, in this process or in another one that shares
+    /// the device (a wildcard listener skips a device where another process listens).
     pub fn listen(&self, backlog: i32) -> Result<()> {
         if self.inner.lock().state == IdState::Idle {
             self.bind_addr(SocketAddr::from(([0, 0, 0, 0], 0)))?;

@@ -188,8 +188,8 @@ impl Context {
     /// `SOFTRDMA_CM_MAX_CONNECTIONS` and `SOFTRDMA_CM_MAX_PENDING_REQS`; read them back with
     /// [`Context::cm_stats`].
     ///
-    /// Fails like the start of the device engine (`EADDRINUSE` when another process owns
-    /// UDP port 4791 on the device's address).
+    /// Fails like the start of the device engine (`EADDRINUSE` when a socket that does not
+    /// share it holds UDP port 4791 on the device's address).
     pub fn set_cm_limits(&self, max_connections: usize, max_pending_reqs: usize) -> Result<()> {
         let e = self.inner.shared.engine()?;
         e.with_cm(|g, _| g.cm.set_limits(max_connections, max_pending_reqs));
@@ -199,8 +199,8 @@ impl Context {
     /// Makes the device inject faults into every packet it sends from now on (`None`
     /// stops it), for tests of loss and corruption; see [`crate::FaultConfig`].
     ///
-    /// Fails like the start of the device engine (`EADDRINUSE` when another process owns
-    /// UDP port 4791 on the device's address).
+    /// Fails like the start of the device engine (`EADDRINUSE` when a socket that does not
+    /// share it holds UDP port 4791 on the device's address).
     pub fn set_fault_injection(&self, cfg: Option<crate::FaultConfig>) -> Result<()> {
         self.inner.shared.engine()?.set_faults(cfg);
         Ok(())

@@ -25,8 +25,8 @@ pub(crate) struct DeviceShared {
 impl DeviceShared {
     /// The device engine (its UDP socket and progress thread), started on first use.
     ///
-    /// Fails with `EADDRINUSE` when another process or a kernel RoCE device owns UDP port
-    /// 4791 on the device's address.
+    /// Fails with `EADDRINUSE` when a socket that does not share it (another user's process,
+    /// another program, a kernel RoCE device) holds UDP port 4791 on the device's address.
     pub(crate) fn engine(&self) -> Result<Arc<Engine>> {
         Engine::get_or_start(self.device.addr(), self.device.ifindex())
     }

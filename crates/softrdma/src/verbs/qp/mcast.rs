@@ -20,8 +20,8 @@ impl Qp {
     /// Fails, changing nothing, with `EINVAL` for a QP that is not UD or a GID that is not
     /// multicast (IPv6 `ff00::/8` or IPv4-mapped 224.0.0.0/4); `ENOMEM` when the group already
     /// has the device's `max_mcast_qp_attach` QPs or the device its `max_mcast_grp` groups;
-    /// `EADDRINUSE` when the device engine has to start and another process owns UDP port
-    /// 4791 on the device address; and with the socket error when the IP group cannot be
+    /// `EADDRINUSE` when the device engine has to start and a socket that does not share it
+    /// holds UDP port 4791 on the device address; and with the socket error when the IP group cannot be
     /// joined (say `ENOBUFS` past the kernel's `igmp_max_memberships`).
     pub fn attach_mcast(&self, gid: &Gid, lid: u16) -> Result<()> {
         let _ = lid;

@@ -178,14 +178,15 @@ impl Pd {
                 round_wr(c.max_recv_wr, dev.max_qp_wr)
             },
             max_recv_sge: if has_srq { 0 } else { c.max_recv_sge.max(1) },
-            max_inline_data: if c.max_inline_data == 0 {
-                0
-            } else {
-                c.max_inline_data
-                    .div_ceil(64)
-                    .saturating_mul(64)
-                    .min(dev.max_inline_data)
-            },
+            // In 64-byte steps, and at least one step even when none is asked for: a send
+            // queue entry has room for that much, as on rxe and mlx5 (whose programs, e.g.
+            // rdma_xclient, post 16-byte IBV_SEND_INLINE sends on QPs made with 0).
+            max_inline_data: c
+                .max_inline_data
+                .max(1)
+                .div_ceil(64)
+                .saturating_mul(64)
+                .min(dev.max_inline_data),
         };
         let count = Resources::acquire(&shared, Kind::Qp)?;
         let qp_num = shared.resources.alloc_qpn(shared.engine()?.slot())?;
