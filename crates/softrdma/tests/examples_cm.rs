@@ -448,6 +448,28 @@ fn mckey_receivers_in_two_processes_get_every_datagram_a_sender_multicasts() {
     }
 }
 
+/// mckey with two receivers and the sender as three processes on one shared device: each
+/// receiver's group socket gets its own copy, and each ends after all ten datagrams.
+#[test]
+fn mckey_receivers_and_sender_share_one_device() {
+    let ip = unique();
+    let group = softrdma::testing::unique_multicast_group().to_string();
+    let g = group.as_str();
+    let args = ["-m", g, "-b", ip.as_str(), "-C", "10", "-S", "200"];
+    let r1 = server("mckey", &args, "joined");
+    let r2 = server("mckey", &args, "joined");
+    let mut sargs = args.to_vec();
+    sargs.push("-s");
+    let s = finish(spawn("mckey", &sargs), LIMIT);
+    assert!(s.status.success(), "sender: {}", text(&s));
+    for r in [r1, r2] {
+        let o = finish(r, LIMIT);
+        assert!(o.status.success(), "receiver: {}", text(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("mckey: "), "receiver: {err}");
+    }
+}
+
 #[test]
 fn mckey_refuses_bad_arguments() {
     let ip_93 = unique();

@@ -595,3 +595,30 @@ fn limits_are_large_by_default_and_set_limits_changes_them() {
     a.set_limits(4, 2);
     assert!(a.connect(now, q).is_ok());
 }
+
+/// With `comm_id_tag`, every local communication ID (and SIDR request ID) carries the tag in
+/// its top byte, on the wire too, and the rest stays distinct; without it the top byte varies.
+#[test]
+fn comm_id_tag_is_the_top_byte_of_every_local_id() {
+    let now = Instant::now();
+    let mut cfg = CmConfig::new(v4(198, 18, 0, 3), 0x1122, 7);
+    cfg.comm_id_tag = Some(0x5a);
+    let mut a = Cm::new(cfg);
+    let mut ids = std::collections::HashSet::new();
+    for _ in 0..200 {
+        let id = a.connect(now, frame361_request()).unwrap();
+        assert_eq!(id.0 >> 24, 0x5a);
+        let (_, req) = drain(&mut a)[0];
+        assert_eq!(req[24..28], id.0.to_be_bytes());
+        assert!(ids.insert(id.0));
+    }
+    let sidr = a
+        .sidr_request(now, v4(198, 18, 0, 2), 0x0106_1c06, &[])
+        .unwrap();
+    assert_eq!(sidr.0 >> 24, 0x5a);
+    let mut b = cm(v4(198, 18, 0, 3), 0x1122, 7);
+    let tops: std::collections::HashSet<u32> = (0..50)
+        .map(|_| b.connect(now, frame361_request()).unwrap().0 >> 24)
+        .collect();
+    assert!(tops.len() > 1, "untagged IDs all share a top byte");
+}
