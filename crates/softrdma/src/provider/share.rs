@@ -423,6 +423,14 @@ impl Share {
             // One discovery at a time per device on the host: the members' answers and the
             // program must come from one view of the group.
             let lock = hold_name(&name(self.ip, "discovery"), Duration::from_secs(2));
+            // Markers are steered only by a program that has the marker rule: a group whose
+            // members all started at once has none yet, and its kernel hash would send every
+            // marker of this member to one socket. So attach the program of the members
+            // known so far first (none for a newcomer: the others' packets are then spread
+            // by the hash, and forwarded, for the few milliseconds until the result).
+            if let Err(e) = attach(&steering_program(&self.members())) {
+                tracing::warn!(error = %e, "attaching the steering program");
+            }
             let found = (0..5).find_map(|attempt| {
                 if attempt > 0 {
                     std::thread::sleep(Duration::from_millis(10 << attempt));
