@@ -244,6 +244,41 @@ fn udaddy_server_and_client_exchange_datagrams_over_sidr() {
 }
 
 /// A udaddy client with no server behind the port: the SIDR lookup fails (status 1).
+/// udaddy's server and client as two processes on one shared device: the SIDR_REQ reaches
+/// the process that listens on the service, the SIDR_REP the one that asked, and the UD
+/// datagrams each QP's process.
+#[test]
+fn udaddy_server_and_client_share_one_device() {
+    let ip = unique();
+    let s = server("udaddy", &["-b", ip.as_str(), "-c", "2"], "listening");
+    let c = finish(
+        spawn(
+            "udaddy",
+            &[
+                "-s",
+                ip.as_str(),
+                "-b",
+                ip.as_str(),
+                "-c",
+                "2",
+                "-C",
+                "10",
+                "-S",
+                "100",
+            ],
+        ),
+        LIMIT,
+    );
+    assert!(c.status.success(), "client: {}", text(&c));
+    let s = finish(s, LIMIT);
+    assert!(s.status.success(), "server: {}", text(&s));
+    let t = text(&c);
+    assert!(
+        t.contains("data transfers complete") && t.contains("return status 0"),
+        "{t}"
+    );
+}
+
 #[test]
 fn udaddy_client_without_a_server_reports_unreachable() {
     let ip_86 = unique();
@@ -717,6 +752,44 @@ fn uc_and_ud_pingpong_server_and_client_ping_pong() {
             l.contains("local address:") && l.contains(", PSN 0x") && l.contains(": GID ")
         });
         assert_eq!(colon, prog == "ud_pingpong", "{st}");
+    }
+}
+
+/// rc, uc and ud_pingpong with server and client as two processes on one shared device:
+/// the QP numbers they exchange carry each process's slot, and every SEND reaches its QP.
+#[test]
+fn pingpongs_share_one_device() {
+    let ip = unique();
+    for (prog, size) in [
+        ("rc_pingpong", "4096"),
+        ("uc_pingpong", "2000"),
+        ("ud_pingpong", "1024"),
+    ] {
+        let port = softrdma::testing::unused_tcp_port().to_string();
+        let port = port.as_str();
+        let mut args = vec![
+            "-d",
+            ip.as_str(),
+            "-g",
+            "0",
+            "-p",
+            port,
+            "-n",
+            "200",
+            "-s",
+            size,
+            "-c",
+        ];
+        let (s, out) = server_with_output(prog, &args, "local address:");
+        wait_listening(port.parse().unwrap());
+        args.push(ip.as_str());
+        let c = finish(spawn(prog, &args), LIMIT);
+        assert!(c.status.success(), "{prog} client: {}", text(&c));
+        let s = finish(s, LIMIT);
+        let st = format!("{}{}", out.recv().unwrap_or_default(), text(&s));
+        assert!(s.status.success(), "{prog} server: {st}");
+        assert!(text(&c).contains("200 iters in "), "{}", text(&c));
+        assert!(!st.contains("invalid data"), "{st}");
     }
 }
 

@@ -228,6 +228,10 @@ impl Engine {
         let started = Engine::start(addr, ifindex)?;
         map.insert(addr, started.clone());
         drop(map);
+        // Steerable before anything is created on it: until discovery has put this process
+        // in the group's program, packets for it are spread by the kernel's hash, and one
+        // that lands on a process about to exit is lost with that process's socket.
+        started.discover_now();
         gsi::engine_started(&started);
         Ok(started)
     }
@@ -319,9 +323,6 @@ impl Engine {
             .name(format!("softrdma-{addr}"))
             .spawn(move || progress::progress(weak))
             .map_err(|err| crate::Error::from_io(err, "spawning the progress thread"))?;
-        // Learn the group's indices and steer by slot (the members that were there before
-        // keep theirs: a new member is appended to the group).
-        e.rediscover();
         tracing::debug!(%local, "device engine started");
         Ok(e)
     }
@@ -330,6 +331,22 @@ impl Engine {
     /// 24..31 of its CM communication IDs.
     pub(crate) fn slot(&self) -> u8 {
         self.share.slot()
+    }
+
+    /// Runs the discovery of the device's group indices in this thread (a few milliseconds;
+    /// about a second at worst, when members do not answer) and attaches the steering
+    /// program it builds.
+    pub(crate) fn discover_now(&self) {
+        if std::env::var("SOFTRDMA_STEERING").is_ok_and(|v| v.trim() == "hash") {
+            self.rediscover();
+            return;
+        }
+        let dst = SocketAddr::new(self.local.ip(), self.local.port());
+        self.share.discover(
+            Duration::from_millis(50),
+            |m| self.sock.send_one(m, dst),
+            |p| self.sock.attach_steering(p),
+        );
     }
 
     /// Runs the discovery of the device's group indices on a thread of its own (unless one

@@ -191,6 +191,7 @@ pub(super) fn deliver(
 ) {
     let c = &engine.counters;
     let Some(qp) = engine.lookup(qpn) else {
+        tracing::trace!(qpn, %src, n = pkts.len(), "packets for no QP of this process");
         c.unknown_qp.fetch_add(pkts.len() as u64, Ordering::Relaxed);
         return;
     };
@@ -198,6 +199,7 @@ pub(super) fn deliver(
     match qp.receive(engine, pkts, src, engine.local.ip(), Via::Unicast, now, tx) {
         Delivery::Delivered => {}
         Delivery::NotReady => {
+            tracing::trace!(qpn, %src, n, "packets for a QP that cannot take them");
             c.unknown_qp.fetch_add(n, Ordering::Relaxed);
         }
         Delivery::WrongSource => {
@@ -360,8 +362,14 @@ impl Engine {
     fn misrouted(&self, qpn: u32, src: SocketAddr, pkt: &[u8]) {
         let c = &self.counters;
         match self.share.forward(share::slot_of_qpn(qpn), src, pkt) {
-            Ok(()) => c.misrouted.fetch_add(1, Ordering::Relaxed),
-            Err(_) => c.unknown_qp.fetch_add(1, Ordering::Relaxed),
+            Ok(()) => {
+                tracing::trace!(qpn, "a packet for another process forwarded to it");
+                c.misrouted.fetch_add(1, Ordering::Relaxed)
+            }
+            Err(e) => {
+                tracing::debug!(qpn, error = %e, "a packet for another process not forwarded");
+                c.unknown_qp.fetch_add(1, Ordering::Relaxed)
+            }
         };
         if self.share.discovery_due() {
             self.rediscover();
@@ -398,6 +406,7 @@ impl Engine {
                 continue;
             };
             let now = Instant::now();
+            tracing::trace!(qpn, %src, len = pkt.len(), "a packet forwarded by another process");
             if qpn == softrdma_wire::mad::GSI_QPN {
                 self.gsi_receive(pkt, src, now, tx, true);
             } else if self.owns_qpn(qpn) {

@@ -162,7 +162,12 @@ pub(crate) struct Share {
     again: AtomicBool,
     disc: Mutex<Disc>,
     answered: Condvar,
+    /// Sockets connected to other slots' sockets, for forwarding.
+    peers: Mutex<std::collections::HashMap<u8, OwnedFd>>,
 }
+
+/// How long forwarding one packet may wait for room in the owner's queue.
+const FORWARD_WAIT: Duration = Duration::from_millis(20);
 
 /// The state of a discovery.
 #[derive(Default)]
@@ -216,6 +221,7 @@ impl Share {
                     again: AtomicBool::new(false),
                     disc: Mutex::new(Disc::default()),
                     answered: Condvar::new(),
+                    peers: Mutex::new(std::collections::HashMap::new()),
                 });
             }
         }
@@ -256,9 +262,32 @@ impl Share {
             .clone()
     }
 
+    /// Sends one message, gathered from `parts`, to the slot socket of `slot`, through a
+    /// socket connected to it (kept for the next time). A datagram socket's queue is short
+    /// (`net.unix.max_dgram_qlen`, 10 by default), so a full one is waited for, at most
+    /// [`FORWARD_WAIT`] in all: a burst of forwarded packets is slowed, not dropped. Fails
+    /// with `ECONNREFUSED` when no process holds the slot, `EAGAIN` when its queue stayed
+    /// full.
     fn send_to_slot(&self, slot: u8, parts: &[&[u8]]) -> std::io::Result<()> {
-        let (sun, len) = unix_addr(&name(self.ip, &format!("slot/{slot}")))
-            .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if let std::collections::hash_map::Entry::Vacant(v) = peers.entry(slot) {
+            let fd = unix_socket().map_err(|_| std::io::Error::from_raw_os_error(libc::EMFILE))?;
+            let (sun, len) = unix_addr(&name(self.ip, &format!("slot/{slot}")))
+                .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+            // SAFETY: a valid sockaddr_un of `len` bytes.
+            let r = unsafe {
+                libc::connect(
+                    fd.as_raw_fd(),
+                    (&sun as *const libc::sockaddr_un).cast(),
+                    len,
+                )
+            };
+            if r != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            v.insert(fd);
+        }
+        let fd = peers[&slot].as_raw_fd();
         let mut iov: [libc::iovec; 4] = [libc::iovec {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
@@ -270,18 +299,34 @@ impl Share {
                 iov_len: p.len(),
             };
         }
-        // SAFETY: all-zero msghdr is valid; every pointer set below outlives the call.
+        // SAFETY: all-zero msghdr is valid; the iovecs outlive the calls.
         let mut msg: libc::msghdr = unsafe { zeroed() };
-        msg.msg_name = (&sun as *const libc::sockaddr_un as *mut libc::sockaddr_un).cast();
-        msg.msg_namelen = len;
         msg.msg_iov = iov.as_mut_ptr();
         msg.msg_iovlen = n;
-        // SAFETY: msg describes valid buffers.
-        let r = unsafe { libc::sendmsg(self.sock.as_raw_fd(), &msg, libc::MSG_DONTWAIT) };
-        if r < 0 {
-            return Err(std::io::Error::last_os_error());
+        let end = Instant::now() + FORWARD_WAIT;
+        loop {
+            // SAFETY: msg describes valid buffers; fd is a connected socket.
+            let r = unsafe { libc::sendmsg(fd, &msg, libc::MSG_DONTWAIT) };
+            if r >= 0 {
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error();
+            let left = end.saturating_duration_since(Instant::now());
+            if e.raw_os_error() != Some(libc::EAGAIN) || left.is_zero() {
+                if e.raw_os_error() != Some(libc::EAGAIN) {
+                    // The process is gone (ECONNREFUSED): connect afresh next time.
+                    peers.remove(&slot);
+                }
+                return Err(e);
+            }
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut p, 1, left.as_millis().max(1) as libc::c_int) };
         }
-        Ok(())
     }
 
     /// Forwards a packet (`pkt`, the UDP payload) that arrived from `src` to the process in
@@ -423,17 +468,21 @@ impl Share {
             // One discovery at a time per device on the host: the members' answers and the
             // program must come from one view of the group.
             let lock = hold_name(&name(self.ip, "discovery"), Duration::from_secs(2));
-            // Markers are steered only by a program that has the marker rule: a group whose
-            // members all started at once has none yet, and its kernel hash would send every
-            // marker of this member to one socket. So attach the program of the members
-            // known so far first (none for a newcomer: the others' packets are then spread
-            // by the hash, and forwarded, for the few milliseconds until the result).
-            if let Err(e) = attach(&steering_program(&self.members())) {
-                tracing::warn!(error = %e, "attaching the steering program");
-            }
-            let found = (0..5).find_map(|attempt| {
-                if attempt > 0 {
-                    std::thread::sleep(Duration::from_millis(10 << attempt));
+            // Markers are steered only by a program that has the marker rule. Any member
+            // that finished a discovery attached one, and it stays with the group, so the
+            // first round goes without touching it. A group whose members all started at
+            // once has none yet, and its kernel hash sends every marker of this member to
+            // one socket: when the first round fails, attach the program of the members
+            // known so far (none for a newcomer: the others' packets are then spread by the
+            // hash, and forwarded, until the result) and go on.
+            let found = (0..6).find_map(|attempt| {
+                if attempt == 1 {
+                    if let Err(e) = attach(&steering_program(&self.members())) {
+                        tracing::warn!(error = %e, "attaching the steering program");
+                    }
+                }
+                if attempt > 1 {
+                    std::thread::sleep(Duration::from_millis(5 << attempt));
                 }
                 self.discover_once(&send_marker)
             });
@@ -482,7 +531,7 @@ impl Share {
             m[7..15].copy_from_slice(&nonce.to_be_bytes());
             send_marker(&m);
         }
-        let deadline = Instant::now() + Duration::from_millis(300);
+        let deadline = Instant::now() + Duration::from_millis(100);
         let mut d = self.disc.lock().unwrap_or_else(|p| p.into_inner());
         while d.answers.len() < n {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -502,6 +551,7 @@ impl Share {
         let mut idx: Vec<u8> = answers.iter().map(|a| a.1).collect();
         idx.sort_unstable();
         let consistent = slots == live && idx.iter().enumerate().all(|(k, &i)| usize::from(i) == k);
+        tracing::trace!(ip = %self.ip, ?live, ?answers, consistent, "discovery round");
         consistent.then_some(answers)
     }
 
