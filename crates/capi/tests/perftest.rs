@@ -14,9 +14,12 @@
 //! (4.5-0.17) parses `--source_ip` as the raw-Ethernet option, so the client connects from
 //! the routed source, 127.0.0.1, and the server listens on the wildcard address: both use
 //! the shared 127.0.0.1 device (as two programs share a NIC). The client starts once the
-//! server's listener holds its service on that device; a client refused before is started
-//! again while the server waits. Their teardown destroys the QP of the rdma_cm control
-//! connection with `ibv_destroy_qp` (not `rdma_destroy_qp`), then deallocates its PD.
+//! server's listener holds its service on that device; perftest's own race between the
+//! client's connect and the server's second listen (see `perftest_cm`) can refuse the
+//! client, and that pair is then run again. Their teardown destroys the QP of the rdma_cm
+//! control connection with `ibv_destroy_qp` (not `rdma_destroy_qp`), then deallocates its
+//! PD.
+
 mod common;
 
 use common::*;
