@@ -20,12 +20,21 @@
 //! opens the device of that name: so every process names its own address `srdma_ucx`
 //! (`SOFTRDMA_DEVICES=srdma_ucx=<addr>`).
 //!
-//! libfabric's verbs provider offers MSG endpoints (and so `verbs;ofi_rxm`) only for devices
-//! of non-loopback interfaces, and its getinfo without a node (fi_pingpong's) keeps only
-//! the device of "localhost": not runnable on one host (nor on Linux). Its DGRAM
-//! endpoints, and RDM over them (`verbs;ofi_rxd`), run here. `FI_VERBS_IFACE=lo` keeps it
-//! from binding an rdma_cm id on every interface address, which would hold those devices
-//! for the process.
+//! libfabric 1.17's verbs provider (Debian's libfabric-bin has only fi_info and
+//! fi_pingpong) offers MSG endpoints, and so RDM over them (`verbs;ofi_rxm`), only on the
+//! devices it finds by binding an rdma_cm id to each address of a non-loopback interface
+//! (`vrb_getifaddrs` skips `IFF_LOOPBACK`), or that have a GID with a non-zero subnet
+//! prefix (`vrb_get_sib`; a RoCE GID of an IPv4 address has none). Given a node, those run
+//! here: `fi_info -n <this host's address>` lists them (`fi_info_msg_and_rxm_with_a_node`).
+//! fi_pingpong, however, calls `fi_getinfo` with no node and no service on both sides; the
+//! provider then binds an id to "localhost" and keeps only the infos of that id's device,
+//! 127.0.0.1's, which has no MSG info: `fi_pingpong -e msg -p verbs` and
+//! `-e rdm -p 'verbs;ofi_rxm'` fail in `fi_getinfo` with -61 (FI_ENODATA) before any
+//! connection. Linux fails likewise, by the same code (its rdma_bind_addr to 127.0.0.1
+//! finds no RDMA device, and an rxe on `lo` is skipped as above), so neither runs here;
+//! they did not wait for shared devices. Its DGRAM endpoints, and RDM over them (`verbs;ofi_rxd`), run here.
+//! The provider binds an id on every interface address while it builds its list (the
+//! devices of those addresses are shared with any other process).
 
 mod common;
 
@@ -227,12 +236,10 @@ fn ucx_perftest_uct_ud_verbs_am_lat() {
     ucx_perftest("ud_verbs", &args);
 }
 
-/// A libfabric command with the drop-in libraries, the device of `addr` listed, and no
-/// rdma_cm probing of the interfaces (see the module notes).
+/// A libfabric command with the drop-in libraries and the device of `addr` listed.
 fn fabric_cmd(prog: &str, addr: Ipv4Addr) -> Command {
     let mut c = command(prog);
     c.env("SOFTRDMA_DEVICES", addr.to_string())
-        .env("FI_VERBS_IFACE", "lo")
         .env("FI_VERBS_DGRAM_USE_NAME_SERVER", "0");
     c
 }
@@ -283,4 +290,51 @@ fn fi_pingpong_verbs_dgram() {
 #[test]
 fn fi_pingpong_verbs_rxd_rdm() {
     fi_pingpong("verbs;ofi_rxd", "rdm", "65536", "64k ");
+}
+
+/// A non-loopback IPv4 address of this host: the source of its route to a TEST-NET-3
+/// address (nothing is sent). `None` without such a route.
+fn host_addr() -> Option<Ipv4Addr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("203.0.113.1:9").ok()?;
+    match s.local_addr().ok()?.ip() {
+        std::net::IpAddr::V4(a) if !a.is_loopback() && !a.is_unspecified() => Some(a),
+        _ => None,
+    }
+}
+
+/// Given a node (this host's non-loopback address), the verbs provider offers the MSG
+/// endpoints of that address's device, and `verbs;ofi_rxm` RDM endpoints over them (see the
+/// module notes for why fi_pingpong, which names no node, cannot use them).
+#[test]
+fn fi_info_msg_and_rxm_with_a_node() {
+    if !have_fabric() {
+        return;
+    }
+    let Some(a) = host_addr() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must have a non-loopback IPv4 address"
+        );
+        eprintln!("skipped: this host has no non-loopback IPv4 address");
+        return;
+    };
+    for (prov, ty, proto) in [
+        ("verbs", "FI_EP_MSG", "FI_PROTO_RDMA_CM_IB_RC"),
+        ("verbs;ofi_rxm", "FI_EP_RDM", "FI_PROTO_RXM"),
+    ] {
+        let mut c = fabric_cmd("fi_info", unique_addr());
+        c.args(["-p", prov, "-t", ty, "-n"]).arg(a.to_string());
+        let (st, out, err) = run_bounded(c, LIMIT);
+        assert!(st.is_some_and(|s| s.success()), "{prov}: {out}\n{err}");
+        let want = [
+            format!("provider: {prov}"),
+            format!("type: {ty}"),
+            format!("protocol: {proto}"),
+        ];
+        for w in want {
+            assert!(out.contains(&w), "{prov}: no {w:?} in\n{out}");
+        }
+        assert!(!out.contains("-dgram"), "{prov}: {out}");
+    }
 }

@@ -290,6 +290,33 @@ pub unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
     })
 }
 
+/// `ibv_destroy_qp` of a QP the CM made for an id (perftest tears its control connection
+/// down so, without `rdma_destroy_qp`): as in rdma-core, where the kernel frees the QP at
+/// once, the id lets go of the QP (and of its PD, so `ibv_dealloc_pd` can follow) and
+/// `id->qp` becomes NULL, so the id's later events and calls never reach the freed C QP
+/// (rdma-core leaves the pointer dangling). Does nothing when no id uses `arc`.
+///
+/// # Safety
+/// `qp` must be the live C QP wrapping `arc`.
+pub(crate) unsafe fn release_from_id(qp: *mut ibv_qp, arc: &std::sync::Arc<softrdma::Qp>) {
+    let owner = super::ids().iter().find_map(|(id, p)| {
+        id.qp()
+            .is_some_and(|q| std::sync::Arc::ptr_eq(&q, arc))
+            .then_some(*p as *mut CId)
+    });
+    let Some(c) = owner else { return };
+    // SAFETY: a registered C id is live (the program does not destroy it while it destroys
+    // its QP).
+    let c = unsafe { &mut *c };
+    {
+        let _g = c.extra.lock().unwrap_or_else(|p| p.into_inner());
+        if c.hdr.qp == qp {
+            c.hdr.qp = std::ptr::null_mut();
+        }
+    }
+    c.id.destroy_qp();
+}
+
 /// `rdma_create_srq`: an SRQ for the id's QP, on `pd` (NULL: the id's PD).
 ///
 /// Fails with -1 and `EINVAL` (NULL, unbound id, an SRQ already), or the errno of the

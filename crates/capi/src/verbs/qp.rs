@@ -340,6 +340,13 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             return Err(EINVAL);
         }
         // SAFETY: a live QP wrapper.
+        let w = unsafe { &*qp.cast::<CQp>() };
+        if Arc::strong_count(&w.qp) > 1 {
+            // The QP of a CM id: the id lets go of it, so it is destroyed now.
+            // SAFETY: qp wraps w.qp.
+            unsafe { crate::rdmacm::release_from_id(qp, &w.qp) };
+        }
+        // SAFETY: a live QP wrapper.
         unsafe {
             objects::destroy_arc(
                 qp.cast::<CQp>(),

@@ -253,6 +253,32 @@ int main(int argc, char **argv)
 	CHECK(ibv_dealloc_pd(apd) == 0);
 	EXPECT_OK(rdma_destroy_id(id3));
 
+	/* perftest's teardown of its rdma_cm control connection: ibv_destroy_qp on the id's QP
+	 * (no rdma_destroy_qp) frees the QP at once, as the kernel does, so its CQ and PD can go
+	 * before the id; id->qp no longer points at it. Also with the id destroyed first. */
+	for (int id_first = 0; id_first < 2; id_first++) {
+		EXPECT_OK(rdma_create_id(ch, &id3, NULL, RDMA_PS_TCP));
+		EXPECT_OK(rdma_bind_addr(id3, (struct sockaddr *)&any3));
+		apd = ibv_alloc_pd(id3->verbs);
+		struct ibv_cq *acq = ibv_create_cq(id3->verbs, 8, NULL, NULL, 0);
+		CHECK(apd != NULL && acq != NULL);
+		struct ibv_qp_init_attr aqa = qpa;
+		aqa.send_cq = acq;
+		aqa.recv_cq = acq;
+		EXPECT_OK(rdma_create_qp(id3, apd, &aqa));
+		struct ibv_qp *aqp = id3->qp;
+		CHECK(aqp != NULL && aqp->pd == apd);
+		if (id_first)
+			EXPECT_OK(rdma_destroy_id(id3));
+		CHECK(ibv_destroy_qp(aqp) == 0);
+		if (!id_first)
+			CHECK(id3->qp == NULL);
+		CHECK(ibv_destroy_cq(acq) == 0);
+		CHECK(ibv_dealloc_pd(apd) == 0);
+		if (!id_first)
+			EXPECT_OK(rdma_destroy_id(id3));
+	}
+
 	/* Connect to a port nobody listens on: REJECTED with reason 8. */
 	EXPECT_OK(rdma_create_id(ch, &id, NULL, RDMA_PS_TCP));
 	EXPECT_ERR(rdma_resolve_addr(id, NULL, NULL, 100), EINVAL);
