@@ -198,6 +198,22 @@ pub fn tcp_listening(port: u16) -> bool {
     })
 }
 
+/// A fresh command with the program, arguments, environment and directory of `c`.
+pub fn clone_command(c: &Command) -> Command {
+    let mut n = Command::new(c.get_program());
+    n.args(c.get_args());
+    for (k, v) in c.get_envs() {
+        match v {
+            Some(v) => n.env(k, v),
+            None => n.env_remove(k),
+        };
+    }
+    if let Some(d) = c.get_current_dir() {
+        n.current_dir(d);
+    }
+    n
+}
+
 /// Runs `server`, waits until it listens on TCP `port`, runs `client` (each bounded by
 /// `limit`); checks both exit with status 0 and returns the client's stdout.
 pub fn server_client(
@@ -210,7 +226,22 @@ pub fn server_client(
     while !tcp_listening(port) && !server.is_finished() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let (cst, cout, cerr) = run_bounded(client, limit);
+    // A client refused at once while its server runs (the listener seen was another
+    // program's on the same port number, or the server's was not ready) is started again,
+    // a bounded number of times; a client that ran and failed is not.
+    let mut tries = 0;
+    let (cst, cout, cerr) = loop {
+        let t0 = std::time::Instant::now();
+        let (st, out, err) = run_bounded(clone_command(&client), limit);
+        let failed_fast =
+            !st.is_some_and(|s| s.success()) && t0.elapsed() < std::time::Duration::from_secs(2);
+        tries += 1;
+        if !failed_fast || server.is_finished() || tries == 10 {
+            break (st, out, err);
+        }
+        eprintln!("client failed at once (try {tries}), starting it again:\n{out}\n{err}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
     let (sst, sout, serr) = server.join().expect("server thread");
     let report =
         format!("--- client ({cst:?}):\n{cout}\n{cerr}\n--- server ({sst:?}):\n{sout}\n{serr}");
