@@ -1,13 +1,12 @@
 //! The receive side: datagrams from the socket, their ICRC checks, and delivery of runs of
 //! packets to their QPs.
 
+use super::capture;
 use super::counters::Counters;
-use super::mcast;
-use super::share;
-use super::sock::{RxMsg, ROCE_PORT};
-use super::tx::TxBatch;
-use super::{Delivery, Engine, Via, BATCH};
-use crate::gid::ipv6_mapped;
+use super::share::{self, Share};
+use super::sock::RxMsg;
+use super::tx::{icrc_flow, TxBatch, Wire, BATCH};
+use crate::gid::{ipv6_mapped, Gid};
 use softrdma_wire::icrc::{IcrcPrefix, IdentSolver};
 use softrdma_wire::ip;
 use std::collections::HashMap;
@@ -53,15 +52,6 @@ pub(crate) fn grh_for(src: &SocketAddr, dst: &SocketAddr, payload_len: usize) ->
     g
 }
 
-/// The ICRC flow of datagrams from `src` port `src_port` to `dst` port 4791 (both sides of
-/// one family; IPv4-mapped otherwise).
-pub(super) fn icrc_flow(src: IpAddr, src_port: u16, dst: IpAddr) -> IcrcPrefix {
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => IcrcPrefix::ipv4(s, d, src_port, ROCE_PORT),
-        (s, d) => IcrcPrefix::ipv6(ipv6_mapped(s), ipv6_mapped(d), src_port, ROCE_PORT),
-    }
-}
-
 /// The ICRC flow of datagrams from `src` to `dst` port 4791.
 pub(super) fn rx_flow(src: SocketAddr, dst: IpAddr) -> IcrcPrefix {
     icrc_flow(src.ip(), src.port(), dst)
@@ -71,13 +61,13 @@ pub(super) fn rx_flow(src: SocketAddr, dst: IpAddr) -> IcrcPrefix {
 /// `prefix`): its ICRC and headers.
 /// Returns the destination QP number of a good packet; counts and drops a bad one.
 pub(super) fn check_packet(
-    engine: &Engine,
+    wire: &Wire,
     pkt: &[u8],
     src: SocketAddr,
     flow: &mut RxFlow,
     solver: &mut IdentSolver,
 ) -> Option<u32> {
-    let c = &engine.counters;
+    let c = &wire.counters;
     let prefix = &flow.prefix;
     // A sender whose packets all verified with identification 0 (a softrdma peer) keeps the
     // full 32-bit check: its packets are never accepted through a solved identification.
@@ -109,8 +99,8 @@ pub(super) fn check_packet(
     }
     c.rx_packets.fetch_add(1, Ordering::Relaxed);
     c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
-    if crate::provider::capture::active() && !crate::provider::is_local_engine(src) {
-        crate::provider::capture::record_ident(src, engine.local, pkt, ident);
+    if capture::active() {
+        capture::record_received(src, wire.local, pkt, ident);
     }
     Some(view.bth().dest_qp())
 }
@@ -179,28 +169,73 @@ pub(super) fn check_icrc(
     }
 }
 
+/// How a packet reached the device.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Via {
+    /// On the device socket: an RC or UC QP takes it only from its peer.
+    Unicast,
+    /// On the socket of this multicast group: the QP takes it only while attached.
+    Group(Gid),
+}
+
+/// What became of packets handed to a QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Delivery {
+    /// The transport has them.
+    Delivered,
+    /// The QP cannot take them: no transport (RESET), or not attached to the group.
+    NotReady,
+    /// An RC or UC QP, and they did not come from its peer.
+    WrongSource,
+}
+
+/// Where the receive side hands what it received: the engine above it, which holds the QPs
+/// and QP 1.
+pub(crate) trait RxSink {
+    /// Hands a run of good packets, all from `src` to `dst` and for QP `qpn`, to that QP's
+    /// transport; `None` when there is no such QP.
+    #[allow(clippy::too_many_arguments)]
+    fn deliver(
+        &self,
+        qpn: u32,
+        pkts: &[&[u8]],
+        src: SocketAddr,
+        dst: IpAddr,
+        via: Via,
+        now: Instant,
+        tx: &mut TxBatch,
+    ) -> Option<Delivery>;
+
+    /// Hands a good packet for QP 1 to the CM (of this process, or of the one it is for when
+    /// not `forwarded` here already).
+    fn mad(&self, pkt: &[u8], src: SocketAddr, now: Instant, tx: &mut TxBatch, forwarded: bool);
+
+    /// Reads the socket's ICMP errors; returns how many.
+    fn icmp_errors(&self, tx: &mut TxBatch) -> usize;
+
+    /// The steering of the shared device is out of date: runs its discovery again.
+    fn rediscover(&self);
+}
+
 /// Hands a run of good packets, all for QP `qpn` and from `src`, to that QP's transport
-/// under one lock, then drives the QP once.
-pub(super) fn deliver(
-    engine: &Engine,
+/// under one lock, then drives the QP once; counts what it could not take.
+fn deliver(
+    wire: &Wire,
+    sink: &impl RxSink,
     qpn: u32,
     pkts: &[&[u8]],
     src: SocketAddr,
     now: Instant,
     tx: &mut TxBatch,
 ) {
-    let c = &engine.counters;
-    let Some(qp) = engine.lookup(qpn) else {
-        c.unknown_qp.fetch_add(pkts.len() as u64, Ordering::Relaxed);
-        return;
-    };
+    let c = &wire.counters;
     let n = pkts.len() as u64;
-    match qp.receive(engine, pkts, src, engine.local.ip(), Via::Unicast, now, tx) {
-        Delivery::Delivered => {}
-        Delivery::NotReady => {
+    match sink.deliver(qpn, pkts, src, wire.local.ip(), Via::Unicast, now, tx) {
+        Some(Delivery::Delivered) => {}
+        None | Some(Delivery::NotReady) => {
             c.unknown_qp.fetch_add(n, Ordering::Relaxed);
         }
-        Delivery::WrongSource => {
+        Some(Delivery::WrongSource) => {
             c.wrong_source.fetch_add(n, Ordering::Relaxed);
         }
     }
@@ -215,8 +250,6 @@ pub(crate) struct RxState {
     pub(super) prefixes: HashMap<SocketAddr, RxFlow>,
     /// Solves for the IPv4 identification of packets from other stacks.
     pub(super) ident: IdentSolver,
-    /// The multicast side: group snapshot, ICRC flows, and the copy a member receives.
-    pub(super) mcast: mcast::RxMcast,
 }
 
 impl RxState {
@@ -226,39 +259,40 @@ impl RxState {
             meta: vec![RxMsg::default(); BATCH],
             prefixes: HashMap::new(),
             ident: IdentSolver::new(),
-            mcast: mcast::RxMcast::default(),
         }
     }
 }
 
-impl Engine {
-    /// The RoCEv2 packets of one received message (one datagram, or a GRO batch of
-    /// `segment`-byte datagrams) and their sender; `None` (counted as malformed when empty)
-    /// when there is nothing to process.
-    pub(crate) fn datagrams<'a>(
-        &self,
-        buf: &'a [u8],
-        m: RxMsg,
-    ) -> Option<(SocketAddr, std::slice::Chunks<'a, u8>)> {
-        let src = m.src?;
-        if m.len == 0 {
-            let c = if m.truncated {
-                &self.counters.malformed
-            } else {
-                &self.counters.probes_received
-            };
-            c.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        let seg = if m.segment == 0 { m.len } else { m.segment };
-        Some((src, buf[..m.len].chunks(seg)))
+/// The RoCEv2 packets of one received message (one datagram, or a GRO batch of
+/// `segment`-byte datagrams) and their sender; `None` (counted as malformed when empty)
+/// when there is nothing to process.
+pub(crate) fn datagrams<'a>(
+    c: &Counters,
+    buf: &'a [u8],
+    m: RxMsg,
+) -> Option<(SocketAddr, std::slice::Chunks<'a, u8>)> {
+    let src = m.src?;
+    if m.len == 0 {
+        let c = if m.truncated {
+            &c.malformed
+        } else {
+            &c.probes_received
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+        return None;
     }
+    let seg = if m.segment == 0 { m.len } else { m.segment };
+    Some((src, buf[..m.len].chunks(seg)))
+}
 
-    /// Receives and processes what is waiting on the socket, up to `rounds` batches, with the
-    /// receive state held. Returns the number of messages received.
-    pub(super) fn receive_rounds(
-        &self,
-        rx: &mut RxState,
+impl RxState {
+    /// Receives and processes what is waiting on the device socket, up to `rounds` batches,
+    /// handing what is good to `sink`. Returns the number of messages received.
+    pub(crate) fn receive_rounds(
+        &mut self,
+        wire: &Wire,
+        share: &Share,
+        sink: &impl RxSink,
         tx: &mut TxBatch,
         rounds: usize,
     ) -> usize {
@@ -268,16 +302,16 @@ impl Engine {
             meta,
             prefixes,
             ident,
-            ..
-        } = rx;
+        } = self;
+        let local = wire.local.ip();
         for _ in 0..rounds {
-            let n = match self.sock.recv_batch(bufs, meta) {
+            let n = match wire.sock.recv_batch(bufs, meta) {
                 Ok(n) => n,
                 Err(e) => {
                     // An ICMP error for an earlier datagram is reported here once, and its
                     // details wait in the error queue (which keeps the socket readable
                     // until drained): read them, then go on receiving.
-                    let icmp = self.icmp_errors(tx);
+                    let icmp = sink.icmp_errors(tx);
                     if icmp == 0 {
                         tracing::warn!(error = %e, "receive failed");
                         0
@@ -295,12 +329,12 @@ impl Engine {
             // the round, not one per message).
             let mut run: Vec<&[u8]> = Vec::with_capacity(BATCH);
             for i in 0..n {
-                let Some((src, pkts)) = self.datagrams(&bufs[i], meta[i]) else {
+                let Some((src, pkts)) = datagrams(&wire.counters, &bufs[i], meta[i]) else {
                     continue;
                 };
                 // One flow lookup per message: the datagrams of a GRO batch share a sender.
                 let flow = prefixes.entry(src).or_insert_with(|| RxFlow {
-                    prefix: rx_flow(src, self.local.ip()),
+                    prefix: rx_flow(src, local),
                     zero_ident: 0,
                     solved_any: false,
                 });
@@ -309,24 +343,24 @@ impl Engine {
                 for pkt in pkts {
                     if pkt.len() == share::MARKER_LEN
                         && pkt[0] == share::MARKER_OPCODE
-                        && self.share.on_marker(pkt, src)
+                        && share.on_marker(pkt, src)
                     {
                         continue;
                     }
-                    let Some(qpn) = check_packet(self, pkt, src, flow, ident) else {
+                    let Some(qpn) = check_packet(wire, pkt, src, flow, ident) else {
                         continue;
                     };
                     if qpn == softrdma_wire::mad::GSI_QPN {
-                        self.gsi_receive(pkt, src, now, tx, false);
+                        sink.mad(pkt, src, now, tx, false);
                         continue;
                     }
-                    if !self.owns_qpn(qpn) {
-                        self.misrouted(qpn, src, pkt);
+                    if !owns_qpn(share, qpn) {
+                        misrouted(wire, share, sink, qpn, src, pkt);
                         continue;
                     }
                     if run_qpn != Some(qpn) {
                         if let Some(q) = run_qpn {
-                            deliver(self, q, &run, src, now, tx);
+                            deliver(wire, sink, q, &run, src, now, tx);
                         }
                         run.clear();
                         run_qpn = Some(qpn);
@@ -334,10 +368,10 @@ impl Engine {
                     run.push(pkt);
                 }
                 if let Some(q) = run_qpn {
-                    deliver(self, q, &run, src, now, tx);
+                    deliver(wire, sink, q, &run, src, now, tx);
                 }
             }
-            self.send(tx);
+            wire.send(tx);
             if n < BATCH {
                 break;
             }
@@ -346,42 +380,58 @@ impl Engine {
     }
 }
 
-impl Engine {
-    /// Whether packets for `qpn` are this process's (its slot's, or the multicast QP's):
-    /// the others belong to other processes sharing the device.
-    #[inline]
-    pub(super) fn owns_qpn(&self, qpn: u32) -> bool {
-        share::slot_of_qpn(qpn) == self.share.slot() || qpn == super::MULTICAST_QPN
-    }
+/// The QP number that addresses a multicast group (IBA 10.5.2.5).
+pub(crate) const MULTICAST_QPN: u32 = 0xff_ffff;
 
-    /// A good packet for a QP of another process sharing the device: forwarded to it
-    /// (counted in `misrouted`), or dropped when that process is gone (`unknown_qp`); either
-    /// way the steering is out of date, so discovery runs again.
-    fn misrouted(&self, qpn: u32, src: SocketAddr, pkt: &[u8]) {
-        let c = &self.counters;
-        match self.share.forward(share::slot_of_qpn(qpn), src, pkt) {
-            Ok(()) => c.misrouted.fetch_add(1, Ordering::Relaxed),
-            Err(_) => c.unknown_qp.fetch_add(1, Ordering::Relaxed),
-        };
-        if self.share.discovery_due() {
-            self.rediscover();
-        }
-    }
+/// Whether packets for `qpn` are this process's (its slot's, or the multicast QP's): the
+/// others belong to other processes sharing the device.
+#[inline]
+fn owns_qpn(share: &Share, qpn: u32) -> bool {
+    share::slot_of_qpn(qpn) == share.slot() || qpn == MULTICAST_QPN
+}
 
+/// A good packet for a QP of another process sharing the device: forwarded to it (counted in
+/// `misrouted`), or dropped when that process is gone (`unknown_qp`); either way the
+/// steering is out of date, so discovery runs again.
+fn misrouted(
+    wire: &Wire,
+    share: &Share,
+    sink: &impl RxSink,
+    qpn: u32,
+    src: SocketAddr,
+    pkt: &[u8],
+) {
+    let c = &wire.counters;
+    match share.forward(share::slot_of_qpn(qpn), src, pkt) {
+        Ok(()) => c.misrouted.fetch_add(1, Ordering::Relaxed),
+        Err(_) => c.unknown_qp.fetch_add(1, Ordering::Relaxed),
+    };
+    if share.discovery_due() {
+        sink.rediscover();
+    }
+}
+
+impl RxState {
     /// Receives what other processes sharing the device forwarded to this one (packets that
     /// reached them for QPs of this process) and processes it as if it had arrived on the
     /// device socket: the same checks, then delivery. Returns the number of messages taken.
-    pub(super) fn receive_forwarded(&self, rx: &mut RxState, tx: &mut TxBatch) -> usize {
+    pub(crate) fn receive_forwarded(
+        &mut self,
+        wire: &Wire,
+        share: &Share,
+        sink: &impl RxSink,
+        tx: &mut TxBatch,
+    ) -> usize {
         let RxState {
             bufs,
             prefixes,
             ident,
             ..
-        } = rx;
+        } = self;
         let buf = &mut bufs[0];
         let mut n = 0;
         while n < 4 * BATCH {
-            let Some(got) = self.share.recv(buf) else {
+            let Some(got) = share.recv(buf) else {
                 break;
             };
             n += 1;
@@ -390,24 +440,24 @@ impl Engine {
             };
             let pkt = &buf[range];
             let flow = prefixes.entry(src).or_insert_with(|| RxFlow {
-                prefix: rx_flow(src, self.local.ip()),
+                prefix: rx_flow(src, wire.local.ip()),
                 zero_ident: 0,
                 solved_any: false,
             });
-            let Some(qpn) = check_packet(self, pkt, src, flow, ident) else {
+            let Some(qpn) = check_packet(wire, pkt, src, flow, ident) else {
                 continue;
             };
             let now = Instant::now();
             if qpn == softrdma_wire::mad::GSI_QPN {
-                self.gsi_receive(pkt, src, now, tx, true);
-            } else if self.owns_qpn(qpn) {
-                deliver(self, qpn, &[pkt], src, now, tx);
+                sink.mad(pkt, src, now, tx, true);
+            } else if owns_qpn(share, qpn) {
+                deliver(wire, sink, qpn, &[pkt], src, now, tx);
             } else {
                 // Never a second hop.
-                self.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
+                wire.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.send(tx);
+        wire.send(tx);
         n
     }
 }

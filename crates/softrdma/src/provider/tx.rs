@@ -1,11 +1,23 @@
-//! The transmit side: batches of packets for one `sendmmsg`, with their ICRC.
+//! The transmit side: batches of packets for one `sendmmsg`, with their ICRC, and the
+//! device's [`Wire`]: its socket, wake-up eventfd, counters and fault injection, through
+//! which every other part of the engine sends.
 
-use super::sock::ROCE_PORT;
-use super::{Engine, BATCH, PKT_BUF};
+use super::counters::Counters;
+use super::faults::{FaultConfig, Faults};
+use super::fd::EventFd;
+use super::sock::{UdpSock, ROCE_PORT};
+use crate::gid::ipv6_mapped;
 use softrdma_wire::icrc::IcrcPrefix;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// Room for one packet: the largest transport packet (4096-byte MTU + headers + ICRC) with
+/// headroom.
+pub(crate) const PKT_BUF: usize = 4096 + 128;
+/// Datagrams per `sendmmsg` or `recvmmsg`.
+pub(crate) const BATCH: usize = 64;
 
 /// Packets being prepared for one `sendmmsg`, with their ICRC flows.
 pub(crate) struct TxBatch {
@@ -69,7 +81,16 @@ impl TxBatch {
 /// The ICRC flow of packets sent from `src` to `dst` (port 4791 to port 4791). Mixed
 /// families cannot happen: address vectors are checked against the device.
 pub(super) fn flow(src: IpAddr, dst: IpAddr) -> IcrcPrefix {
-    super::rx::icrc_flow(src, ROCE_PORT, dst)
+    icrc_flow(src, ROCE_PORT, dst)
+}
+
+/// The ICRC flow of datagrams from `src` port `src_port` to `dst` port 4791 (both sides of
+/// one family; IPv4-mapped otherwise).
+pub(super) fn icrc_flow(src: IpAddr, src_port: u16, dst: IpAddr) -> IcrcPrefix {
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => IcrcPrefix::ipv4(s, d, src_port, ROCE_PORT),
+        (s, d) => IcrcPrefix::ipv6(ipv6_mapped(s), ipv6_mapped(d), src_port, ROCE_PORT),
+    }
 }
 
 thread_local! {
@@ -85,14 +106,48 @@ pub(crate) fn with_tx<R>(f: impl FnOnce(&mut TxBatch) -> R) -> R {
     })
 }
 
-impl Engine {
+/// The device's way out, shared by every part of the engine: its UDP socket (which the
+/// receive side reads too), the eventfd that wakes its progress thread, its packet counters
+/// and the fault injection of its send path.
+pub(crate) struct Wire {
+    pub(crate) sock: UdpSock,
+    /// The socket's address.
+    pub(crate) local: SocketAddr,
+    /// Wakes the progress thread.
+    pub(crate) wake: EventFd,
+    pub(crate) counters: Counters,
+    faults: Faults,
+}
+
+impl Wire {
+    /// The wire of the device socket `sock` bound to `local`, no faults.
+    pub(crate) fn new(sock: UdpSock, local: SocketAddr) -> crate::error::Result<Wire> {
+        let wake = EventFd::new()?;
+        wake.set_nonblocking(true)?;
+        Ok(Wire {
+            sock,
+            local,
+            wake,
+            counters: Counters::default(),
+            faults: Faults::new(),
+        })
+    }
+
     /// Sends a batch of finished packets, through fault injection when it is on.
     pub(crate) fn send(&self, tx: &mut TxBatch) {
         if tx.count == 0 {
             return;
         }
-        if self.faults_on.load(Ordering::Acquire) {
-            self.send_with_faults(tx);
+        if self.faults.on() {
+            let (out, delayed) = self.faults.apply(
+                tx.count,
+                |i| (&tx.bufs[i][..tx.lens[i]], tx.dests[i]),
+                &self.counters,
+            );
+            if delayed {
+                self.wake.signal();
+            }
+            self.account(out.len(), |i| (&out[i].0[..], out[i].1));
         } else {
             let TxBatch {
                 bufs, lens, dests, ..
@@ -103,11 +158,11 @@ impl Engine {
     }
 
     /// Sends packets `pkt(0..count)` and counts them.
-    pub(super) fn account<'a>(&self, count: usize, pkt: impl Fn(usize) -> (&'a [u8], SocketAddr)) {
-        if crate::provider::capture::active() {
+    fn account<'a>(&self, count: usize, pkt: impl Fn(usize) -> (&'a [u8], SocketAddr)) {
+        if super::capture::active() {
             for i in 0..count {
                 let (p, dst) = pkt(i);
-                crate::provider::capture::record(self.local, dst, p);
+                super::capture::record(self.local, dst, p);
             }
         }
         let bytes: usize = (0..count).map(|i| pkt(i).0.len()).sum();
@@ -116,5 +171,20 @@ impl Engine {
         c.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
         c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         c.tx_errors.fetch_add(failed as u64, Ordering::Relaxed);
+    }
+
+    /// Injects faults with `cfg` into what the device sends from now on (`None`: none).
+    pub(crate) fn set_faults(&self, cfg: Option<FaultConfig>) {
+        self.faults.set(cfg);
+    }
+
+    /// Sends the packets fault injection delayed until `now` or held back for reordering;
+    /// returns when the next delayed one is due.
+    pub(crate) fn release_delayed(&self, now: Instant) -> Option<Instant> {
+        let (pkts, next) = self.faults.release_delayed(now);
+        if !pkts.is_empty() {
+            self.account(pkts.len(), |i| (&pkts[i].0[..], pkts[i].1));
+        }
+        next
     }
 }

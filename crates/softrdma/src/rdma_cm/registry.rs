@@ -141,12 +141,12 @@ pub(super) fn wildcards() -> &'static Wildcards {
     })
 }
 
-/// Registers this layer's entry points with the provider ([`crate::provider::gsi::CmHook`]):
+/// Registers this layer's entry points with the provider ([`crate::provider::CmHook`]):
 /// done before the first listener or connection is recorded (the registry and the wildcard
 /// list call it when they are created), so no event for an id of this layer can reach a
 /// provider that does not know where to hand it.
 pub(super) fn install_hook() {
-    crate::provider::gsi::set_cm_hook(crate::provider::gsi::CmHook {
+    crate::provider::set_cm_hook(crate::provider::CmHook {
         dispatch,
         engine_started,
     });

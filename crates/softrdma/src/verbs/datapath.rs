@@ -338,6 +338,7 @@ pub(crate) fn drive(
                     let d = ah.attr.grh.dgid.to_ip();
                     if d.is_multicast() {
                         engine
+                            .wire
                             .counters
                             .mcast_tx_packets
                             .fetch_add(1, Ordering::Relaxed);
