@@ -189,11 +189,8 @@ pub const RULES: &[CrateRule] = &[
             ("provider", &["provider"]),
             ("base", &["error", "gid", "log", "testing", ""]),
         ],
-        // One room still has a circle among its own files (docs/ARCHITECTURE.md): the
-        // rdma_cm registry, which installs the dispatch as the provider's CM hook on its
-        // first use, with the dispatch, which looks ids up in it. None may reach across
-        // rooms.
-        known_circles: &[&["rdma_cm/dispatch.rs", "rdma_cm/registry.rs"]],
+        // No circle is left in any room (docs/ARCHITECTURE.md).
+        known_circles: &[],
     },
     CrateRule {
         name: "softrdma-capi",
