@@ -14,6 +14,7 @@ use super::tx::{with_tx, TxBatch, Wire};
 use crate::error::Result;
 use crate::gid::Gid;
 use softrdma_proto::cm::CmEvent;
+use softrdma_proto::device::TimerTable;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,7 +43,8 @@ pub(crate) struct Engine {
     /// This process's membership of the device, which other processes may share.
     pub(super) share: Share,
     qps: RwLock<HashMap<u32, Weak<dyn QpPort>>>,
-    pub(super) timers: Mutex<HashMap<u32, Instant>>,
+    /// The deadline of each QP (QP 1: the CM's).
+    pub(super) timers: Mutex<TimerTable>,
     epoch: Instant,
     /// When the progress thread will wake up on its own (nanoseconds since `epoch`).
     pub(super) sleep_until: AtomicU64,
@@ -149,7 +151,7 @@ impl Engine {
             local,
             share,
             qps: RwLock::new(HashMap::new()),
-            timers: Mutex::new(HashMap::new()),
+            timers: Mutex::new(TimerTable::new()),
             epoch: Instant::now(),
             sleep_until: AtomicU64::new(0),
             rx: Mutex::new(Receiving {
@@ -235,7 +237,7 @@ impl Engine {
         self.timers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&qpn);
+            .set(qpn, None);
     }
 
     pub(super) fn lookup(&self, qpn: u32) -> Option<Arc<dyn QpPort>> {
@@ -252,17 +254,13 @@ impl Engine {
 
     /// Records the QP's next deadline and wakes the progress thread if it would sleep past it.
     pub(crate) fn set_timer(&self, qpn: u32, deadline: Option<Instant>) {
-        let mut t = self.timers.lock().unwrap_or_else(|p| p.into_inner());
-        match deadline {
-            Some(d) => {
-                t.insert(qpn, d);
-                drop(t);
-                if self.nanos(d) < self.sleep_until.load(Ordering::Acquire) {
-                    self.wire.wake.signal();
-                }
-            }
-            None => {
-                t.remove(&qpn);
+        self.timers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set(qpn, deadline);
+        if let Some(d) = deadline {
+            if self.nanos(d) < self.sleep_until.load(Ordering::Acquire) {
+                self.wire.wake.signal();
             }
         }
     }

@@ -10,16 +10,14 @@ use super::share::{slot_of_comm_id, ServiceClaim, Share, FIRST_SLOT, LAST_SLOT};
 use super::tx::{TxBatch, Wire};
 use crate::error::Result;
 use softrdma_proto::cm::{Cm, CmConfig, CmEvent, CmStats};
-use softrdma_wire::{bth, deth, mad, opcode::Opcode, roce};
+use softrdma_proto::device;
+use softrdma_wire::{mad, roce};
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::Instant;
-
-/// The Q_Key of QP 1.
-pub(crate) const GSI_QKEY: u32 = mad::GSI_QKEY;
 
 /// Counters of the GSI path, beyond the CM's own.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -146,21 +144,12 @@ impl Gsi {
         }
     }
 
-    /// Hands a received QP1 packet (BTH through ICRC, ICRC already verified) to the CM.
+    /// Hands a received QP1 packet (BTH through ICRC, ICRC already verified) to the CM: the
+    /// MAD it carries when it is one as QP 1 takes it ([`device::unframe_mad`]); counts it
+    /// as dropped otherwise.
     pub(crate) fn receive(&mut self, now: Instant, src: IpAddr, pkt: &[u8]) {
-        let ok = roce::Packet::new_checked(pkt).ok().and_then(|p| {
-            let repr = roce::Repr::parse(&p).ok()?;
-            let deth = repr.deth?;
-            // The P_Key must be in the port's table (the default partition only), as a full
-            // or a limited member.
-            (repr.bth.opcode == Opcode::UD_SEND_ONLY
-                && repr.bth.pkey & 0x7fff == bth::DEFAULT_PKEY & 0x7fff
-                && deth.qkey == GSI_QKEY
-                && p.payload().len() >= mad::MAD_SIZE)
-                .then(|| p.payload()[..mad::MAD_SIZE].to_vec())
-        });
-        match ok {
-            Some(m) => self.cm.handle_mad(now, src, &m),
+        match device::unframe_mad(pkt) {
+            Some(m) => self.cm.handle_mad(now, src, m),
             None => self.counters.dropped += 1,
         }
     }
@@ -173,34 +162,15 @@ impl Gsi {
     }
 
     /// Writes the next MAD to send as a complete RoCEv2 packet (ICRC bytes reserved) into
-    /// `buf`; returns its length and destination.
+    /// `buf`, the MAD in place behind the headers; returns its length and destination.
     pub(crate) fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<(usize, IpAddr)> {
-        let (dst, m) = self.cm.poll_transmit()?;
-        let repr = roce::Repr {
-            bth: bth::Repr {
-                opcode: Opcode::UD_SEND_ONLY,
-                solicited_event: false,
-                mig_req: false,
-                pad_count: 0,
-                pkey: bth::DEFAULT_PKEY,
-                fecn: false,
-                becn: false,
-                dest_qp: mad::GSI_QPN,
-                ack_req: false,
-                psn: self.psn,
-            },
-            deth: Some(deth::Repr {
-                qkey: GSI_QKEY,
-                src_qp: mad::GSI_QPN,
-            }),
-            payload_len: mad::MAD_SIZE,
-            ..Default::default()
-        };
+        let len = device::gsi::frame_headers(buf, self.psn)?;
+        let at = device::gsi::MAD_AT;
+        let t = self
+            .cm
+            .poll_transmit_into(&mut buf[at..len - roce::ICRC_LEN])?;
         self.psn = (self.psn + 1) & 0xff_ffff;
-        let len = repr.buffer_len();
-        let mut p = roce::Packet::new_unchecked(buf.get_mut(..len)?);
-        repr.emit(&mut p, &m).ok()?;
-        Some((len, dst))
+        Some((len, t.dest))
     }
 }
 

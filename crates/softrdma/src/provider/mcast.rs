@@ -25,11 +25,12 @@
 //! wakes it up; datagrams that arrive before it polls the new socket wait in that socket.
 
 use super::capture;
-use super::rx::{datagrams, rx_flow, verify_icrc, RxSink, RxState, Via, MULTICAST_QPN};
+use super::rx::{add_counts, datagrams, Counts, RxSink, RxState, Via, MULTICAST_QPN};
 use super::sock::{UdpSock, ROCE_PORT};
 use super::tx::{TxBatch, Wire};
 use crate::error::Result;
 use crate::gid::Gid;
+use softrdma_proto::device::{icrc_flow, verify_icrc};
 use softrdma_wire::icrc::{IcrcPrefix, IdentSolver};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -342,8 +343,19 @@ fn packet(
     let prefix = m
         .prefixes
         .entry((src, g.ip))
-        .or_insert_with(|| rx_flow(src, g.ip));
-    let Some(ident) = verify_icrc(c, prefix, &mut m.ident, &view) else {
+        .or_insert_with(|| icrc_flow(src.ip(), src.port(), g.ip));
+    // No per-sender history here: the identification is always solved for when the full
+    // check fails.
+    let mut counts = Counts::default();
+    let checked = verify_icrc(
+        &mut counts,
+        prefix,
+        Some(&mut m.ident),
+        view.icrc_covered(),
+        view.icrc(),
+    );
+    add_counts(&mut counts, c);
+    let Ok(ident) = checked else {
         return;
     };
     c.rx_packets.fetch_add(1, Ordering::Relaxed);

@@ -69,5 +69,5 @@ pub(crate) use devices::all_engines;
 pub(crate) use engine::{set_cm_hook, CmHook, Engine, QpPort};
 pub use faults::FaultConfig;
 pub(crate) use progress::holding_acks;
-pub(crate) use rx::{grh_for, Delivery, Via, MULTICAST_QPN};
+pub(crate) use rx::{Delivery, Via, MULTICAST_QPN};
 pub(crate) use tx::{with_tx, TxBatch, PKT_BUF};

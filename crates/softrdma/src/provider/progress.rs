@@ -101,6 +101,8 @@ pub(super) fn progress(weak: Weak<Engine>) {
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(3);
     // The application threads' busy polls counted when last looked at.
     let mut seen_polls = 0u64;
+    // The QPs whose deadline passed (reused).
+    let mut due: Vec<u32> = Vec::new();
     loop {
         let Some(engine) = weak.upgrade() else {
             return;
@@ -112,10 +114,9 @@ pub(super) fn progress(weak: Weak<Engine>) {
             .timers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .min()
+            .poll_timeout()
         {
-            next = next.min(*d);
+            next = next.min(d);
         }
         if let Some(d) = engine.wire.release_delayed(now) {
             next = next.min(d);
@@ -221,14 +222,12 @@ pub(super) fn progress(weak: Weak<Engine>) {
             engine.probe_peers();
         }
         // Timers.
-        let due: Vec<u32> = {
-            let t = engine.timers.lock().unwrap_or_else(|p| p.into_inner());
-            t.iter()
-                .filter(|(_, d)| **d <= now)
-                .map(|(q, _)| *q)
-                .collect()
-        };
-        for qpn in due {
+        engine
+            .timers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .handle_timeout(now, &mut due);
+        for qpn in due.drain(..) {
             engine.on_timeout(qpn, now, &mut tx);
         }
         engine.send(&mut tx);

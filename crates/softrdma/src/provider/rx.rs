@@ -5,168 +5,55 @@ use super::capture;
 use super::counters::Counters;
 use super::share::{self, Share};
 use super::sock::RxMsg;
-use super::tx::{icrc_flow, TxBatch, Wire, BATCH};
-use crate::gid::{ipv6_mapped, Gid};
-use softrdma_wire::icrc::{IcrcPrefix, IdentSolver};
-use softrdma_wire::ip;
-use std::collections::HashMap;
+use super::tx::{TxBatch, Wire, BATCH};
+use crate::gid::Gid;
+pub(super) use softrdma_proto::device::DeviceCounters as Counts;
+use softrdma_proto::device::{RxFlows, Sender};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-/// The 40-byte GRH a UD receive gets for a datagram of `payload_len` bytes from `src` to
-/// `dst`: the IP header the datagram came with (as softrdma peers send it: TTL 64, DF,
-/// identification 0), an IPv4 one in the last 20 bytes.
-#[inline]
-pub(crate) fn grh_for(src: &SocketAddr, dst: &SocketAddr, payload_len: usize) -> [u8; 40] {
-    let mut g = [0u8; 40];
-    let udp_len = ip::UDP_HEADER_LEN + payload_len;
-    // (A datagram too long for the length fields, which cannot arrive, leaves them zero.)
-    match (src.ip(), dst.ip()) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let repr = ip::Ipv4Repr {
-                src_addr: s,
-                dst_addr: d,
-                protocol: ip::IP_PROTOCOL_UDP,
-                payload_len: udp_len,
-                ttl: 64,
-                tos: 0,
-                ident: 0,
-                dont_frag: true,
-            };
-            let _ = repr.emit(&mut ip::Ipv4Packet::new_unchecked(&mut g[20..]));
-        }
-        (s, d) => {
-            let repr = ip::Ipv6Repr {
-                src_addr: ipv6_mapped(s),
-                dst_addr: ipv6_mapped(d),
-                next_header: ip::IP_PROTOCOL_UDP,
-                payload_len: udp_len,
-                hop_limit: 64,
-                traffic_class: 0,
-                flow_label: 0,
-            };
-            let _ = repr.emit(&mut ip::Ipv6Packet::new_unchecked(&mut g[..]));
-        }
-    }
-    g
-}
-
-/// The ICRC flow of datagrams from `src` to `dst` port 4791.
-pub(super) fn rx_flow(src: SocketAddr, dst: IpAddr) -> IcrcPrefix {
-    icrc_flow(src.ip(), src.port(), dst)
-}
-
-/// Checks one received datagram (the UDP payload `pkt`, from `src`, whose ICRC flow is
-/// `prefix`): its ICRC and headers.
+/// Checks one received datagram (the UDP payload `pkt`, from `src`) with its sender's flow
+/// ([`Sender::check`]: headers, ICRC, the identification rule), counting in `counts`.
 /// Returns the destination QP number of a good packet; counts and drops a bad one.
-pub(super) fn check_packet(
+#[inline]
+fn check_packet(
     wire: &Wire,
+    counts: &mut Counts,
+    sender: &mut Sender<'_>,
     pkt: &[u8],
     src: SocketAddr,
-    flow: &mut RxFlow,
-    solver: &mut IdentSolver,
 ) -> Option<u32> {
-    let c = &wire.counters;
-    let prefix = &flow.prefix;
-    // A sender whose packets all verified with identification 0 (a softrdma peer) keeps the
-    // full 32-bit check: its packets are never accepted through a solved identification.
-    let solve = flow.solved_any || flow.zero_ident < ZERO_IDENT_PEER;
-    let Ok(view) = softrdma_wire::roce::Packet::new_checked(pkt) else {
-        if is_cnp(pkt) {
-            // BTH, 16 reserved bytes, ICRC: counted when the ICRC is good, then dropped.
-            let (covered, icrc) = pkt.split_at(pkt.len() - 4);
-            let icrc = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
-            if check_icrc(c, prefix, solve.then_some(solver), covered, icrc).is_some() {
-                c.cnp_received.fetch_add(1, Ordering::Relaxed);
-            }
-            return None;
-        }
-        c.malformed.fetch_add(1, Ordering::Relaxed);
-        return None;
-    };
-    let ident = check_icrc(
-        c,
-        prefix,
-        solve.then_some(solver),
-        view.icrc_covered(),
-        view.icrc(),
-    )?;
-    if ident == 0 {
-        flow.zero_ident = flow.zero_ident.saturating_add(1);
-    } else {
-        flow.solved_any = true;
-    }
-    c.rx_packets.fetch_add(1, Ordering::Relaxed);
-    c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
+    let (qpn, ident) = sender.check(counts, pkt).ok()?;
+    counts.rx_packets += 1;
+    counts.rx_bytes += pkt.len() as u64;
     if capture::active() {
         capture::record_received(src, wire.local, pkt, ident);
     }
-    Some(view.bth().dest_qp())
+    Some(qpn)
 }
 
-/// Verifies the ICRC of a received packet against its flow's prefix (no per-sender
-/// history: the multicast path): first as sent with
-/// IPv4 identification 0 (softrdma peers; the full 32-bit check, and all the work done when
-/// it passes), then, for IPv4, with the identification solved from the ICRC (other stacks).
-/// Returns the identification that matched; counts and returns `None` when none does.
-pub(crate) fn verify_icrc(
-    c: &Counters,
-    prefix: &IcrcPrefix,
-    solver: &mut IdentSolver,
-    view: &softrdma_wire::roce::Packet<&[u8]>,
-) -> Option<u16> {
-    check_icrc(c, prefix, Some(solver), view.icrc_covered(), view.icrc())
-}
-
-/// Packets verified with identification 0, and none through a solved one, after which a
-/// sender counts as a softrdma peer whose packets get only the full check (a corrupted
-/// packet would otherwise pass the 16-bit check of a solved identification with probability
-/// 2^-16: one in about 65,000 corrupted packets). Linux rxe varies the identification per
-/// packet, so its flows solve one long before this many zeros.
-pub(super) const ZERO_IDENT_PEER: u32 = 64;
-
-/// What the receive path keeps per sender: its ICRC prefix and how its packets verified.
-pub(crate) struct RxFlow {
-    pub(super) prefix: IcrcPrefix,
-    /// Packets verified with identification 0 (saturating).
-    pub(super) zero_ident: u32,
-    /// Whether a packet ever verified through a solved identification (another stack).
-    pub(super) solved_any: bool,
-}
-
-/// Whether a UDP payload is a RoCEv2 CNP: opcode `0x81` in a packet of exactly its size
-/// (BTH, 16 reserved bytes, ICRC).
-pub(super) fn is_cnp(pkt: &[u8]) -> bool {
-    pkt.len() == softrdma_wire::bth::HEADER_LEN + 16 + 4
-        && pkt[0] == softrdma_wire::opcode::Opcode::CNP.0
-}
-
-/// [`verify_icrc`] for the bytes the ICRC covers and the ICRC as received.
-pub(super) fn check_icrc(
-    c: &Counters,
-    prefix: &IcrcPrefix,
-    solver: Option<&mut IdentSolver>,
-    covered: &[u8],
-    icrc: u32,
-) -> Option<u16> {
-    match prefix.compute(covered) {
-        Ok(crc) if crc == icrc => Some(0),
-        Ok(crc) => match solver.and_then(|s| prefix.solve_ident(s, covered.len(), crc, icrc)) {
-            Some(ident) => {
-                c.icrc_ident_solved.fetch_add(1, Ordering::Relaxed);
-                Some(ident)
-            }
-            None => {
-                c.icrc_errors.fetch_add(1, Ordering::Relaxed);
-                None
-            }
-        },
-        Err(_) => {
-            c.icrc_errors.fetch_add(1, Ordering::Relaxed);
-            None
+/// Adds what the receive side counted in `counts` (as [`RxFlows`] and [`verify_icrc`]
+/// count) to the device's counters, and zeroes it. Called before packets go to a QP or the
+/// CM, so that the counters a program reads after a completion include its packets.
+pub(super) fn add_counts(counts: &mut Counts, c: &Counters) {
+    if *counts == Counts::default() {
+        return;
+    }
+    let pairs = [
+        (counts.rx_packets, &c.rx_packets),
+        (counts.rx_bytes, &c.rx_bytes),
+        (counts.malformed, &c.malformed),
+        (counts.icrc_errors, &c.icrc_errors),
+        (counts.icrc_ident_solved, &c.icrc_ident_solved),
+        (counts.cnp_received, &c.cnp_received),
+    ];
+    for (n, a) in pairs {
+        if n != 0 {
+            a.fetch_add(n, Ordering::Relaxed);
         }
     }
+    *counts = Counts::default();
 }
 
 /// How a packet reached the device.
@@ -247,18 +134,23 @@ fn deliver(
 pub(crate) struct RxState {
     pub(super) bufs: Vec<Vec<u8>>,
     pub(super) meta: Vec<RxMsg>,
-    pub(super) prefixes: HashMap<SocketAddr, RxFlow>,
-    /// Solves for the IPv4 identification of packets from other stacks.
-    pub(super) ident: IdentSolver,
+    /// The ICRC flows of the senders.
+    flows: RxFlows,
+    /// What the checks counted, not yet added to the device's counters.
+    counts: Counts,
 }
+
+/// The most senders whose ICRC flows the receive side keeps (one beyond them is checked with
+/// a prefix built for its packets: hostile sources cannot grow memory).
+const MAX_RX_FLOWS: usize = 4096;
 
 impl RxState {
     pub(crate) fn new() -> RxState {
         RxState {
             bufs: (0..BATCH).map(|_| vec![0u8; 65536]).collect(),
             meta: vec![RxMsg::default(); BATCH],
-            prefixes: HashMap::new(),
-            ident: IdentSolver::new(),
+            flows: RxFlows::new(MAX_RX_FLOWS),
+            counts: Counts::default(),
         }
     }
 }
@@ -300,8 +192,8 @@ impl RxState {
         let RxState {
             bufs,
             meta,
-            prefixes,
-            ident,
+            flows,
+            counts,
         } = self;
         let local = wire.local.ip();
         for _ in 0..rounds {
@@ -333,11 +225,7 @@ impl RxState {
                     continue;
                 };
                 // One flow lookup per message: the datagrams of a GRO batch share a sender.
-                let flow = prefixes.entry(src).or_insert_with(|| RxFlow {
-                    prefix: rx_flow(src, local),
-                    zero_ident: 0,
-                    solved_any: false,
-                });
+                let mut sender = flows.sender(src, local);
                 run.clear();
                 let mut run_qpn = None;
                 for pkt in pkts {
@@ -347,10 +235,11 @@ impl RxState {
                     {
                         continue;
                     }
-                    let Some(qpn) = check_packet(wire, pkt, src, flow, ident) else {
+                    let Some(qpn) = check_packet(wire, counts, &mut sender, pkt, src) else {
                         continue;
                     };
                     if qpn == softrdma_wire::mad::GSI_QPN {
+                        add_counts(counts, &wire.counters);
                         sink.mad(pkt, src, now, tx, false);
                         continue;
                     }
@@ -360,6 +249,7 @@ impl RxState {
                     }
                     if run_qpn != Some(qpn) {
                         if let Some(q) = run_qpn {
+                            add_counts(counts, &wire.counters);
                             deliver(wire, sink, q, &run, src, now, tx);
                         }
                         run.clear();
@@ -367,6 +257,7 @@ impl RxState {
                     }
                     run.push(pkt);
                 }
+                add_counts(counts, &wire.counters);
                 if let Some(q) = run_qpn {
                     deliver(wire, sink, q, &run, src, now, tx);
                 }
@@ -424,8 +315,8 @@ impl RxState {
     ) -> usize {
         let RxState {
             bufs,
-            prefixes,
-            ident,
+            flows,
+            counts,
             ..
         } = self;
         let buf = &mut bufs[0];
@@ -439,12 +330,10 @@ impl RxState {
                 continue;
             };
             let pkt = &buf[range];
-            let flow = prefixes.entry(src).or_insert_with(|| RxFlow {
-                prefix: rx_flow(src, wire.local.ip()),
-                zero_ident: 0,
-                solved_any: false,
-            });
-            let Some(qpn) = check_packet(wire, pkt, src, flow, ident) else {
+            let mut sender = flows.sender(src, wire.local.ip());
+            let checked = check_packet(wire, counts, &mut sender, pkt, src);
+            add_counts(counts, &wire.counters);
+            let Some(qpn) = checked else {
                 continue;
             };
             let now = Instant::now();
@@ -459,51 +348,5 @@ impl RxState {
         }
         wire.send(tx);
         n
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::grh_for;
-    use softrdma_wire::ip::{Ipv4Packet, Ipv6Packet, IP_PROTOCOL_UDP};
-    use std::net::SocketAddr;
-
-    #[test]
-    fn grh_carries_the_ip_header_the_datagram_came_with() {
-        let (a, b): (SocketAddr, SocketAddr) = (
-            "127.91.0.1:4791".parse().unwrap(),
-            "127.91.0.2:4791".parse().unwrap(),
-        );
-        let g = grh_for(&a, &b, 100);
-        assert_eq!(g[..20], [0; 20]);
-        let p = Ipv4Packet::new_unchecked(&g[20..]);
-        assert!(p.verify_checksum());
-        assert_eq!(
-            &g[20..32],
-            &[0x45, 0, 0, 128, 0, 0, 0x40, 0, 64, 17, g[30], g[31]]
-        );
-        assert_eq!(
-            (p.src_addr(), p.dst_addr(), p.total_len()),
-            (
-                "127.91.0.1".parse().unwrap(),
-                "127.91.0.2".parse().unwrap(),
-                128
-            )
-        );
-        let (a, b): (SocketAddr, SocketAddr) = (
-            "[fd00::1]:4791".parse().unwrap(),
-            "[fd00::2]:4791".parse().unwrap(),
-        );
-        let g = grh_for(&a, &b, 100);
-        let p = Ipv6Packet::new_unchecked(&g[..]);
-        assert_eq!(g[0..4], [0x60, 0, 0, 0]);
-        assert_eq!(
-            (p.next_header(), p.hop_limit(), p.payload_len()),
-            (IP_PROTOCOL_UDP, 64, 108)
-        );
-        assert_eq!(
-            (p.src_addr(), p.dst_addr()),
-            ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap())
-        );
     }
 }

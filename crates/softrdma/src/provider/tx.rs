@@ -6,9 +6,7 @@ use super::counters::Counters;
 use super::faults::{FaultConfig, Faults};
 use super::fd::EventFd;
 use super::sock::{UdpSock, ROCE_PORT};
-use crate::gid::ipv6_mapped;
-use softrdma_wire::icrc::IcrcPrefix;
-use std::collections::HashMap;
+use softrdma_proto::device::Sealer;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -19,16 +17,19 @@ pub(crate) const PKT_BUF: usize = 4096 + 128;
 /// Datagrams per `sendmmsg` or `recvmmsg`.
 pub(crate) const BATCH: usize = 64;
 
-/// Packets being prepared for one `sendmmsg`, with their ICRC flows.
+/// The most destinations whose ICRC prefixes a transmit batch keeps per source address.
+const MAX_TX_FLOWS: usize = 4096;
+
+/// Packets being prepared for one `sendmmsg`, with the sealers of the devices they leave
+/// from ([`Sealer`]: the ICRC of each packet for its flow).
 pub(crate) struct TxBatch {
     pub(super) bufs: Vec<Vec<u8>>,
     pub(super) lens: Vec<usize>,
     pub(super) dests: Vec<SocketAddr>,
     pub(super) count: usize,
-    pub(super) prefixes: HashMap<(IpAddr, IpAddr), IcrcPrefix>,
-    /// The flow of the last packet committed and its prefix: nearly every packet of a batch
-    /// goes on the same flow as the one before, which then costs no hash lookup.
-    pub(super) last: Option<(IpAddr, IpAddr, IcrcPrefix)>,
+    /// One sealer per source address (a thread may send from several devices), the one of
+    /// the last packet first: nearly every packet leaves from where the one before did.
+    sealers: Vec<(IpAddr, Sealer)>,
 }
 
 impl TxBatch {
@@ -38,8 +39,7 @@ impl TxBatch {
             lens: vec![0; BATCH],
             dests: vec![SocketAddr::from(([0, 0, 0, 0], 0)); BATCH],
             count: 0,
-            prefixes: HashMap::new(),
-            last: None,
+            sealers: Vec::new(),
         }
     }
 
@@ -57,40 +57,28 @@ impl TxBatch {
     /// Seals the packet written in the current slot: computes its ICRC for the flow
     /// `src → dst` (both on port 4791) and queues it.
     pub(crate) fn commit(&mut self, len: usize, src: IpAddr, dst: IpAddr) {
-        let prefix = match &self.last {
-            Some((s, d, p)) if *s == src && *d == dst => p,
-            _ => {
-                let p = self
-                    .prefixes
-                    .entry((src, dst))
-                    .or_insert_with(|| flow(src, dst))
-                    .clone();
-                &self.last.insert((src, dst, p)).2
-            }
-        };
-        let buf = &mut self.bufs[self.count];
-        if let Ok(crc) = prefix.compute(&buf[..len - 4]) {
-            buf[len - 4..len].copy_from_slice(&crc.to_le_bytes());
-        }
+        let sealer = sealer_for(&mut self.sealers, src);
+        // (A packet the sealer refuses, which `drive` never commits, goes with its ICRC
+        // bytes as written: the peer drops it.)
+        let _ = sealer.seal(dst, &mut self.bufs[self.count][..len]);
         self.lens[self.count] = len;
         self.dests[self.count] = SocketAddr::new(dst, ROCE_PORT);
         self.count += 1;
     }
 }
 
-/// The ICRC flow of packets sent from `src` to `dst` (port 4791 to port 4791). Mixed
-/// families cannot happen: address vectors are checked against the device.
-pub(super) fn flow(src: IpAddr, dst: IpAddr) -> IcrcPrefix {
-    icrc_flow(src, ROCE_PORT, dst)
-}
-
-/// The ICRC flow of datagrams from `src` port `src_port` to `dst` port 4791 (both sides of
-/// one family; IPv4-mapped otherwise).
-pub(super) fn icrc_flow(src: IpAddr, src_port: u16, dst: IpAddr) -> IcrcPrefix {
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => IcrcPrefix::ipv4(s, d, src_port, ROCE_PORT),
-        (s, d) => IcrcPrefix::ipv6(ipv6_mapped(s), ipv6_mapped(d), src_port, ROCE_PORT),
+/// The sealer of packets from `src` (port 4791) among `sealers`, moved to the front.
+#[inline]
+fn sealer_for(sealers: &mut Vec<(IpAddr, Sealer)>, src: IpAddr) -> &mut Sealer {
+    match sealers.iter().position(|(s, _)| *s == src) {
+        Some(0) => {}
+        Some(i) => sealers.swap(0, i),
+        None => {
+            let s = Sealer::new(src, ROCE_PORT, MAX_TX_FLOWS);
+            sealers.insert(0, (src, s));
+        }
     }
+    &mut sealers[0].1
 }
 
 thread_local! {
