@@ -1,16 +1,22 @@
 //! The device engines of this process, one per address, started on first use and kept.
 
 use super::capture;
-use super::engine::{engine_started, Engine};
+use super::counters::DeviceCounters;
+use super::engine::{engine_started, Engine, Provider, QpPort};
 use super::faults::FaultConfig;
+use super::gsi::Gsi;
 use super::progress;
 use super::share::Share;
 use super::sock::{UdpSock, ROCE_PORT};
+use super::tx::TxBatch;
 use super::tx::Wire;
 use crate::error::Result;
+use crate::gid::Gid;
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::Weak;
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 /// The engines of this process, one per address, kept for the life of the process: a device's
 /// UDP socket and progress thread are started on first use and stay, as a NIC stays, so that
@@ -100,5 +106,56 @@ impl Engine {
         e.rediscover();
         tracing::debug!(%local, "device engine started");
         Ok(e)
+    }
+}
+
+impl Provider for Engine {
+    fn slot(&self) -> u8 {
+        Engine::slot(self)
+    }
+    fn register(&self, qpn: u32, qp: Weak<dyn QpPort>) {
+        Engine::register(self, qpn, qp)
+    }
+    fn unregister(&self, qpn: u32) {
+        Engine::unregister(self, qpn)
+    }
+    #[inline]
+    fn set_timer(&self, qpn: u32, deadline: Option<Instant>) {
+        Engine::set_timer(self, qpn, deadline)
+    }
+    #[inline]
+    fn send(&self, tx: &mut TxBatch) {
+        Engine::send(self, tx)
+    }
+    fn note_held_ack(&self, qpn: u32) {
+        Engine::note_held_ack(self, qpn)
+    }
+    #[inline]
+    fn poll_progress(&self, busy: bool) {
+        Engine::poll_progress(self, busy)
+    }
+    fn app_sleeps(&self) {
+        Engine::app_sleeps(self)
+    }
+    fn mcast_join(&self, gid: &Gid, qpn: u32) -> Result<()> {
+        Engine::mcast_join(self, gid, qpn)
+    }
+    fn mcast_leave(&self, gid: &Gid, qpn: u32) {
+        Engine::mcast_leave(self, gid, qpn)
+    }
+    fn counters(&self) -> DeviceCounters {
+        Engine::counters(self)
+    }
+    fn set_faults(&self, cfg: Option<FaultConfig>) {
+        Engine::set_faults(self, cfg)
+    }
+    fn with_cm<R>(&self, f: impl FnOnce(&mut Gsi, Instant) -> R) -> R {
+        Engine::with_cm(self, f)
+    }
+    fn cm_listen(&self, sid: u64) -> Result<bool> {
+        Engine::cm_listen(self, sid)
+    }
+    fn cm_unlisten(&self, sid: u64) {
+        Engine::cm_unlisten(self, sid)
     }
 }

@@ -108,6 +108,46 @@ pub(crate) trait QpPort: Send + Sync {
     fn release_held_ack(self: Arc<Self>);
 }
 
+/// A device's provider as the layers above call it: the verbs layer (QPs, their timers and
+/// transmit batches, CQ polls, multicast, counters, faults) and the connection manager (QP 1).
+/// Today it has one implementation, the UDP RoCEv2 [`Engine`] (started with
+/// `Engine::get_or_start`); the same-host path is to be the second. Its methods are the
+/// engine's, called through this trait from outside the provider.
+pub(crate) trait Provider {
+    /// This process's slot on the device (bits 16..23 of its QP numbers).
+    fn slot(&self) -> u8;
+    /// Registers the QP `qpn`: packets and timeouts for it go to `qp` from now on.
+    fn register(&self, qpn: u32, qp: Weak<dyn QpPort>);
+    /// Forgets the QP `qpn` and its deadline.
+    fn unregister(&self, qpn: u32);
+    /// Records the QP's next deadline (`None`: none).
+    fn set_timer(&self, qpn: u32, deadline: Option<Instant>);
+    /// Sends a batch of finished packets.
+    fn send(&self, tx: &mut TxBatch);
+    /// Records that the transport of QP `qpn` holds a positive ACK back.
+    fn note_held_ack(&self, qpn: u32);
+    /// Progress from an application thread that found its CQ empty (`busy`: not armed).
+    fn poll_progress(&self, busy: bool);
+    /// An application thread is about to sleep on a completion channel.
+    fn app_sleeps(&self);
+    /// Attaches QP `qpn` to the multicast group `gid`; fails with the errno of joining it.
+    fn mcast_join(&self, gid: &Gid, qpn: u32) -> Result<()>;
+    /// Detaches QP `qpn` from the multicast group `gid`.
+    fn mcast_leave(&self, gid: &Gid, qpn: u32);
+    /// A snapshot of the device's packet counters.
+    fn counters(&self) -> DeviceCounters;
+    /// Injects faults with `cfg` into what the device sends (`None`: none).
+    fn set_faults(&self, cfg: Option<FaultConfig>);
+    /// Runs `f` on the device's connection manager, sends what it wants sent, then
+    /// dispatches its events.
+    fn with_cm<R>(&self, f: impl FnOnce(&mut Gsi, Instant) -> R) -> R;
+    /// Listens for the service `sid`; fails with `EADDRINUSE` when another process sharing
+    /// the device listens on it.
+    fn cm_listen(&self, sid: u64) -> Result<bool>;
+    /// Stops listening for the service `sid`.
+    fn cm_unlisten(&self, sid: u64);
+}
+
 /// The entry points of the connection-manager layer above the provider ([`crate::rdma_cm`]),
 /// which registers them with [`set_cm_hook`] before it holds any id: the provider calls up
 /// only through them, never by name.
@@ -183,7 +223,7 @@ impl Engine {
 
     /// This process's slot on the device: the byte in bits 16..23 of its QP numbers and
     /// 24..31 of its CM communication IDs.
-    pub(crate) fn slot(&self) -> u8 {
+    pub(super) fn slot(&self) -> u8 {
         self.share.slot()
     }
 
@@ -221,7 +261,7 @@ impl Engine {
     }
 
     /// Registers the QP `qpn`: packets and timeouts for it go to `qp` from now on.
-    pub(crate) fn register(&self, qpn: u32, qp: Weak<dyn QpPort>) {
+    pub(super) fn register(&self, qpn: u32, qp: Weak<dyn QpPort>) {
         self.qps
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -229,7 +269,7 @@ impl Engine {
     }
 
     /// Forgets the QP `qpn` and its deadline.
-    pub(crate) fn unregister(&self, qpn: u32) {
+    pub(super) fn unregister(&self, qpn: u32) {
         self.qps
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -253,7 +293,7 @@ impl Engine {
     }
 
     /// Records the QP's next deadline and wakes the progress thread if it would sleep past it.
-    pub(crate) fn set_timer(&self, qpn: u32, deadline: Option<Instant>) {
+    pub(super) fn set_timer(&self, qpn: u32, deadline: Option<Instant>) {
         self.timers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -286,33 +326,33 @@ impl Engine {
     }
 
     /// A snapshot of the device's packet counters.
-    pub(crate) fn counters(&self) -> DeviceCounters {
+    pub(super) fn counters(&self) -> DeviceCounters {
         self.wire.counters.snapshot()
     }
 
     /// Injects faults with `cfg` into what the device sends from now on (`None`: none).
-    pub(crate) fn set_faults(&self, cfg: Option<FaultConfig>) {
+    pub(super) fn set_faults(&self, cfg: Option<FaultConfig>) {
         self.wire.set_faults(cfg);
     }
 
     /// Sends a batch of finished packets (see [`Wire::send`]).
     #[inline]
-    pub(crate) fn send(&self, tx: &mut TxBatch) {
+    pub(super) fn send(&self, tx: &mut TxBatch) {
         self.wire.send(tx);
     }
 
     /// Attaches QP `qpn` to the multicast group `gid` (see [`Mcast::join`]).
-    pub(crate) fn mcast_join(&self, gid: &Gid, qpn: u32) -> Result<()> {
+    pub(super) fn mcast_join(&self, gid: &Gid, qpn: u32) -> Result<()> {
         self.mcast.join(&self.wire, gid, qpn)
     }
 
     /// Detaches QP `qpn` from the multicast group `gid` (see [`Mcast::leave`]).
-    pub(crate) fn mcast_leave(&self, gid: &Gid, qpn: u32) {
+    pub(super) fn mcast_leave(&self, gid: &Gid, qpn: u32) {
         self.mcast.leave(&self.wire, gid, qpn)
     }
 
     /// Records that the transport of QP `qpn` holds a positive ACK back.
-    pub(crate) fn note_held_ack(&self, qpn: u32) {
+    pub(super) fn note_held_ack(&self, qpn: u32) {
         let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
         if !l.contains(&qpn) {
             l.push(qpn);
@@ -352,13 +392,13 @@ impl Engine {
     /// shared device; says whether this process did not listen on it before.
     ///
     /// Fails with `EADDRINUSE` when another process listens on `sid` on this device.
-    pub(crate) fn cm_listen(&self, sid: u64) -> Result<bool> {
+    pub(super) fn cm_listen(&self, sid: u64) -> Result<bool> {
         let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
         g.listen(&self.share, sid)
     }
 
     /// Stops accepting requests for `sid` and lets go of its claim.
-    pub(crate) fn cm_unlisten(&self, sid: u64) {
+    pub(super) fn cm_unlisten(&self, sid: u64) {
         self.gsi
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -403,7 +443,7 @@ impl Engine {
 
     /// Runs `f` on the connection manager of this device, sends what it wants sent, then
     /// dispatches its events.
-    pub(crate) fn with_cm<R>(&self, f: impl FnOnce(&mut Gsi, Instant) -> R) -> R {
+    pub(super) fn with_cm<R>(&self, f: impl FnOnce(&mut Gsi, Instant) -> R) -> R {
         let (r, evs) = {
             let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
             let r = f(&mut g, Instant::now());

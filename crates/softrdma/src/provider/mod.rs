@@ -66,7 +66,7 @@ mod tx;
 
 pub use counters::{DeviceCounters, PROBE_INTERVAL};
 pub(crate) use devices::all_engines;
-pub(crate) use engine::{set_cm_hook, CmHook, Engine, QpPort};
+pub(crate) use engine::{set_cm_hook, CmHook, Engine, Provider, QpPort};
 pub use faults::FaultConfig;
 pub(crate) use progress::holding_acks;
 pub(crate) use rx::{Delivery, Via, MULTICAST_QPN};

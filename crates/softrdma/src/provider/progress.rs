@@ -32,7 +32,7 @@ impl Engine {
     ///
     /// `busy` says that the CQ polled is not armed for an event: its program polls rather
     /// than sleeps, and the progress thread leaves the socket to it (see the module notes).
-    pub(crate) fn poll_progress(&self, busy: bool) {
+    pub(super) fn poll_progress(&self, busy: bool) {
         if busy && !self.handoff.is_zero() {
             self.app_polls.fetch_add(1, Ordering::Relaxed);
             if self.app_asleep.load(Ordering::Relaxed) {
@@ -60,7 +60,7 @@ impl Engine {
 impl Engine {
     /// An application thread is about to sleep rather than poll (it armed a CQ): the
     /// progress thread takes the socket back now instead of after the hand-off period.
-    pub(crate) fn app_sleeps(&self) {
+    pub(super) fn app_sleeps(&self) {
         // With `standing_down` (stored before the progress thread reads `app_asleep`): one of
         // the two threads sees the other's store.
         self.app_asleep.store(true, Ordering::SeqCst);

@@ -8,6 +8,7 @@ use super::qp_state::qp_to_err;
 use super::RDMA_MAX_RESP_RES;
 use crate::error::{Error, ErrorKind, Result};
 use crate::provider::Engine;
+use crate::provider::Provider;
 use crate::{Context, Device, Pd};
 use std::collections::HashMap;
 use std::net::IpAddr;

@@ -3,6 +3,7 @@
 //! its packets to the provider's transmit batch, its completions to the CQs and its events
 //! to the QP; and the QP's face to the provider ([`QpPort`]: packets, timeouts, held ACKs).
 
+use crate::provider::Provider;
 use crate::provider::{holding_acks, with_tx, Delivery, Engine, QpPort, TxBatch, Via, PKT_BUF};
 use crate::verbs::cq::WorkCompletion;
 use crate::verbs::event::{AsyncElement, EventTarget, EventType};
