@@ -33,7 +33,7 @@ fn check_packet(
     Some(qpn)
 }
 
-/// Adds what the receive side counted in `counts` (as [`RxFlows`] and [`verify_icrc`]
+/// Adds what the receive side counted in `counts` (as [`RxFlows`] and [`softrdma_proto::device::verify_icrc`]
 /// count) to the device's counters, and zeroes it. Called before packets go to a QP or the
 /// CM, so that the counters a program reads after a completion include its packets.
 pub(super) fn add_counts(counts: &mut Counts, c: &Counters) {
