@@ -96,7 +96,12 @@ impl RxFlow {
 /// packets of one message (a GRO batch from one sender) through one [`Sender`].
 #[derive(Debug)]
 pub struct RxFlows {
-    flows: HashMap<(SocketAddr, IpAddr), RxFlow>,
+    /// Where each kept sender's flow is in `flows`.
+    index: HashMap<(SocketAddr, IpAddr), usize>,
+    flows: Vec<RxFlow>,
+    /// The sender of the last [`RxFlows::sender`] and its place: nearly every message comes
+    /// from the sender of the one before, which then costs no hash lookup.
+    last: Option<((SocketAddr, IpAddr), usize)>,
     max: usize,
     solver: IdentSolver,
 }
@@ -124,7 +129,9 @@ impl RxFlows {
     /// No flow yet; at most `max` senders kept.
     pub fn new(max: usize) -> RxFlows {
         RxFlows {
-            flows: HashMap::new(),
+            index: HashMap::new(),
+            flows: Vec::new(),
+            last: None,
             max,
             solver: IdentSolver::new(),
         }
@@ -133,14 +140,27 @@ impl RxFlows {
     /// The flow of datagrams from `src` to `dst`, kept (created if there is room).
     pub fn sender(&mut self, src: SocketAddr, dst: IpAddr) -> Sender<'_> {
         let key = (src, dst);
-        let flow = if self.flows.len() < self.max || self.flows.contains_key(&key) {
-            SenderFlow::Kept(
-                self.flows
-                    .entry(key)
-                    .or_insert_with(|| RxFlow::new(src, dst)),
-            )
-        } else {
-            SenderFlow::Spare(RxFlow::new(src, dst))
+        let at = match self.last {
+            Some((k, i)) if k == key => Some(i),
+            _ => {
+                let at = match self.index.get(&key) {
+                    Some(&i) => Some(i),
+                    None if self.flows.len() < self.max => {
+                        self.flows.push(RxFlow::new(src, dst));
+                        self.index.insert(key, self.flows.len() - 1);
+                        Some(self.flows.len() - 1)
+                    }
+                    None => None,
+                };
+                if let Some(i) = at {
+                    self.last = Some((key, i));
+                }
+                at
+            }
+        };
+        let flow = match at {
+            Some(i) => SenderFlow::Kept(&mut self.flows[i]),
+            None => SenderFlow::Spare(RxFlow::new(src, dst)),
         };
         Sender {
             flow,

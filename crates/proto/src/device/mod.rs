@@ -45,9 +45,10 @@
 //! Today the provider uses the parts rather than a whole `Device`: a [`Sealer`] per source
 //! address in each thread's transmit batch, [`RxFlows`] (one [`Sender`] per received
 //! message) and [`verify_icrc`] for its multicast groups, [`grh_for`], [`icrc_flow`], the
-//! QP 1 framing of [`gsi`] around `Cm::poll_transmit_into`, and a [`TimerTable`]; it keeps
-//! its QP table, held ACKs and atomic counters itself (adding what the checks count after
-//! each message). The whole `Device` is driven by the simulated-network tests.
+//! QP 1 framing of [`gsi`] around `Cm::poll_transmit_into`; it keeps its QP table, timers
+//! (a map: a [`TimerTable::set`] costs about three times a map insert, once per drive of a
+//! QP), held ACKs and atomic counters itself (adding what the checks count before packets
+//! go to a QP). The whole `Device` is driven by the simulated-network tests.
 //!
 //! The provider's `Counters` map onto [`DeviceCounters`] field for field (`rx_packets`,
 //! `rx_bytes`, `probes_received`, `malformed`, `icrc_errors`, `icrc_ident_solved`,

@@ -14,7 +14,6 @@ use super::tx::{with_tx, TxBatch, Wire};
 use crate::error::Result;
 use crate::gid::Gid;
 use softrdma_proto::cm::CmEvent;
-use softrdma_proto::device::TimerTable;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,8 +42,10 @@ pub(crate) struct Engine {
     /// This process's membership of the device, which other processes may share.
     pub(super) share: Share,
     qps: RwLock<HashMap<u32, Weak<dyn QpPort>>>,
-    /// The deadline of each QP (QP 1: the CM's).
-    pub(super) timers: Mutex<TimerTable>,
+    /// The deadline of each QP (QP 1: the CM's). (A HashMap rather than proto's
+    /// `TimerTable`: setting a deadline, once per drive of a QP, costs a third of what a
+    /// heap push costs, and the progress thread's scan is of a handful of QPs.)
+    pub(super) timers: Mutex<HashMap<u32, Instant>>,
     epoch: Instant,
     /// When the progress thread will wake up on its own (nanoseconds since `epoch`).
     pub(super) sleep_until: AtomicU64,
@@ -191,7 +192,7 @@ impl Engine {
             local,
             share,
             qps: RwLock::new(HashMap::new()),
-            timers: Mutex::new(TimerTable::new()),
+            timers: Mutex::new(HashMap::new()),
             epoch: Instant::now(),
             sleep_until: AtomicU64::new(0),
             rx: Mutex::new(Receiving {
@@ -277,7 +278,7 @@ impl Engine {
         self.timers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .set(qpn, None);
+            .remove(&qpn);
     }
 
     pub(super) fn lookup(&self, qpn: u32) -> Option<Arc<dyn QpPort>> {
@@ -294,13 +295,17 @@ impl Engine {
 
     /// Records the QP's next deadline and wakes the progress thread if it would sleep past it.
     pub(super) fn set_timer(&self, qpn: u32, deadline: Option<Instant>) {
-        self.timers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .set(qpn, deadline);
-        if let Some(d) = deadline {
-            if self.nanos(d) < self.sleep_until.load(Ordering::Acquire) {
-                self.wire.wake.signal();
+        let mut t = self.timers.lock().unwrap_or_else(|p| p.into_inner());
+        match deadline {
+            Some(d) => {
+                t.insert(qpn, d);
+                drop(t);
+                if self.nanos(d) < self.sleep_until.load(Ordering::Acquire) {
+                    self.wire.wake.signal();
+                }
+            }
+            None => {
+                t.remove(&qpn);
             }
         }
     }

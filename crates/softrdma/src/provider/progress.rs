@@ -114,9 +114,10 @@ pub(super) fn progress(weak: Weak<Engine>) {
             .timers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .poll_timeout()
+            .values()
+            .min()
         {
-            next = next.min(d);
+            next = next.min(*d);
         }
         if let Some(d) = engine.wire.release_delayed(now) {
             next = next.min(d);
@@ -222,11 +223,15 @@ pub(super) fn progress(weak: Weak<Engine>) {
             engine.probe_peers();
         }
         // Timers.
-        engine
-            .timers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .handle_timeout(now, &mut due);
+        due.extend(
+            engine
+                .timers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter(|(_, d)| **d <= now)
+                .map(|(q, _)| *q),
+        );
         for qpn in due.drain(..) {
             engine.on_timeout(qpn, now, &mut tx);
         }
