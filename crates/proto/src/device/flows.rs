@@ -370,4 +370,44 @@ mod tests {
             ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap())
         );
     }
+
+    #[test]
+    fn each_sender_is_checked_with_its_own_flow_whatever_the_order() {
+        use super::{RxFlows, Sealer};
+        use crate::device::DeviceCounters;
+        use std::net::SocketAddr;
+        let dst: IpAddr = "127.91.0.9".parse().unwrap();
+        let senders: Vec<SocketAddr> = (1..=3)
+            .map(|i| format!("127.91.0.{i}:4791").parse().unwrap())
+            .collect();
+        // A packet sealed by each sender (BTH of a UD SEND_ONLY to QP 0x12, DETH, payload).
+        let sealed: Vec<Vec<u8>> = senders
+            .iter()
+            .map(|s| {
+                let mut p = vec![0u8; 12 + 8 + 16 + 4];
+                p[0] = 0x64;
+                p[2] = 0xff;
+                p[3] = 0xff;
+                p[7] = 0x12;
+                Sealer::new(s.ip(), 4791, 8).seal(dst, &mut p).unwrap();
+                p
+            })
+            .collect();
+        let mut flows = RxFlows::new(2);
+        let mut c = DeviceCounters::default();
+        // Alternating senders (the last-sender shortcut must not hand one the other's flow),
+        // the third beyond the bound of two kept flows.
+        for round in 0..3 {
+            for (i, s) in senders.iter().enumerate() {
+                let j = (i + round) % 3;
+                let own = flows.sender(*s, dst).check(&mut c, &sealed[i]);
+                assert_eq!(own, Ok((0x12, 0)), "sender {i}, round {round}");
+                if j != i {
+                    let other = flows.sender(*s, dst).check(&mut c, &sealed[j]);
+                    assert!(other.is_err(), "sender {i} took sender {j}'s packet");
+                }
+            }
+        }
+        assert_eq!(flows.len(), 2);
+    }
 }
