@@ -89,11 +89,19 @@ impl RxFlow {
     }
 }
 
-/// The receive flows of a device, at most `max` of them (a sender beyond that is checked
-/// with a prefix built for the packet and kept nowhere).
+/// The receive flows of a device: the ICRC prefix of every sender and how its packets
+/// verified, at most `max` senders (one beyond that is checked with a prefix built for its
+/// packets and kept nowhere). [`Device::handle_datagram`](super::Device::handle_datagram)
+/// checks with one; an owner that receives by itself can hold its own and check the
+/// packets of one message (a GRO batch from one sender) through one [`Sender`].
 #[derive(Debug)]
-pub(super) struct RxFlows {
-    flows: HashMap<(SocketAddr, IpAddr), RxFlow>,
+pub struct RxFlows {
+    /// Where each kept sender's flow is in `flows`.
+    index: HashMap<(SocketAddr, IpAddr), usize>,
+    flows: Vec<RxFlow>,
+    /// The sender of the last [`RxFlows::sender`] and its place: nearly every message comes
+    /// from the sender of the one before, which then costs no hash lookup.
+    last: Option<((SocketAddr, IpAddr), usize)>,
     max: usize,
     solver: IdentSolver,
 }
@@ -104,52 +112,111 @@ fn is_cnp(pkt: &[u8]) -> bool {
     pkt.len() == bth::HEADER_LEN + 16 + roce::ICRC_LEN && pkt.first() == Some(&Opcode::CNP.0)
 }
 
+/// The flow of one sender, to check its packets with ([`RxFlows::sender`]).
+#[derive(Debug)]
+pub struct Sender<'a> {
+    flow: SenderFlow<'a>,
+    solver: &'a mut IdentSolver,
+}
+
+#[derive(Debug)]
+enum SenderFlow<'a> {
+    Kept(&'a mut RxFlow),
+    Spare(RxFlow),
+}
+
 impl RxFlows {
-    pub(super) fn new(max: usize) -> RxFlows {
+    /// No flow yet; at most `max` senders kept.
+    pub fn new(max: usize) -> RxFlows {
         RxFlows {
-            flows: HashMap::new(),
+            index: HashMap::new(),
+            flows: Vec::new(),
+            last: None,
             max,
             solver: IdentSolver::new(),
         }
     }
 
-    /// Checks one received transport packet `pkt` (BTH through ICRC) from `src` to `dst`:
-    /// its layout and its ICRC. Returns the destination QP number of a good packet and the
-    /// IPv4 identification it verified with; counts a bad one (and a CNP) and says why it
-    /// was dropped. Good packets are counted by the caller.
-    pub(super) fn check(
+    /// The flow of datagrams from `src` to `dst`, kept (created if there is room).
+    pub fn sender(&mut self, src: SocketAddr, dst: IpAddr) -> Sender<'_> {
+        let key = (src, dst);
+        let at = match self.last {
+            Some((k, i)) if k == key => Some(i),
+            _ => {
+                let at = match self.index.get(&key) {
+                    Some(&i) => Some(i),
+                    None if self.flows.len() < self.max => {
+                        self.flows.push(RxFlow::new(src, dst));
+                        self.index.insert(key, self.flows.len() - 1);
+                        Some(self.flows.len() - 1)
+                    }
+                    None => None,
+                };
+                if let Some(i) = at {
+                    self.last = Some((key, i));
+                }
+                at
+            }
+        };
+        let flow = match at {
+            Some(i) => SenderFlow::Kept(&mut self.flows[i]),
+            None => SenderFlow::Spare(RxFlow::new(src, dst)),
+        };
+        Sender {
+            flow,
+            solver: &mut self.solver,
+        }
+    }
+
+    /// Checks one received transport packet `pkt` (BTH through ICRC) from `src` to `dst`
+    /// (see [`Sender::check`]).
+    pub fn check(
         &mut self,
         c: &mut DeviceCounters,
         pkt: &[u8],
         src: SocketAddr,
         dst: IpAddr,
     ) -> Result<(u32, u16), DropReason> {
-        let key = (src, dst);
-        let mut spare;
-        let flow = if self.flows.contains_key(&key) || self.flows.len() < self.max {
-            self.flows
-                .entry(key)
-                .or_insert_with(|| RxFlow::new(src, dst))
-        } else {
-            spare = RxFlow::new(src, dst);
-            &mut spare
+        self.sender(src, dst).check(c, pkt)
+    }
+
+    /// The number of senders whose flows are kept.
+    pub fn len(&self) -> usize {
+        self.flows.len()
+    }
+
+    /// Whether no sender's flow is kept.
+    pub fn is_empty(&self) -> bool {
+        self.flows.is_empty()
+    }
+}
+
+impl Sender<'_> {
+    /// Checks one received transport packet `pkt` (BTH through ICRC) of this sender: its
+    /// layout and its ICRC. Returns the destination QP number of a good packet and the
+    /// IPv4 identification it verified with; counts a bad one (and a CNP) and says why it
+    /// was dropped. Good packets are counted by the caller. Never panics.
+    pub fn check(&mut self, c: &mut DeviceCounters, pkt: &[u8]) -> Result<(u32, u16), DropReason> {
+        let flow = match &mut self.flow {
+            SenderFlow::Kept(f) => &mut **f,
+            SenderFlow::Spare(f) => f,
         };
         // A sender whose packets all verified with identification 0 (a softrdma peer) keeps
         // the full 32-bit check: its packets are never accepted through a solved one.
         let solve = flow.solved_any || flow.zero_ident < ZERO_IDENT_PEER;
-        let solver = solve.then_some(&mut self.solver);
+        let solver = solve.then_some(&mut *self.solver);
         let Ok(view) = roce::Packet::new_checked(pkt) else {
             if is_cnp(pkt) {
                 let (covered, icrc) = pkt.split_at(pkt.len() - roce::ICRC_LEN);
                 let icrc = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
-                check_icrc(c, &flow.prefix, solver, covered, icrc)?;
+                verify_icrc(c, &flow.prefix, solver, covered, icrc)?;
                 c.count_drop(DropReason::Cnp, 1);
                 return Err(DropReason::Cnp);
             }
             c.count_drop(DropReason::Malformed, 1);
             return Err(DropReason::Malformed);
         };
-        let ident = check_icrc(c, &flow.prefix, solver, view.icrc_covered(), view.icrc())?;
+        let ident = verify_icrc(c, &flow.prefix, solver, view.icrc_covered(), view.icrc())?;
         if ident == 0 {
             flow.zero_ident = flow.zero_ident.saturating_add(1);
         } else {
@@ -157,18 +224,15 @@ impl RxFlows {
         }
         Ok((view.bth().dest_qp(), ident))
     }
-
-    /// The number of senders whose flows are kept.
-    pub(super) fn len(&self) -> usize {
-        self.flows.len()
-    }
 }
 
 /// Verifies the ICRC `icrc` of the bytes it covers against a flow's prefix: first as sent
 /// with IPv4 identification 0 (the full 32-bit check), then, when `solver` is given, with
 /// the identification solved from the ICRC. Returns the identification that matched;
-/// counts and fails with [`DropReason::Icrc`] when none does.
-fn check_icrc(
+/// counts and fails with [`DropReason::Icrc`] when none does. [`Sender::check`] decides
+/// whether to solve from the sender's history; a check with no history (the provider's
+/// multicast groups) always passes a solver.
+pub fn verify_icrc(
     c: &mut DeviceCounters,
     prefix: &IcrcPrefix,
     solver: Option<&mut IdentSolver>,
@@ -264,5 +328,86 @@ impl Sealer {
             }
         };
         self.last.insert((dst, p)).1.compute(covered)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grh_for;
+    use softrdma_wire::ip::{Ipv4Packet, Ipv6Packet, IP_PROTOCOL_UDP};
+    use std::net::IpAddr;
+
+    #[test]
+    fn grh_carries_the_ip_header_the_datagram_came_with() {
+        let (a, b): (IpAddr, IpAddr) =
+            ("127.91.0.1".parse().unwrap(), "127.91.0.2".parse().unwrap());
+        let g = grh_for(a, b, 100);
+        assert_eq!(g[..20], [0; 20]);
+        let p = Ipv4Packet::new_unchecked(&g[20..]);
+        assert!(p.verify_checksum());
+        assert_eq!(
+            &g[20..32],
+            &[0x45, 0, 0, 128, 0, 0, 0x40, 0, 64, 17, g[30], g[31]]
+        );
+        assert_eq!(
+            (p.src_addr(), p.dst_addr(), p.total_len()),
+            (
+                "127.91.0.1".parse().unwrap(),
+                "127.91.0.2".parse().unwrap(),
+                128
+            )
+        );
+        let (a, b): (IpAddr, IpAddr) = ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
+        let g = grh_for(a, b, 100);
+        let p = Ipv6Packet::new_unchecked(&g[..]);
+        assert_eq!(g[0..4], [0x60, 0, 0, 0]);
+        assert_eq!(
+            (p.next_header(), p.hop_limit(), p.payload_len()),
+            (IP_PROTOCOL_UDP, 64, 108)
+        );
+        assert_eq!(
+            (p.src_addr(), p.dst_addr()),
+            ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn each_sender_is_checked_with_its_own_flow_whatever_the_order() {
+        use super::{RxFlows, Sealer};
+        use crate::device::DeviceCounters;
+        use std::net::SocketAddr;
+        let dst: IpAddr = "127.91.0.9".parse().unwrap();
+        let senders: Vec<SocketAddr> = (1..=3)
+            .map(|i| format!("127.91.0.{i}:4791").parse().unwrap())
+            .collect();
+        // A packet sealed by each sender (BTH of a UD SEND_ONLY to QP 0x12, DETH, payload).
+        let sealed: Vec<Vec<u8>> = senders
+            .iter()
+            .map(|s| {
+                let mut p = vec![0u8; 12 + 8 + 16 + 4];
+                p[0] = 0x64;
+                p[2] = 0xff;
+                p[3] = 0xff;
+                p[7] = 0x12;
+                Sealer::new(s.ip(), 4791, 8).seal(dst, &mut p).unwrap();
+                p
+            })
+            .collect();
+        let mut flows = RxFlows::new(2);
+        let mut c = DeviceCounters::default();
+        // Alternating senders (the last-sender shortcut must not hand one the other's flow),
+        // the third beyond the bound of two kept flows.
+        for round in 0..3 {
+            for (i, s) in senders.iter().enumerate() {
+                let j = (i + round) % 3;
+                let own = flows.sender(*s, dst).check(&mut c, &sealed[i]);
+                assert_eq!(own, Ok((0x12, 0)), "sender {i}, round {round}");
+                if j != i {
+                    let other = flows.sender(*s, dst).check(&mut c, &sealed[j]);
+                    assert!(other.is_err(), "sender {i} took sender {j}'s packet");
+                }
+            }
+        }
+        assert_eq!(flows.len(), 2);
     }
 }

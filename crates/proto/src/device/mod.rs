@@ -42,6 +42,14 @@
 //!   [`HeldAcks::take_all`] and drives those QPs; post_send, a move to RESET/ERR and destroy
 //!   call [`HeldAcks::release`] for theirs.
 //!
+//! Today the provider uses the parts rather than a whole `Device`: a [`Sealer`] per source
+//! address in each thread's transmit batch, [`RxFlows`] (one [`Sender`] per received
+//! message) and [`verify_icrc`] for its multicast groups, [`grh_for`], [`icrc_flow`], the
+//! QP 1 framing of [`gsi`] around `Cm::poll_transmit_into`; it keeps its QP table, timers
+//! (a map: a [`TimerTable::set`] costs about three times a map insert, once per drive of a
+//! QP), held ACKs and atomic counters itself (adding what the checks count before packets
+//! go to a QP). The whole `Device` is driven by the simulated-network tests.
+//!
 //! The provider's `Counters` map onto [`DeviceCounters`] field for field (`rx_packets`,
 //! `rx_bytes`, `probes_received`, `malformed`, `icrc_errors`, `icrc_ident_solved`,
 //! `cnp_received`, `unknown_qp`, `wrong_source`), and its GSI `dropped` onto `gsi_dropped`;
@@ -62,13 +70,12 @@ pub mod timers;
 
 pub use acks::{HeldAcks, Receiver};
 pub use counters::{DeviceCounters, DropReason};
-pub use flows::{grh_for, icrc_flow, SealError, Sealer};
+pub use flows::{grh_for, icrc_flow, verify_icrc, RxFlows, SealError, Sealer, Sender};
 pub use gsi::{frame_mad, unframe_mad, MAD_PACKET_LEN};
 pub use timers::TimerTable;
 
 use crate::cm::Cm;
 use crate::transport::RxMeta;
-use flows::RxFlows;
 use softrdma_wire::{mad, roce};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};

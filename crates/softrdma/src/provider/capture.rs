@@ -218,6 +218,30 @@ fn mac_for(ip: IpAddr) -> [u8; 6] {
     [0x02, 0x53, b[0], b[1], b[2], b[3]]
 }
 
+/// The device sockets of this process: what they send each other is recorded once, when
+/// sent.
+static LOCAL_DEVICES: Mutex<Vec<SocketAddr>> = Mutex::new(Vec::new());
+
+/// Notes the socket of a device of this process (see [`record_received`]).
+pub(crate) fn note_local_device(addr: SocketAddr) {
+    let mut l = LOCAL_DEVICES.lock().unwrap_or_else(|p| p.into_inner());
+    if !l.contains(&addr) {
+        l.push(addr);
+    }
+}
+
+/// Records a packet the device at `dst` received from `src` with IPv4 identification
+/// `ident`, unless `src` is a device of this process (which recorded it when sending).
+pub(crate) fn record_received(src: SocketAddr, dst: SocketAddr, payload: &[u8], ident: u16) {
+    let local = LOCAL_DEVICES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&src);
+    if !local {
+        record_ident(src, dst, payload, ident);
+    }
+}
+
 /// Writes one RoCEv2 datagram (`payload` is the UDP payload) as an Ethernet frame.
 pub(crate) fn record(src: SocketAddr, dst: SocketAddr, payload: &[u8]) {
     record_ident(src, dst, payload, 0);

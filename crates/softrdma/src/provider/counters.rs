@@ -1,6 +1,5 @@
 //! The device's packet counters ([`DeviceCounters`]).
 
-use super::Engine;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -91,7 +90,8 @@ pub struct DeviceCounters {
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Counters {
-    pub(super) fn snapshot(&self) -> DeviceCounters {
+    /// A snapshot of the counters.
+    pub(crate) fn snapshot(&self) -> DeviceCounters {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         DeviceCounters {
             tx_packets: g(&self.tx_packets),
@@ -115,11 +115,5 @@ impl Counters {
             probes_received: g(&self.probes_received),
             misrouted: g(&self.misrouted),
         }
-    }
-}
-
-impl Engine {
-    pub(crate) fn counters(&self) -> DeviceCounters {
-        self.counters.snapshot()
     }
 }

@@ -1,10 +1,10 @@
 //! Fault injection on the send path (`SOFTRDMA_FAULTS`, [`FaultConfig`]).
 
-use super::tx::TxBatch;
-use super::Engine;
+use super::counters::Counters;
 use crate::error::Result;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Faults a device injects into the packets it sends, for tests: each packet is dropped,
@@ -97,16 +97,17 @@ pub(super) fn is_for_qp1(pkt: &[u8]) -> bool {
         .is_ok_and(|b| b.dest_qp() == softrdma_wire::mad::GSI_QPN)
 }
 
-pub(super) struct Faults {
-    pub(super) cfg: FaultConfig,
-    pub(super) state: u64,
-    pub(super) held: Option<(Vec<u8>, SocketAddr)>,
+/// The decisions of one fault configuration.
+struct Injector {
+    cfg: FaultConfig,
+    state: u64,
+    held: Option<(Vec<u8>, SocketAddr)>,
     /// Packets exposed to faults so far (for `FaultConfig::first`).
-    pub(super) seen: u64,
+    seen: u64,
 }
 
-impl Faults {
-    pub(super) fn next(&mut self) -> f64 {
+impl Injector {
+    fn next(&mut self) -> f64 {
         // splitmix64
         self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.state;
@@ -117,29 +118,65 @@ impl Faults {
     }
 }
 
-impl Engine {
-    pub(crate) fn set_faults(&self, cfg: Option<FaultConfig>) {
-        let mut f = self.faults.lock().unwrap_or_else(|p| p.into_inner());
-        *f = cfg.map(|cfg| Faults {
+/// Packets to send: bytes and destination.
+pub(super) type Out = Vec<(Vec<u8>, SocketAddr)>;
+
+/// The fault injection of a device's send path: off (one atomic load per batch) or a
+/// configuration with its generator, the packet held back for reordering and the delayed
+/// ones.
+pub(crate) struct Faults {
+    on: AtomicBool,
+    injector: Mutex<Option<Injector>>,
+    delayed: Mutex<Vec<(std::time::Instant, Vec<u8>, SocketAddr)>>,
+}
+
+impl Faults {
+    /// No faults.
+    pub(super) fn new() -> Faults {
+        Faults {
+            on: AtomicBool::new(false),
+            injector: Mutex::new(None),
+            delayed: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Whether faults are injected.
+    #[inline]
+    pub(super) fn on(&self) -> bool {
+        self.on.load(Ordering::Acquire)
+    }
+
+    /// Injects faults with `cfg` from now on (`None`: none).
+    pub(super) fn set(&self, cfg: Option<FaultConfig>) {
+        let mut f = self.injector.lock().unwrap_or_else(|p| p.into_inner());
+        *f = cfg.map(|cfg| Injector {
             cfg,
             state: cfg.seed,
             held: None,
             seen: 0,
         });
-        self.faults_on.store(f.is_some(), Ordering::Release);
+        self.on.store(f.is_some(), Ordering::Release);
     }
-    pub(super) fn send_with_faults(&self, tx: &TxBatch) {
-        let mut out: Vec<(Vec<u8>, SocketAddr)> = Vec::with_capacity(tx.count + 2);
+
+    /// Applies the faults to packets `pkt(0..count)`: returns what to send now, and whether
+    /// packets were delayed (the caller wakes the progress thread, which sends them when due
+    /// through [`Faults::release_delayed`]). Counts what it does in `c`.
+    pub(super) fn apply<'a>(
+        &self,
+        count: usize,
+        pkt: impl Fn(usize) -> (&'a [u8], SocketAddr),
+        c: &Counters,
+    ) -> (Out, bool) {
+        let mut out: Out = Vec::with_capacity(count + 2);
         let mut delayed = Vec::new();
         {
-            let mut g = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+            let mut g = self.injector.lock().unwrap_or_else(|p| p.into_inner());
             let Some(f) = g.as_mut() else {
-                return;
+                return (out, false);
             };
-            let c = &self.counters;
-            for i in 0..tx.count {
-                let mut pkt = tx.bufs[i][..tx.lens[i]].to_vec();
-                let dst = tx.dests[i];
+            for i in 0..count {
+                let (p, dst) = pkt(i);
+                let mut pkt = p.to_vec();
                 let cfg = f.cfg;
                 if (cfg.spare_cm && is_for_qp1(&pkt)) || (cfg.first != 0 && f.seen >= cfg.first) {
                     out.push((pkt, dst));
@@ -175,18 +212,20 @@ impl Engine {
                 }
             }
         }
-        if !delayed.is_empty() {
+        let any_delayed = !delayed.is_empty();
+        if any_delayed {
             self.delayed
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .extend(delayed);
-            self.wake.signal();
         }
-        self.account(out.len(), |i| (&out[i].0[..], out[i].1));
+        (out, any_delayed)
     }
 
-    pub(super) fn release_delayed(&self, now: Instant) -> Option<Instant> {
-        let due: Vec<(Vec<u8>, SocketAddr)>;
+    /// The delayed packets due at `now`, and the packet held back for reordering (released
+    /// once nothing follows it); with when the next delayed one is due.
+    pub(super) fn release_delayed(&self, now: Instant) -> (Out, Option<Instant>) {
+        let mut due: Out;
         let next;
         {
             let mut d = self.delayed.lock().unwrap_or_else(|p| p.into_inner());
@@ -195,20 +234,13 @@ impl Engine {
             next = d.iter().map(|(t, _, _)| *t).min();
             due = ready.into_iter().map(|(_, b, a)| (b, a)).collect();
         }
-        // A packet held back for reordering is released once nothing follows it.
         let held = self
-            .faults
+            .injector
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .as_mut()
             .and_then(|f| f.held.take());
-        let mut pkts: Vec<(&[u8], SocketAddr)> = due.iter().map(|(b, a)| (&b[..], *a)).collect();
-        if let Some((b, a)) = &held {
-            pkts.push((&b[..], *a));
-        }
-        if !pkts.is_empty() {
-            self.account(pkts.len(), |i| pkts[i]);
-        }
-        next
+        due.extend(held);
+        (due, next)
     }
 }

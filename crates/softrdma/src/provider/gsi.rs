@@ -6,21 +6,18 @@
 //! runs its timers, and queues its events for the connection-manager layer, which takes them
 //! with [`Gsi::take_events`].
 
-use super::share::{slot_of_comm_id, ServiceClaim, FIRST_SLOT, LAST_SLOT};
-use super::tx::{with_tx, TxBatch};
-use super::Engine;
+use super::share::{slot_of_comm_id, ServiceClaim, Share, FIRST_SLOT, LAST_SLOT};
+use super::tx::{TxBatch, Wire};
 use crate::error::Result;
 use softrdma_proto::cm::{Cm, CmConfig, CmEvent, CmStats};
-use softrdma_wire::{bth, deth, mad, opcode::Opcode, roce};
+use softrdma_proto::device;
+use softrdma_wire::{mad, roce};
 use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::Mutex;
 use std::time::Instant;
-
-/// The Q_Key of QP 1.
-pub(crate) const GSI_QKEY: u32 = mad::GSI_QKEY;
 
 /// Counters of the GSI path, beyond the CM's own.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -147,21 +144,12 @@ impl Gsi {
         }
     }
 
-    /// Hands a received QP1 packet (BTH through ICRC, ICRC already verified) to the CM.
+    /// Hands a received QP1 packet (BTH through ICRC, ICRC already verified) to the CM: the
+    /// MAD it carries when it is one as QP 1 takes it ([`device::unframe_mad`]); counts it
+    /// as dropped otherwise.
     pub(crate) fn receive(&mut self, now: Instant, src: IpAddr, pkt: &[u8]) {
-        let ok = roce::Packet::new_checked(pkt).ok().and_then(|p| {
-            let repr = roce::Repr::parse(&p).ok()?;
-            let deth = repr.deth?;
-            // The P_Key must be in the port's table (the default partition only), as a full
-            // or a limited member.
-            (repr.bth.opcode == Opcode::UD_SEND_ONLY
-                && repr.bth.pkey & 0x7fff == bth::DEFAULT_PKEY & 0x7fff
-                && deth.qkey == GSI_QKEY
-                && p.payload().len() >= mad::MAD_SIZE)
-                .then(|| p.payload()[..mad::MAD_SIZE].to_vec())
-        });
-        match ok {
-            Some(m) => self.cm.handle_mad(now, src, &m),
+        match device::unframe_mad(pkt) {
+            Some(m) => self.cm.handle_mad(now, src, m),
             None => self.counters.dropped += 1,
         }
     }
@@ -174,256 +162,112 @@ impl Gsi {
     }
 
     /// Writes the next MAD to send as a complete RoCEv2 packet (ICRC bytes reserved) into
-    /// `buf`; returns its length and destination.
+    /// `buf`, the MAD in place behind the headers; returns its length and destination.
     pub(crate) fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<(usize, IpAddr)> {
-        let (dst, m) = self.cm.poll_transmit()?;
-        let repr = roce::Repr {
-            bth: bth::Repr {
-                opcode: Opcode::UD_SEND_ONLY,
-                solicited_event: false,
-                mig_req: false,
-                pad_count: 0,
-                pkey: bth::DEFAULT_PKEY,
-                fecn: false,
-                becn: false,
-                dest_qp: mad::GSI_QPN,
-                ack_req: false,
-                psn: self.psn,
-            },
-            deth: Some(deth::Repr {
-                qkey: GSI_QKEY,
-                src_qp: mad::GSI_QPN,
-            }),
-            payload_len: mad::MAD_SIZE,
-            ..Default::default()
-        };
+        let len = device::gsi::frame_headers(buf, self.psn)?;
+        let at = device::gsi::MAD_AT;
+        let t = self
+            .cm
+            .poll_transmit_into(&mut buf[at..len - roce::ICRC_LEN])?;
         self.psn = (self.psn + 1) & 0xff_ffff;
-        let len = repr.buffer_len();
-        let mut p = roce::Packet::new_unchecked(buf.get_mut(..len)?);
-        repr.emit(&mut p, &m).ok()?;
-        Some((len, dst))
+        Some((len, t.dest))
     }
 }
 
-/// The entry points of the connection-manager layer above the provider ([`crate::rdma_cm`]),
-/// which registers them with [`set_cm_hook`] before it holds any id: the provider calls up
-/// only through them, never by name.
-pub(crate) struct CmHook {
-    /// Takes an event of a device's CM (called with no lock held); gives it back when no id
-    /// of that layer is behind it.
-    pub(crate) dispatch: fn(&Arc<Engine>, CmEvent) -> Option<CmEvent>,
-    /// A device engine has started (its wildcard listeners may listen on it).
-    pub(crate) engine_started: fn(&Arc<Engine>),
-}
-
-static CM_HOOK: OnceLock<CmHook> = OnceLock::new();
-
-/// Registers the connection-manager layer's entry points (the first registration stays).
-pub(crate) fn set_cm_hook(hook: CmHook) {
-    let _ = CM_HOOK.set(hook);
-}
-
-/// Tells the connection-manager layer, if one registered, that `engine` started.
-pub(super) fn engine_started(engine: &Arc<Engine>) {
-    if let Some(hook) = CM_HOOK.get() {
-        (hook.engine_started)(engine);
-    }
-}
-
-// The engine's side of QP 1: receiving MADs, ICMP errors, liveness probes, and handing CM
-// events to the connection-manager layer.
-impl Engine {
-    /// Hands a packet for QP 1 to the CM of the process it is for: this one's, or, on a
-    /// shared device, another process's (forwarded; see [`Engine::mad_owner`]). A packet
-    /// `forwarded` here by another process is this process's.
-    pub(super) fn gsi_receive(
-        &self,
-        pkt: &[u8],
-        src: SocketAddr,
-        now: Instant,
-        tx: &mut TxBatch,
-        forwarded: bool,
-    ) {
-        if !forwarded {
-            if let Some(slot) = self.mad_owner(pkt) {
-                if self.share.forward(slot, src, pkt).is_ok() {
-                    self.counters.misrouted.fetch_add(1, Ordering::Relaxed);
-                    return;
-                }
-                // The owner is gone: this CM answers (it knows no such communication).
+impl Gsi {
+    /// Sends what the CM wants sent through `wire`, collects its events and returns its next
+    /// deadline (for the timer of QP 1).
+    pub(crate) fn drive(&mut self, wire: &Wire, tx: &mut TxBatch) -> Option<Instant> {
+        loop {
+            if tx.is_full() {
+                wire.send(tx);
             }
+            let Some((len, dst)) = self.poll_transmit(tx.slot()) else {
+                break;
+            };
+            tx.commit(len, wire.local.ip(), dst);
         }
-        let evs = {
-            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
-            g.receive(now, src.ip(), pkt);
-            self.gsi_drive(&mut g, tx);
-            g.take_events()
-        };
-        self.send(tx);
-        self.dispatch(evs);
+        self.collect_events();
+        self.cm.poll_timeout()
     }
 
-    /// The slot of the other process sharing this device that a CM MAD (`pkt`, BTH to
-    /// ICRC) is for, if it is not for this one: a REQ or SIDR_REQ goes to the process
-    /// that listens on its service ID, a SIDR_REP to the owner of its request ID, every
-    /// other CM message to the owner of the communication ID it names as the receiver's.
-    fn mad_owner(&self, pkt: &[u8]) -> Option<u8> {
-        // BTH (12) and DETH (8), then the MAD: class at 1, attribute at 16, then the CM data.
-        let mad = pkt.get(20..20 + mad::MAD_SIZE)?;
-        if mad[1] != mad::MGMT_CLASS_CM {
-            return None;
-        }
-        let be32 = |at: usize| u32::from_be_bytes([mad[at], mad[at + 1], mad[at + 2], mad[at + 3]]);
-        let slot = match u16::from_be_bytes([mad[16], mad[17]]) {
-            mad::ATTR_CM_REQ | mad::ATTR_CM_SIDR_REQ => {
-                let sid = (u64::from(be32(32)) << 32) | u64::from(be32(36));
-                let local = self
-                    .gsi
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .cm
-                    .is_listening(sid);
-                if local {
-                    return None;
-                }
-                self.share.service_owner(sid)?
-            }
-            mad::ATTR_CM_SIDR_REP => slot_of_comm_id(be32(24)),
-            _ => slot_of_comm_id(be32(28)),
-        };
-        (slot != self.share.slot() && (FIRST_SLOT..=LAST_SLOT).contains(&slot)).then_some(slot)
-    }
-
-    /// Makes this device's CM accept requests for the service `sid`, claiming it on the
-    /// shared device; says whether this process did not listen on it before.
+    /// Makes the CM accept requests for the service `sid`, claiming it on the shared device
+    /// `share`; says whether this process did not listen on it before.
     ///
     /// Fails with `EADDRINUSE` when another process listens on `sid` on this device.
-    pub(crate) fn cm_listen(&self, sid: u64) -> Result<bool> {
-        let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
-        if g.claims.contains_key(&sid) {
-            let _ = g.cm.listen(sid);
+    pub(crate) fn listen(&mut self, share: &Share, sid: u64) -> Result<bool> {
+        if self.claims.contains_key(&sid) {
+            let _ = self.cm.listen(sid);
             return Ok(false);
         }
-        let claim = self.share.claim_service(sid)?;
-        g.claims.insert(sid, claim);
-        let _ = g.cm.listen(sid);
+        let claim = share.claim_service(sid)?;
+        self.claims.insert(sid, claim);
+        let _ = self.cm.listen(sid);
         Ok(true)
     }
 
     /// Stops accepting requests for `sid` and lets go of its claim.
-    pub(crate) fn cm_unlisten(&self, sid: u64) {
-        let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
-        g.cm.unlisten(sid);
-        g.claims.remove(&sid);
+    pub(crate) fn unlisten(&mut self, sid: u64) {
+        self.cm.unlisten(sid);
+        self.claims.remove(&sid);
     }
 
-    /// Reads the socket's ICMP errors ([`super::sock::UdpSock::take_icmp_errors`]) and
-    /// counts them; a port unreachable from a peer's RoCEv2 port ends the CM requests waiting
-    /// for that peer at once (`RDMA_CM_EVENT_UNREACHABLE` with status `-ECONNREFUSED`)
-    /// instead of after every retry. Returns the number of errors read.
-    pub(super) fn icmp_errors(&self, tx: &mut TxBatch) -> usize {
-        let mut errs = Vec::new();
-        self.sock.take_icmp_errors(&mut errs);
-        if errs.is_empty() {
-            return 0;
-        }
-        self.counters
-            .icmp_errors
-            .fetch_add(errs.len() as u64, Ordering::Relaxed);
-        let mut evs = Vec::new();
-        {
-            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
-            for (dst, errno) in &errs {
-                tracing::debug!(%dst, errno, "ICMP error for a sent datagram");
-                if *errno == libc::ECONNREFUSED && dst.port() == softrdma_wire::ROCE_V2_UDP_PORT {
-                    g.cm.handle_port_unreachable(Instant::now(), dst.ip());
-                }
+    /// Takes the ICMP errors read from the device socket: a port unreachable from a peer's
+    /// RoCEv2 port ends the CM requests waiting for that peer at once
+    /// (`RDMA_CM_EVENT_UNREACHABLE` with status `-ECONNREFUSED`) instead of after every retry.
+    pub(crate) fn icmp_errors(&mut self, errs: &[(SocketAddr, i32)]) {
+        for (dst, errno) in errs {
+            tracing::debug!(%dst, errno, "ICMP error for a sent datagram");
+            if *errno == libc::ECONNREFUSED && dst.port() == softrdma_wire::ROCE_V2_UDP_PORT {
+                self.cm.handle_port_unreachable(Instant::now(), dst.ip());
             }
-            self.gsi_drive(&mut g, tx);
-            evs.extend(g.take_events());
-        }
-        self.send(tx);
-        self.dispatch(evs);
-        errs.len()
-    }
-
-    /// Sends a liveness probe to every peer the CM has a connection with.
-    pub(super) fn probe_peers(&self) {
-        let peers = self
-            .gsi
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .cm
-            .connected_peers();
-        for ip in peers {
-            self.sock
-                .send_probe(SocketAddr::new(ip, softrdma_wire::ROCE_V2_UDP_PORT));
-            self.counters.probes_sent.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
 
-    /// Hands CM events to the connection-manager layer through its hook (no lock held); the
-    /// ones no id handles, all of them while no layer has registered, go back to the queue.
-    pub(crate) fn dispatch(&self, evs: Vec<softrdma_proto::cm::CmEvent>) {
-        if evs.is_empty() {
-            return;
-        }
-        let Some(me) = self.me.get().and_then(Weak::upgrade) else {
-            return;
-        };
-        let rest: Vec<_> = match CM_HOOK.get() {
-            Some(hook) => evs
-                .into_iter()
-                .filter_map(|ev| (hook.dispatch)(&me, ev))
-                .collect(),
-            None => evs,
-        };
-        if !rest.is_empty() {
-            self.gsi
+/// The slot of the other process sharing the device (`share`) that a CM MAD (`pkt`, BTH to
+/// ICRC) is for, if it is not for this one: a REQ or SIDR_REQ goes to the process that
+/// listens on its service ID (not this one's QP 1, `gsi`), a SIDR_REP to the owner of its
+/// request ID, every other CM message to the owner of the communication ID it names as the
+/// receiver's.
+pub(crate) fn mad_owner(gsi: &Mutex<Gsi>, share: &Share, pkt: &[u8]) -> Option<u8> {
+    // BTH (12) and DETH (8), then the MAD: class at 1, attribute at 16, then the CM data.
+    let mad = pkt.get(20..20 + mad::MAD_SIZE)?;
+    if mad[1] != mad::MGMT_CLASS_CM {
+        return None;
+    }
+    let be32 = |at: usize| u32::from_be_bytes([mad[at], mad[at + 1], mad[at + 2], mad[at + 3]]);
+    let slot = match u16::from_be_bytes([mad[16], mad[17]]) {
+        mad::ATTR_CM_REQ | mad::ATTR_CM_SIDR_REQ => {
+            let sid = (u64::from(be32(32)) << 32) | u64::from(be32(36));
+            let local = gsi
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .requeue(rest);
-        }
-    }
-
-    /// Sends what the CM wants sent, collects its events and records its next deadline
-    /// (under the timer key of QP 1). Called with the GSI lock held.
-    pub(crate) fn gsi_drive(&self, g: &mut crate::provider::gsi::Gsi, tx: &mut TxBatch) {
-        loop {
-            if tx.is_full() {
-                self.send(tx);
+                .cm
+                .is_listening(sid);
+            if local {
+                return None;
             }
-            let Some((len, dst)) = g.poll_transmit(tx.slot()) else {
-                break;
-            };
-            tx.commit(len, self.local.ip(), dst);
+            share.service_owner(sid)?
         }
-        g.collect_events();
-        self.set_timer(softrdma_wire::mad::GSI_QPN, g.cm.poll_timeout());
-    }
+        mad::ATTR_CM_SIDR_REP => slot_of_comm_id(be32(24)),
+        _ => slot_of_comm_id(be32(28)),
+    };
+    (slot != share.slot() && (FIRST_SLOT..=LAST_SLOT).contains(&slot)).then_some(slot)
+}
 
-    /// Runs `f` on the connection manager of this device, sends what it wants sent, then
-    /// dispatches its events.
-    pub(crate) fn with_cm<R>(
-        &self,
-        f: impl FnOnce(&mut crate::provider::gsi::Gsi, Instant) -> R,
-    ) -> R {
-        let (r, evs) = {
-            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
-            let r = f(&mut g, Instant::now());
-            with_tx(|tx| {
-                self.gsi_drive(&mut g, tx);
-                self.send(tx);
-            });
-            let evs = if self.me.get().is_some() {
-                g.take_events()
-            } else {
-                Vec::new()
-            };
-            (r, evs)
-        };
-        self.dispatch(evs);
-        r
+/// Sends a liveness probe through `wire` to every peer the CM of `gsi` has a connection
+/// with.
+pub(crate) fn probe_peers(gsi: &Mutex<Gsi>, wire: &Wire) {
+    let peers = gsi
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .cm
+        .connected_peers();
+    for ip in peers {
+        wire.sock
+            .send_probe(SocketAddr::new(ip, softrdma_wire::ROCE_V2_UDP_PORT));
+        wire.counters.probes_sent.fetch_add(1, Ordering::Relaxed);
     }
 }
 

@@ -24,21 +24,19 @@
 //! [`crate::Qp::detach_mcast`] has returned. A group joined while the progress thread sleeps
 //! wakes it up; datagrams that arrive before it polls the new socket wait in that socket.
 
-use super::rx::{rx_flow, verify_icrc, RxState};
-use super::tx::TxBatch;
-use super::{Engine, Via};
+use super::capture;
+use super::rx::{add_counts, datagrams, Counts, RxSink, RxState, Via, MULTICAST_QPN};
+use super::sock::{UdpSock, ROCE_PORT};
+use super::tx::{TxBatch, Wire};
 use crate::error::Result;
 use crate::gid::Gid;
-use crate::provider::sock::{UdpSock, ROCE_PORT};
+use softrdma_proto::device::{icrc_flow, verify_icrc};
 use softrdma_wire::icrc::{IcrcPrefix, IdentSolver};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
-
-/// The QP number that addresses a multicast group (IBA 10.5.2.5).
-pub(crate) const MULTICAST_QPN: u32 = 0xff_ffff;
 
 /// One joined group, as receivers see it.
 #[derive(Debug)]
@@ -68,9 +66,9 @@ struct Entry {
     members: Vec<u32>,
 }
 
-/// The engine's table of groups, and the snapshot receivers use.
+/// The table of groups, and the snapshot receivers use.
 #[derive(Debug, Default)]
-pub(super) struct Table {
+struct Table {
     groups: HashMap<IpAddr, Entry>,
     view: Arc<View>,
 }
@@ -115,7 +113,41 @@ impl RxMcast {
     }
 }
 
-impl Engine {
+/// The multicast part of an engine: the groups the device has joined, their sockets and
+/// attached QPs.
+pub(crate) struct Mcast {
+    table: Mutex<Table>,
+    /// Bumped (under the `table` lock) whenever the set of groups or members changes, so
+    /// that receivers refresh their snapshot without taking the lock otherwise.
+    gen: AtomicU64,
+    /// Number of group sockets open (0: the multicast receive path costs one load).
+    socks: AtomicUsize,
+    /// Interface index of the device address (IPv6 multicast names interfaces by index).
+    ifindex: u32,
+}
+
+impl Mcast {
+    /// No group, on the interface `ifindex`.
+    pub(super) fn new(ifindex: u32) -> Mcast {
+        Mcast {
+            table: Mutex::new(Table::default()),
+            gen: AtomicU64::new(0),
+            socks: AtomicUsize::new(0),
+            ifindex,
+        }
+    }
+
+    /// The generation of the groups (changes whenever they do).
+    pub(super) fn generation(&self) -> u64 {
+        self.gen.load(Ordering::Acquire)
+    }
+
+    /// Whether a group socket is open.
+    #[inline]
+    pub(super) fn any_sockets(&self) -> bool {
+        self.socks.load(Ordering::Acquire) != 0
+    }
+
     /// Attaches QP `qpn` to the multicast group `gid` on this device: the first member joins
     /// the IP group (a socket bound to `group:4791`, a member on the device's interface,
     /// polled by the progress thread). A group of the other IP family than the device is
@@ -125,20 +157,20 @@ impl Engine {
     /// Fails, changing nothing, with `EINVAL` when `gid` is not a multicast GID and with the
     /// error of opening or joining the socket (`ENOBUFS` past the kernel's
     /// `igmp_max_memberships`, `ENODEV` when the interface cannot do multicast, …).
-    pub(crate) fn mcast_join(&self, gid: &Gid, qpn: u32) -> Result<()> {
+    pub(crate) fn join(&self, wire: &Wire, gid: &Gid, qpn: u32) -> Result<()> {
         let ip = gid.to_ip();
         if !ip.is_multicast() {
             return Err(crate::Error::invalid(format!(
                 "{gid} is not a multicast GID"
             )));
         }
-        let mut t = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let mut opened = false;
         // A new member needs no wake-up: receivers take a fresh snapshot after receiving.
         let e = match t.groups.entry(ip) {
             std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
-                let local = self.local.ip();
+                let local = wire.local.ip();
                 let sock = if ip.is_ipv4() == local.is_ipv4() {
                     opened = true;
                     Some(Arc::new(UdpSock::bind_group(ip, local, self.ifindex)?))
@@ -159,14 +191,14 @@ impl Engine {
         e.members.push(qpn);
         t.rebuild();
         if opened {
-            self.mcast_socks.fetch_add(1, Ordering::AcqRel);
+            self.socks.fetch_add(1, Ordering::AcqRel);
         }
-        self.mcast_gen.fetch_add(1, Ordering::AcqRel);
+        self.gen.fetch_add(1, Ordering::AcqRel);
         drop(t);
         tracing::debug!(%gid, qpn, joined = opened, "multicast attach");
         if opened {
             // The progress thread polls the new socket from its next round.
-            self.wake.signal();
+            wire.wake.signal();
         }
         Ok(())
     }
@@ -175,9 +207,9 @@ impl Engine {
     /// member leaves the IP group, and the socket closes once no receiver's snapshot holds
     /// it any more. Never fails: a failure to leave the group is only logged (the socket
     /// closes anyway, which leaves the group).
-    pub(crate) fn mcast_leave(&self, gid: &Gid, qpn: u32) {
+    pub(crate) fn leave(&self, wire: &Wire, gid: &Gid, qpn: u32) {
         let ip = gid.to_ip();
-        let mut t = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.table.lock().unwrap_or_else(|p| p.into_inner());
         let Some(e) = t.groups.get_mut(&ip) else {
             return;
         };
@@ -190,30 +222,30 @@ impl Engine {
             let e = t.groups.remove(&ip).expect("present above");
             if let Some(sock) = e.sock {
                 closed = true;
-                if let Err(err) = sock.leave_group(ip, self.local.ip(), self.ifindex) {
+                if let Err(err) = sock.leave_group(ip, wire.local.ip(), self.ifindex) {
                     tracing::debug!(%gid, error = %err, "leaving the multicast group");
                 }
             }
         }
         t.rebuild();
         if closed {
-            self.mcast_socks.fetch_sub(1, Ordering::AcqRel);
+            self.socks.fetch_sub(1, Ordering::AcqRel);
         }
-        self.mcast_gen.fetch_add(1, Ordering::AcqRel);
+        self.gen.fetch_add(1, Ordering::AcqRel);
         drop(t);
         tracing::debug!(%gid, qpn, left = closed, "multicast detach");
         if closed {
             // The progress thread drops its snapshot, closing the socket.
-            self.wake.signal();
+            wire.wake.signal();
         }
     }
 
     /// Brings the receive state's snapshot of the groups up to date (the lock is only taken
     /// when the groups changed since) and returns it.
-    pub(super) fn mcast_refresh(&self, m: &mut RxMcast) -> Arc<View> {
-        if self.mcast_gen.load(Ordering::Acquire) != m.view_gen {
-            let t = self.mcast.lock().unwrap_or_else(|p| p.into_inner());
-            m.view_gen = self.mcast_gen.load(Ordering::Acquire);
+    pub(super) fn refresh(&self, m: &mut RxMcast) -> Arc<View> {
+        if self.gen.load(Ordering::Acquire) != m.view_gen {
+            let t = self.table.lock().unwrap_or_else(|p| p.into_inner());
+            m.view_gen = self.gen.load(Ordering::Acquire);
             m.view = t.view.clone();
         }
         m.view.clone()
@@ -221,20 +253,36 @@ impl Engine {
 
     /// Receives what waits on every group socket (up to `rounds` batches each), with the
     /// receive state held. Returns the number of messages received.
-    pub(super) fn poll_mcast(&self, rx: &mut RxState, tx: &mut TxBatch, rounds: usize) -> usize {
-        let view = self.mcast_refresh(&mut rx.mcast);
+    pub(super) fn poll(
+        &self,
+        rx: &mut RxState,
+        m: &mut RxMcast,
+        wire: &Wire,
+        sink: &impl RxSink,
+        tx: &mut TxBatch,
+        rounds: usize,
+    ) -> usize {
+        let view = self.refresh(m);
         view.groups
             .iter()
-            .map(|g| self.receive_mcast(rx, tx, g, rounds))
+            .map(|g| self.receive_group(rx, m, wire, sink, tx, g, rounds))
             .sum()
     }
 
     /// Receives and processes what waits on the socket of group `g`, up to `rounds` batches,
     /// with the receive state held. Returns the number of messages received.
-    fn receive_mcast(&self, rx: &mut RxState, tx: &mut TxBatch, g: &Group, rounds: usize) -> usize {
-        let RxState {
-            bufs, meta, mcast, ..
-        } = rx;
+    #[allow(clippy::too_many_arguments)]
+    fn receive_group(
+        &self,
+        rx: &mut RxState,
+        mcast: &mut RxMcast,
+        wire: &Wire,
+        sink: &impl RxSink,
+        tx: &mut TxBatch,
+        g: &Group,
+        rounds: usize,
+    ) -> usize {
+        let RxState { bufs, meta, .. } = rx;
         let batch = bufs.len();
         let mut total = 0;
         for _ in 0..rounds {
@@ -251,77 +299,87 @@ impl Engine {
             total += n;
             // The members as they are now: a QP attached before these datagrams were sent
             // (hence before they were received) is in the snapshot taken after receiving.
-            let view = self.mcast_refresh(mcast);
+            let view = self.refresh(mcast);
             let Some(g) = view.groups.iter().find(|x| x.ip == g.ip) else {
                 // Left meanwhile: nobody is attached any more.
                 continue;
             };
             let now = Instant::now();
             for i in 0..n {
-                let Some((src, pkts)) = self.datagrams(&bufs[i], meta[i]) else {
+                let Some((src, pkts)) = datagrams(&wire.counters, &bufs[i], meta[i]) else {
                     continue;
                 };
                 for pkt in pkts {
-                    self.mcast_packet(mcast, g, pkt, src, now, tx);
+                    packet(mcast, wire, sink, g, pkt, src, now, tx);
                 }
             }
-            self.send(tx);
+            wire.send(tx);
             if n < batch {
                 break;
             }
         }
         total
     }
+}
 
-    /// Checks one datagram received on the socket of group `g` and hands a copy to every
-    /// attached QP but the one that sent it.
-    fn mcast_packet(
-        &self,
-        m: &mut RxMcast,
-        g: &Group,
-        pkt: &[u8],
-        src: SocketAddr,
-        now: Instant,
-        tx: &mut TxBatch,
-    ) {
-        let c = &self.counters;
-        let Ok(view) = softrdma_wire::roce::Packet::new_checked(pkt) else {
-            c.malformed.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        let prefix = m
-            .prefixes
-            .entry((src, g.ip))
-            .or_insert_with(|| rx_flow(src, g.ip));
-        let Some(ident) = verify_icrc(c, prefix, &mut m.ident, &view) else {
-            return;
-        };
-        c.rx_packets.fetch_add(1, Ordering::Relaxed);
-        c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
-        c.mcast_rx_packets.fetch_add(1, Ordering::Relaxed);
-        let group_addr = SocketAddr::new(g.ip, ROCE_PORT);
-        if crate::provider::capture::active() && !crate::provider::is_local_engine(src) {
-            crate::provider::capture::record_ident(src, group_addr, pkt, ident);
+/// Checks one datagram received on the socket of group `g` and hands a copy to every
+/// attached QP but the one that sent it.
+#[allow(clippy::too_many_arguments)]
+fn packet(
+    m: &mut RxMcast,
+    wire: &Wire,
+    sink: &impl RxSink,
+    g: &Group,
+    pkt: &[u8],
+    src: SocketAddr,
+    now: Instant,
+    tx: &mut TxBatch,
+) {
+    let c = &wire.counters;
+    let Ok(view) = softrdma_wire::roce::Packet::new_checked(pkt) else {
+        c.malformed.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let prefix = m
+        .prefixes
+        .entry((src, g.ip))
+        .or_insert_with(|| icrc_flow(src.ip(), src.port(), g.ip));
+    // No per-sender history here: the identification is always solved for when the full
+    // check fails.
+    let mut counts = Counts::default();
+    let checked = verify_icrc(
+        &mut counts,
+        prefix,
+        Some(&mut m.ident),
+        view.icrc_covered(),
+        view.icrc(),
+    );
+    add_counts(&mut counts, c);
+    let Ok(ident) = checked else {
+        return;
+    };
+    c.rx_packets.fetch_add(1, Ordering::Relaxed);
+    c.rx_bytes.fetch_add(pkt.len() as u64, Ordering::Relaxed);
+    c.mcast_rx_packets.fetch_add(1, Ordering::Relaxed);
+    let group_addr = SocketAddr::new(g.ip, ROCE_PORT);
+    if capture::active() {
+        capture::record_received(src, group_addr, pkt, ident);
+    }
+    // Only UD SENDs to the multicast QP number are multicast (IBA 10.5.2.5).
+    let (Some(deth), MULTICAST_QPN) = (view.deth(), view.bth().dest_qp()) else {
+        c.malformed.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    let src_qp = deth.src_qp();
+    for &qpn in &g.members {
+        if src == wire.local && src_qp == qpn {
+            // The sender's own copy, looped back.
+            continue;
         }
-        // Only UD SENDs to the multicast QP number are multicast (IBA 10.5.2.5).
-        let (Some(deth), MULTICAST_QPN) = (view.deth(), view.bth().dest_qp()) else {
-            c.malformed.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        let src_qp = deth.src_qp();
-        for &qpn in &g.members {
-            if src == self.local && src_qp == qpn {
-                // The sender's own copy, looped back.
-                continue;
-            }
-            let Some(qp) = self.lookup(qpn) else {
-                continue;
-            };
-            m.copy.clear();
-            m.copy.extend_from_slice(pkt);
-            softrdma_wire::bth::Packet::new_unchecked(&mut m.copy[..]).set_dest_qp(qpn);
-            // (A member in RESET or just detached takes nothing.)
-            let _ = qp.receive(self, &[&m.copy[..]], src, g.ip, Via::Group(g.gid), now, tx);
-        }
+        m.copy.clear();
+        m.copy.extend_from_slice(pkt);
+        softrdma_wire::bth::Packet::new_unchecked(&mut m.copy[..]).set_dest_qp(qpn);
+        // (A member gone, in RESET or just detached takes nothing.)
+        let _ = sink.deliver(qpn, &[&m.copy[..]], src, g.ip, Via::Group(g.gid), now, tx);
     }
 }

@@ -2,9 +2,10 @@
 //! poll a CQ (the socket hand-off and held ACKs).
 
 use super::counters::PROBE_INTERVAL;
+use super::engine::Engine;
 use super::mcast;
+use super::rx::RxSink;
 use super::tx::{with_tx, TxBatch};
-use super::Engine;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -31,7 +32,7 @@ impl Engine {
     ///
     /// `busy` says that the CQ polled is not armed for an event: its program polls rather
     /// than sleeps, and the progress thread leaves the socket to it (see the module notes).
-    pub(crate) fn poll_progress(&self, busy: bool) {
+    pub(super) fn poll_progress(&self, busy: bool) {
         if busy && !self.handoff.is_zero() {
             self.app_polls.fetch_add(1, Ordering::Relaxed);
             if self.app_asleep.load(Ordering::Relaxed) {
@@ -43,59 +44,28 @@ impl Engine {
         let Ok(mut rx) = self.rx.try_lock() else {
             return;
         };
+        let rx = &mut *rx;
         with_tx(|tx| {
             HOLD_ACKS.with(|h| h.set(busy && !self.handoff.is_zero()));
-            self.receive_rounds(&mut rx, tx, 4);
-            if self.mcast_socks.load(Ordering::Acquire) != 0 || rx.mcast.holds_sockets() {
-                self.poll_mcast(&mut rx, tx, 4);
+            rx.rx.receive_rounds(&self.wire, &self.share, self, tx, 4);
+            if self.mcast.any_sockets() || rx.mcast.holds_sockets() {
+                self.mcast
+                    .poll(&mut rx.rx, &mut rx.mcast, &self.wire, self, tx, 4);
             }
             HOLD_ACKS.with(|h| h.set(false));
         });
-    }
-
-    /// Records that the transport of QP `qpn` holds a positive ACK back.
-    pub(crate) fn note_held_ack(&self, qpn: u32) {
-        let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
-        if !l.contains(&qpn) {
-            l.push(qpn);
-        }
-        self.any_held_acks.store(true, Ordering::Release);
-    }
-
-    /// Sends the ACKs that QPs hold back (costs one atomic load when there are none).
-    pub(crate) fn flush_held_acks(&self) {
-        if !self.any_held_acks.load(Ordering::Acquire) {
-            return;
-        }
-        // Taken out of the lock (releasing locks each QP, and a QP's drive notes into the
-        // list under the QP lock), then given back empty so that its room is reused: a
-        // ping-pong notes and flushes a held ACK every round trip.
-        let mut qpns = {
-            let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
-            self.any_held_acks.store(false, Ordering::Release);
-            std::mem::take(&mut *l)
-        };
-        for qpn in qpns.drain(..) {
-            if let Some(qp) = self.lookup(qpn) {
-                qp.release_held_ack();
-            }
-        }
-        let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
-        if l.is_empty() {
-            *l = qpns;
-        }
     }
 }
 
 impl Engine {
     /// An application thread is about to sleep rather than poll (it armed a CQ): the
     /// progress thread takes the socket back now instead of after the hand-off period.
-    pub(crate) fn app_sleeps(&self) {
+    pub(super) fn app_sleeps(&self) {
         // With `standing_down` (stored before the progress thread reads `app_asleep`): one of
         // the two threads sees the other's store.
         self.app_asleep.store(true, Ordering::SeqCst);
         if self.standing_down.load(Ordering::SeqCst) {
-            self.wake.signal();
+            self.wire.wake.signal();
         }
     }
 
@@ -131,6 +101,8 @@ pub(super) fn progress(weak: Weak<Engine>) {
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(3);
     // The application threads' busy polls counted when last looked at.
     let mut seen_polls = 0u64;
+    // The QPs whose deadline passed (reused).
+    let mut due: Vec<u32> = Vec::new();
     loop {
         let Some(engine) = weak.upgrade() else {
             return;
@@ -147,7 +119,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
         {
             next = next.min(*d);
         }
-        if let Some(d) = engine.release_delayed(now) {
+        if let Some(d) = engine.wire.release_delayed(now) {
             next = next.min(d);
         }
         let handoff = engine.handoff_until(now, &mut seen_polls);
@@ -158,11 +130,11 @@ pub(super) fn progress(weak: Weak<Engine>) {
             next = next.min(h);
         }
         let timeout = next.saturating_duration_since(now);
-        let gen = engine.mcast_gen.load(Ordering::Acquire);
+        let gen = engine.mcast.generation();
         if gen != groups_gen {
             // Refreshing the receive state's snapshot too lets a closed group's socket go.
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
-            groups = engine.mcast_refresh(&mut rx.mcast);
+            groups = engine.mcast.refresh(&mut rx.mcast);
             groups_gen = gen;
         }
         let pollfd = |fd| libc::pollfd {
@@ -175,9 +147,9 @@ pub(super) fn progress(weak: Weak<Engine>) {
         fds.push(pollfd(if handoff.is_some() {
             -1
         } else {
-            engine.sock.raw()
+            engine.wire.sock.raw()
         }));
-        fds.push(pollfd(std::os::fd::AsRawFd::as_raw_fd(&engine.wake)));
+        fds.push(pollfd(std::os::fd::AsRawFd::as_raw_fd(&engine.wire.wake)));
         // What other processes sharing the device forward to this one: always watched.
         fds.push(pollfd(engine.share.raw()));
         fds.extend(groups.groups.iter().map(|g| pollfd(g.sock.raw())));
@@ -207,7 +179,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
             )
         };
         if fds[1].revents & libc::POLLIN != 0 {
-            while engine.wake.try_wait() {}
+            while engine.wire.wake.try_wait() {}
         }
         engine.sleep_until.store(0, Ordering::Release);
         engine.standing_down.store(false, Ordering::SeqCst);
@@ -221,19 +193,26 @@ pub(super) fn progress(weak: Weak<Engine>) {
         }
         if fds[0].revents & libc::POLLIN != 0 {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
-            if engine.receive_rounds(&mut rx, &mut tx, 64) > 0 {
+            let e = &*engine;
+            if rx.rx.receive_rounds(&e.wire, &e.share, e, &mut tx, 64) > 0 {
                 last_rx = Instant::now();
             }
         }
         if fds[2].revents & libc::POLLIN != 0 {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
-            if engine.receive_forwarded(&mut rx, &mut tx) > 0 {
+            let e = &*engine;
+            if rx.rx.receive_forwarded(&e.wire, &e.share, e, &mut tx) > 0 {
                 last_rx = Instant::now();
             }
         }
         if fds[3..].iter().any(|fd| fd.revents & libc::POLLIN != 0) {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
-            if engine.poll_mcast(&mut rx, &mut tx, 64) > 0 {
+            let rx = &mut *rx;
+            let e = &*engine;
+            if e.mcast
+                .poll(&mut rx.rx, &mut rx.mcast, &e.wire, e, &mut tx, 64)
+                > 0
+            {
                 last_rx = Instant::now();
             }
         }
@@ -244,30 +223,17 @@ pub(super) fn progress(weak: Weak<Engine>) {
             engine.probe_peers();
         }
         // Timers.
-        let due: Vec<u32> = {
-            let t = engine.timers.lock().unwrap_or_else(|p| p.into_inner());
-            t.iter()
+        due.extend(
+            engine
+                .timers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
                 .filter(|(_, d)| **d <= now)
-                .map(|(q, _)| *q)
-                .collect()
-        };
-        for qpn in due {
-            if qpn == softrdma_wire::mad::GSI_QPN {
-                let evs = {
-                    let mut g = engine.gsi.lock().unwrap_or_else(|p| p.into_inner());
-                    g.cm.handle_timeout(now);
-                    engine.gsi_drive(&mut g, &mut tx);
-                    g.take_events()
-                };
-                engine.send(&mut tx);
-                engine.dispatch(evs);
-                continue;
-            }
-            let Some(qp) = engine.lookup(qpn) else {
-                engine.set_timer(qpn, None);
-                continue;
-            };
-            qp.on_timeout(&engine, now, &mut tx);
+                .map(|(q, _)| *q),
+        );
+        for qpn in due.drain(..) {
+            engine.on_timeout(qpn, now, &mut tx);
         }
         engine.send(&mut tx);
     }

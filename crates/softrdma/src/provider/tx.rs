@@ -1,22 +1,35 @@
-//! The transmit side: batches of packets for one `sendmmsg`, with their ICRC.
+//! The transmit side: batches of packets for one `sendmmsg`, with their ICRC, and the
+//! device's [`Wire`]: its socket, wake-up eventfd, counters and fault injection, through
+//! which every other part of the engine sends.
 
-use super::sock::ROCE_PORT;
-use super::{Engine, BATCH, PKT_BUF};
-use softrdma_wire::icrc::IcrcPrefix;
-use std::collections::HashMap;
+use super::counters::Counters;
+use super::faults::{FaultConfig, Faults};
+use super::fd::EventFd;
+use super::sock::{UdpSock, ROCE_PORT};
+use softrdma_proto::device::Sealer;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
-/// Packets being prepared for one `sendmmsg`, with their ICRC flows.
+/// Room for one packet: the largest transport packet (4096-byte MTU + headers + ICRC) with
+/// headroom.
+pub(crate) const PKT_BUF: usize = 4096 + 128;
+/// Datagrams per `sendmmsg` or `recvmmsg`.
+pub(crate) const BATCH: usize = 64;
+
+/// The most destinations whose ICRC prefixes a transmit batch keeps per source address.
+const MAX_TX_FLOWS: usize = 4096;
+
+/// Packets being prepared for one `sendmmsg`, with the sealers of the devices they leave
+/// from ([`Sealer`]: the ICRC of each packet for its flow).
 pub(crate) struct TxBatch {
     pub(super) bufs: Vec<Vec<u8>>,
     pub(super) lens: Vec<usize>,
     pub(super) dests: Vec<SocketAddr>,
     pub(super) count: usize,
-    pub(super) prefixes: HashMap<(IpAddr, IpAddr), IcrcPrefix>,
-    /// The flow of the last packet committed and its prefix: nearly every packet of a batch
-    /// goes on the same flow as the one before, which then costs no hash lookup.
-    pub(super) last: Option<(IpAddr, IpAddr, IcrcPrefix)>,
+    /// One sealer per source address (a thread may send from several devices), the one of
+    /// the last packet first: nearly every packet leaves from where the one before did.
+    sealers: Vec<(IpAddr, Sealer)>,
 }
 
 impl TxBatch {
@@ -26,8 +39,7 @@ impl TxBatch {
             lens: vec![0; BATCH],
             dests: vec![SocketAddr::from(([0, 0, 0, 0], 0)); BATCH],
             count: 0,
-            prefixes: HashMap::new(),
-            last: None,
+            sealers: Vec::new(),
         }
     }
 
@@ -45,31 +57,28 @@ impl TxBatch {
     /// Seals the packet written in the current slot: computes its ICRC for the flow
     /// `src → dst` (both on port 4791) and queues it.
     pub(crate) fn commit(&mut self, len: usize, src: IpAddr, dst: IpAddr) {
-        let prefix = match &self.last {
-            Some((s, d, p)) if *s == src && *d == dst => p,
-            _ => {
-                let p = self
-                    .prefixes
-                    .entry((src, dst))
-                    .or_insert_with(|| flow(src, dst))
-                    .clone();
-                &self.last.insert((src, dst, p)).2
-            }
-        };
-        let buf = &mut self.bufs[self.count];
-        if let Ok(crc) = prefix.compute(&buf[..len - 4]) {
-            buf[len - 4..len].copy_from_slice(&crc.to_le_bytes());
-        }
+        let sealer = sealer_for(&mut self.sealers, src);
+        // (A packet the sealer refuses, which `drive` never commits, goes with its ICRC
+        // bytes as written: the peer drops it.)
+        let _ = sealer.seal(dst, &mut self.bufs[self.count][..len]);
         self.lens[self.count] = len;
         self.dests[self.count] = SocketAddr::new(dst, ROCE_PORT);
         self.count += 1;
     }
 }
 
-/// The ICRC flow of packets sent from `src` to `dst` (port 4791 to port 4791). Mixed
-/// families cannot happen: address vectors are checked against the device.
-pub(super) fn flow(src: IpAddr, dst: IpAddr) -> IcrcPrefix {
-    super::rx::icrc_flow(src, ROCE_PORT, dst)
+/// The sealer of packets from `src` (port 4791) among `sealers`, moved to the front.
+#[inline]
+fn sealer_for(sealers: &mut Vec<(IpAddr, Sealer)>, src: IpAddr) -> &mut Sealer {
+    match sealers.iter().position(|(s, _)| *s == src) {
+        Some(0) => {}
+        Some(i) => sealers.swap(0, i),
+        None => {
+            let s = Sealer::new(src, ROCE_PORT, MAX_TX_FLOWS);
+            sealers.insert(0, (src, s));
+        }
+    }
+    &mut sealers[0].1
 }
 
 thread_local! {
@@ -85,14 +94,48 @@ pub(crate) fn with_tx<R>(f: impl FnOnce(&mut TxBatch) -> R) -> R {
     })
 }
 
-impl Engine {
+/// The device's way out, shared by every part of the engine: its UDP socket (which the
+/// receive side reads too), the eventfd that wakes its progress thread, its packet counters
+/// and the fault injection of its send path.
+pub(crate) struct Wire {
+    pub(crate) sock: UdpSock,
+    /// The socket's address.
+    pub(crate) local: SocketAddr,
+    /// Wakes the progress thread.
+    pub(crate) wake: EventFd,
+    pub(crate) counters: Counters,
+    faults: Faults,
+}
+
+impl Wire {
+    /// The wire of the device socket `sock` bound to `local`, no faults.
+    pub(crate) fn new(sock: UdpSock, local: SocketAddr) -> crate::error::Result<Wire> {
+        let wake = EventFd::new()?;
+        wake.set_nonblocking(true)?;
+        Ok(Wire {
+            sock,
+            local,
+            wake,
+            counters: Counters::default(),
+            faults: Faults::new(),
+        })
+    }
+
     /// Sends a batch of finished packets, through fault injection when it is on.
     pub(crate) fn send(&self, tx: &mut TxBatch) {
         if tx.count == 0 {
             return;
         }
-        if self.faults_on.load(Ordering::Acquire) {
-            self.send_with_faults(tx);
+        if self.faults.on() {
+            let (out, delayed) = self.faults.apply(
+                tx.count,
+                |i| (&tx.bufs[i][..tx.lens[i]], tx.dests[i]),
+                &self.counters,
+            );
+            if delayed {
+                self.wake.signal();
+            }
+            self.account(out.len(), |i| (&out[i].0[..], out[i].1));
         } else {
             let TxBatch {
                 bufs, lens, dests, ..
@@ -103,11 +146,11 @@ impl Engine {
     }
 
     /// Sends packets `pkt(0..count)` and counts them.
-    pub(super) fn account<'a>(&self, count: usize, pkt: impl Fn(usize) -> (&'a [u8], SocketAddr)) {
-        if crate::provider::capture::active() {
+    fn account<'a>(&self, count: usize, pkt: impl Fn(usize) -> (&'a [u8], SocketAddr)) {
+        if super::capture::active() {
             for i in 0..count {
                 let (p, dst) = pkt(i);
-                crate::provider::capture::record(self.local, dst, p);
+                super::capture::record(self.local, dst, p);
             }
         }
         let bytes: usize = (0..count).map(|i| pkt(i).0.len()).sum();
@@ -116,5 +159,20 @@ impl Engine {
         c.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
         c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         c.tx_errors.fetch_add(failed as u64, Ordering::Relaxed);
+    }
+
+    /// Injects faults with `cfg` into what the device sends from now on (`None`: none).
+    pub(crate) fn set_faults(&self, cfg: Option<FaultConfig>) {
+        self.faults.set(cfg);
+    }
+
+    /// Sends the packets fault injection delayed until `now` or held back for reordering;
+    /// returns when the next delayed one is due.
+    pub(crate) fn release_delayed(&self, now: Instant) -> Option<Instant> {
+        let (pkts, next) = self.faults.release_delayed(now);
+        if !pkts.is_empty() {
+            self.account(pkts.len(), |i| (&pkts[i].0[..], pkts[i].1));
+        }
+        next
     }
 }

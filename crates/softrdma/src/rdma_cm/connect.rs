@@ -8,6 +8,7 @@ use super::registry::{device_res, errno_err, ports, registry, resources, wildcar
 use super::{max_backlog, RDMA_MAX_RESP_RES, RDMA_UDP_QKEY};
 use crate::error::{Error, ErrorKind, Result};
 use crate::provider::Engine;
+use crate::provider::Provider;
 use crate::{Mtu, QpType};
 use softrdma_proto::cm::{AcceptParams, ConnId, ConnectRequest};
 use softrdma_wire::cm::{RejectReason, SidrStatus, TransportServiceType};

@@ -8,6 +8,7 @@ use super::qp_state::{mtu_min, qp_to_err};
 use super::registry::{device_res, registry};
 use crate::error::Error;
 use crate::provider::Engine;
+use crate::provider::Provider;
 use crate::{AhAttr, Mtu, QpType};
 use softrdma_proto::cm::{CmEvent as ProtoEvent, ConnId, RepInfo, ReqInfo};
 use softrdma_wire::cm::{RejectReason, SidrStatus};

@@ -2,11 +2,13 @@
 //! accessors, events of a synchronous id, options, binding; and what an id's drop undoes.
 
 use super::connect::event_error;
+use super::dispatch::dispatch;
 use super::event::{CmEventType, ConnParam, EventInfo, UdParam};
 use super::objects::{ChanRef, CmEvent, CmId, EventChannel, IdData, IdInner, IdState};
 use super::qp_state::qp_to_err;
 use super::registry::{
-    all_ids, device_res, errno_err, orphans, ports, random_psn, registry_mutex, PortTable,
+    all_ids, device_res, engine_started, errno_err, orphans, ports, random_psn, registry_mutex,
+    PortTable,
 };
 use super::{
     max_backlog, CmOption, PortSpace, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, RDMA_OPTION_ID,
@@ -14,10 +16,25 @@ use super::{
     RDMA_OPTION_ID_TOS,
 };
 use crate::error::{Error, ErrorKind, Result};
+use crate::provider::Provider;
 use crate::{CompChannel, Context, Cq, Mtu, Pd, Qp, QpType, Srq};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
+
+/// Registers this layer's entry points with the provider ([`crate::provider::CmHook`]),
+/// once: every id is created here first, so the hook is in place before any listener or
+/// connection is recorded in the registry, and no event for an id of this layer can reach a
+/// provider that does not know where to hand it.
+fn install_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        crate::provider::set_cm_hook(crate::provider::CmHook {
+            dispatch,
+            engine_started,
+        })
+    });
+}
 
 /// An id dropped without [`CmId::destroy`] (a panicking thread, a forgotten handle) still
 /// leaves cleanly: its connection is destroyed in the CM (REJ or DREQ to the peer, so the
@@ -101,6 +118,7 @@ impl CmId {
         ps: PortSpace,
         qp_type: QpType,
     ) -> Result<CmId> {
+        install_hook();
         let sync = channel.is_none();
         let channel = match channel {
             Some(c) => c.clone(),

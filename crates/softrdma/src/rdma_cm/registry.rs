@@ -1,14 +1,14 @@
 //! What the connection manager keeps per process: the devices it uses, the port table, every
 //! id, the wildcard listeners, the registry of listeners and connections by device, and the
-//! hook the provider calls ([`install_hook`]).
+//! entry point the provider calls when a device engine starts ([`engine_started`]).
 
-use super::dispatch::dispatch;
 use super::event::{CmEventType, ConnParam};
 use super::objects::{CmId, IdInner, IdState};
 use super::qp_state::qp_to_err;
 use super::RDMA_MAX_RESP_RES;
 use crate::error::{Error, ErrorKind, Result};
 use crate::provider::Engine;
+use crate::provider::Provider;
 use crate::{Context, Device, Pd};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -135,21 +135,7 @@ pub(super) type Wildcards = Mutex<Vec<(u64, Weak<IdInner>)>>;
 
 pub(super) fn wildcards() -> &'static Wildcards {
     static W: OnceLock<Wildcards> = OnceLock::new();
-    W.get_or_init(|| {
-        install_hook();
-        Mutex::new(Vec::new())
-    })
-}
-
-/// Registers this layer's entry points with the provider ([`crate::provider::gsi::CmHook`]):
-/// done before the first listener or connection is recorded (the registry and the wildcard
-/// list call it when they are created), so no event for an id of this layer can reach a
-/// provider that does not know where to hand it.
-pub(super) fn install_hook() {
-    crate::provider::gsi::set_cm_hook(crate::provider::gsi::CmHook {
-        dispatch,
-        engine_started,
-    });
+    W.get_or_init(|| Mutex::new(Vec::new()))
 }
 
 /// A device engine has started: it listens for the wildcard listeners of its family.
@@ -206,10 +192,7 @@ pub(super) struct Registry {
 
 pub(super) fn registry_mutex() -> &'static Mutex<Registry> {
     static R: OnceLock<Mutex<Registry>> = OnceLock::new();
-    R.get_or_init(|| {
-        install_hook();
-        Mutex::new(Registry::default())
-    })
+    R.get_or_init(|| Mutex::new(Registry::default()))
 }
 
 /// Registry keys of ids dropped while the registry was locked (see `IdInner::drop`).

@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::gid::{Gid, GidType};
+use crate::provider::Provider;
 use crate::verbs::device::{self, Device, DeviceAttr, GidEntry, PortAttr, PORT_NUM};
 use crate::verbs::event::{AsyncEvent, AsyncQueue};
 use crate::verbs::resources::DeviceShared;

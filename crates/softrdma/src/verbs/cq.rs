@@ -4,6 +4,7 @@
 
 use crate::error::{DestroyError, Error, ErrorKind, Result};
 use crate::provider::fd::EventFd;
+use crate::provider::Provider;
 use crate::verbs::context::{Context, ContextInner};
 use crate::verbs::event::{AsyncElement, EventTarget, EventType};
 use crate::verbs::hold::{users_of, Counted, Hold};

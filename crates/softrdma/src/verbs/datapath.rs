@@ -3,10 +3,8 @@
 //! its packets to the provider's transmit batch, its completions to the CQs and its events
 //! to the QP; and the QP's face to the provider ([`QpPort`]: packets, timeouts, held ACKs).
 
-use crate::provider::sock::ROCE_PORT;
-use crate::provider::{
-    grh_for, holding_acks, with_tx, Delivery, Engine, QpPort, TxBatch, Via, PKT_BUF,
-};
+use crate::provider::Provider;
+use crate::provider::{holding_acks, with_tx, Delivery, Engine, QpPort, TxBatch, Via, PKT_BUF};
 use crate::verbs::cq::WorkCompletion;
 use crate::verbs::event::{AsyncElement, EventTarget, EventType};
 use crate::verbs::mr::{AccessError as MrAccessError, AccessFlags, KeyKind};
@@ -15,6 +13,7 @@ use crate::verbs::qp::{QpInner, QpState_};
 use crate::verbs::requests::RecvWqe;
 use crate::verbs::resources::Resources;
 use crate::verbs::srq::SrqInner;
+use softrdma_proto::device::grh_for;
 use softrdma_proto::transport::{
     AccessError, AtomicOp, Completion, Env, MwBind, QpEvent, RecvRequest, RxMeta, Sge, WcStatus,
 };
@@ -338,6 +337,7 @@ pub(crate) fn drive(
                     let d = ah.attr.grh.dgid.to_ip();
                     if d.is_multicast() {
                         engine
+                            .wire
                             .counters
                             .mcast_tx_packets
                             .fetch_add(1, Ordering::Relaxed);
@@ -487,7 +487,6 @@ fn feed(
 ) {
     let srq_limit_hit;
     let events = {
-        let dst = SocketAddr::new(dst, ROCE_PORT);
         {
             let QpState_ {
                 transport, rq, mrs, ..
@@ -496,7 +495,7 @@ fn feed(
             if let Some(t) = transport.as_mut() {
                 for pkt in pkts {
                     let meta = RxMeta {
-                        grh: grh_for(&src, &dst, pkt.len()),
+                        grh: grh_for(src.ip(), dst, pkt.len()),
                     };
                     t.handle_packet(now, pkt, &meta, &mut env);
                 }

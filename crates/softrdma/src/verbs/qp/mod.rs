@@ -18,6 +18,7 @@ pub use attr::{MigState, QpAttr, QpCap, QpInitAttr, QpInitInfo};
 
 use crate::error::{DestroyError, Error, ErrorKind, Result};
 use crate::gid::Gid;
+use crate::provider::Provider;
 use crate::provider::{Engine, QpPort};
 use crate::verbs::ah::AhInner;
 use crate::verbs::cq::{CqInner, WcOpcode, WcStatus, WorkCompletion};

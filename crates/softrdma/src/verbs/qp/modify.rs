@@ -3,6 +3,7 @@
 
 use super::{Qp, QpAttr, QpInner, QpState_};
 use crate::error::{Error, Result};
+use crate::provider::Provider;
 use crate::provider::QpPort;
 use crate::verbs::cq::WcOpcode;
 use crate::verbs::datapath::{send_held_ack, to_wc};

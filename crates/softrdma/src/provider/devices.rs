@@ -1,0 +1,163 @@
+//! The device engines of this process, one per address, started on first use and kept.
+
+use super::capture;
+use super::counters::DeviceCounters;
+use super::engine::{engine_started, Engine, Provider, QpPort};
+use super::faults::FaultConfig;
+use super::gsi::Gsi;
+use super::progress;
+use super::share::Share;
+use super::sock::{UdpSock, ROCE_PORT};
+use super::tx::TxBatch;
+use super::tx::Wire;
+use crate::error::Result;
+use crate::gid::Gid;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Weak;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+/// The engines of this process, one per address, kept for the life of the process: a device's
+/// UDP socket and progress thread are started on first use and stay, as a NIC stays, so that
+/// closing and reopening a device never races with its own socket still being closed.
+static ENGINES: OnceLock<Mutex<HashMap<IpAddr, Arc<Engine>>>> = OnceLock::new();
+
+/// The engines started in this process.
+pub(crate) fn all_engines() -> Vec<Arc<Engine>> {
+    ENGINES.get().map_or_else(Vec::new, |m| {
+        m.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    })
+}
+
+impl Engine {
+    /// The engine of the device at `addr` (interface `ifindex`), started on first use; a
+    /// new engine is announced to the connection-manager layer (see [`super::engine::CmHook`]).
+    ///
+    /// Fails with `EADDRINUSE` when a socket that does not share it (another user's process,
+    /// another program, a kernel RoCE device) holds UDP port 4791 on the address; other
+    /// softrdma processes of the same user share the device (see [`super::share`]).
+    pub(crate) fn get_or_start(addr: IpAddr, ifindex: u32) -> Result<Arc<Engine>> {
+        let map = ENGINES.get_or_init(|| Mutex::new(HashMap::new()));
+        let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = map.get(&addr) {
+            return Ok(e.clone());
+        }
+        let started = Engine::start(addr, ifindex)?;
+        map.insert(addr, started.clone());
+        drop(map);
+        // Steerable before anything is created on it: until discovery has put this process
+        // in the group's program, packets for it are spread by the kernel's hash, and one
+        // that lands on a process about to exit is lost with that process's socket.
+        started.discover_now();
+        engine_started(&started);
+        Ok(started)
+    }
+
+    /// The engine of the device at `addr` if it has started.
+    pub(crate) fn if_started(addr: IpAddr) -> Option<Arc<Engine>> {
+        ENGINES
+            .get()?
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&addr)
+            .cloned()
+    }
+
+    /// Binds the device socket and starts the progress thread; `ifindex` is the interface
+    /// of `addr`, used to send to and join IPv6 multicast groups.
+    pub(crate) fn start(addr: IpAddr, ifindex: u32) -> Result<Arc<Engine>> {
+        Self::start_on_port(addr, ROCE_PORT, ifindex)
+    }
+
+    /// [`Engine::start`] on UDP port `port` (tests).
+    pub(crate) fn start_on_port(addr: IpAddr, port: u16, ifindex: u32) -> Result<Arc<Engine>> {
+        crate::log::init_from_env();
+        // The slot first, the socket second: a process holds a socket in the group only
+        // while it holds a slot, so discovery's count of slots is the group's size.
+        let share = Share::join(addr)?;
+        let sock = UdpSock::bind_shared(addr, port)?;
+        let local = sock.local_addr()?;
+        tracing::debug!(%local, "device engine started");
+        // Multicast sends leave from the device socket; a device whose interface cannot do
+        // multicast still does unicast (its multicast sends are counted in tx_errors).
+        if let Err(err) = sock.set_multicast_tx(addr, ifindex) {
+            tracing::debug!(%addr, ifindex, error = %err, "no multicast sending options");
+        }
+        let e = Engine::new(Wire::new(sock, local)?, share, ifindex);
+        capture::note_local_device(local);
+        // SOFTRDMA_FAULTS: fault injection from the start (see FaultConfig::parse), for
+        // programs that have no call for it, such as the examples against another stack.
+        if let Some(spec) = std::env::var("SOFTRDMA_FAULTS")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+        {
+            let cfg = FaultConfig::parse(&spec)?;
+            tracing::info!(?cfg, "SOFTRDMA_FAULTS: injecting faults");
+            e.set_faults(Some(cfg));
+        }
+        e.set_me();
+        let weak = Arc::downgrade(&e);
+        std::thread::Builder::new()
+            .name(format!("softrdma-{addr}"))
+            .spawn(move || progress::progress(weak))
+            .map_err(|err| crate::Error::from_io(err, "spawning the progress thread"))?;
+        tracing::debug!(%local, "device engine started");
+        Ok(e)
+    }
+}
+
+impl Provider for Engine {
+    fn slot(&self) -> u8 {
+        Engine::slot(self)
+    }
+    fn register(&self, qpn: u32, qp: Weak<dyn QpPort>) {
+        Engine::register(self, qpn, qp)
+    }
+    fn unregister(&self, qpn: u32) {
+        Engine::unregister(self, qpn)
+    }
+    #[inline]
+    fn set_timer(&self, qpn: u32, deadline: Option<Instant>) {
+        Engine::set_timer(self, qpn, deadline)
+    }
+    #[inline]
+    fn send(&self, tx: &mut TxBatch) {
+        Engine::send(self, tx)
+    }
+    fn note_held_ack(&self, qpn: u32) {
+        Engine::note_held_ack(self, qpn)
+    }
+    #[inline]
+    fn poll_progress(&self, busy: bool) {
+        Engine::poll_progress(self, busy)
+    }
+    fn app_sleeps(&self) {
+        Engine::app_sleeps(self)
+    }
+    fn mcast_join(&self, gid: &Gid, qpn: u32) -> Result<()> {
+        Engine::mcast_join(self, gid, qpn)
+    }
+    fn mcast_leave(&self, gid: &Gid, qpn: u32) {
+        Engine::mcast_leave(self, gid, qpn)
+    }
+    fn counters(&self) -> DeviceCounters {
+        Engine::counters(self)
+    }
+    fn set_faults(&self, cfg: Option<FaultConfig>) {
+        Engine::set_faults(self, cfg)
+    }
+    fn with_cm<R>(&self, f: impl FnOnce(&mut Gsi, Instant) -> R) -> R {
+        Engine::with_cm(self, f)
+    }
+    fn cm_listen(&self, sid: u64) -> Result<bool> {
+        Engine::cm_listen(self, sid)
+    }
+    fn cm_unlisten(&self, sid: u64) {
+        Engine::cm_unlisten(self, sid)
+    }
+}

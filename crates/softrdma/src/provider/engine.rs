@@ -1,0 +1,554 @@
+//! The engine of one device: the parts the files below it own (the [`Wire`] out, the
+//! receive state, the multicast groups, QP 1), composed with the table of QPs and their
+//! timers, the held ACKs, and the connection-manager layer's hook. The QPs the verbs layer
+//! registers ([`QpPort`]) and the CM events that go up ([`CmHook`]) are named here and
+//! above, never below.
+
+use super::counters::DeviceCounters;
+use super::faults::FaultConfig;
+use super::gsi::{self, Gsi};
+use super::mcast::{Mcast, RxMcast};
+use super::rx::{Delivery, RxSink, RxState, Via};
+use super::share::{self, Share};
+use super::tx::{with_tx, TxBatch, Wire};
+use crate::error::Result;
+use crate::gid::Gid;
+use softrdma_proto::cm::CmEvent;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+/// How long after an application thread last polled an empty CQ of the device the progress
+/// thread leaves the device socket to application threads (see the provider's notes),
+/// unless `SOFTRDMA_POLL_HANDOFF_US` says otherwise (0: never; the progress thread always
+/// watches).
+pub(crate) const POLL_HANDOFF: Duration = Duration::from_micros(500);
+
+/// What the receiving thread holds: the receive state of the device socket and of the
+/// multicast group sockets.
+pub(crate) struct Receiving {
+    pub(super) rx: RxState,
+    pub(super) mcast: RxMcast,
+}
+
+/// The engine of one device.
+pub(crate) struct Engine {
+    /// The device socket, its wake-up, counters and fault injection.
+    pub(crate) wire: Wire,
+    /// The device socket's address.
+    pub(crate) local: SocketAddr,
+    /// This process's membership of the device, which other processes may share.
+    pub(super) share: Share,
+    qps: RwLock<HashMap<u32, Weak<dyn QpPort>>>,
+    /// The deadline of each QP (QP 1: the CM's). (A HashMap rather than proto's
+    /// `TimerTable`: setting a deadline, once per drive of a QP, costs a third of what a
+    /// heap push costs, and the progress thread's scan is of a handful of QPs.)
+    pub(super) timers: Mutex<HashMap<u32, Instant>>,
+    epoch: Instant,
+    /// When the progress thread will wake up on its own (nanoseconds since `epoch`).
+    pub(super) sleep_until: AtomicU64,
+    /// How long the progress thread keeps polling the socket without sleeping after the
+    /// last packet (`SOFTRDMA_BUSY_POLL_US`; 0 = always sleep in poll(2)).
+    pub(super) busy_poll: Duration,
+    /// The receive buffers, held by the thread that is receiving.
+    pub(super) rx: Mutex<Receiving>,
+    /// How many times application threads polled an empty, unarmed CQ of this device (the
+    /// progress thread compares it with what it saw last time).
+    pub(super) app_polls: AtomicU64,
+    /// A CQ of this device was armed for an event after the last such poll: its program is
+    /// going to sleep, so the progress thread must watch the socket.
+    pub(super) app_asleep: AtomicBool,
+    /// The progress thread is not watching the socket (an application thread polls it).
+    pub(super) standing_down: AtomicBool,
+    /// [`POLL_HANDOFF`] or `SOFTRDMA_POLL_HANDOFF_US`.
+    pub(super) handoff: Duration,
+    /// QPs whose transport holds a positive ACK back, and whether the list may be non-empty.
+    held_acks: Mutex<Vec<u32>>,
+    any_held_acks: AtomicBool,
+    /// QP 1: the connection manager's MADs.
+    pub(crate) gsi: Mutex<Gsi>,
+    /// This engine, for the connection-manager layer's ids.
+    me: OnceLock<Weak<Engine>>,
+    /// The multicast groups the device has joined, their sockets and attached QPs.
+    pub(super) mcast: Mcast,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("local", &self.local)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A QP as the provider sees it. The verbs layer registers each QP that can receive
+/// ([`Engine::register`]) as this trait, and the provider hands it packets, timeouts and held
+/// ACKs through it: the provider never names the verbs objects.
+pub(crate) trait QpPort: Send + Sync {
+    /// Hands a run of good packets, all from `src` to `dst` and for this QP, to its transport
+    /// (under the QP's lock), drives the QP and raises the resulting events; says what
+    /// became of them.
+    #[allow(clippy::too_many_arguments)]
+    fn receive(
+        self: Arc<Self>,
+        engine: &Engine,
+        pkts: &[&[u8]],
+        src: SocketAddr,
+        dst: IpAddr,
+        via: Via,
+        now: Instant,
+        tx: &mut TxBatch,
+    ) -> Delivery;
+
+    /// The QP's deadline has passed: runs its transport's timers and drives it.
+    fn on_timeout(self: Arc<Self>, engine: &Engine, now: Instant, tx: &mut TxBatch);
+
+    /// Sends the positive ACK the QP's transport holds back, if any.
+    fn release_held_ack(self: Arc<Self>);
+}
+
+/// A device's provider as the layers above call it: the verbs layer (QPs, their timers and
+/// transmit batches, CQ polls, multicast, counters, faults) and the connection manager (QP 1).
+/// Today it has one implementation, the UDP RoCEv2 [`Engine`] (started with
+/// `Engine::get_or_start`); the same-host path is to be the second. Its methods are the
+/// engine's, called through this trait from outside the provider.
+pub(crate) trait Provider {
+    /// This process's slot on the device (bits 16..23 of its QP numbers).
+    fn slot(&self) -> u8;
+    /// Registers the QP `qpn`: packets and timeouts for it go to `qp` from now on.
+    fn register(&self, qpn: u32, qp: Weak<dyn QpPort>);
+    /// Forgets the QP `qpn` and its deadline.
+    fn unregister(&self, qpn: u32);
+    /// Records the QP's next deadline (`None`: none).
+    fn set_timer(&self, qpn: u32, deadline: Option<Instant>);
+    /// Sends a batch of finished packets.
+    fn send(&self, tx: &mut TxBatch);
+    /// Records that the transport of QP `qpn` holds a positive ACK back.
+    fn note_held_ack(&self, qpn: u32);
+    /// Progress from an application thread that found its CQ empty (`busy`: not armed).
+    fn poll_progress(&self, busy: bool);
+    /// An application thread is about to sleep on a completion channel.
+    fn app_sleeps(&self);
+    /// Attaches QP `qpn` to the multicast group `gid`; fails with the errno of joining it.
+    fn mcast_join(&self, gid: &Gid, qpn: u32) -> Result<()>;
+    /// Detaches QP `qpn` from the multicast group `gid`.
+    fn mcast_leave(&self, gid: &Gid, qpn: u32);
+    /// A snapshot of the device's packet counters.
+    fn counters(&self) -> DeviceCounters;
+    /// Injects faults with `cfg` into what the device sends (`None`: none).
+    fn set_faults(&self, cfg: Option<FaultConfig>);
+    /// Runs `f` on the device's connection manager, sends what it wants sent, then
+    /// dispatches its events.
+    fn with_cm<R>(&self, f: impl FnOnce(&mut Gsi, Instant) -> R) -> R;
+    /// Listens for the service `sid`; fails with `EADDRINUSE` when another process sharing
+    /// the device listens on it.
+    fn cm_listen(&self, sid: u64) -> Result<bool>;
+    /// Stops listening for the service `sid`.
+    fn cm_unlisten(&self, sid: u64);
+}
+
+/// The entry points of the connection-manager layer above the provider ([`crate::rdma_cm`]),
+/// which registers them with [`set_cm_hook`] before it holds any id: the provider calls up
+/// only through them, never by name.
+pub(crate) struct CmHook {
+    /// Takes an event of a device's CM (called with no lock held); gives it back when no id
+    /// of that layer is behind it.
+    pub(crate) dispatch: fn(&Arc<Engine>, CmEvent) -> Option<CmEvent>,
+    /// A device engine has started (its wildcard listeners may listen on it).
+    pub(crate) engine_started: fn(&Arc<Engine>),
+}
+
+static CM_HOOK: OnceLock<CmHook> = OnceLock::new();
+
+/// Registers the connection-manager layer's entry points (the first registration stays).
+pub(crate) fn set_cm_hook(hook: CmHook) {
+    let _ = CM_HOOK.set(hook);
+}
+
+/// Tells the connection-manager layer, if one registered, that `engine` started.
+pub(super) fn engine_started(engine: &Arc<Engine>) {
+    if let Some(hook) = CM_HOOK.get() {
+        (hook.engine_started)(engine);
+    }
+}
+
+impl Engine {
+    /// The engine of the device whose socket is on `wire`, for the process that holds
+    /// `share` (its slot on the device); `ifindex` is the interface of the device address.
+    /// Starts no thread (see the `devices` module).
+    pub(super) fn new(wire: Wire, share: Share, ifindex: u32) -> Arc<Engine> {
+        let local = wire.local;
+        let slot = share.slot();
+        let env_us = |k: &str| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .map(Duration::from_micros)
+        };
+        Arc::new(Engine {
+            wire,
+            local,
+            share,
+            qps: RwLock::new(HashMap::new()),
+            timers: Mutex::new(HashMap::new()),
+            epoch: Instant::now(),
+            sleep_until: AtomicU64::new(0),
+            rx: Mutex::new(Receiving {
+                rx: RxState::new(),
+                mcast: RxMcast::default(),
+            }),
+            app_polls: AtomicU64::new(0),
+            app_asleep: AtomicBool::new(false),
+            standing_down: AtomicBool::new(false),
+            held_acks: Mutex::new(Vec::new()),
+            any_held_acks: AtomicBool::new(false),
+            handoff: env_us("SOFTRDMA_POLL_HANDOFF_US").unwrap_or(POLL_HANDOFF),
+            me: OnceLock::new(),
+            mcast: Mcast::new(ifindex),
+            gsi: Mutex::new(Gsi::new(
+                local.ip(),
+                crate::gid::guid_for(&local.ip()),
+                slot,
+            )),
+            busy_poll: env_us("SOFTRDMA_BUSY_POLL_US").unwrap_or(Duration::ZERO),
+        })
+    }
+
+    /// Records the engine's own `Arc` (for the connection-manager layer's ids and the
+    /// discovery thread).
+    pub(super) fn set_me(self: &Arc<Self>) {
+        let _ = self.me.set(Arc::downgrade(self));
+    }
+
+    /// This process's slot on the device: the byte in bits 16..23 of its QP numbers and
+    /// 24..31 of its CM communication IDs.
+    pub(super) fn slot(&self) -> u8 {
+        self.share.slot()
+    }
+
+    /// Runs the discovery of the device's group indices in this thread (a few milliseconds;
+    /// about a second at worst, when members do not answer) and attaches the steering
+    /// program it builds.
+    pub(crate) fn discover_now(&self) {
+        if std::env::var("SOFTRDMA_STEERING").is_ok_and(|v| v.trim() == "hash") {
+            self.rediscover();
+            return;
+        }
+        let dst = SocketAddr::new(self.local.ip(), self.local.port());
+        self.share.discover(
+            Duration::from_millis(50),
+            |m| self.wire.sock.send_one(m, dst),
+            |p| self.wire.sock.attach_steering(p),
+        );
+    }
+
+    /// Runs the discovery of the device's group indices on a thread of its own (unless one
+    /// runs; then it runs once more after), and attaches the steering program it builds.
+    pub(crate) fn rediscover(&self) {
+        let Some(me) = self.me.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        if self.share.busy() {
+            return;
+        }
+        if std::env::var("SOFTRDMA_STEERING").is_ok_and(|v| v.trim() == "hash") {
+            // SOFTRDMA_STEERING=hash: no steering; the kernel spreads datagrams by its hash
+            // and every one that reaches the wrong process is forwarded (for tests of the
+            // forwarding path, and to measure what steering saves).
+            if let Err(err) = self.wire.sock.attach_steering(&share::hash_program()) {
+                tracing::warn!(error = %err, "attaching the hash program");
+            }
+            return;
+        }
+        let spawned = std::thread::Builder::new()
+            .name("softrdma-discovery".into())
+            .spawn(move || {
+                let dst = SocketAddr::new(me.local.ip(), me.local.port());
+                me.share.discover(
+                    Duration::from_millis(50),
+                    |m| me.wire.sock.send_one(m, dst),
+                    |p| me.wire.sock.attach_steering(p),
+                );
+            });
+        if let Err(err) = spawned {
+            tracing::warn!(error = %err, "spawning the discovery thread");
+        }
+    }
+
+    /// Registers the QP `qpn`: packets and timeouts for it go to `qp` from now on.
+    pub(super) fn register(&self, qpn: u32, qp: Weak<dyn QpPort>) {
+        self.qps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(qpn, qp);
+    }
+
+    /// Forgets the QP `qpn` and its deadline.
+    pub(super) fn unregister(&self, qpn: u32) {
+        self.qps
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&qpn);
+        self.timers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&qpn);
+    }
+
+    pub(super) fn lookup(&self, qpn: u32) -> Option<Arc<dyn QpPort>> {
+        self.qps
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&qpn)
+            .and_then(Weak::upgrade)
+    }
+
+    pub(super) fn nanos(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// Records the QP's next deadline and wakes the progress thread if it would sleep past it.
+    pub(super) fn set_timer(&self, qpn: u32, deadline: Option<Instant>) {
+        let mut t = self.timers.lock().unwrap_or_else(|p| p.into_inner());
+        match deadline {
+            Some(d) => {
+                t.insert(qpn, d);
+                drop(t);
+                if self.nanos(d) < self.sleep_until.load(Ordering::Acquire) {
+                    self.wire.wake.signal();
+                }
+            }
+            None => {
+                t.remove(&qpn);
+            }
+        }
+    }
+
+    /// Runs the timers of QP `qpn` (QP 1: the CM's), whose deadline has passed.
+    pub(super) fn on_timeout(&self, qpn: u32, now: Instant, tx: &mut TxBatch) {
+        if qpn == softrdma_wire::mad::GSI_QPN {
+            let evs = {
+                let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+                g.cm.handle_timeout(now);
+                self.gsi_drive(&mut g, tx);
+                g.take_events()
+            };
+            self.send(tx);
+            self.dispatch(evs);
+            return;
+        }
+        let Some(qp) = self.lookup(qpn) else {
+            self.set_timer(qpn, None);
+            return;
+        };
+        qp.on_timeout(self, now, tx);
+    }
+
+    /// A snapshot of the device's packet counters.
+    pub(super) fn counters(&self) -> DeviceCounters {
+        self.wire.counters.snapshot()
+    }
+
+    /// Injects faults with `cfg` into what the device sends from now on (`None`: none).
+    pub(super) fn set_faults(&self, cfg: Option<FaultConfig>) {
+        self.wire.set_faults(cfg);
+    }
+
+    /// Sends a batch of finished packets (see [`Wire::send`]).
+    #[inline]
+    pub(super) fn send(&self, tx: &mut TxBatch) {
+        self.wire.send(tx);
+    }
+
+    /// Attaches QP `qpn` to the multicast group `gid` (see [`Mcast::join`]).
+    pub(super) fn mcast_join(&self, gid: &Gid, qpn: u32) -> Result<()> {
+        self.mcast.join(&self.wire, gid, qpn)
+    }
+
+    /// Detaches QP `qpn` from the multicast group `gid` (see [`Mcast::leave`]).
+    pub(super) fn mcast_leave(&self, gid: &Gid, qpn: u32) {
+        self.mcast.leave(&self.wire, gid, qpn)
+    }
+
+    /// Records that the transport of QP `qpn` holds a positive ACK back.
+    pub(super) fn note_held_ack(&self, qpn: u32) {
+        let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
+        if !l.contains(&qpn) {
+            l.push(qpn);
+        }
+        self.any_held_acks.store(true, Ordering::Release);
+    }
+
+    /// Sends the ACKs that QPs hold back (costs one atomic load when there are none).
+    pub(crate) fn flush_held_acks(&self) {
+        if !self.any_held_acks.load(Ordering::Acquire) {
+            return;
+        }
+        // Taken out of the lock (releasing locks each QP, and a QP's drive notes into the
+        // list under the QP lock), then given back empty so that its room is reused: a
+        // ping-pong notes and flushes a held ACK every round trip.
+        let mut qpns = {
+            let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
+            self.any_held_acks.store(false, Ordering::Release);
+            std::mem::take(&mut *l)
+        };
+        for qpn in qpns.drain(..) {
+            if let Some(qp) = self.lookup(qpn) {
+                qp.release_held_ack();
+            }
+        }
+        let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
+        if l.is_empty() {
+            *l = qpns;
+        }
+    }
+}
+
+// The engine's side of QP 1: MADs in, listening, ICMP errors, liveness probes, and CM events
+// up to the connection-manager layer.
+impl Engine {
+    /// Makes this device's CM accept requests for the service `sid`, claiming it on the
+    /// shared device; says whether this process did not listen on it before.
+    ///
+    /// Fails with `EADDRINUSE` when another process listens on `sid` on this device.
+    pub(super) fn cm_listen(&self, sid: u64) -> Result<bool> {
+        let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+        g.listen(&self.share, sid)
+    }
+
+    /// Stops accepting requests for `sid` and lets go of its claim.
+    pub(super) fn cm_unlisten(&self, sid: u64) {
+        self.gsi
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .unlisten(sid);
+    }
+
+    /// Sends a liveness probe to every peer the CM has a connection with.
+    pub(super) fn probe_peers(&self) {
+        gsi::probe_peers(&self.gsi, &self.wire);
+    }
+
+    /// Hands CM events to the connection-manager layer through its hook (no lock held); the
+    /// ones no id handles, all of them while no layer has registered, go back to the queue.
+    pub(crate) fn dispatch(&self, evs: Vec<CmEvent>) {
+        if evs.is_empty() {
+            return;
+        }
+        let Some(me) = self.me.get().and_then(Weak::upgrade) else {
+            return;
+        };
+        let rest: Vec<_> = match CM_HOOK.get() {
+            Some(hook) => evs
+                .into_iter()
+                .filter_map(|ev| (hook.dispatch)(&me, ev))
+                .collect(),
+            None => evs,
+        };
+        if !rest.is_empty() {
+            self.gsi
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .requeue(rest);
+        }
+    }
+
+    /// Sends what the CM wants sent, collects its events and records its next deadline
+    /// (under the timer key of QP 1). Called with the GSI lock held.
+    pub(crate) fn gsi_drive(&self, g: &mut Gsi, tx: &mut TxBatch) {
+        let deadline = g.drive(&self.wire, tx);
+        self.set_timer(softrdma_wire::mad::GSI_QPN, deadline);
+    }
+
+    /// Runs `f` on the connection manager of this device, sends what it wants sent, then
+    /// dispatches its events.
+    pub(super) fn with_cm<R>(&self, f: impl FnOnce(&mut Gsi, Instant) -> R) -> R {
+        let (r, evs) = {
+            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+            let r = f(&mut g, Instant::now());
+            with_tx(|tx| {
+                self.gsi_drive(&mut g, tx);
+                self.send(tx);
+            });
+            let evs = if self.me.get().is_some() {
+                g.take_events()
+            } else {
+                Vec::new()
+            };
+            (r, evs)
+        };
+        self.dispatch(evs);
+        r
+    }
+}
+
+/// The engine takes what its receive side (the device socket, the forwarding socket, the
+/// group sockets) found good.
+impl RxSink for Engine {
+    #[inline]
+    fn deliver(
+        &self,
+        qpn: u32,
+        pkts: &[&[u8]],
+        src: SocketAddr,
+        dst: IpAddr,
+        via: Via,
+        now: Instant,
+        tx: &mut TxBatch,
+    ) -> Option<Delivery> {
+        let qp = self.lookup(qpn)?;
+        Some(qp.receive(self, pkts, src, dst, via, now, tx))
+    }
+
+    /// Hands a packet for QP 1 to the CM of the process it is for: this one's, or, on a
+    /// shared device, another process's (forwarded; see [`gsi::mad_owner`]). A packet
+    /// `forwarded` here by another process is this process's.
+    fn mad(&self, pkt: &[u8], src: SocketAddr, now: Instant, tx: &mut TxBatch, forwarded: bool) {
+        if !forwarded {
+            if let Some(slot) = gsi::mad_owner(&self.gsi, &self.share, pkt) {
+                if self.share.forward(slot, src, pkt).is_ok() {
+                    self.wire.counters.misrouted.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                // The owner is gone: this CM answers (it knows no such communication).
+            }
+        }
+        let evs = {
+            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+            g.receive(now, src.ip(), pkt);
+            self.gsi_drive(&mut g, tx);
+            g.take_events()
+        };
+        self.send(tx);
+        self.dispatch(evs);
+    }
+
+    /// Reads the socket's ICMP errors ([`super::sock::UdpSock::take_icmp_errors`]), counts
+    /// them and hands them to the CM ([`Gsi::icmp_errors`]).
+    fn icmp_errors(&self, tx: &mut TxBatch) -> usize {
+        let mut errs = Vec::new();
+        self.wire.sock.take_icmp_errors(&mut errs);
+        if errs.is_empty() {
+            return 0;
+        }
+        self.wire
+            .counters
+            .icmp_errors
+            .fetch_add(errs.len() as u64, Ordering::Relaxed);
+        let evs = {
+            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+            g.icmp_errors(&errs);
+            self.gsi_drive(&mut g, tx);
+            g.take_events()
+        };
+        self.send(tx);
+        self.dispatch(evs);
+        errs.len()
+    }
+
+    fn rediscover(&self) {
+        Engine::rediscover(self);
+    }
+}

@@ -1,0 +1,348 @@
+//! Batched I/O on a socket: `sendmmsg` with UDP GSO, `recvmmsg` with GRO.
+
+use super::{from_sockaddr, gso_keeps_ident, write_sockaddr, UdpSock, UDP_GRO, UDP_SEGMENT};
+use crate::error::{Error, Result};
+use std::mem::{size_of, zeroed};
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+
+impl UdpSock {
+    /// Sends `pkts[i].0` to `pkts[i].1`, in order, with as few system calls as possible:
+    /// consecutive packets of the same length to the same destination (the last of a run may
+    /// be shorter) go out as one UDP GSO "super-datagram" that the kernel cuts into datagrams
+    /// (or, on loopback, hands whole to a GRO receiver), and up to 64 such messages go into
+    /// one `sendmmsg`.
+    ///
+    /// UDP GSO is used only where it cannot change the IPv4 identification the ICRC was
+    /// computed with (0): toward loopback addresses and over IPv6 (which has none). When the
+    /// kernel cuts a super-datagram into IPv4 datagrams it numbers them 0, 1, 2, … (even with
+    /// DF), so every datagram but the first would carry an identification its ICRC was not
+    /// computed with; a peer that verifies against the header it receives (Linux rxe, a
+    /// RoCE NIC) drops them. Toward other IPv4 addresses each packet is its own datagram.
+    ///
+    /// Datagrams the kernel refuses (`EMSGSIZE`, unreachable) are dropped and counted in the
+    /// second field of the result, as a NIC drops what it cannot send.
+    pub(crate) fn send_batch<'a>(
+        &self,
+        count: usize,
+        pkt: impl Fn(usize) -> (&'a [u8], SocketAddr),
+    ) -> (usize, usize) {
+        const MAX_SEGS: usize = 64;
+        const MAX_GSO_BYTES: usize = 65000;
+        SEND_SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let SendScratch { groups, iovs, hdrs } = &mut *scratch;
+            let gso = self.gso.load(Ordering::Relaxed);
+            // Groups: (first packet, number of packets, segment size).
+            groups.clear();
+            let mut i = 0;
+            while i < count {
+                let (first, dst) = pkt(i);
+                let seg = first.len();
+                let mut n = 1;
+                let mut total = seg;
+                if gso && gso_keeps_ident(dst) {
+                    while i + n < count && n < MAX_SEGS {
+                        let (p, d) = pkt(i + n);
+                        // One super-datagram carries packets for one process of the
+                        // peer device: the peer's steering reads the first packet's QP slot.
+                        if d != dst
+                            || p.get(5) != first.get(5)
+                            || p.len() > seg
+                            || total + p.len() > MAX_GSO_BYTES
+                            || p.is_empty()
+                        {
+                            break;
+                        }
+                        total += p.len();
+                        n += 1;
+                        if p.len() < seg {
+                            break;
+                        }
+                    }
+                }
+                groups.push((i, n, seg));
+                i += n;
+            }
+            let mut sent = 0;
+            let mut failed = 0;
+            let mut g = 0;
+            // SAFETY: CMSG_SPACE is a pure computation.
+            let cmsg_space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
+            while g < groups.len() {
+                let n = (groups.len() - g).min(MMSG_MAX);
+                iovs.clear();
+                for &(first, count, _) in &groups[g..g + n] {
+                    for k in first..first + count {
+                        let p = pkt(k).0;
+                        iovs.push(libc::iovec {
+                            iov_base: p.as_ptr() as *mut libc::c_void,
+                            iov_len: p.len(),
+                        });
+                    }
+                }
+                let mut at = 0;
+                for k in 0..n {
+                    let (first, count, seg) = groups[g + k];
+                    hdrs.names[k].len = write_sockaddr(&pkt(first).1, &mut hdrs.names[k].ss);
+                    let h = &mut hdrs.msgs[k].msg_hdr;
+                    h.msg_name = (&mut hdrs.names[k].ss as *mut libc::sockaddr_storage).cast();
+                    h.msg_namelen = hdrs.names[k].len;
+                    h.msg_iov = iovs[at..].as_mut_ptr();
+                    h.msg_iovlen = count;
+                    h.msg_flags = 0;
+                    at += count;
+                    if count > 1 {
+                        h.msg_control = hdrs.cmsgs[k].0.as_mut_ptr().cast();
+                        h.msg_controllen = cmsg_space;
+                        // SAFETY: the control buffer is 32 aligned bytes, enough for one cmsg
+                        // carrying a u16.
+                        unsafe {
+                            let cm = libc::CMSG_FIRSTHDR(h);
+                            (*cm).cmsg_level = libc::SOL_UDP;
+                            (*cm).cmsg_type = UDP_SEGMENT;
+                            (*cm).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as usize;
+                            std::ptr::write_unaligned(
+                                libc::CMSG_DATA(cm).cast::<u16>(),
+                                seg as u16,
+                            );
+                        }
+                    } else {
+                        h.msg_control = std::ptr::null_mut();
+                        h.msg_controllen = 0;
+                    }
+                }
+                // SAFETY: msgs[..n] point at live buffers, iovecs, names and control data,
+                // all of which outlive the call.
+                let r = unsafe {
+                    libc::sendmmsg(
+                        self.fd.as_raw_fd(),
+                        hdrs.msgs.as_mut_ptr(),
+                        n as libc::c_uint,
+                        0,
+                    )
+                };
+                if r > 0 {
+                    for k in 0..r as usize {
+                        sent += groups[g + k].1;
+                    }
+                    g += r as usize;
+                    continue;
+                }
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
+                        // The send buffer is full: wait until writable, then go on.
+                        let mut p = libc::pollfd {
+                            fd: self.fd.as_raw_fd(),
+                            events: libc::POLLOUT,
+                            revents: 0,
+                        };
+                        // SAFETY: one valid pollfd.
+                        unsafe { libc::poll(&mut p, 1, 100) };
+                    }
+                    Some(libc::EIO) | Some(libc::EINVAL) if groups[g].1 > 1 => {
+                        // No UDP GSO here: send every packet on its own from now on (this
+                        // group's packets become groups of one, sent on the next round).
+                        tracing::info!(error = %e, "UDP GSO unavailable; sending datagrams one by one");
+                        self.gso.store(false, Ordering::Relaxed);
+                        let (first, count, _) = groups[g];
+                        let singles: Vec<(usize, usize, usize)> = (first..first + count)
+                            .map(|k| (k, 1, pkt(k).0.len()))
+                            .collect();
+                        groups.splice(g..g + 1, singles);
+                    }
+                    _ => {
+                        // The first message failed on its own: drop it and go on.
+                        tracing::debug!(error = %e, dst = %pkt(groups[g].0).1, "datagram not sent");
+                        failed += groups[g].1;
+                        g += 1;
+                    }
+                }
+            }
+            (sent, failed)
+        })
+    }
+
+    /// Receives up to `bufs.len()` messages without blocking; for each, its length, source
+    /// and GRO segment size (0: one datagram) go into `meta`. With GRO a message holds several
+    /// datagrams of `segment` bytes each (the last may be shorter). Returns how many messages
+    /// arrived (0 when none is waiting).
+    pub(crate) fn recv_batch(&self, bufs: &mut [Vec<u8>], meta: &mut [RxMsg]) -> Result<usize> {
+        let n = bufs.len().min(MMSG_MAX).min(meta.len());
+        if n == 0 {
+            return Ok(0);
+        }
+        RECV_SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let RecvScratch { hdrs, key, dirty } = &mut *scratch;
+            // The headers of the last call on the same buffers are still in place: only the
+            // fields the kernel wrote back (for the messages it filled) are reset. A busy
+            // poller calls this in a loop, mostly for nothing.
+            let k = (
+                bufs.as_ptr() as usize,
+                n,
+                self.gro,
+                bufs[0].as_ptr() as usize,
+                bufs[n - 1].as_ptr() as usize,
+                bufs[0].len(),
+            );
+            let reset = if *key == Some(k) { *dirty } else { n };
+            *key = Some(k);
+            let controllen = if self.gro { 32 } else { 0 };
+            for (i, buf) in bufs.iter_mut().enumerate().take(reset) {
+                hdrs.iovs[i] = libc::iovec {
+                    iov_base: buf.as_mut_ptr().cast(),
+                    iov_len: buf.len(),
+                };
+                let h = &mut hdrs.msgs[i].msg_hdr;
+                h.msg_name = (&mut hdrs.names[i].ss as *mut libc::sockaddr_storage).cast();
+                h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                h.msg_iov = &mut hdrs.iovs[i];
+                h.msg_iovlen = 1;
+                h.msg_flags = 0;
+                h.msg_control = if self.gro {
+                    hdrs.cmsgs[i].0.as_mut_ptr().cast()
+                } else {
+                    std::ptr::null_mut()
+                };
+                h.msg_controllen = controllen;
+            }
+            // Whatever happens below, the kernel writes into the first message at most.
+            *dirty = 1;
+            loop {
+                // SAFETY: msgs[..n] point at live, writable buffers, names and control
+                // buffers, all of which outlive the call.
+                let r = unsafe {
+                    libc::recvmmsg(
+                        self.fd.as_raw_fd(),
+                        hdrs.msgs.as_mut_ptr(),
+                        n as libc::c_uint,
+                        libc::MSG_DONTWAIT,
+                        std::ptr::null_mut(),
+                    )
+                };
+                if r >= 0 {
+                    let r = r as usize;
+                    *dirty = r.max(1);
+                    for (i, m) in meta.iter_mut().enumerate().take(r) {
+                        let h = &hdrs.msgs[i].msg_hdr;
+                        let truncated = h.msg_flags & libc::MSG_TRUNC != 0;
+                        let mut segment = 0;
+                        if self.gro && h.msg_controllen > 0 {
+                            // SAFETY: the kernel filled at most msg_controllen bytes of our
+                            // 32-byte control buffer with well-formed cmsgs.
+                            unsafe {
+                                let mut cm = libc::CMSG_FIRSTHDR(h);
+                                while !cm.is_null() {
+                                    if (*cm).cmsg_level == libc::SOL_UDP
+                                        && (*cm).cmsg_type == UDP_GRO
+                                    {
+                                        segment = std::ptr::read_unaligned(
+                                            libc::CMSG_DATA(cm).cast::<libc::c_int>(),
+                                        )
+                                            as usize;
+                                    }
+                                    cm = libc::CMSG_NXTHDR(h, cm);
+                                }
+                            }
+                        }
+                        *m = RxMsg {
+                            len: if truncated {
+                                0
+                            } else {
+                                hdrs.msgs[i].msg_len as usize
+                            },
+                            src: from_sockaddr(&hdrs.names[i].ss),
+                            segment,
+                            truncated,
+                        };
+                    }
+                    return Ok(r);
+                }
+                let e = std::io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EINTR) => continue,
+                    Some(libc::EAGAIN) => return Ok(0),
+                    _ => return Err(Error::from_io(e, "recvmmsg")),
+                }
+            }
+        })
+    }
+}
+
+/// Messages per `sendmmsg` / `recvmmsg`.
+const MMSG_MAX: usize = 64;
+
+/// A socket address as the kernel takes it, and its length.
+#[derive(Clone, Copy)]
+struct Name {
+    ss: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+/// The system-call structures of one `sendmmsg` or `recvmmsg`, kept per thread so that a
+/// batch costs no allocation and no zeroing of its headers: every field the kernel reads is
+/// written before each call.
+struct MsgHdrs {
+    names: [Name; MMSG_MAX],
+    msgs: [libc::mmsghdr; MMSG_MAX],
+    cmsgs: [CmsgBuf; MMSG_MAX],
+    iovs: [libc::iovec; MMSG_MAX],
+}
+
+impl MsgHdrs {
+    fn new() -> Box<MsgHdrs> {
+        // SAFETY: plain C structures (integers and raw pointers), for which all-zero is a
+        // valid value.
+        Box::new(unsafe { zeroed() })
+    }
+}
+
+/// A thread's scratch for [`UdpSock::recv_batch`]: the headers, the buffers they were set up
+/// for (their addresses and count, and whether GRO control buffers are attached), and how
+/// many of them the kernel may have written into since.
+struct RecvScratch {
+    hdrs: Box<MsgHdrs>,
+    key: Option<(usize, usize, bool, usize, usize, usize)>,
+    dirty: usize,
+}
+
+/// A thread's scratch for [`UdpSock::send_batch`].
+struct SendScratch {
+    groups: Vec<(usize, usize, usize)>,
+    iovs: Vec<libc::iovec>,
+    hdrs: Box<MsgHdrs>,
+}
+
+thread_local! {
+    static SEND_SCRATCH: std::cell::RefCell<SendScratch> = std::cell::RefCell::new(SendScratch {
+        groups: Vec::with_capacity(MMSG_MAX),
+        iovs: Vec::with_capacity(MMSG_MAX),
+        hdrs: MsgHdrs::new(),
+    });
+    static RECV_SCRATCH: std::cell::RefCell<RecvScratch> = std::cell::RefCell::new(RecvScratch {
+        hdrs: MsgHdrs::new(),
+        key: None,
+        dirty: 0,
+    });
+}
+
+/// What [`UdpSock::recv_batch`] learnt of one received message.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RxMsg {
+    /// Bytes received (0 for a truncated message).
+    pub(crate) len: usize,
+    /// The sender.
+    pub(crate) src: Option<SocketAddr>,
+    /// GRO segment size: the message holds datagrams of this many bytes (0: just one).
+    pub(crate) segment: usize,
+    /// The message did not fit the buffer (then `len` is 0): malformed, not a probe.
+    pub(crate) truncated: bool,
+}
+
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct CmsgBuf([u8; 32]);
