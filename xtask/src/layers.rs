@@ -46,7 +46,9 @@ pub struct CrateRule {
     /// `""` is the crate root file only) whose files belong to it. A file belongs to the
     /// topmost layer with a prefix of its module path, so a longer prefix listed above a
     /// shorter one carves an upper layer out of it (`"verbs::qp::send"` above `"verbs::qp"`
-    /// above `"verbs"`). A file in no layer is not ordered. Empty: no order is checked.
+    /// above `"verbs"`). A prefix written `"=verbs"` takes the module's own file only (a
+    /// `mod.rs` above its children). A file in no layer is not ordered. Empty: no order is
+    /// checked.
     pub layers: &'static [(&'static str, &'static [&'static str])],
     /// Circles known and left for later (files relative to `src`): in a [`Mode::Fail`] crate,
     /// a circle within one of these is reported but does not fail the check; any other does.
@@ -198,17 +200,18 @@ pub const RULES: &[CrateRule] = &[
         mode: Mode::Fail,
         // librdmacm's side over libibverbs' side (which reaches the CM only through the
         // hook it registers), each in its own order, over the C structs and the entry-point
-        // guards. The sides' `mod.rs` files (`rdmacm`, `verbs`) would, as prefixes, take
-        // in every file of their side, so they stay in no layer: each one is the top of
-        // its side (its entry points use the files under it), held by the circle check.
+        // guards. rdmacm's mod.rs (the ids, events, channels) sits under its QP calls;
+        // verbs' mod.rs (ibv_open_device, the CM's helpers) tops its side.
         layers: &[
             ("librdmacm: QPs, SRQs, endpoints", &["rdmacm::qp"]),
+            ("librdmacm: ids, events, channels", &["=rdmacm"]),
             ("librdmacm: getaddrinfo", &["rdmacm::addrinfo"]),
             ("librdmacm: verbs glue", &["rdmacm::glue"]),
             (
                 "librdmacm: sockaddrs, rsocket",
                 &["rdmacm::sa", "rdmacm::rsocket"],
             ),
+            ("libibverbs: contexts' slots, the CM's helpers", &["=verbs"]),
             ("libibverbs: extended verbs", &["verbs::ex"]),
             ("libibverbs: data path", &["verbs::datapath"]),
             (
@@ -1077,6 +1080,8 @@ fn layer_of(module: &[String], layers: &[(&str, &[&str])]) -> Option<usize> {
         prefixes.iter().any(|p| {
             if p.is_empty() {
                 module.is_empty()
+            } else if let Some(own) = p.strip_prefix('=') {
+                joined == own
             } else {
                 joined == *p || joined.starts_with(&format!("{p}::"))
             }
@@ -1375,6 +1380,37 @@ mod tests {
             .map(|e| (gr.files[e.from].rel.clone(), gr.files[e.to].rel.clone()))
             .collect();
         assert_eq!(b, vec![pair("verbs/pd.rs", "verbs/datapath.rs")]);
+    }
+
+    #[test]
+    fn an_exact_prefix_takes_the_module_file_only() {
+        let gr = g(&[
+            ("lib.rs", "pub mod verbs;"),
+            (
+                "verbs/mod.rs",
+                "pub mod qp; pub mod pd; fn f() { qp::make(); }",
+            ),
+            ("verbs/qp.rs", "pub fn make() {} use crate::verbs::pd::Pd;"),
+            (
+                "verbs/pd.rs",
+                "pub struct Pd; fn f() { crate::verbs::top(); }",
+            ),
+        ]);
+        let layers: &[(&str, &[&str])] = &[
+            ("top", &["=verbs"]),
+            ("qp", &["verbs::qp"]),
+            ("pd", &["verbs::pd"]),
+        ];
+        let b: Vec<(String, String)> = layer_breaches(&gr, layers)
+            .iter()
+            .map(|e| (gr.files[e.from].rel.clone(), gr.files[e.to].rel.clone()))
+            .collect();
+        assert_eq!(b, vec![pair("verbs/pd.rs", "verbs/mod.rs")]);
+        assert_eq!(layer_of(&["verbs".to_string()], layers), Some(0));
+        assert_eq!(
+            layer_of(&["verbs".to_string(), "x".to_string()], layers),
+            None
+        );
     }
 
     #[test]
