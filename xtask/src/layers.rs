@@ -46,7 +46,9 @@ pub struct CrateRule {
     /// `""` is the crate root file only) whose files belong to it. A file belongs to the
     /// topmost layer with a prefix of its module path, so a longer prefix listed above a
     /// shorter one carves an upper layer out of it (`"verbs::qp::send"` above `"verbs::qp"`
-    /// above `"verbs"`). A file in no layer is not ordered. Empty: no order is checked.
+    /// above `"verbs"`). A prefix written `"=verbs"` takes the module's own file only (a
+    /// `mod.rs` above its children). A file in no layer is not ordered. Empty: no order is
+    /// checked.
     pub layers: &'static [(&'static str, &'static [&'static str])],
     /// Circles known and left for later (files relative to `src`): in a [`Mode::Fail`] crate,
     /// a circle within one of these is reported but does not fail the check; any other does.
@@ -195,14 +197,44 @@ pub const RULES: &[CrateRule] = &[
     CrateRule {
         name: "softrdma-capi",
         src: "crates/capi/src",
-        mode: Mode::Report,
-        layers: &[],
+        mode: Mode::Fail,
+        // librdmacm's side over libibverbs' side (which reaches the CM only through the
+        // hook it registers), each in its own order, over the C structs and the entry-point
+        // guards. rdmacm's mod.rs (the ids, events, channels) sits under its QP calls;
+        // verbs' mod.rs (ibv_open_device, the CM's helpers) tops its side.
+        layers: &[
+            ("librdmacm: QPs, SRQs, endpoints", &["rdmacm::qp"]),
+            ("librdmacm: ids, events, channels", &["=rdmacm"]),
+            ("librdmacm: getaddrinfo", &["rdmacm::addrinfo"]),
+            ("librdmacm: verbs glue", &["rdmacm::glue"]),
+            (
+                "librdmacm: sockaddrs, rsocket",
+                &["rdmacm::sa", "rdmacm::rsocket"],
+            ),
+            ("libibverbs: contexts' slots, the CM's helpers", &["=verbs"]),
+            ("libibverbs: extended verbs", &["verbs::ex"]),
+            ("libibverbs: data path", &["verbs::datapath"]),
+            (
+                "libibverbs: PDs, CQs, SRQs, MRs, MWs, AHs",
+                &["verbs::resources"],
+            ),
+            ("libibverbs: QPs", &["verbs::qp"]),
+            (
+                "libibverbs: devices, contexts",
+                &["verbs::device", "verbs::misc"],
+            ),
+            ("libibverbs: objects", &["verbs::objects"]),
+            ("libibverbs: extended tails", &["verbs::tails"]),
+            ("C structs", &["abi::ex"]),
+            ("C structs: librdmacm", &["abi::rdmacm"]),
+            ("C structs, guards", &["abi", "ffi", ""]),
+        ],
         known_circles: &[],
     },
     CrateRule {
         name: "softrdma-cli",
         src: "crates/cli/src",
-        mode: Mode::Report,
+        mode: Mode::Fail,
         layers: &[],
         known_circles: &[],
     },
@@ -1048,6 +1080,8 @@ fn layer_of(module: &[String], layers: &[(&str, &[&str])]) -> Option<usize> {
         prefixes.iter().any(|p| {
             if p.is_empty() {
                 module.is_empty()
+            } else if let Some(own) = p.strip_prefix('=') {
+                joined == own
             } else {
                 joined == *p || joined.starts_with(&format!("{p}::"))
             }
@@ -1346,6 +1380,37 @@ mod tests {
             .map(|e| (gr.files[e.from].rel.clone(), gr.files[e.to].rel.clone()))
             .collect();
         assert_eq!(b, vec![pair("verbs/pd.rs", "verbs/datapath.rs")]);
+    }
+
+    #[test]
+    fn an_exact_prefix_takes_the_module_file_only() {
+        let gr = g(&[
+            ("lib.rs", "pub mod verbs;"),
+            (
+                "verbs/mod.rs",
+                "pub mod qp; pub mod pd; fn f() { qp::make(); }",
+            ),
+            ("verbs/qp.rs", "pub fn make() {} use crate::verbs::pd::Pd;"),
+            (
+                "verbs/pd.rs",
+                "pub struct Pd; fn f() { crate::verbs::top(); }",
+            ),
+        ]);
+        let layers: &[(&str, &[&str])] = &[
+            ("top", &["=verbs"]),
+            ("qp", &["verbs::qp"]),
+            ("pd", &["verbs::pd"]),
+        ];
+        let b: Vec<(String, String)> = layer_breaches(&gr, layers)
+            .iter()
+            .map(|e| (gr.files[e.from].rel.clone(), gr.files[e.to].rel.clone()))
+            .collect();
+        assert_eq!(b, vec![pair("verbs/pd.rs", "verbs/mod.rs")]);
+        assert_eq!(layer_of(&["verbs".to_string()], layers), Some(0));
+        assert_eq!(
+            layer_of(&["verbs".to_string(), "x".to_string()], layers),
+            None
+        );
     }
 
     #[test]

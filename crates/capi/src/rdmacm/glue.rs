@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 /// The C context of a context the CM opened (NULL if its descriptor cannot be made).
 pub fn context_of(ctx: &Arc<softrdma::Context>) -> *mut ibv_context {
-    objects::cm_context(ctx).unwrap_or(std::ptr::null_mut())
+    crate::verbs::cm_context(ctx).unwrap_or(std::ptr::null_mut())
 }
 
 /// The CM's default PD of the C context `ctx` (`id->pd` once the id is bound): one per

@@ -34,8 +34,7 @@ pub use addrinfo::*;
 pub use qp::*;
 pub use rsocket::*;
 
-/// Errors of the Rust library as errno values.
-pub(crate) type Res<T = ()> = Result<T, i32>;
+pub(crate) use sa::Res;
 
 /// The errno of a failure of the Rust library.
 pub(crate) fn err(e: softrdma::Error) -> i32 {
@@ -753,37 +752,6 @@ pub unsafe extern "C" fn rdma_migrate_id(
         if !old.is_null() {
             drop(Box::from_raw(old as *mut CChannel));
         }
-        Ok(())
-    })
-}
-
-/// `rdma_get_request`: the next connection request of a synchronous listener, as a new
-/// synchronous id (with its QP, if `rdma_create_ep` was given QP attributes).
-///
-/// Fails with -1 and `EINVAL` (NULL, not a synchronous listener), or the errno of the
-/// event that came instead.
-#[export_name = "softrdma_rdma_get_request"]
-pub unsafe extern "C" fn rdma_get_request(
-    listen: *mut rdma_cm_id,
-    id: *mut *mut rdma_cm_id,
-) -> c_int {
-    ret_neg1(|| {
-        let l = cid(listen)?;
-        if id.is_null() {
-            return Err(libc::EINVAL);
-        }
-        let new = l.id.get_request().map_err(err)?;
-        let c = &mut *new_cid(new, l.hdr.context, std::ptr::null_mut());
-        set_sync_event(c);
-        let ep = l.extra().ep;
-        if let Some((pd, attr)) = ep {
-            if let Err(e) = qp::create_qp_c(c, pd, &mut qp::QpAttrs::from_init(&attr)) {
-                let _ = c.id.reject(&[]);
-                rdma_destroy_id(c as *mut CId as *mut rdma_cm_id);
-                return Err(e);
-            }
-        }
-        *id = c as *mut CId as *mut rdma_cm_id;
         Ok(())
     })
 }

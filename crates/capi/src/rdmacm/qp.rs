@@ -95,6 +95,8 @@ unsafe fn cm_cq(c: &mut CId, depth: u32) -> Res<(*mut ibv_cq, *mut ibv_comp_chan
 /// header's `qp`, `pd`, CQ, channel and SRQ fields are set and the actual capabilities
 /// written back to `a.cap`.
 pub(crate) unsafe fn create_qp_c(c: &mut CId, pd: *mut ibv_pd, a: &mut QpAttrs) -> Res {
+    // `ibv_destroy_qp` on the id's QP lets the id go of it through this hook.
+    crate::verbs::qp::set_release_from_id(release_from_id);
     refresh(c);
     if c.hdr.verbs.is_null() || !c.hdr.qp.is_null() {
         return Err(libc::EINVAL);
@@ -315,6 +317,37 @@ pub(crate) unsafe fn release_from_id(qp: *mut ibv_qp, arc: &std::sync::Arc<softr
         }
     }
     c.id.destroy_qp();
+}
+
+/// `rdma_get_request`: the next connection request of a synchronous listener, as a new
+/// synchronous id (with its QP, if `rdma_create_ep` was given QP attributes).
+///
+/// Fails with -1 and `EINVAL` (NULL, not a synchronous listener), or the errno of the
+/// event that came instead.
+#[export_name = "softrdma_rdma_get_request"]
+pub unsafe extern "C" fn rdma_get_request(
+    listen: *mut rdma_cm_id,
+    id: *mut *mut rdma_cm_id,
+) -> c_int {
+    ret_neg1(|| {
+        let l = cid(listen)?;
+        if id.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let new = l.id.get_request().map_err(err)?;
+        let c = &mut *new_cid(new, l.hdr.context, std::ptr::null_mut());
+        set_sync_event(c);
+        let ep = l.extra().ep;
+        if let Some((pd, attr)) = ep {
+            if let Err(e) = create_qp_c(c, pd, &mut QpAttrs::from_init(&attr)) {
+                let _ = c.id.reject(&[]);
+                super::rdma_destroy_id(c as *mut CId as *mut rdma_cm_id);
+                return Err(e);
+            }
+        }
+        *id = c as *mut CId as *mut rdma_cm_id;
+        Ok(())
+    })
 }
 
 /// `rdma_create_srq`: an SRQ for the id's QP, on `pd` (NULL: the id's PD).

@@ -4,6 +4,9 @@ use crate::abi::rdma_sockaddr;
 use libc::{c_int, sockaddr, sockaddr_in, sockaddr_in6, socklen_t, AF_INET, AF_INET6};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
+/// Errors of the Rust library as errno values (the whole librdmacm side uses it).
+pub(crate) type Res<T = ()> = Result<T, i32>;
+
 /// Reads a C socket address (IPv4 or IPv6).
 ///
 /// Fails with `EINVAL` for NULL or another family (`AF_IB` included: softrdma has no

@@ -303,26 +303,6 @@ pub fn wc_to_c(w: &WorkCompletion, c: &mut ibv_wc) {
     c.dlid_path_bits = w.dlid_path_bits;
 }
 
-/// A C completion in softrdma form (the inverse of [`wc_to_c`]).
-pub fn wc_from_c(c: &ibv_wc) -> WorkCompletion {
-    let flags = WcFlags::from_bits_retain(c.wc_flags);
-    WorkCompletion {
-        wr_id: c.wr_id,
-        vendor_err: c.vendor_err,
-        byte_len: c.byte_len,
-        imm_data: u32::from_be(c.imm_data),
-        invalidated_rkey: c.imm_data,
-        qp_num: c.qp_num,
-        src_qp: c.src_qp,
-        wc_flags: flags,
-        pkey_index: c.pkey_index,
-        slid: c.slid,
-        sl: c.sl,
-        dlid_path_bits: c.dlid_path_bits,
-        ..Default::default()
-    }
-}
-
 /// `ops.poll_cq`: up to `num_entries` completions into `wc`; the number, or -1 (errno set)
 /// when the CQ overran.
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num_entries: c_int, wc: *mut ibv_wc) -> c_int {

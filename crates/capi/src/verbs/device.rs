@@ -113,17 +113,6 @@ pub unsafe extern "C" fn ibv_get_device_index(device: *mut ibv_device) -> c_int 
     -1
 }
 
-/// `ibv_open_device`: a new context; NULL with errno (EINVAL for NULL, eventfd's errno).
-#[no_mangle]
-pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
-    ret_ptr(|| {
-        // SAFETY: NULL or a device of this library.
-        let d = unsafe { device_of(device) }.ok_or(EINVAL)?;
-        let ctx = d.dev.open().map_err(|e| e.errno())?;
-        objects::new_context(device, Arc::new(ctx), false)
-    })
-}
-
 /// `ibv_close_device`: 0, or -1 with EINVAL for NULL. Objects left open stay usable as far
 /// as softrdma goes (rdma-core leaves that undefined). A connection manager's context is
 /// left open.
@@ -146,7 +135,9 @@ pub unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
 /// `p` must be NULL or a live context of this library.
 pub(crate) unsafe fn ctx<'a>(p: *mut ibv_context) -> Result<&'a Arc<softrdma::Context>, i32> {
     // SAFETY: caller's contract.
-    unsafe { super::context_arc(p) }.ok_or(EINVAL)
+    unsafe { objects::context_of(p) }
+        .map(|c| &c.ctx)
+        .ok_or(EINVAL)
 }
 
 /// The device attributes in C form.

@@ -24,6 +24,8 @@
 //! aborted").
 
 use super::objects::{CAh, CCq, CQp};
+use super::tails::{Batch, Built, CqPoll, SpinLock, WrBatch, CQ_TAIL, QP_TAIL};
+pub use super::tails::{CqExTail, QpExTail};
 use crate::abi::*;
 use crate::ffi::{guard, set_errno};
 use libc::{c_int, c_uint, c_void, size_t};
@@ -31,51 +33,10 @@ use softrdma::{QpType, SendFlags, SendWr, Sge, WcFlags, WorkCompletion, WrOpcode
 use std::cell::UnsafeCell;
 use std::mem::{offset_of, size_of};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 /// How many built requests `ibv_wr_complete` hands to softrdma per call (a stack array).
 pub const CHUNK: usize = 32;
-
-const QP_TAIL: usize = size_of::<ibv_qp_ex>() - size_of::<ibv_qp>();
-const CQ_TAIL: usize = size_of::<ibv_cq_ex>() - size_of::<ibv_cq>();
-
-/// The room after `struct ibv_qp` in every QP wrapper: the rest of `struct ibv_qp_ex`
-/// (rdma-core HEAD's 360 bytes), then the batch of an extended QP.
-#[repr(C)]
-pub struct QpExTail {
-    /// `comp_mask` … `wr_flush` of `struct ibv_qp_ex`, zero for a plain QP.
-    raw: [u64; QP_TAIL / 8],
-    /// The builders' state, for a QP with the extended table.
-    batch: Option<Box<WrBatch>>,
-}
-
-impl Default for QpExTail {
-    fn default() -> Self {
-        QpExTail {
-            raw: [0; QP_TAIL / 8],
-            batch: None,
-        }
-    }
-}
-
-/// The room after `struct ibv_cq` in every CQ wrapper: the rest of `struct ibv_cq_ex`,
-/// then the polling state of a CQ made by `create_cq_ex`.
-#[repr(C)]
-pub struct CqExTail {
-    /// `comp_mask` … `read_completion_wallclock_ns` of `struct ibv_cq_ex`.
-    raw: [u64; CQ_TAIL / 8],
-    /// The current completion, for a CQ with the polling table.
-    poll: Option<Box<CqPoll>>,
-}
-
-impl Default for CqExTail {
-    fn default() -> Self {
-        CqExTail {
-            raw: [0; CQ_TAIL / 8],
-            poll: None,
-        }
-    }
-}
 
 const _: () = {
     assert!(offset_of!(CQp, ex) == size_of::<ibv_qp>());
@@ -86,114 +47,6 @@ const _: () = {
     assert!(offset_of!(Sge, length) == offset_of!(ibv_sge, length));
     assert!(offset_of!(Sge, lkey) == offset_of!(ibv_sge, lkey));
 };
-
-/// A lock held from `ibv_wr_start` to `ibv_wr_complete`/`ibv_wr_abort` (or from a
-/// successful `ibv_start_poll` to `ibv_end_poll`): calls in C, so no guard object.
-struct SpinLock(AtomicBool);
-
-impl SpinLock {
-    fn lock(&self) {
-        while self
-            .0
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
-            std::thread::yield_now();
-        }
-    }
-
-    fn unlock(&self) {
-        self.0.store(false, Ordering::Release);
-    }
-}
-
-/// One built request: a flattened `SendWr` whose entries are a range of the batch's pool
-/// (or of its inline bytes) and whose address handle is a raw pointer, so it is `Copy` and
-/// lives in a vector sized at creation.
-#[derive(Clone, Copy)]
-struct Built {
-    wr_id: u64,
-    opcode: WrOpcode,
-    flags: SendFlags,
-    imm_data: u32,
-    remote_addr: u64,
-    rkey: u32,
-    compare_add: u64,
-    swap: u64,
-    ah: *const softrdma::Ah,
-    remote_qpn: u32,
-    remote_qkey: u32,
-    /// BIND_MW: the window (its C header) and the binding.
-    mw: *mut ibv_mw,
-    bind: ibv_mw_bind_info,
-    /// Entries `sges[sge_at .. sge_at + sge_n]`, or with `inline` the bytes
-    /// `inline[sge_at .. sge_at + sge_n]`.
-    sge_at: u32,
-    sge_n: u32,
-    inline: bool,
-}
-
-/// The requests built since `ibv_wr_start`.
-struct Batch {
-    wrs: Vec<Built>,
-    sges: Vec<Sge>,
-    inline: Vec<u8>,
-    /// The first error a builder met (0: none); `ibv_wr_complete` returns it.
-    err: c_int,
-}
-
-impl Batch {
-    fn clear(&mut self) {
-        self.wrs.clear();
-        self.sges.clear();
-        self.inline.clear();
-        self.err = 0;
-    }
-
-    fn fail(&mut self, e: c_int) {
-        if self.err == 0 {
-            self.err = e;
-        }
-    }
-
-    /// The request the setters apply to (the last one built).
-    fn last(&mut self) -> Option<&mut Built> {
-        if self.err != 0 {
-            return None;
-        }
-        let r = self.wrs.last_mut();
-        if r.is_none() {
-            self.err = libc::EINVAL;
-        }
-        r
-    }
-}
-
-/// The builders' state of an extended QP.
-pub struct WrBatch {
-    lock: SpinLock,
-    max_send_wr: usize,
-    max_send_sge: u32,
-    max_inline_data: u32,
-    b: UnsafeCell<Batch>,
-}
-
-// SAFETY: `b` is only touched by the thread holding `lock` (the wr_start..complete critical
-// section the API defines).
-unsafe impl Sync for WrBatch {}
-// SAFETY: as above; the raw Ah pointers in `Built` are only dereferenced while the
-// program's address handles are live (its contract until the post).
-unsafe impl Send for WrBatch {}
-
-/// The polling state of a CQ made by `create_cq_ex`.
-pub struct CqPoll {
-    lock: SpinLock,
-    cur: UnsafeCell<WorkCompletion>,
-}
-
-// SAFETY: `cur` is only touched between a successful start_poll and end_poll, by the one
-// thread holding `lock`.
-unsafe impl Sync for CqPoll {}
 
 /// Send operations softrdma offers on a QP type (`enum ibv_qp_create_send_ops_flags`).
 fn supported_send_ops(qp_type: QpType) -> u64 {

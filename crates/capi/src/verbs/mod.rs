@@ -38,6 +38,7 @@ pub mod misc;
 pub mod objects;
 pub mod qp;
 pub mod resources;
+pub mod tails;
 
 pub use device::*;
 pub use misc::*;
@@ -45,7 +46,7 @@ pub use qp::*;
 pub use resources::*;
 
 use crate::abi::*;
-pub use objects::{cm_context, cm_pd};
+pub use objects::cm_pd;
 use objects::{CChannel, CCq, CPd, CQp, CSrq};
 use std::sync::Arc;
 
@@ -63,6 +64,24 @@ pub(crate) fn fill_context(v: &mut verbs_context) {
     ops.dealloc_mw = Some(resources::dealloc_mw);
     v.query_port = Some(device::query_port_sized);
     ex::install(v);
+}
+
+/// `ibv_open_device`: a new context; NULL with errno (EINVAL for NULL, eventfd's errno).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(device: *mut ibv_device) -> *mut ibv_context {
+    crate::ffi::ret_ptr(|| {
+        // SAFETY: NULL or a device of this library.
+        let d = unsafe { objects::device_of(device) }.ok_or(libc::EINVAL)?;
+        let ctx = d.dev.open().map_err(|e| e.errno())?;
+        objects::new_context(device, Arc::new(ctx), false, fill_context)
+    })
+}
+
+/// The C context of a softrdma context the connection manager opened: the same pointer for
+/// the same `Arc`, made on first use and kept for the process (`ibv_close_device` on it does
+/// nothing). Fails with the errno of `eventfd`.
+pub fn cm_context(ctx: &Arc<softrdma::Context>) -> Result<*mut ibv_context, i32> {
+    objects::cm_context(ctx, fill_context)
 }
 
 /// The softrdma context behind a C context (`None` for NULL).

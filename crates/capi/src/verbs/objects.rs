@@ -84,7 +84,7 @@ pub struct CCq {
     /// The C view.
     pub c: ibv_cq,
     /// Room for the `ibv_cq_ex` tail that `verbs::ex` fills for CQs it creates.
-    pub ex: super::ex::CqExTail,
+    pub ex: super::tails::CqExTail,
     /// The softrdma CQ.
     pub cq: Arc<softrdma::Cq>,
 }
@@ -104,7 +104,7 @@ pub struct CQp {
     /// The C view.
     pub c: ibv_qp,
     /// Room for the `ibv_qp_ex` tail (`ibv_qp_to_qp_ex` points at `c`), see `verbs::ex`.
-    pub ex: super::ex::QpExTail,
+    pub ex: super::tails::QpExTail,
     /// The softrdma QP.
     pub qp: Arc<softrdma::Qp>,
 }
@@ -168,11 +168,12 @@ pub unsafe fn device_of<'a>(p: *mut ibv_device) -> Option<&'a CDevice> {
 const CTX_OFFSET: usize = std::mem::offset_of!(CContext, v.vctx.context);
 
 /// Makes the C context for `ctx` (device `dev`): fills `ops`, the `verbs_context` slots
-/// (through `super::fill_context`), the descriptors. Fails with the errno of `eventfd`.
+/// (through `fill`, libibverbs' `fill_context`), the descriptors. Fails with the errno of `eventfd`.
 pub fn new_context(
     dev: *mut ibv_device,
     ctx: Arc<softrdma::Context>,
     cm_owned: bool,
+    fill: fn(&mut verbs_context),
 ) -> Result<*mut ibv_context, i32> {
     // SAFETY: plain eventfd(2).
     let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -196,7 +197,7 @@ pub fn new_context(
         c.abi_compat = usize::MAX as *mut libc::c_void;
     }
     b.v.vctx.sz = std::mem::size_of::<verbs_context_alloc>();
-    super::fill_context(&mut b.v.vctx);
+    fill(&mut b.v.vctx);
     let p = Box::into_raw(b);
     // SAFETY: p is a live CContext.
     Ok(unsafe { ptr::addr_of_mut!((*p).v.vctx.context) })
@@ -244,8 +245,12 @@ fn cm_cache() -> std::sync::MutexGuard<'static, CmCache> {
 
 /// The C context of a softrdma context the connection manager opened: the same pointer for
 /// the same `Arc`, made on first use and kept for the process (`ibv_close_device` on it does
-/// nothing). Fails with the errno of `eventfd`.
-pub fn cm_context(ctx: &Arc<softrdma::Context>) -> Result<*mut ibv_context, i32> {
+/// nothing); `fill` fills a new one's slots as in [`new_context`]. Fails with the errno of
+/// `eventfd`.
+pub fn cm_context(
+    ctx: &Arc<softrdma::Context>,
+    fill: fn(&mut verbs_context),
+) -> Result<*mut ibv_context, i32> {
     let key = Arc::as_ptr(ctx) as usize;
     let mut cache = cm_cache();
     if let Some(p) = cache.contexts.get(&key) {
@@ -253,7 +258,7 @@ pub fn cm_context(ctx: &Arc<softrdma::Context>) -> Result<*mut ibv_context, i32>
     }
     let dev = ctx.device();
     let d = device_ptr(dev.name(), dev);
-    let p = new_context(d, ctx.clone(), true)?;
+    let p = new_context(d, ctx.clone(), true, fill)?;
     cache.contexts.insert(key, p as usize);
     Ok(p)
 }

@@ -331,6 +331,20 @@ pub unsafe extern "C" fn ibv_query_qp(
     })
 }
 
+/// What `ibv_destroy_qp` calls for a QP that more than the C wrapper holds: the connection
+/// manager's side lets an id's QP go (`id->qp` becomes NULL). `qp` is the live C QP
+/// wrapping the `Arc`.
+pub(crate) type ReleaseFromId = unsafe fn(qp: *mut ibv_qp, arc: &Arc<softrdma::Qp>);
+
+static RELEASE_FROM_ID: std::sync::OnceLock<ReleaseFromId> = std::sync::OnceLock::new();
+
+/// Registers the connection manager's [`ReleaseFromId`] hook (librdmacm's side calls this
+/// before it makes a QP for an id, so libibverbs' side never imports it). A second
+/// registration keeps the first. Never fails.
+pub(crate) fn set_release_from_id(f: ReleaseFromId) {
+    let _ = RELEASE_FROM_ID.set(f);
+}
+
 /// `ibv_destroy_qp`: 0, or the errno (EINVAL for NULL; EBUSY while attached to multicast
 /// groups or with unacknowledged asynchronous events).
 #[no_mangle]
@@ -343,8 +357,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         let w = unsafe { &*qp.cast::<CQp>() };
         if Arc::strong_count(&w.qp) > 1 {
             // The QP of a CM id: the id lets go of it, so it is destroyed now.
-            // SAFETY: qp wraps w.qp.
-            unsafe { crate::rdmacm::release_from_id(qp, &w.qp) };
+            if let Some(release) = RELEASE_FROM_ID.get() {
+                // SAFETY: qp wraps w.qp.
+                unsafe { release(qp, &w.qp) };
+            }
         }
         // SAFETY: a live QP wrapper.
         unsafe {

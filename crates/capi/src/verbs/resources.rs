@@ -654,7 +654,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
             return Err(EINVAL);
         }
         // SAFETY: the caller's wc.
-        let w = super::datapath::wc_from_c(unsafe { &*wc });
+        let w = wc_from_c(unsafe { &*wc });
         let a = c.init_ah_from_wc(port_num, &w, g).map_err(|e| e.errno())?;
         // SAFETY: the caller's attr.
         unsafe { ah_attr.write(super::qp::ah_attr_to_c(&a)) };
@@ -679,7 +679,7 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
             return Err(EINVAL);
         }
         // SAFETY: the caller's wc.
-        let w = super::datapath::wc_from_c(unsafe { &*wc });
+        let w = wc_from_c(unsafe { &*wc });
         let ah =
             p.pd.create_ah_from_wc(port_num, &w, g)
                 .map_err(|e| e.errno())?;
@@ -800,4 +800,24 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
 pub unsafe fn context_wrapper<'a>(p: *mut ibv_context) -> Option<&'a CContext> {
     // SAFETY: forwarded.
     unsafe { objects::context_of(p) }
+}
+
+/// A C completion in softrdma form (the inverse of [`super::datapath::wc_to_c`]).
+pub fn wc_from_c(c: &ibv_wc) -> softrdma::WorkCompletion {
+    let flags = softrdma::WcFlags::from_bits_retain(c.wc_flags);
+    softrdma::WorkCompletion {
+        wr_id: c.wr_id,
+        vendor_err: c.vendor_err,
+        byte_len: c.byte_len,
+        imm_data: u32::from_be(c.imm_data),
+        invalidated_rkey: c.imm_data,
+        qp_num: c.qp_num,
+        src_qp: c.src_qp,
+        wc_flags: flags,
+        pkey_index: c.pkey_index,
+        slid: c.slid,
+        sl: c.sl,
+        dlid_path_bits: c.dlid_path_bits,
+        ..Default::default()
+    }
 }
