@@ -185,6 +185,7 @@ pub const RULES: &[CrateRule] = &[
                     "provider::sock",
                     "provider::fd",
                     "provider::share",
+                    "provider::steer",
                     "provider::capture",
                 ],
             ),

@@ -9,7 +9,7 @@ use super::faults::FaultConfig;
 use super::gsi::{self, Gsi};
 use super::mcast::{Mcast, RxMcast};
 use super::rx::{Delivery, RxSink, RxState, Via};
-use super::share::{self, Share};
+use super::share::Share;
 use super::tx::{with_tx, TxBatch, Wire};
 use crate::error::Result;
 use crate::gid::Gid;
@@ -257,7 +257,11 @@ impl Engine {
             // SOFTRDMA_STEERING=hash: no steering; the kernel spreads datagrams by its hash
             // and every one that reaches the wrong process is forwarded (for tests of the
             // forwarding path, and to measure what steering saves).
-            if let Err(err) = self.wire.sock.attach_steering(&share::hash_program()) {
+            if let Err(err) = self
+                .wire
+                .sock
+                .attach_steering(&super::steer::hash_program())
+            {
                 tracing::warn!(error = %err, "attaching the hash program");
             }
             return;

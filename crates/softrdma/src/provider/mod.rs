@@ -62,6 +62,7 @@ mod progress;
 mod rx;
 pub(crate) mod share;
 pub(crate) mod sock;
+pub(crate) mod steer;
 mod tx;
 
 pub use counters::{DeviceCounters, PROBE_INTERVAL};

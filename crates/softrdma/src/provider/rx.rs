@@ -229,8 +229,8 @@ impl RxState {
                 run.clear();
                 let mut run_qpn = None;
                 for pkt in pkts {
-                    if pkt.len() == share::MARKER_LEN
-                        && pkt[0] == share::MARKER_OPCODE
+                    if pkt.len() == super::steer::MARKER_LEN
+                        && pkt[0] == super::steer::MARKER_OPCODE
                         && share.on_marker(pkt, src)
                     {
                         continue;
