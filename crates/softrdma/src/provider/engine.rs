@@ -230,10 +230,19 @@ impl Engine {
 
     /// Runs the discovery of the device's group indices in this thread (a few milliseconds;
     /// about a second at worst, when members do not answer) and attaches the steering
-    /// program it builds.
+    /// program it builds. With `SOFTRDMA_STEERING=hash` it attaches the program that steers
+    /// nothing instead: the kernel spreads datagrams by its hash and every one that reaches
+    /// the wrong process is forwarded (for tests of the forwarding path, and to measure what
+    /// steering saves).
     pub(crate) fn discover_now(&self) {
-        if std::env::var("SOFTRDMA_STEERING").is_ok_and(|v| v.trim() == "hash") {
-            self.rediscover();
+        if steering_off() {
+            if let Err(err) = self
+                .wire
+                .sock
+                .attach_steering(&super::steer::hash_program())
+            {
+                tracing::warn!(error = %err, "attaching the hash program");
+            }
             return;
         }
         let dst = SocketAddr::new(self.local.ip(), self.local.port());
@@ -244,38 +253,18 @@ impl Engine {
         );
     }
 
-    /// Runs the discovery of the device's group indices on a thread of its own (unless one
-    /// runs; then it runs once more after), and attaches the steering program it builds.
+    /// Runs [`Engine::discover_now`] on a thread of its own (unless a discovery runs; then it
+    /// runs once more after). Nothing to learn without steering.
     pub(crate) fn rediscover(&self) {
         let Some(me) = self.me.get().and_then(Weak::upgrade) else {
             return;
         };
-        if self.share.busy() {
-            return;
-        }
-        if std::env::var("SOFTRDMA_STEERING").is_ok_and(|v| v.trim() == "hash") {
-            // SOFTRDMA_STEERING=hash: no steering; the kernel spreads datagrams by its hash
-            // and every one that reaches the wrong process is forwarded (for tests of the
-            // forwarding path, and to measure what steering saves).
-            if let Err(err) = self
-                .wire
-                .sock
-                .attach_steering(&super::steer::hash_program())
-            {
-                tracing::warn!(error = %err, "attaching the hash program");
-            }
+        if steering_off() || self.share.busy() {
             return;
         }
         let spawned = std::thread::Builder::new()
             .name("softrdma-discovery".into())
-            .spawn(move || {
-                let dst = SocketAddr::new(me.local.ip(), me.local.port());
-                me.share.discover(
-                    Duration::from_millis(50),
-                    |m| me.wire.sock.send_one(m, dst),
-                    |p| me.wire.sock.attach_steering(p),
-                );
-            });
+            .spawn(move || me.discover_now());
         if let Err(err) = spawned {
             tracing::warn!(error = %err, "spawning the discovery thread");
         }
@@ -555,4 +544,10 @@ impl RxSink for Engine {
     fn rediscover(&self) {
         Engine::rediscover(self);
     }
+}
+
+/// Whether `SOFTRDMA_STEERING=hash` turned steering off (read once per process).
+fn steering_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("SOFTRDMA_STEERING").is_ok_and(|v| v.trim() == "hash"))
 }

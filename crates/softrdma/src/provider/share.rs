@@ -265,7 +265,7 @@ impl Share {
     fn send_to_slot(&self, slot: u8, parts: &[&[u8]]) -> std::io::Result<()> {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         if let std::collections::hash_map::Entry::Vacant(v) = peers.entry(slot) {
-            let fd = unix_socket().map_err(|_| std::io::Error::from_raw_os_error(libc::EMFILE))?;
+            let fd = unix_socket().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
             let (sun, len) = unix_addr(&name(self.ip, &format!("slot/{slot}")))
                 .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
             // SAFETY: a valid sockaddr_un of `len` bytes.
