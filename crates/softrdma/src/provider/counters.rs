@@ -26,6 +26,7 @@ pub(crate) struct Counters {
     pub(crate) probes_sent: AtomicU64,
     pub(crate) probes_received: AtomicU64,
     pub(crate) misrouted: AtomicU64,
+    pub(crate) same_host_packets: AtomicU64,
 }
 
 /// A snapshot of a device's packet counters.
@@ -83,6 +84,10 @@ pub struct DeviceCounters {
     /// host-local socket: one extra hop, nothing lost. Packets for a process that is gone
     /// count in `unknown_qp`.
     pub misrouted: u64,
+    /// Packets sent through a same-host lane (also counted in `tx_packets`): to a device of
+    /// this host, through shared memory instead of the network stack (see the provider's
+    /// notes; `SOFTRDMA_TRANSPORT=wire` turns lanes off).
+    pub same_host_packets: u64,
 }
 
 /// How often a device probes the peers it has connections with (see
@@ -114,6 +119,7 @@ impl Counters {
             probes_sent: g(&self.probes_sent),
             probes_received: g(&self.probes_received),
             misrouted: g(&self.misrouted),
+            same_host_packets: g(&self.same_host_packets),
         }
     }
 }

@@ -88,7 +88,8 @@ impl Engine {
         if let Err(err) = sock.set_multicast_tx(addr, ifindex) {
             tracing::debug!(%addr, ifindex, error = %err, "no multicast sending options");
         }
-        let e = Engine::new(Wire::new(sock, local)?, share, ifindex);
+        let lanes = super::lanes::Lanes::new(local, share.slot());
+        let e = Engine::new(Wire::new(sock, local, lanes)?, share, ifindex);
         capture::note_local_device(local);
         // SOFTRDMA_FAULTS: fault injection from the start (see FaultConfig::parse), for
         // programs that have no call for it, such as the examples against another stack.

@@ -57,6 +57,7 @@ mod engine;
 mod faults;
 pub(crate) mod fd;
 pub(crate) mod gsi;
+mod lanes;
 mod mcast;
 mod progress;
 mod rx;

@@ -3,9 +3,11 @@
 
 use super::counters::PROBE_INTERVAL;
 use super::engine::Engine;
+use super::lanes;
 use super::mcast;
 use super::rx::RxSink;
 use super::tx::{with_tx, TxBatch};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -48,6 +50,7 @@ impl Engine {
         with_tx(|tx| {
             HOLD_ACKS.with(|h| h.set(busy && !self.handoff.is_zero()));
             rx.rx.receive_rounds(&self.wire, &self.share, self, tx, 4);
+            rx.rx.receive_lanes(&self.wire, &self.share, self, tx);
             if self.mcast.any_sockets() || rx.mcast.holds_sockets() {
                 self.mcast
                     .poll(&mut rx.rx, &mut rx.mcast, &self.wire, self, tx, 4);
@@ -90,6 +93,19 @@ impl Engine {
     }
 }
 
+/// How long the progress thread polls the same-host lanes after their last packet before
+/// it sleeps (`SOFTRDMA_LANE_SPIN_US`, read once).
+fn lane_spin() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| {
+        std::env::var("SOFTRDMA_LANE_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map(Duration::from_micros)
+            .unwrap_or(Duration::from_micros(50))
+    })
+}
+
 pub(super) fn progress(weak: Weak<Engine>) {
     let mut tx = TxBatch::new();
     let mut last_rx = Instant::now();
@@ -103,6 +119,10 @@ pub(super) fn progress(weak: Weak<Engine>) {
     let mut seen_polls = 0u64;
     // The QPs whose deadline passed (reused).
     let mut due: Vec<u32> = Vec::new();
+    // The bells of the same-host lanes (kept open while polled) and their generation.
+    let mut bells: Vec<lanes::Bell> = Vec::new();
+    let mut bells_gen = u64::MAX;
+    let mut last_lane = Instant::now() - Duration::from_secs(1);
     loop {
         let Some(engine) = weak.upgrade() else {
             return;
@@ -153,12 +173,36 @@ pub(super) fn progress(weak: Weak<Engine>) {
         // What other processes sharing the device forward to this one: always watched.
         fds.push(pollfd(engine.share.raw()));
         fds.extend(groups.groups.iter().map(|g| pollfd(g.sock.raw())));
+        let lanes_at = fds.len();
+        let lanes = &engine.wire.lanes;
+        if lanes.generation() != bells_gen {
+            bells_gen = lanes.generation();
+            lanes.bells(&mut bells);
+        }
+        fds.extend(bells.iter().map(|b| libc::pollfd {
+            fd: b.fd.as_raw_fd(),
+            // An outbound lane's bell is watched for its hang-up only.
+            events: if b.inbound { libc::POLLIN } else { 0 },
+            revents: 0,
+        }));
         let mut timeout = timeout;
         if handoff.is_none()
             && !engine.busy_poll.is_zero()
             && now.duration_since(last_rx) < engine.busy_poll
         {
             timeout = Duration::ZERO;
+        }
+        // Asleep, the lanes' producers ring the bells (while application threads poll, they
+        // take what the lanes bring).
+        if !timeout.is_zero() && handoff.is_none() {
+            if now.duration_since(last_lane) < lane_spin() {
+                // Lane traffic a moment ago: more is coming; polling the rings costs less
+                // than a wake-up through the bell.
+                timeout = Duration::ZERO;
+                std::hint::spin_loop();
+            } else if !lanes.arm() {
+                timeout = Duration::ZERO;
+            }
         }
         if !timeout.is_zero() {
             // About to sleep: captured packets reach the file now, not at the next traffic.
@@ -205,7 +249,33 @@ pub(super) fn progress(weak: Weak<Engine>) {
                 last_rx = Instant::now();
             }
         }
-        if fds[3..].iter().any(|fd| fd.revents & libc::POLLIN != 0) {
+        lanes.disarm();
+        let mut hung = false;
+        for f in &fds[lanes_at..] {
+            if f.revents & libc::POLLIN != 0 {
+                lanes::drain_bell(f.fd);
+            }
+            hung |= f.revents & (libc::POLLHUP | libc::POLLERR) != 0;
+        }
+        if (handoff.is_none() || hung) && lanes.pending() {
+            let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
+            let e = &*engine;
+            if rx.rx.receive_lanes(&e.wire, &e.share, e, &mut tx) > 0 {
+                last_lane = Instant::now();
+            }
+        }
+        if hung {
+            // What a gone producer left is taken above; then its lane goes.
+            for (f, b) in fds[lanes_at..].iter().zip(&bells) {
+                if f.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                    lanes.hung_up(f.fd, b.inbound);
+                }
+            }
+        }
+        if fds[3..lanes_at]
+            .iter()
+            .any(|fd| fd.revents & libc::POLLIN != 0)
+        {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
             let rx = &mut *rx;
             let e = &*engine;

@@ -33,6 +33,23 @@ fn check_packet(
     Some(qpn)
 }
 
+/// Checks one packet from a same-host lane (`pkt`, from the device at `src`): its layout
+/// only, as [`check_packet`] does, but no ICRC: a lane is memory, not a network, and its
+/// packets come without one. Returns the destination QP number of a good packet.
+#[inline]
+fn check_lane_packet(wire: &Wire, counts: &mut Counts, pkt: &[u8], src: SocketAddr) -> Option<u32> {
+    let Ok(view) = softrdma_wire::roce::Packet::new_checked(pkt) else {
+        counts.malformed += 1;
+        return None;
+    };
+    counts.rx_packets += 1;
+    counts.rx_bytes += pkt.len() as u64;
+    if capture::active() {
+        capture::record_received(src, wire.local, pkt, 0);
+    }
+    Some(view.bth().dest_qp())
+}
+
 /// Adds what the receive side counted in `counts` (as [`RxFlows`] and [`softrdma_proto::device::verify_icrc`]
 /// count) to the device's counters, and zeroes it. Called before packets go to a QP or the
 /// CM, so that the counters a program reads after a completion include its packets.
@@ -329,8 +346,13 @@ impl RxState {
                 break;
             };
             n += 1;
-            let Some((src, range)) = got else {
-                continue;
+            let (src, range) = match got {
+                share::SlotMsg::Packet(src, range) => (src, range),
+                share::SlotMsg::Lane(len, fds) => {
+                    wire.lanes.on_message(&buf[..len], fds);
+                    continue;
+                }
+                share::SlotMsg::Other => continue,
             };
             let pkt = &buf[range];
             let mut sender = flows.sender(src, wire.local.ip());
@@ -352,5 +374,81 @@ impl RxState {
         }
         wire.send(tx);
         n
+    }
+}
+
+impl RxState {
+    /// Receives what waits in the device's same-host lanes (see `lanes`) and processes it as
+    /// if it had arrived on the device socket: the same checks, then delivery in runs per QP.
+    /// Returns the number of packets taken.
+    pub(crate) fn receive_lanes(
+        &mut self,
+        wire: &Wire,
+        share: &Share,
+        sink: &impl RxSink,
+        tx: &mut TxBatch,
+    ) -> usize {
+        let counts = &mut self.counts;
+        let got = wire.lanes.with_inbound(|inb| {
+            let mut total = 0;
+            for lane in inb.iter_mut() {
+                let src = lane.src;
+                // At most 4 batches from one lane per call: the others get their turn, and
+                // the producer gets room back after each batch.
+                for _ in 0..4 {
+                    let head = lane.cons.head();
+                    let mut pos = lane.cons.tail();
+                    if head == pos {
+                        break;
+                    }
+                    let now = Instant::now();
+                    let mut run: [&[u8]; BATCH] = [&[]; BATCH];
+                    let (mut n, mut taken) = (0, 0);
+                    let mut run_qpn = None;
+                    while taken < BATCH {
+                        let (pkt, next) = match lane.cons.record_at(pos, head) {
+                            Ok(Some(r)) => r,
+                            Ok(None) => break,
+                            Err(super::lanes::ring::Corrupt) => {
+                                lane.corrupt = true;
+                                break;
+                            }
+                        };
+                        pos = next;
+                        taken += 1;
+                        let Some(qpn) = check_lane_packet(wire, counts, pkt, src) else {
+                            continue;
+                        };
+                        if qpn == softrdma_wire::mad::GSI_QPN || !owns_qpn(share, qpn) {
+                            // Lanes carry packets for this process's QPs only.
+                            wire.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        if run_qpn != Some(qpn) || n == BATCH {
+                            if let Some(q) = run_qpn {
+                                add_counts(counts, &wire.counters);
+                                deliver(wire, sink, q, &run[..n], src, now, tx);
+                            }
+                            n = 0;
+                            run_qpn = Some(qpn);
+                        }
+                        run[n] = pkt;
+                        n += 1;
+                    }
+                    add_counts(counts, &wire.counters);
+                    if let Some(q) = run_qpn {
+                        deliver(wire, sink, q, &run[..n], src, now, tx);
+                    }
+                    total += taken;
+                    lane.cons.release(pos);
+                    if lane.corrupt || taken < BATCH {
+                        break;
+                    }
+                }
+            }
+            total
+        });
+        wire.send(tx);
+        got.unwrap_or(0)
     }
 }

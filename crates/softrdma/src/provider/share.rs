@@ -46,6 +46,12 @@ pub(crate) const LAST_SLOT: u8 = 254;
 /// Kinds of message on a slot socket.
 const MSG_PACKET: u8 = 1;
 const MSG_REPLY: u8 = 2;
+/// A same-host lane offered (with its ring and bell) or accepted (see `lanes`).
+pub(super) const MSG_LANE_OFFER: u8 = 3;
+/// See [`MSG_LANE_OFFER`].
+pub(super) const MSG_LANE_ACCEPT: u8 = 4;
+/// The most descriptors a slot socket message carries.
+const MAX_FDS: usize = 2;
 /// Bytes before the packet in a forwarded packet: kind, family, address (16), port (2).
 const FWD_HEADER: usize = 20;
 
@@ -62,13 +68,13 @@ pub(crate) fn slot_of_comm_id(id: u32) -> u8 {
 }
 
 /// The abstract socket name of `what` for the device at `ip`, unique per user.
-fn name(ip: IpAddr, what: &str) -> String {
+pub(super) fn name(ip: IpAddr, what: &str) -> String {
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
     format!("softrdma-{uid}/{ip}/{what}")
 }
 
-fn unix_addr(name: &str) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
+pub(super) fn unix_addr(name: &str) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
     // SAFETY: sockaddr_un is plain data; all-zero is valid.
     let mut sun: libc::sockaddr_un = unsafe { zeroed() };
     sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -84,7 +90,7 @@ fn unix_addr(name: &str) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
     Ok((sun, len as libc::socklen_t))
 }
 
-fn unix_socket() -> Result<OwnedFd> {
+pub(super) fn unix_socket() -> Result<OwnedFd> {
     // SAFETY: plain socket(2); the result is checked.
     let fd = unsafe {
         libc::socket(
@@ -203,6 +209,15 @@ impl Share {
                         libc::SOL_SOCKET,
                         libc::SO_RCVBUF,
                         (&size as *const libc::c_int).cast(),
+                        size_of::<libc::c_int>() as libc::socklen_t,
+                    );
+                    // Each message says who sent it: a lane is taken only from this user.
+                    let on: libc::c_int = 1;
+                    libc::setsockopt(
+                        sock.as_raw_fd(),
+                        libc::SOL_SOCKET,
+                        libc::SO_PASSCRED,
+                        (&on as *const libc::c_int).cast(),
                         size_of::<libc::c_int>() as libc::socklen_t,
                     );
                 }
@@ -343,27 +358,35 @@ impl Share {
         self.send_to_slot(slot, &[&h, pkt])
     }
 
-    /// Receives one message from the slot socket into `buf`, without blocking. A forwarded
-    /// packet comes back as its sender and the range of `buf` it occupies; a discovery answer
-    /// is taken in here and gives `Some(None)`. `None` when nothing waits.
-    pub(crate) fn recv(
-        &self,
-        buf: &mut [u8],
-    ) -> Option<Option<(SocketAddr, std::ops::Range<usize>)>> {
-        // SAFETY: buf is valid for writes of buf.len() bytes.
+    /// Receives one message from the slot socket into `buf`, without blocking; `None` when
+    /// nothing waits. A discovery answer is taken in here (and gives [`SlotMsg::Other`]).
+    pub(crate) fn recv(&self, buf: &mut [u8]) -> Option<SlotMsg> {
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // Room for the sender's credentials and MAX_FDS descriptors (u64s: aligned).
+        let mut cbuf = [0u64; 16];
+        // SAFETY: all-zero msghdr is valid; iov and cbuf outlive the call.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        msg.msg_controllen = size_of::<[u64; 16]>();
+        // SAFETY: msg describes valid buffers.
         let r = unsafe {
-            libc::recv(
+            libc::recvmsg(
                 self.sock.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
+                &mut msg,
+                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
             )
         };
         if r < 0 {
             return None;
         }
+        let (fds, uid) = control(&msg);
         let m = &buf[..r as usize];
-        match m.first() {
+        Some(match m.first() {
             Some(&MSG_PACKET) if m.len() >= FWD_HEADER => {
                 let ip = match m[1] {
                     4 => IpAddr::from([m[2], m[3], m[4], m[5]]),
@@ -372,10 +395,10 @@ impl Share {
                         a.copy_from_slice(&m[2..18]);
                         IpAddr::from(a)
                     }
-                    _ => return Some(None),
+                    _ => return Some(SlotMsg::Other),
                 };
                 let port = u16::from_be_bytes([m[18], m[19]]);
-                Some(Some((SocketAddr::new(ip, port), FWD_HEADER..m.len())))
+                SlotMsg::Packet(SocketAddr::new(ip, port), FWD_HEADER..m.len())
             }
             Some(&MSG_REPLY) if m.len() == 11 => {
                 let mut n = [0u8; 8];
@@ -386,10 +409,18 @@ impl Share {
                     d.answers.push((m[9], m[10]));
                     self.answered.notify_all();
                 }
-                Some(None)
+                SlotMsg::Other
             }
-            _ => Some(None),
-        }
+            Some(&MSG_LANE_OFFER) | Some(&MSG_LANE_ACCEPT) => {
+                // SAFETY: getuid cannot fail.
+                if uid != Some(unsafe { libc::getuid() }) {
+                    tracing::debug!(?uid, "a lane message from another user ignored");
+                    return Some(SlotMsg::Other);
+                }
+                SlotMsg::Lane(r as usize, fds)
+            }
+            _ => SlotMsg::Other,
+        })
     }
 
     /// Whether `pkt`, from `src` to this device, is a discovery marker (then it has been
@@ -589,6 +620,51 @@ impl Share {
                     .find(|&s| held(s))
             })
     }
+}
+
+/// A message from a slot socket ([`Share::recv`]).
+pub(crate) enum SlotMsg {
+    /// A packet forwarded by another process: its sender, and where it lies in the buffer.
+    Packet(SocketAddr, std::ops::Range<usize>),
+    /// A same-host lane message from a process of this user: its length in the buffer, and
+    /// the descriptors that came with it.
+    Lane(usize, Vec<OwnedFd>),
+    /// Nothing for the caller (a discovery answer, or a message that makes no sense).
+    Other,
+}
+
+/// The descriptors (`SCM_RIGHTS`) and the sender's uid (`SCM_CREDENTIALS`) in what
+/// `recvmsg` filled in `msg`. Every descriptor received is owned (closed when dropped).
+fn control(msg: &libc::msghdr) -> (Vec<OwnedFd>, Option<libc::uid_t>) {
+    let mut fds = Vec::new();
+    let mut uid = None;
+    // SAFETY: walks the control buffer recvmsg filled, with the kernel's own macros; every
+    // descriptor in an SCM_RIGHTS message is a fresh one this process now owns.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            let data = libc::CMSG_DATA(c);
+            let len = (*c).cmsg_len as usize - (data as usize - c as usize);
+            match ((*c).cmsg_level, (*c).cmsg_type) {
+                (libc::SOL_SOCKET, libc::SCM_RIGHTS) => {
+                    for k in 0..len / size_of::<libc::c_int>() {
+                        let fd = std::ptr::read_unaligned(data.cast::<libc::c_int>().add(k));
+                        let fd = OwnedFd::from_raw_fd(fd);
+                        if fds.len() < MAX_FDS {
+                            fds.push(fd);
+                        }
+                    }
+                }
+                (libc::SOL_SOCKET, libc::SCM_CREDENTIALS) if len >= size_of::<libc::ucred>() => {
+                    let cr = std::ptr::read_unaligned(data.cast::<libc::ucred>());
+                    uid = Some(cr.uid);
+                }
+                _ => {}
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    (fds, uid)
 }
 
 /// A listener's hold on a service ID of a shared device ([`Share::claim_service`]).

@@ -5,6 +5,7 @@
 use super::counters::Counters;
 use super::faults::{FaultConfig, Faults};
 use super::fd::EventFd;
+use super::lanes::Lanes;
 use super::sock::{UdpSock, ROCE_PORT};
 use softrdma_proto::device::Sealer;
 use std::net::{IpAddr, SocketAddr};
@@ -26,6 +27,10 @@ pub(crate) struct TxBatch {
     pub(super) bufs: Vec<Vec<u8>>,
     pub(super) lens: Vec<usize>,
     pub(super) dests: Vec<SocketAddr>,
+    /// The address each packet leaves from, and whether it has its ICRC yet (packets get
+    /// it when they go on the wire: a same-host lane needs none).
+    srcs: Vec<IpAddr>,
+    sealed: Vec<bool>,
     pub(super) count: usize,
     /// One sealer per source address (a thread may send from several devices), the one of
     /// the last packet first: nearly every packet leaves from where the one before did.
@@ -38,6 +43,8 @@ impl TxBatch {
             bufs: (0..BATCH).map(|_| vec![0u8; PKT_BUF]).collect(),
             lens: vec![0; BATCH],
             dests: vec![SocketAddr::from(([0, 0, 0, 0], 0)); BATCH],
+            srcs: vec![IpAddr::from([0, 0, 0, 0]); BATCH],
+            sealed: vec![false; BATCH],
             count: 0,
             sealers: Vec::new(),
         }
@@ -54,16 +61,35 @@ impl TxBatch {
         &mut self.bufs[self.count]
     }
 
-    /// Seals the packet written in the current slot: computes its ICRC for the flow
-    /// `src → dst` (both on port 4791) and queues it.
+    /// Queues the packet written in the current slot, of the flow `src → dst` (both on port
+    /// 4791). Its ICRC is computed when it goes on the wire ([`TxBatch::seal`]).
+    #[inline]
     pub(crate) fn commit(&mut self, len: usize, src: IpAddr, dst: IpAddr) {
-        let sealer = sealer_for(&mut self.sealers, src);
-        // (A packet the sealer refuses, which `drive` never commits, goes with its ICRC
-        // bytes as written: the peer drops it.)
-        let _ = sealer.seal(dst, &mut self.bufs[self.count][..len]);
         self.lens[self.count] = len;
         self.dests[self.count] = SocketAddr::new(dst, ROCE_PORT);
+        self.srcs[self.count] = src;
+        self.sealed[self.count] = false;
         self.count += 1;
+    }
+
+    /// Gives packet `i` its ICRC for its flow (once).
+    #[inline]
+    fn seal(&mut self, i: usize) {
+        if self.sealed[i] {
+            return;
+        }
+        self.sealed[i] = true;
+        let sealer = sealer_for(&mut self.sealers, self.srcs[i]);
+        // (A packet the sealer refuses, which `drive` never commits, goes with its ICRC
+        // bytes as written: the peer drops it.)
+        let _ = sealer.seal(self.dests[i].ip(), &mut self.bufs[i][..self.lens[i]]);
+    }
+
+    /// Gives every queued packet its ICRC.
+    fn seal_all(&mut self) {
+        for i in 0..self.count {
+            self.seal(i);
+        }
     }
 }
 
@@ -105,11 +131,18 @@ pub(crate) struct Wire {
     pub(crate) wake: EventFd,
     pub(crate) counters: Counters,
     faults: Faults,
+    /// The same-host lanes: packets for devices of this host skip the network stack.
+    pub(crate) lanes: Lanes,
 }
 
 impl Wire {
-    /// The wire of the device socket `sock` bound to `local`, no faults.
-    pub(crate) fn new(sock: UdpSock, local: SocketAddr) -> crate::error::Result<Wire> {
+    /// The wire of the device socket `sock` bound to `local`, no faults, with the same-host
+    /// `lanes` of the device. Fails with the errno of `eventfd`.
+    pub(crate) fn new(
+        sock: UdpSock,
+        local: SocketAddr,
+        lanes: Lanes,
+    ) -> crate::error::Result<Wire> {
         let wake = EventFd::new()?;
         wake.set_nonblocking(true)?;
         Ok(Wire {
@@ -118,15 +151,25 @@ impl Wire {
             wake,
             counters: Counters::default(),
             faults: Faults::new(),
+            lanes,
         })
     }
 
-    /// Sends a batch of finished packets, through fault injection when it is on.
+    /// Sends a batch of finished packets: those for a device of this host with a lane up
+    /// through it, the others (with their ICRC) on the wire, through fault injection when it
+    /// is on (then all on the wire).
     pub(crate) fn send(&self, tx: &mut TxBatch) {
         if tx.count == 0 {
             return;
         }
-        if self.faults.on() {
+        let lanes = self.lanes.on() && !self.faults.on();
+        if !lanes || super::capture::active() {
+            // (A capture shows every packet as the wire would carry it.)
+            tx.seal_all();
+        }
+        if lanes {
+            self.send_lanes(tx);
+        } else if self.faults.on() {
             let (out, delayed) = self.faults.apply(
                 tx.count,
                 |i| (&tx.bufs[i][..tx.lens[i]], tx.dests[i]),
@@ -145,7 +188,48 @@ impl Wire {
         tx.count = 0;
     }
 
-    /// Sends packets `pkt(0..count)` and counts them.
+    /// [`Wire::send`] with lanes: routes the batch, seals what goes on the wire, sends it
+    /// and counts everything.
+    fn send_lanes(&self, tx: &mut TxBatch) {
+        let count = tx.count;
+        if super::capture::active() {
+            for i in 0..count {
+                super::capture::record(self.local, tx.dests[i], &tx.bufs[i][..tx.lens[i]]);
+            }
+        }
+        let bytes: usize = tx.lens[..count].iter().sum();
+        let mut keep = [0usize; BATCH];
+        let (kept, laned) = {
+            let TxBatch {
+                bufs, lens, dests, ..
+            } = &*tx;
+            self.lanes
+                .route(count, &|i| (&bufs[i][..lens[i]], dests[i]), &mut keep)
+        };
+        for &i in &keep[..kept] {
+            tx.seal(i);
+        }
+        let (sent, failed) = if kept > 0 {
+            let TxBatch {
+                bufs, lens, dests, ..
+            } = &*tx;
+            self.sock
+                .send_batch(kept, |j| (&bufs[keep[j]][..lens[keep[j]]], dests[keep[j]]))
+        } else {
+            (0, 0)
+        };
+        let c = &self.counters;
+        if laned > 0 {
+            c.same_host_packets
+                .fetch_add(laned as u64, Ordering::Relaxed);
+        }
+        c.tx_packets
+            .fetch_add((sent + laned) as u64, Ordering::Relaxed);
+        c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        c.tx_errors.fetch_add(failed as u64, Ordering::Relaxed);
+    }
+
+    /// Sends packets `pkt(0..count)` on the wire and counts them.
     fn account<'a>(&self, count: usize, pkt: impl Fn(usize) -> (&'a [u8], SocketAddr)) {
         if super::capture::active() {
             for i in 0..count {

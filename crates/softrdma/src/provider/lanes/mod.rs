@@ -1,0 +1,587 @@
+//! Same-host lanes: packets between two softrdma devices of one host (two processes, or two
+//! devices in one process) cross a ring in shared memory instead of the kernel's UDP stack.
+//!
+//! The packets are the same RoCEv2 packets, made and checked by the same transport, so every
+//! verbs semantic holds exactly as on the wire (ordering, checks on the target, statuses,
+//! retransmission, flush); what a lane saves is the network stack: no system call per batch,
+//! no socket buffers, two copies of the payload instead of four.
+//!
+//! - **Who is local** is never assumed: a packet's destination names a device address and,
+//!   in the QP number's slot byte, a process ([`super::share`]). When that process's slot
+//!   socket exists on this host under this user's name, the sending device *offers* a lane:
+//!   a ring (a memfd, [`ring`]) and one end of a `SOCK_SEQPACKET` pair, the *bell*, passed
+//!   with `SCM_RIGHTS` over the slot socket. The owner maps the ring and answers; only then do
+//!   packets take it. Until then, and whenever the name does not exist (a remote peer), they
+//!   go on the wire. A lane carries one direction; the answers make their own.
+//! - **Wake-ups**: the consumer (the receiving device's progress thread, or an application
+//!   thread polling a CQ) reads rings without system calls; before its progress thread
+//!   sleeps it sets the ring's `sleeping` flag, and a producer that sees the flag writes one
+//!   byte to the bell.
+//! - **Death**: when either process dies (or drops its device) its end of the bell closes and
+//!   the other sees `POLLHUP`: the lane goes, and packets go on the wire again (to whoever
+//!   holds the slot then). What was in flight is lost as a dead host's packets are; the
+//!   transport's timers and retries decide, as on the wire.
+//! - **A full ring** is waited for a moment (the consumer is running), then the packet goes
+//!   on the wire: reordered, which the transport repairs, never lost by the lane.
+//! - `SOFTRDMA_TRANSPORT=wire` turns lanes off (for packet capture and interop tests);
+//!   fault injection sends every packet on the wire.
+
+pub(crate) mod ring;
+
+use super::share::{self, MSG_LANE_ACCEPT, MSG_LANE_OFFER};
+use super::tx::BATCH;
+use ring::{Consumer, Corrupt, Producer};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Bytes of records in each ring (a lane of one QP needs its send window: 128 packets).
+const RING_CAP: usize = 4 << 20;
+/// How long an offer waits for its answer before the destination counts as not local.
+const OFFER_WAIT: Duration = Duration::from_secs(1);
+/// How long a destination that is not local (or refused) is not offered a lane again.
+const NOT_LOCAL_FOR: Duration = Duration::from_secs(2);
+/// How long after its lane ended a destination is offered a new one (a new process may hold
+/// the slot).
+const AFTER_HANGUP: Duration = Duration::from_millis(100);
+/// How long a packet waits for room in a full ring before it goes on the wire.
+const FULL_WAIT: Duration = Duration::from_millis(1);
+
+/// Whether `SOFTRDMA_TRANSPORT=wire` forces every packet on the wire (read once).
+pub(crate) fn wire_forced() -> bool {
+    static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| {
+        std::env::var("SOFTRDMA_TRANSPORT")
+            .map(|v| v.eq_ignore_ascii_case("wire"))
+            .unwrap_or(false)
+    })
+}
+
+/// The lanes of one device: those it sends on, by destination, and those it receives from.
+pub(crate) struct Lanes {
+    on: bool,
+    /// The device's socket address and this process's slot on it (where answers come).
+    local: SocketAddr,
+    slot: u8,
+    out: Mutex<Vec<Out>>,
+    inbound: Mutex<Vec<InLane>>,
+    /// Whether `inbound` may be non-empty (saves its lock on every poll when it is not).
+    any_inbound: AtomicBool,
+    /// Changes whenever the set of bells changes (the progress thread's poll set).
+    gen: AtomicU64,
+    nonces: AtomicU64,
+}
+
+/// A destination (device socket address, slot) and its lane.
+struct Out {
+    ip: SocketAddr,
+    slot: u8,
+    state: OutState,
+}
+
+enum OutState {
+    /// Offered, not answered yet.
+    Offered {
+        nonce: u64,
+        at: Instant,
+        lane: OutLane,
+    },
+    Up(OutLane),
+    /// Packets go on the wire, and no lane is offered, until then.
+    Wire {
+        until: Instant,
+    },
+}
+
+struct OutLane {
+    prod: Producer,
+    bell: Arc<OwnedFd>,
+    /// Pushed to since the last publication.
+    dirty: bool,
+}
+
+/// A lane this device receives from.
+pub(crate) struct InLane {
+    /// The sending device (its packets' source, for the checks).
+    pub(crate) src: SocketAddr,
+    pub(crate) cons: Consumer,
+    bell: Arc<OwnedFd>,
+    /// The producer wrote nonsense: the lane is closed at the next look.
+    pub(crate) corrupt: bool,
+}
+
+/// A bell the progress thread watches: an inbound lane's (wake-ups and hang-up) or an
+/// outbound one's (hang-up only).
+pub(crate) struct Bell {
+    pub(crate) fd: Arc<OwnedFd>,
+    pub(crate) inbound: bool,
+}
+
+impl Lanes {
+    /// The lanes of the device at `local`, where this process holds `slot`; off when
+    /// `SOFTRDMA_TRANSPORT=wire`.
+    pub(crate) fn new(local: SocketAddr, slot: u8) -> Lanes {
+        Lanes {
+            on: !wire_forced(),
+            local,
+            slot,
+            out: Mutex::new(Vec::new()),
+            inbound: Mutex::new(Vec::new()),
+            any_inbound: AtomicBool::new(false),
+            gen: AtomicU64::new(0),
+            nonces: AtomicU64::new(u64::from(crate::gid::random_u32()) << 32),
+        }
+    }
+
+    /// Whether lanes may carry packets.
+    #[inline]
+    pub(crate) fn on(&self) -> bool {
+        self.on
+    }
+
+    /// Puts each of the `count` packets `pkt(i)` (the UDP payload and its destination) whose
+    /// destination has a lane up into it, and the indices of the others into `keep`, in
+    /// order: those go on the wire. Returns how many are kept and how many took a lane.
+    pub(crate) fn route<'a>(
+        &self,
+        count: usize,
+        pkt: &impl Fn(usize) -> (&'a [u8], SocketAddr),
+        keep: &mut [usize; BATCH],
+    ) -> (usize, usize) {
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut kept, mut laned) = (0, 0);
+        let mut last = usize::MAX;
+        for i in 0..count {
+            let (p, dst) = pkt(i);
+            // The slot byte of the destination QP (0: QP 1; 255: multicast).
+            let slot = if p.len() > 8 { p[5] } else { 0 };
+            if slot != 0 && slot != 0xff && self.push(&mut out, &mut last, dst, slot, p) {
+                laned += 1;
+            } else {
+                keep[kept] = i;
+                kept += 1;
+            }
+        }
+        if laned > 0 {
+            for o in out.iter_mut() {
+                if let OutState::Up(l) = &mut o.state {
+                    if l.dirty {
+                        l.dirty = false;
+                        if l.prod.publish() {
+                            ring_bell(&l.bell);
+                        }
+                    }
+                }
+            }
+        }
+        (kept, laned)
+    }
+
+    /// Puts `p` into the lane to (`ip`, `slot`) if one is up; starts an offer when none was
+    /// made. `last` is the index of the destination of the packet before.
+    fn push(
+        &self,
+        out: &mut MutexGuard<'_, Vec<Out>>,
+        last: &mut usize,
+        ip: SocketAddr,
+        slot: u8,
+        p: &[u8],
+    ) -> bool {
+        let i = match out.get(*last) {
+            Some(o) if o.ip == ip && o.slot == slot => *last,
+            _ => match out.iter().position(|o| o.ip == ip && o.slot == slot) {
+                Some(i) => i,
+                None => {
+                    let state = self.offer(ip, slot);
+                    out.push(Out { ip, slot, state });
+                    *last = usize::MAX;
+                    return false;
+                }
+            },
+        };
+        *last = i;
+        let o = &mut out[i];
+        match &mut o.state {
+            OutState::Up(l) => match l.prod.push(p) {
+                Ok(true) => {
+                    l.dirty = true;
+                    true
+                }
+                Ok(false) => {
+                    // Full: the consumer runs (or is being woken); wait a moment for room.
+                    if l.prod.publish() {
+                        ring_bell(&l.bell);
+                    }
+                    l.dirty = false;
+                    let end = Instant::now() + FULL_WAIT;
+                    loop {
+                        std::thread::yield_now();
+                        match l.prod.push(p) {
+                            Ok(true) => {
+                                l.dirty = true;
+                                return true;
+                            }
+                            Ok(false) if Instant::now() < end => {}
+                            Ok(false) => return false,
+                            Err(Corrupt) => break,
+                        }
+                    }
+                    self.close_out(o, AFTER_HANGUP);
+                    false
+                }
+                Err(Corrupt) => {
+                    tracing::warn!(%ip, slot, "a same-host lane's ring is corrupt: closed");
+                    self.close_out(o, AFTER_HANGUP);
+                    false
+                }
+            },
+            OutState::Offered { at, .. } => {
+                if at.elapsed() > OFFER_WAIT {
+                    o.state = OutState::Wire {
+                        until: Instant::now() + NOT_LOCAL_FOR,
+                    };
+                }
+                false
+            }
+            OutState::Wire { until } => {
+                if Instant::now() >= *until {
+                    o.state = self.offer(ip, slot);
+                }
+                false
+            }
+        }
+    }
+
+    fn close_out(&self, o: &mut Out, for_: Duration) {
+        o.state = OutState::Wire {
+            until: Instant::now() + for_,
+        };
+        self.gen.fetch_add(1, Ordering::Release);
+    }
+
+    /// Offers a lane to the process holding `slot` of the device at `ip`, when this host has
+    /// one: the state of the destination after.
+    fn offer(&self, ip: SocketAddr, slot: u8) -> OutState {
+        let not_local = OutState::Wire {
+            until: Instant::now() + NOT_LOCAL_FOR,
+        };
+        if !self.on {
+            return not_local;
+        }
+        let Ok(sock) = connect_slot(ip.ip(), slot) else {
+            return not_local;
+        };
+        let made = Producer::create(RING_CAP).and_then(|(prod, memfd)| {
+            let (mine, theirs) = bell_pair()?;
+            Ok((prod, memfd, mine, theirs))
+        });
+        let (prod, memfd, mine, theirs) = match made {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::debug!(error = %e, "no same-host lane");
+                return not_local;
+            }
+        };
+        let nonce = self.nonces.fetch_add(1, Ordering::Relaxed);
+        let mut m = [0u8; OFFER_LEN];
+        m[0] = MSG_LANE_OFFER;
+        put_addr(&mut m[1..20], self.local);
+        m[20] = self.slot;
+        m[21..29].copy_from_slice(&nonce.to_be_bytes());
+        m[29..31].copy_from_slice(&ip.port().to_be_bytes());
+        if let Err(e) = send_with_fds(&sock, &m, &[memfd.as_raw_fd(), theirs.as_raw_fd()]) {
+            tracing::debug!(%ip, slot, error = %e, "a same-host lane offer not sent");
+            return not_local;
+        }
+        tracing::debug!(%ip, slot, "a same-host lane offered");
+        OutState::Offered {
+            nonce,
+            at: Instant::now(),
+            lane: OutLane {
+                prod,
+                bell: Arc::new(mine),
+                dirty: false,
+            },
+        }
+    }
+
+    /// Takes a lane message received on the slot socket (`m`, with the descriptors `fds`),
+    /// from a process of this user: an offer (mapped and answered) or an answer.
+    pub(crate) fn on_message(&self, m: &[u8], mut fds: Vec<OwnedFd>) {
+        match m.first() {
+            Some(&MSG_LANE_OFFER) if m.len() >= OFFER_LEN && fds.len() == 2 => {
+                let (Some(src), src_slot) = (get_addr(&m[1..20]), m[20]) else {
+                    return;
+                };
+                // For this device's socket (its port: tests run devices on other ports).
+                let to_me = u16::from_be_bytes([m[29], m[30]]) == self.local.port();
+                let theirs = fds.pop().expect("two descriptors");
+                let memfd = fds.pop().expect("two descriptors");
+                let cons = if self.on && to_me {
+                    Consumer::open(&memfd).map_err(|e| {
+                        tracing::debug!(error = %e, "a same-host lane offer refused");
+                    })
+                } else {
+                    Err(())
+                };
+                let accepted = cons.is_ok();
+                if let Ok(cons) = cons {
+                    let mut inb = self.inbound.lock().unwrap_or_else(|p| p.into_inner());
+                    inb.push(InLane {
+                        src,
+                        cons,
+                        bell: Arc::new(theirs),
+                        corrupt: false,
+                    });
+                    self.any_inbound.store(true, Ordering::Release);
+                    self.gen.fetch_add(1, Ordering::Release);
+                }
+                let mut a = [0u8; 10];
+                a[0] = MSG_LANE_ACCEPT;
+                a[1..9].copy_from_slice(&m[21..29]);
+                a[9] = u8::from(accepted);
+                if let Ok(sock) = connect_slot(src.ip(), src_slot) {
+                    let _ = send_with_fds(&sock, &a, &[]);
+                }
+                tracing::debug!(%src, src_slot, accepted, "a same-host lane offer answered");
+            }
+            Some(&MSG_LANE_ACCEPT) if m.len() >= 10 => {
+                let mut n = [0u8; 8];
+                n.copy_from_slice(&m[1..9]);
+                let nonce = u64::from_be_bytes(n);
+                let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+                for o in out.iter_mut() {
+                    if matches!(&o.state, OutState::Offered { nonce: k, .. } if *k == nonce) {
+                        let old = std::mem::replace(
+                            &mut o.state,
+                            OutState::Wire {
+                                until: Instant::now() + NOT_LOCAL_FOR,
+                            },
+                        );
+                        if let (OutState::Offered { lane, .. }, 1) = (old, m[9]) {
+                            o.state = OutState::Up(lane);
+                            self.gen.fetch_add(1, Ordering::Release);
+                            tracing::debug!(ip = %o.ip, slot = o.slot, "a same-host lane is up");
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The generation of the set of bells (changes when a lane comes or goes).
+    #[inline]
+    pub(crate) fn generation(&self) -> u64 {
+        self.gen.load(Ordering::Acquire)
+    }
+
+    /// The bells to watch now.
+    pub(crate) fn bells(&self, v: &mut Vec<Bell>) {
+        v.clear();
+        for l in self
+            .inbound
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
+            v.push(Bell {
+                fd: l.bell.clone(),
+                inbound: true,
+            });
+        }
+        for o in self.out.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if let OutState::Up(l) = &o.state {
+                v.push(Bell {
+                    fd: l.bell.clone(),
+                    inbound: false,
+                });
+            }
+        }
+    }
+
+    /// The bell `fd` hung up (its other process is gone or dropped the lane): the lane goes.
+    /// An inbound lane's remaining records must have been received before.
+    pub(crate) fn hung_up(&self, fd: RawFd, inbound: bool) {
+        if inbound {
+            let mut inb = self.inbound.lock().unwrap_or_else(|p| p.into_inner());
+            inb.retain(|l| l.bell.as_raw_fd() != fd);
+            self.any_inbound.store(!inb.is_empty(), Ordering::Release);
+        } else {
+            let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+            for o in out.iter_mut() {
+                if matches!(&o.state, OutState::Up(l) if l.bell.as_raw_fd() == fd) {
+                    tracing::debug!(ip = %o.ip, slot = o.slot, "a same-host lane's receiver is gone");
+                    o.state = OutState::Wire {
+                        until: Instant::now() + AFTER_HANGUP,
+                    };
+                }
+            }
+        }
+        self.gen.fetch_add(1, Ordering::Release);
+    }
+
+    /// Runs `f` on the inbound lanes (under their lock) when there are any.
+    #[inline]
+    pub(crate) fn with_inbound<R>(&self, f: impl FnOnce(&mut Vec<InLane>) -> R) -> Option<R> {
+        if !self.any_inbound.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut inb = self.inbound.lock().unwrap_or_else(|p| p.into_inner());
+        let r = f(&mut inb);
+        if inb.iter().any(|l| l.corrupt) {
+            tracing::warn!("a same-host lane's ring is corrupt: closed");
+            inb.retain(|l| !l.corrupt);
+            self.any_inbound.store(!inb.is_empty(), Ordering::Release);
+            self.gen.fetch_add(1, Ordering::Release);
+        }
+        Some(r)
+    }
+
+    /// Whether records wait in an inbound lane.
+    pub(crate) fn pending(&self) -> bool {
+        self.with_inbound(|inb| inb.iter().any(|l| l.cons.pending()))
+            .unwrap_or(false)
+    }
+
+    /// The progress thread is about to sleep: asks every inbound lane's producer for a
+    /// wake-up. Returns `false` (and nothing is armed for sure) when records wait already.
+    pub(crate) fn arm(&self) -> bool {
+        self.with_inbound(|inb| inb.iter().all(|l| l.cons.arm()))
+            .unwrap_or(true)
+    }
+
+    /// The progress thread is awake: producers need not ring.
+    pub(crate) fn disarm(&self) {
+        self.with_inbound(|inb| inb.iter().for_each(|l| l.cons.disarm()));
+    }
+}
+
+/// Wakes a sleeping consumer: one byte on the bell (a full bell has wake-ups pending already).
+fn ring_bell(bell: &OwnedFd) {
+    // SAFETY: one byte from a live buffer to a socket we own.
+    unsafe {
+        libc::send(
+            bell.as_raw_fd(),
+            [1u8].as_ptr().cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+}
+
+/// Reads the wake-ups waiting on a bell.
+pub(crate) fn drain_bell(fd: RawFd) {
+    let mut b = [0u8; 64];
+    // SAFETY: reads into a live buffer from a descriptor the caller keeps open.
+    while unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) } > 0 {}
+}
+
+/// A connected pair of `SOCK_SEQPACKET` sockets (non-blocking, close-on-exec).
+fn bell_pair() -> crate::error::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: writes two descriptors into `fds`; the result is checked.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return Err(crate::error::Error::last_os_error("socketpair"));
+    }
+    // SAFETY: two fresh descriptors owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A datagram socket connected to the slot socket of `slot` on the device at `ip` (this
+/// user's); fails with `ECONNREFUSED` when no process of this host holds it.
+fn connect_slot(ip: IpAddr, slot: u8) -> std::io::Result<OwnedFd> {
+    let fd = share::unix_socket().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+    let (sun, len) = share::unix_addr(&share::name(ip, &format!("slot/{slot}")))
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a valid sockaddr_un of `len` bytes.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&sun as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Sends `m` with the descriptors `fds` (`SCM_RIGHTS`) on the connected socket `sock`,
+/// without blocking.
+fn send_with_fds(sock: &OwnedFd, m: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: m.as_ptr() as *mut libc::c_void,
+        iov_len: m.len(),
+    };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: all-zero msghdr is valid; iov and cbuf outlive the call; the control message
+    // is built with the kernel's macros inside cbuf (room for two descriptors).
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if !fds.is_empty() {
+            let dlen = std::mem::size_of_val(fds) as u32;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(dlen) as usize;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(dlen) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(c).cast::<RawFd>(),
+                fds.len(),
+            );
+        }
+        if libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_DONTWAIT) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Bytes of an offer: kind, the offering device's address (family, 16, port), its slot, the
+/// nonce, the destination port.
+const OFFER_LEN: usize = 31;
+
+/// Writes `a` as family (4 or 6), address (16 bytes), port (big-endian).
+fn put_addr(b: &mut [u8], a: SocketAddr) {
+    b[17..19].copy_from_slice(&a.port().to_be_bytes());
+    match a.ip() {
+        IpAddr::V4(a) => {
+            b[0] = 4;
+            b[1..5].copy_from_slice(&a.octets());
+        }
+        IpAddr::V6(a) => {
+            b[0] = 6;
+            b[1..17].copy_from_slice(&a.octets());
+        }
+    }
+}
+
+/// Reads what [`put_addr`] wrote.
+fn get_addr(b: &[u8]) -> Option<SocketAddr> {
+    let ip = match b[0] {
+        4 => IpAddr::from([b[1], b[2], b[3], b[4]]),
+        6 => {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&b[1..17]);
+            IpAddr::from(a)
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, u16::from_be_bytes([b[17], b[18]])))
+}

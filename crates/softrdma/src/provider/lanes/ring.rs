@@ -1,0 +1,427 @@
+//! A single-producer, single-consumer ring of packets in memory that two processes map (a
+//! memfd): the same-host lane's data path.
+//!
+//! Layout of the mapping: a header page, then `cap` bytes of records (`cap` a power of two).
+//!
+//! | offset | field |
+//! |---|---|
+//! | 0 | magic (`u64`, [`MAGIC`]) |
+//! | 8 | `cap` (`u64`) |
+//! | 64 | `head`: bytes written, published by the producer (`u64`, its own cache line) |
+//! | 128 | `tail`: bytes taken, published by the consumer (`u64`, its own cache line) |
+//! | 192 | `sleeping`: the consumer is about to sleep or sleeps (`u32`) |
+//!
+//! A record starts on a 64-byte boundary with a 16-byte header whose first `u32` is the
+//! packet's length, then the packet; a record never wraps: when the next one does not fit
+//! before the end, the producer writes [`PAD`] as the length and goes on at offset 0.
+//!
+//! **Trust.** Each side keeps its own position in its own memory and reads the other's from
+//! the mapping as untrusted input: a length or a position that does not add up makes the
+//! ring [`Corrupt`] (the lane is closed), never an access outside the mapping. The producer
+//! never writes a record between publishing it and the consumer releasing it, so the bytes a
+//! consumer reads do not change under it unless the peer process (a process of the same user)
+//! misbehaves; then it gets garbage bytes, which the packet checks treat as any datagram.
+
+use crate::error::{Error, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+/// The first eight bytes of a ring's mapping.
+pub(crate) const MAGIC: u64 = u64::from_be_bytes(*b"srdmaRNG");
+/// Bytes before the records.
+const HEADER: usize = 4096;
+const HEAD_AT: usize = 64;
+const TAIL_AT: usize = 128;
+const SLEEPING_AT: usize = 192;
+/// Bytes of a record's header.
+const REC_HEADER: u64 = 16;
+/// The length word of a padding record: the rest of the ring up to its end is empty.
+const PAD: u32 = u32::MAX;
+/// Records start on this boundary.
+const ALIGN: u64 = 64;
+
+/// A ring's positions or lengths did not add up: the peer wrote nonsense.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Corrupt;
+
+/// A shared mapping, unmapped on drop.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory; every access to shared fields goes through atomics,
+// and record bytes are written only by the producer before publication.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len came from a successful mmap and are unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+impl Mapping {
+    fn map(fd: &OwnedFd, len: usize) -> Result<Mapping> {
+        // SAFETY: a fresh shared mapping of `len` bytes of `fd`; the result is checked.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::last_os_error("mmap(lane ring)"));
+        }
+        Ok(Mapping { ptr: p.cast(), len })
+    }
+
+    #[inline]
+    fn u64_at(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off + 8 <= HEADER && off % 8 == 0);
+        // SAFETY: `off` is a fixed, aligned offset inside the header page of a live mapping.
+        unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
+    }
+
+    #[inline]
+    fn u32_at(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off + 4 <= self.len && off % 4 == 0);
+        // SAFETY: callers pass aligned offsets inside the mapping.
+        unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
+    }
+}
+
+/// The producer's end of a ring.
+pub(crate) struct Producer {
+    map: Mapping,
+    cap: u64,
+    /// Bytes written (this side's own count; published to the mapping by [`Producer::publish`]).
+    head: u64,
+    /// The consumer's `tail` as last read.
+    tail: u64,
+}
+
+/// The consumer's end of a ring.
+pub(crate) struct Consumer {
+    map: Mapping,
+    cap: u64,
+    /// Bytes taken (this side's own count).
+    tail: u64,
+}
+
+#[inline]
+fn align(n: u64) -> u64 {
+    (n + ALIGN - 1) & !(ALIGN - 1)
+}
+
+impl Producer {
+    /// A new ring of `cap` bytes of records (a power of two, at least 64 KiB) in a fresh
+    /// memfd, and that memfd (to hand to the consumer). Fails with the errno of
+    /// `memfd_create`, `ftruncate` or `mmap`.
+    pub(crate) fn create(cap: usize) -> Result<(Producer, OwnedFd)> {
+        assert!(cap.is_power_of_two() && cap >= 1 << 16);
+        // SAFETY: a NUL-terminated name; the result is checked.
+        let fd = unsafe { libc::memfd_create(c"softrdma-lane".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::last_os_error("memfd_create"));
+        }
+        // SAFETY: a fresh descriptor owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let len = HEADER + cap;
+        // SAFETY: plain ftruncate on our memfd.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(Error::last_os_error("ftruncate(lane ring)"));
+        }
+        let map = Mapping::map(&fd, len)?;
+        map.u64_at(0).store(MAGIC, Ordering::Relaxed);
+        map.u64_at(8).store(cap as u64, Ordering::Release);
+        Ok((
+            Producer {
+                map,
+                cap: cap as u64,
+                head: 0,
+                tail: 0,
+            },
+            fd,
+        ))
+    }
+
+    /// Writes `pkt` as the next record (not yet visible: see [`Producer::publish`]).
+    /// Returns `Ok(false)` when the ring has no room for it now; `Err(Corrupt)` when the
+    /// consumer's position makes no sense.
+    pub(crate) fn push(&mut self, pkt: &[u8]) -> std::result::Result<bool, Corrupt> {
+        let need = align(REC_HEADER + pkt.len() as u64);
+        if need > self.cap / 4 {
+            return Ok(false);
+        }
+        let pos = self.head & (self.cap - 1);
+        let pad = if self.cap - pos < need {
+            self.cap - pos
+        } else {
+            0
+        };
+        if self.head + pad + need - self.tail > self.cap {
+            let t = self.map.u64_at(TAIL_AT).load(Ordering::Acquire);
+            if t < self.tail || t > self.head {
+                return Err(Corrupt);
+            }
+            self.tail = t;
+            if self.head + pad + need - self.tail > self.cap {
+                return Ok(false);
+            }
+        }
+        let data = HEADER as u64;
+        if pad != 0 {
+            self.map
+                .u32_at((data + pos) as usize)
+                .store(PAD, Ordering::Relaxed);
+            self.head += pad;
+        }
+        let at = data + (self.head & (self.cap - 1));
+        self.map
+            .u32_at(at as usize)
+            .store(pkt.len() as u32, Ordering::Relaxed);
+        // SAFETY: the record lies inside the data area (it fits before the end, checked
+        // above), in bytes the consumer has released; the source is a distinct slice.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                pkt.as_ptr(),
+                self.map.ptr.add((at + REC_HEADER) as usize),
+                pkt.len(),
+            );
+        }
+        self.head += need;
+        Ok(true)
+    }
+
+    /// Makes what was pushed visible to the consumer. Returns whether the consumer sleeps
+    /// (then the caller wakes it; the flag is cleared here).
+    pub(crate) fn publish(&mut self) -> bool {
+        self.map.u64_at(HEAD_AT).store(self.head, Ordering::Release);
+        // Pairs with the consumer's fence in `arm`: either it sees the new head, or this
+        // sees its flag.
+        fence(Ordering::SeqCst);
+        let s = self.map.u32_at(SLEEPING_AT);
+        s.load(Ordering::Relaxed) != 0 && s.swap(0, Ordering::AcqRel) != 0
+    }
+}
+
+impl Consumer {
+    /// Maps the ring in `fd` (from its producer). Fails with `EINVAL` when the memfd is not
+    /// a ring (size, magic, capacity), or the errno of `fstat`/`mmap`.
+    pub(crate) fn open(fd: &OwnedFd) -> Result<Consumer> {
+        // SAFETY: stat is plain data; fstat writes it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid descriptor and stat buffer.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(Error::last_os_error("fstat(lane ring)"));
+        }
+        let len = st.st_size as usize;
+        if !(HEADER + (1 << 16)..=HEADER + (1 << 30)).contains(&len) {
+            return Err(Error::invalid(format!("a lane ring of {len} bytes")));
+        }
+        let map = Mapping::map(fd, len)?;
+        let cap = map.u64_at(8).load(Ordering::Acquire);
+        if map.u64_at(0).load(Ordering::Relaxed) != MAGIC
+            || !cap.is_power_of_two()
+            || cap as usize != len - HEADER
+        {
+            return Err(Error::invalid("not a lane ring".to_string()));
+        }
+        let tail = map.u64_at(TAIL_AT).load(Ordering::Acquire);
+        Ok(Consumer { map, cap, tail })
+    }
+
+    /// The position up to which records are published (read from the producer).
+    #[inline]
+    pub(crate) fn head(&self) -> u64 {
+        self.map.u64_at(HEAD_AT).load(Ordering::Acquire)
+    }
+
+    /// This side's position: records from here on are not taken yet.
+    #[inline]
+    pub(crate) fn tail(&self) -> u64 {
+        self.tail
+    }
+
+    /// Whether published records wait.
+    #[inline]
+    pub(crate) fn pending(&self) -> bool {
+        self.head() != self.tail
+    }
+
+    /// The record at `pos` (a position from [`Consumer::tail`] or a previous call) if one
+    /// is published below `head`, and the position after it. `Err(Corrupt)` when the
+    /// producer's lengths or positions do not add up.
+    #[inline]
+    pub(crate) fn record_at(
+        &self,
+        mut pos: u64,
+        head: u64,
+    ) -> std::result::Result<Option<(&[u8], u64)>, Corrupt> {
+        loop {
+            if pos == head {
+                return Ok(None);
+            }
+            if head < pos || head - pos > self.cap || pos & (ALIGN - 1) != 0 {
+                return Err(Corrupt);
+            }
+            let off = pos & (self.cap - 1);
+            let at = HEADER as u64 + off;
+            let len = self.map.u32_at(at as usize).load(Ordering::Relaxed);
+            if len == PAD {
+                pos += self.cap - off;
+                continue;
+            }
+            let need = align(REC_HEADER + u64::from(len));
+            if need > self.cap - off || need > head - pos {
+                return Err(Corrupt);
+            }
+            // SAFETY: the record lies inside the data area (checked against cap and off),
+            // published by the producer (below head, read with Acquire) and not released.
+            let pkt = unsafe {
+                std::slice::from_raw_parts(
+                    self.map.ptr.add((at + REC_HEADER) as usize),
+                    len as usize,
+                )
+            };
+            return Ok(Some((pkt, pos + need)));
+        }
+    }
+
+    /// Gives the records before `pos` back to the producer.
+    #[inline]
+    pub(crate) fn release(&mut self, pos: u64) {
+        self.tail = pos;
+        self.map.u64_at(TAIL_AT).store(pos, Ordering::Release);
+    }
+
+    /// About to sleep: asks the producer for a wake-up. Returns `false` (and asks for none)
+    /// when records wait already.
+    pub(crate) fn arm(&self) -> bool {
+        let s = self.map.u32_at(SLEEPING_AT);
+        s.store(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if self.pending() {
+            s.store(0, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// Awake again: no wake-up needed.
+    pub(crate) fn disarm(&self) {
+        let s = self.map.u32_at(SLEEPING_AT);
+        if s.load(Ordering::Relaxed) != 0 {
+            s.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(c: &mut Consumer) -> Vec<Vec<u8>> {
+        let head = c.head();
+        let mut pos = c.tail();
+        let mut out = Vec::new();
+        while let Some((p, next)) = c.record_at(pos, head).unwrap() {
+            out.push(p.to_vec());
+            pos = next;
+        }
+        c.release(pos);
+        out
+    }
+
+    #[test]
+    fn records_cross_in_order_and_wrap() {
+        let (mut p, fd) = Producer::create(1 << 16).unwrap();
+        let mut c = Consumer::open(&fd).unwrap();
+        let mut want = Vec::new();
+        let mut got = Vec::new();
+        for i in 0..2000u32 {
+            let pkt: Vec<u8> = (0..(i % 4200)).map(|b| (b ^ i) as u8).collect();
+            while !p.push(&pkt).unwrap() {
+                p.publish();
+                got.extend(drain(&mut c));
+            }
+            want.push(pkt);
+            if i % 7 == 0 {
+                p.publish();
+                got.extend(drain(&mut c));
+            }
+        }
+        p.publish();
+        got.extend(drain(&mut c));
+        assert_eq!(got.len(), want.len());
+        assert!(got == want);
+    }
+
+    #[test]
+    fn a_full_ring_refuses_until_released() {
+        let (mut p, fd) = Producer::create(1 << 16).unwrap();
+        let mut c = Consumer::open(&fd).unwrap();
+        let pkt = [7u8; 4000];
+        let mut n = 0;
+        while p.push(&pkt).unwrap() {
+            n += 1;
+        }
+        assert_eq!(n, (1 << 16) / 4032);
+        p.publish();
+        assert_eq!(drain(&mut c).len(), n);
+        assert!(p.push(&pkt).unwrap());
+    }
+
+    #[test]
+    fn sleeping_consumer_is_woken_once() {
+        let (mut p, fd) = Producer::create(1 << 16).unwrap();
+        let c = Consumer::open(&fd).unwrap();
+        assert!(c.arm());
+        p.push(b"x").unwrap();
+        assert!(p.publish());
+        p.push(b"y").unwrap();
+        assert!(!p.publish());
+        assert!(!c.arm(), "records wait: no sleep");
+    }
+
+    #[test]
+    fn nonsense_from_the_peer_is_corrupt_not_a_crash() {
+        let (mut p, fd) = Producer::create(1 << 16).unwrap();
+        let c = Consumer::open(&fd).unwrap();
+        p.push(&[1u8; 100]).unwrap();
+        p.publish();
+        // A length beyond what was published.
+        c.map.u32_at(HEADER).store(60_000, Ordering::Relaxed);
+        assert_eq!(c.record_at(0, c.head()), Err(Corrupt));
+        // A head beyond the ring.
+        c.map.u64_at(HEAD_AT).store(1 << 40, Ordering::Relaxed);
+        assert_eq!(c.record_at(0, c.head()), Err(Corrupt));
+        // A tail the producer never gave.
+        c.map.u64_at(TAIL_AT).store(1 << 40, Ordering::Relaxed);
+        let big = [0u8; 4000];
+        let mut r = Ok(true);
+        for _ in 0..100 {
+            r = p.push(&big);
+            if r != Ok(true) {
+                break;
+            }
+        }
+        assert_eq!(r, Err(Corrupt));
+    }
+
+    #[test]
+    fn a_memfd_that_is_not_a_ring_is_refused() {
+        let (_p, fd) = Producer::create(1 << 16).unwrap();
+        // SAFETY: test: overwrite the magic through a second mapping.
+        let m = Mapping::map(&fd, HEADER).unwrap();
+        m.u64_at(0).store(0, Ordering::Relaxed);
+        assert!(Consumer::open(&fd).is_err());
+    }
+}
