@@ -743,3 +743,65 @@ fn rc_unsent_sends_go_out_in_batches_of_64_while_an_ack_is_outstanding() {
     assert!(got.iter().all(|w| w.status == WcStatus::Success));
     b.ctx.set_fault_injection(None).unwrap();
 }
+
+/// Two devices of one host: after the first packets, their traffic crosses a same-host lane
+/// (shared memory) instead of UDP, byte-exact, with every opcode; with
+/// `SOFTRDMA_TRANSPORT=wire` not one packet does.
+#[test]
+fn same_host_lanes_carry_the_traffic_unless_the_wire_is_forced() {
+    let (x, y) = (unique(), unique());
+    let (a, b) = pair_on(&x, &y, QpType::Rc, 1 << 20, &Opts::default());
+    let wire = std::env::var("SOFTRDMA_TRANSPORT").is_ok_and(|v| v == "wire");
+    let len = 300_000;
+    for round in 0..4u8 {
+        let data = pattern(len, round);
+        a.buf.write(0, &data).unwrap();
+        send(&a, 1, WrOpcode::RdmaWrite, &[a.sge(0, len)], |w| {
+            w.remote_addr = b.buf.addr() + 4096;
+            w.rkey = b.mr.rkey();
+        });
+        assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+        let mut got = vec![0; len];
+        b.buf.read(4096, &mut got).unwrap();
+        assert!(got == data, "round {round}: the WRITE's bytes");
+        b.post_recv(2, 0, 65536);
+        send(&a, 3, WrOpcode::Send, &[a.sge(0, 65536)], |_| {});
+        assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+        let r = b.wait(1);
+        assert_eq!((r[0].status, r[0].byte_len), (WcStatus::Success, 65536));
+    }
+    let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
+    if wire {
+        assert_eq!((ca.same_host_packets, cb.same_host_packets), (0, 0));
+    } else {
+        // All but the connection setup and the packets sent before the lane came up.
+        assert!(
+            ca.same_host_packets > 0 && cb.same_host_packets > 0,
+            "{ca:?} {cb:?}"
+        );
+        assert!(ca.same_host_packets * 10 > ca.tx_packets * 9, "{ca:?}");
+    }
+    assert_eq!((ca.icrc_errors, cb.icrc_errors, cb.malformed), (0, 0, 0));
+}
+
+/// Every test of this file again in a process of its own with `SOFTRDMA_TRANSPORT=wire`:
+/// the wire and the same-host lanes give the same results.
+#[test]
+fn every_datapath_test_passes_on_the_wire_too() {
+    if std::env::var_os("SOFTRDMA_TRANSPORT").is_some() {
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("SOFTRDMA_TRANSPORT", "wire")
+        .args(["--skip", "every_datapath_test_passes_on_the_wire_too"])
+        .args(["--test-threads", "2"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "on the wire:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains(" 0 failed"), "{text}");
+}
