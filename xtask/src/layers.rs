@@ -175,6 +175,7 @@ pub const RULES: &[CrateRule] = &[
             ("provider: multicast", &["provider::mcast"]),
             ("provider: receive", &["provider::rx"]),
             ("provider: transmit", &["provider::tx"]),
+            ("provider: same-host lanes", &["provider::lanes"]),
             (
                 "provider: faults, counters",
                 &["provider::faults", "provider::counters"],

@@ -257,6 +257,7 @@ impl RxState {
                     };
                     if qpn == softrdma_wire::mad::GSI_QPN {
                         add_counts(counts, &wire.counters);
+                        take_lanes(wire, share, sink, tx, counts);
                         sink.mad(pkt, src, now, tx, false);
                         continue;
                     }
@@ -364,6 +365,7 @@ impl RxState {
             let now = Instant::now();
             tracing::trace!(qpn, %src, len = pkt.len(), "a packet forwarded by another process");
             if qpn == softrdma_wire::mad::GSI_QPN {
+                take_lanes(wire, share, sink, tx, counts);
                 sink.mad(pkt, src, now, tx, true);
             } else if owns_qpn(share, qpn) {
                 deliver(wire, sink, qpn, &[pkt], src, now, tx);
@@ -388,7 +390,23 @@ impl RxState {
         sink: &impl RxSink,
         tx: &mut TxBatch,
     ) -> usize {
-        let counts = &mut self.counts;
+        take_lanes(wire, share, sink, tx, &mut self.counts)
+    }
+}
+
+/// What [`RxState::receive_lanes`] does, with the receive side's counts.
+///
+/// Also called before a MAD from the socket goes to the CM: what the peer sent on a lane
+/// before it sent the MAD (the ACK of the last message before a DREQ, say) is in the ring
+/// by then, and is taken first, in the order the peer sent it.
+fn take_lanes(
+    wire: &Wire,
+    share: &Share,
+    sink: &impl RxSink,
+    tx: &mut TxBatch,
+    counts: &mut Counts,
+) -> usize {
+    {
         let got = wire.lanes.with_inbound(|inb| {
             let mut total = 0;
             for lane in inb.iter_mut() {

@@ -29,7 +29,6 @@
 pub(crate) mod ring;
 
 use super::share::{self, MSG_LANE_ACCEPT, MSG_LANE_OFFER};
-use super::tx::BATCH;
 use ring::{Consumer, Corrupt, Producer};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -43,6 +42,8 @@ const RING_CAP: usize = 4 << 20;
 const OFFER_WAIT: Duration = Duration::from_secs(1);
 /// How long a destination that is not local (or refused) is not offered a lane again.
 const NOT_LOCAL_FOR: Duration = Duration::from_secs(2);
+/// How long a destination that refused a lane is not offered one again.
+const REFUSED_FOR: Duration = Duration::from_secs(60);
 /// How long after its lane ended a destination is offered a new one (a new process may hold
 /// the slot).
 const AFTER_HANGUP: Duration = Duration::from_millis(100);
@@ -142,14 +143,15 @@ impl Lanes {
     }
 
     /// Puts each of the `count` packets `pkt(i)` (the UDP payload and its destination) whose
-    /// destination has a lane up into it, and the indices of the others into `keep`, in
-    /// order: those go on the wire. Returns how many are kept and how many took a lane.
+    /// destination has a lane up into it, and the indices of the others into `keep` (room
+    /// for `count`), in order: those go on the wire. Returns how many are kept and how many took a lane.
     pub(crate) fn route<'a>(
         &self,
         count: usize,
         pkt: &impl Fn(usize) -> (&'a [u8], SocketAddr),
-        keep: &mut [usize; BATCH],
+        keep: &mut [usize],
     ) -> (usize, usize) {
+        debug_assert!(count <= keep.len());
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         let (mut kept, mut laned) = (0, 0);
         let mut last = usize::MAX;
@@ -360,10 +362,19 @@ impl Lanes {
                                 until: Instant::now() + NOT_LOCAL_FOR,
                             },
                         );
-                        if let (OutState::Offered { lane, .. }, 1) = (old, m[9]) {
-                            o.state = OutState::Up(lane);
-                            self.gen.fetch_add(1, Ordering::Release);
-                            tracing::debug!(ip = %o.ip, slot = o.slot, "a same-host lane is up");
+                        match (old, m[9]) {
+                            (OutState::Offered { lane, .. }, 1) => {
+                                o.state = OutState::Up(lane);
+                                self.gen.fetch_add(1, Ordering::Release);
+                                tracing::debug!(ip = %o.ip, slot = o.slot, "a same-host lane is up");
+                            }
+                            _ => {
+                                // Refused (lanes off there, or a ring it could not map):
+                                // not asked again for a while.
+                                o.state = OutState::Wire {
+                                    until: Instant::now() + REFUSED_FOR,
+                                };
+                            }
                         }
                     }
                 }
