@@ -438,8 +438,13 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
         _ => args.server.to_string(),
     };
     println!(
-        " Devices        : {} -> {server}   Transport: RC over RoCEv2/UDP   MTU: {}",
+        " Devices        : {} -> {server}   Transport: RC over RoCEv2/{}   MTU: {}",
         args.client,
+        if softrdma::same_host_lanes() {
+            "UDP, same-host lanes"
+        } else {
+            "UDP"
+        },
         args.mtu.bytes()
     );
     println!(

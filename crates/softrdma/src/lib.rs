@@ -98,7 +98,7 @@ pub use error::{DestroyError, Error, ErrorKind, Result};
 pub use gid::{Gid, GidType};
 pub use provider::capture::{start_capture, stop_capture};
 pub use provider::gsi::GsiStats;
-pub use provider::{DeviceCounters, FaultConfig, PROBE_INTERVAL};
+pub use provider::{same_host_lanes, DeviceCounters, FaultConfig, PROBE_INTERVAL};
 /// The transport counters of one QP, as [`Qp::counters`] returns them (the sans-IO
 /// transport's `QpStats`: every field only grows).
 pub use softrdma_proto::transport::QpStats as QpCounters;

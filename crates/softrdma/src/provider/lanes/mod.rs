@@ -50,6 +50,14 @@ const AFTER_HANGUP: Duration = Duration::from_millis(100);
 /// How long a packet waits for room in a full ring before it goes on the wire.
 const FULL_WAIT: Duration = Duration::from_millis(1);
 
+/// Whether this process lets same-host lanes carry packets between devices of this host
+/// (shared memory instead of UDP, see the README's "Same-host lanes"): `false` when the
+/// environment says `SOFTRDMA_TRANSPORT=wire` (read once, when first asked or when the first
+/// device opens). Never fails.
+pub fn same_host_lanes() -> bool {
+    !wire_forced()
+}
+
 /// Whether `SOFTRDMA_TRANSPORT=wire` forces every packet on the wire (read once).
 pub(crate) fn wire_forced() -> bool {
     static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
