@@ -31,6 +31,11 @@ pub(crate) const POLL_HANDOFF: Duration = Duration::from_micros(500);
 pub(crate) struct Receiving {
     pub(super) rx: RxState,
     pub(super) mcast: RxMcast,
+    /// Polls by application threads since one last read the socket (see
+    /// [`Engine::poll_progress`]).
+    pub(super) socket_skipped: u32,
+    /// Polls left before lanes count as idle (see [`Engine::poll_progress`]).
+    pub(super) lane_polls: u32,
 }
 
 /// The engine of one device.
@@ -198,6 +203,8 @@ impl Engine {
             rx: Mutex::new(Receiving {
                 rx: RxState::new(),
                 mcast: RxMcast::default(),
+                socket_skipped: 0,
+                lane_polls: 0,
             }),
             app_polls: AtomicU64::new(0),
             app_asleep: AtomicBool::new(false),

@@ -27,6 +27,12 @@ pub(crate) fn holding_acks() -> bool {
     HOLD_ACKS.with(std::cell::Cell::get)
 }
 
+/// How often an application thread polling a CQ reads the device socket while the same-host
+/// lanes bring packets (every this many polls).
+const SOCKET_EVERY: u32 = 16;
+/// How many polls after lane traffic the socket is read only every [`SOCKET_EVERY`] polls.
+const LANE_POLLS: u32 = 1 << 16;
+
 impl Engine {
     /// Progress from an application thread that found its CQ empty: if no other thread is
     /// receiving, receive what is waiting now (without blocking) and process it here, so
@@ -49,8 +55,20 @@ impl Engine {
         let rx = &mut *rx;
         with_tx(|tx| {
             HOLD_ACKS.with(|h| h.set(busy && !self.handoff.is_zero()));
-            rx.rx.receive_rounds(&self.wire, &self.share, self, tx, 4);
-            rx.rx.receive_lanes(&self.wire, &self.share, self, tx);
+            // While the lanes carry traffic (some came in the last LANE_POLLS polls), the
+            // socket (a system call each time, nearly always empty then) is read every
+            // SOCKET_EVERY polls only; otherwise every time. (What a peer puts on a lane
+            // before a MAD is taken before the MAD.)
+            if rx.rx.receive_lanes(&self.wire, &self.share, self, tx) > 0 {
+                rx.lane_polls = LANE_POLLS;
+            }
+            if rx.lane_polls == 0 || rx.socket_skipped >= SOCKET_EVERY {
+                rx.socket_skipped = 0;
+                rx.rx.receive_rounds(&self.wire, &self.share, self, tx, 4);
+            } else {
+                rx.socket_skipped += 1;
+            }
+            rx.lane_polls = rx.lane_polls.saturating_sub(1);
             if self.mcast.any_sockets() || rx.mcast.holds_sockets() {
                 self.mcast
                     .poll(&mut rx.rx, &mut rx.mcast, &self.wire, self, tx, 4);
