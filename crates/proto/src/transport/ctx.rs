@@ -13,8 +13,11 @@ pub(super) const MAX_MSG: u64 = 1 << 31;
 pub(super) struct QpCtx {
     /// The configuration (changed only by [`super::Qp::set_config`]).
     pub(super) cfg: QpConfig,
-    /// `cfg.path_mtu` in bytes.
+    /// The segment size: `cfg.path_mtu` in bytes, or the size set with
+    /// [`super::Qp::set_segment`].
     pub(super) mtu: u32,
+    /// The segment size set with [`super::Qp::set_segment`], which outlives reconfiguration.
+    pub(super) segment: Option<u32>,
     /// The QP is in ERR. Either half moves it there with [`QpCtx::fail`]; the QP then flushes
     /// both halves (the send queue first, then a held receive request). The requester
     /// flushes its own queue at once when it fails a request.
@@ -29,6 +32,7 @@ impl QpCtx {
         QpCtx {
             cfg,
             mtu: cfg.path_mtu.bytes(),
+            segment: None,
             error: false,
             completions: VecDeque::with_capacity(64),
             events: VecDeque::new(),

@@ -63,9 +63,26 @@ impl Qp {
     /// restart from the new values.
     pub fn set_config(&mut self, cfg: QpConfig) {
         self.ctx.cfg = cfg;
-        self.ctx.mtu = cfg.path_mtu.bytes();
+        self.ctx.mtu = self.ctx.segment.unwrap_or(cfg.path_mtu.bytes());
         self.requester.reconfigure(&cfg);
         self.responder.reconfigure(&cfg);
+    }
+
+    /// Segments messages into packets of `bytes` of payload instead of the path MTU, and
+    /// takes packets of that size (`None`: the path MTU again). For two ends that agree on it
+    /// out of band, both the same: softrdma uses it between two QPs of one host, whose
+    /// packets never cross a network. An RC or UC QP only, set before anything is sent or
+    /// received; `bytes` is clamped to 256..=65536 and kept across [`Qp::set_config`].
+    /// Never fails.
+    pub fn set_segment(&mut self, bytes: Option<u32>) {
+        self.ctx.segment = bytes.map(|b| b.clamp(256, 65536));
+        self.ctx.mtu = self.ctx.segment.unwrap_or(self.ctx.cfg.path_mtu.bytes());
+    }
+
+    /// The segment size in bytes: the path MTU, or what [`Qp::set_segment`] set. A buffer
+    /// for [`Qp::poll_transmit`] needs this plus 64 bytes.
+    pub fn segment(&self) -> u32 {
+        self.ctx.mtu
     }
 
     /// The counters.

@@ -372,7 +372,7 @@ impl Sim {
             packets: 0,
             corrupted: 0,
             corrupted_variant: 0,
-            buf: vec![0u8; 4096 + 128],
+            buf: vec![0u8; 65536 + 128],
             due: Vec::new(),
             record: None,
             link_ps_per_byte: 0,

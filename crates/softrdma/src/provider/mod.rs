@@ -71,6 +71,7 @@ pub(crate) use devices::all_engines;
 pub(crate) use engine::{set_cm_hook, CmHook, Engine, Provider, QpPort};
 pub use faults::FaultConfig;
 pub use lanes::same_host_lanes;
+pub(crate) use lanes::same_host_segment;
 pub(crate) use progress::holding_acks;
 pub(crate) use rx::{Delivery, Via, MULTICAST_QPN};
 pub(crate) use tx::{with_tx, TxBatch, PKT_BUF};

@@ -130,6 +130,11 @@ fn bind_name(name: &str) -> Result<Option<OwnedFd>> {
 }
 
 /// Whether a socket is bound to the abstract `name` now.
+/// Whether a process of this user on this host holds `slot` of the device at `ip`.
+pub(crate) fn slot_is_held(ip: IpAddr, slot: u8) -> bool {
+    unix_socket().is_ok_and(|probe| name_is_held(&probe, &name(ip, &format!("slot/{slot}"))))
+}
+
 fn name_is_held(probe: &OwnedFd, name: &str) -> bool {
     let Ok((sun, len)) = unix_addr(name) else {
         return false;

@@ -61,6 +61,17 @@ impl TxBatch {
         &mut self.bufs[self.count]
     }
 
+    /// The buffer of the next packet, at least `len` bytes long (grown once when a QP
+    /// segments beyond the path MTU).
+    #[inline]
+    pub(crate) fn slot_of(&mut self, len: usize) -> &mut [u8] {
+        let b = &mut self.bufs[self.count];
+        if b.len() < len {
+            b.resize(len, 0);
+        }
+        b
+    }
+
     /// Queues the packet written in the current slot, of the flow `src → dst` (both on port
     /// 4791). Its ICRC is computed when it goes on the wire ([`TxBatch::seal`]).
     #[inline]

@@ -328,7 +328,8 @@ pub(crate) fn drive(
         if tx.is_full() {
             engine.send(tx);
         }
-        let Some(out) = t.poll_transmit(now, tx.slot(), &mut env) else {
+        let room = t.segment() as usize + 128;
+        let Some(out) = t.poll_transmit(now, tx.slot_of(room), &mut env) else {
             break;
         };
         let dst = match out.ud_dest {
@@ -348,7 +349,7 @@ pub(crate) fn drive(
             },
             None => peer,
         };
-        if out.len < 4 || out.len > PKT_BUF {
+        if out.len < 4 || out.len > room.max(PKT_BUF) {
             continue;
         }
         tx.commit(out.len, src, dst);

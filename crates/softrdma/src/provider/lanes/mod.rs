@@ -58,6 +58,33 @@ pub fn same_host_lanes() -> bool {
     !wire_forced()
 }
 
+/// The segment size of RC and UC connections between two QPs of this host (bytes of payload
+/// per packet instead of the path MTU): `SOFTRDMA_SAME_HOST_SEGMENT` (bytes; 0 for the path
+/// MTU), 32 KiB by default. Read once.
+fn same_host_segment_size() -> u32 {
+    static SEG: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *SEG.get_or_init(|| {
+        std::env::var("SOFTRDMA_SAME_HOST_SEGMENT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(32 << 10)
+    })
+}
+
+/// The segment size for an RC or UC QP (`connected`) whose peer is QP `dest_qpn` on the
+/// device at `peer`: larger than any path MTU when that device is a softrdma device of this
+/// host (a process of this user holds the slot the QP number names), whose packets never
+/// cross a network; `None` (the path MTU) otherwise. Both ends decide alike: each sees the
+/// other's slot. Never fails.
+pub(crate) fn same_host_segment(connected: bool, peer: IpAddr, dest_qpn: u32) -> Option<u32> {
+    let slot = share::slot_of_qpn(dest_qpn);
+    let seg = same_host_segment_size();
+    if !connected || seg == 0 || slot == 0 || slot == 0xff {
+        return None;
+    }
+    share::slot_is_held(peer, slot).then_some(seg.clamp(256, 32 << 10))
+}
+
 /// Whether `SOFTRDMA_TRANSPORT=wire` forces every packet on the wire (read once).
 pub(crate) fn wire_forced() -> bool {
     static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

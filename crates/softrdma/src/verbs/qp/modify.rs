@@ -272,7 +272,17 @@ impl Qp {
         let notify_drained = next == QpState::Sqd && cur == QpState::Rts && a.en_sqd_async_notify;
         let cfg = inner.transport_config(a);
         if let Some(e) = engine {
-            st.transport = Some(tp::Qp::new(cfg));
+            let mut t = tp::Qp::new(cfg);
+            // Two QPs of one host segment beyond the path MTU (both ends decide alike).
+            t.set_segment(crate::provider::same_host_segment(
+                matches!(
+                    cfg.qp_type,
+                    softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
+                ),
+                a.ah_attr.grh.dgid.to_ip(),
+                a.dest_qp_num,
+            ));
+            st.transport = Some(t);
             e.register(inner.qp_num, Arc::downgrade(inner) as Weak<dyn QpPort>);
             st.engine = Some(e);
         } else if let Some(t) = st.transport.as_mut() {
