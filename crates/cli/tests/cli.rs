@@ -142,11 +142,14 @@ impl Server {
         Server::start_until_env(args, marker, &[])
     }
 
-    /// [`Server::start_until`] with extra environment variables.
+    /// [`Server::start_until`] with extra environment variables (and the path MTU between
+    /// devices of this host, as [`softrdma`] runs it).
     fn start_until_env(args: &[&str], marker: &str, envs: &[(&str, &str)]) -> Server {
         use std::io::BufRead;
         let mut child = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+            .env("SOFTRDMA_SAME_HOST_SEGMENT", "0")
             .args(args)
+            .env("SOFTRDMA_SAME_HOST_SEGMENT", "0")
             .envs(envs.iter().copied())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -453,6 +456,7 @@ fn perf_progress_line_only_on_a_terminal_or_when_asked() {
     // A run of 1.5 s: long enough for the progress line (from the first second on).
     let run = |progress: Option<&str>| {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_softrdma"));
+        cmd.env("SOFTRDMA_SAME_HOST_SEGMENT", "0");
         cmd.args([
             "perf",
             "write",
@@ -596,6 +600,7 @@ fn run_puts_the_drop_in_libraries_first_and_adds_devices() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("libibverbs.so.1"), b"").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .env("SOFTRDMA_SAME_HOST_SEGMENT", "0")
         .args(["run", "--lib-dir"])
         .arg(&dir)
         .args(["--device", ip_9.as_str(), "--", "sh", "-c"])
@@ -617,6 +622,7 @@ fn run_without_the_libraries_says_how_to_build_them() {
     assert!(!ok);
     assert!(err.contains("has no libibverbs.so.1"), "{err}");
     let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .env("SOFTRDMA_SAME_HOST_SEGMENT", "0")
         .args(["run", "--", "true"])
         .env("SOFTRDMA_CAPI_DIR", "/nonexistent-dir")
         .output()
@@ -682,6 +688,7 @@ fn softrdma_pcap_keeps_every_packet_to_the_end_and_across_sigterm() {
     );
     // One ping: a short run whose whole capture used to stay in a buffer (0-byte file).
     let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .env("SOFTRDMA_SAME_HOST_SEGMENT", "0")
         .args([
             "ping",
             "-c",
@@ -752,6 +759,7 @@ fn ping_client_notices_a_killed_server() {
         "rdma_listen successful",
     );
     let client = Command::new(env!("CARGO_BIN_EXE_softrdma"))
+        .env("SOFTRDMA_SAME_HOST_SEGMENT", "0")
         .args([
             "ping",
             "-c",
@@ -801,6 +809,7 @@ fn perf_send_verify_checks_every_message_under_faults() {
     let ip_172 = unique();
     let run = |faults: &str| {
         Command::new(env!("CARGO_BIN_EXE_softrdma"))
+            .env("SOFTRDMA_SAME_HOST_SEGMENT", "0")
             .args([
                 "perf",
                 "send",

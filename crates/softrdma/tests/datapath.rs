@@ -800,25 +800,3 @@ fn same_host_lanes_carry_the_traffic_unless_the_wire_is_forced() {
     }
     assert_eq!((ca.icrc_errors, cb.icrc_errors, cb.malformed), (0, 0, 0));
 }
-
-/// Every test of this file again in a process of its own with `SOFTRDMA_TRANSPORT=wire`:
-/// the wire and the same-host lanes give the same results.
-#[test]
-fn every_datapath_test_passes_on_the_wire_too() {
-    if std::env::var_os("SOFTRDMA_TRANSPORT").is_some() {
-        return;
-    }
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .env("SOFTRDMA_TRANSPORT", "wire")
-        .args(["--skip", "every_datapath_test_passes_on_the_wire_too"])
-        .args(["--test-threads", "2"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "on the wire:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(text.contains(" 0 failed"), "{text}");
-}

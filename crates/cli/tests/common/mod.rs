@@ -9,10 +9,13 @@ pub fn unique() -> String {
     softrdma::testing::unique_loopback_addr().to_string()
 }
 
-/// Runs `softrdma ARGS` to its end: (success, stdout, stderr).
+/// Runs `softrdma ARGS` to its end: (success, stdout, stderr). Connections between its
+/// devices keep the path MTU (`SOFTRDMA_SAME_HOST_SEGMENT=0`), so that packet counts are
+/// those of two hosts.
 pub fn softrdma(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_softrdma"))
         .args(args)
+        .env("SOFTRDMA_SAME_HOST_SEGMENT", "0")
         .output()
         .expect("run softrdma");
     (

@@ -218,7 +218,9 @@ pub(super) fn progress(weak: Weak<Engine>) {
                 // than a wake-up through the bell.
                 timeout = Duration::ZERO;
                 std::hint::spin_loop();
-            } else if !lanes.arm() {
+            } else if !lanes.arm() || lanes.generation() != bells_gen {
+                // (A lane that came since the poll set was made would ring a bell this
+                // sleep does not watch: go round once more.)
                 timeout = Duration::ZERO;
             }
         }
