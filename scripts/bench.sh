@@ -6,7 +6,7 @@
 #   REPS=1 QUICK=1 scripts/bench.sh # a quick look: fewer sizes, BENCHMARKS.md untouched
 #
 # What it runs, every repetition, one after the other:
-#   softrdma perf write/read/send bandwidth at 8 B … 1 MiB and send/write latency at
+#   softrdma perf (over the wire: SOFTRDMA_TRANSPORT=wire, SOFTRDMA_SAME_HOST_SEGMENT=0) write/read/send bandwidth at 8 B … 1 MiB and send/write latency at
 #   8 B … 64 KiB (two loopback devices in one process, connected by the connection manager);
 #   UCX ucx_perftest over tcp and shared memory (posix): ucp_put_bw, tag_bw, tag_lat,
 #   ucp_put_lat; libfabric fi_pingpong over tcp, udp and shm; iperf3 and sockperf over TCP and
@@ -25,6 +25,10 @@
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
+# softrdma over the wire, as between two hosts: no same-host lanes, the path MTU (the lanes
+# have their own harness, scripts/same_host_bench.sh).
+export SOFTRDMA_TRANSPORT=${SOFTRDMA_TRANSPORT:-wire}
+export SOFTRDMA_SAME_HOST_SEGMENT=${SOFTRDMA_SAME_HOST_SEGMENT:-0}
 REPS=${REPS:-3}
 QUICK=${QUICK:-0}
 WRITE_MD=${WRITE_MD:-1}
