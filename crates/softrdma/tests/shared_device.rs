@@ -269,6 +269,31 @@ fn two_processes_on_one_device_connect_and_transfer() {
         c.echo(&pattern(len, k as u8));
     }
     c.finish();
+    // The two processes are on one host: after the first packets, a same-host lane (shared
+    // memory) carried them.
+    let ctx = softrdma::rdma_cm::device_context(ip.parse().unwrap()).unwrap();
+    if softrdma::same_host_lanes() {
+        assert!(ctx.counters().same_host_packets > 0, "{:?}", ctx.counters());
+    }
+    drop(server);
+}
+
+/// A process whose lanes are off (`SOFTRDMA_TRANSPORT=wire`) refuses the lane this one
+/// offers: everything goes on the wire, and every byte arrives.
+#[test]
+fn a_process_without_lanes_refuses_them_and_both_use_the_wire() {
+    let ip = softrdma::testing::unique_loopback_addr().to_string();
+    let port = softrdma::testing::unused_tcp_port();
+    let server = Server::start_with(&ip, port, &[("SOFTRDMA_TRANSPORT", "wire")]);
+    let c = Client::connect(&ip, port);
+    for round in 0..10u8 {
+        for len in [8usize, 4096, 70000] {
+            c.echo(&pattern(len, round));
+        }
+    }
+    c.finish();
+    let ctx = softrdma::rdma_cm::device_context(ip.parse().unwrap()).unwrap();
+    assert_eq!(ctx.counters().same_host_packets, 0, "{:?}", ctx.counters());
     drop(server);
 }
 

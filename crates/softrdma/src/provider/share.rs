@@ -130,6 +130,26 @@ fn bind_name(name: &str) -> Result<Option<OwnedFd>> {
 }
 
 /// Whether a socket is bound to the abstract `name` now.
+/// A datagram socket connected to the slot socket of `slot` on the device at `ip` (this
+/// user's); fails with `ECONNREFUSED` when no process of this host holds it.
+pub(crate) fn connect_slot(ip: IpAddr, slot: u8) -> std::io::Result<OwnedFd> {
+    let fd = unix_socket().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
+    let (sun, len) = unix_addr(&name(ip, &format!("slot/{slot}")))
+        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: a valid sockaddr_un of `len` bytes.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&sun as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
 /// Whether a process of this user on this host holds `slot` of the device at `ip`.
 pub(crate) fn slot_is_held(ip: IpAddr, slot: u8) -> bool {
     unix_socket().is_ok_and(|probe| name_is_held(&probe, &name(ip, &format!("slot/{slot}"))))
@@ -285,21 +305,7 @@ impl Share {
     fn send_to_slot(&self, slot: u8, parts: &[&[u8]]) -> std::io::Result<()> {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         if let std::collections::hash_map::Entry::Vacant(v) = peers.entry(slot) {
-            let fd = unix_socket().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
-            let (sun, len) = unix_addr(&name(self.ip, &format!("slot/{slot}")))
-                .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-            // SAFETY: a valid sockaddr_un of `len` bytes.
-            let r = unsafe {
-                libc::connect(
-                    fd.as_raw_fd(),
-                    (&sun as *const libc::sockaddr_un).cast(),
-                    len,
-                )
-            };
-            if r != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            v.insert(fd);
+            v.insert(connect_slot(self.ip, slot)?);
         }
         let fd = peers[&slot].as_raw_fd();
         let mut iov: [libc::iovec; 4] = [libc::iovec {

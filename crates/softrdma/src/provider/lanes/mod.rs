@@ -307,7 +307,7 @@ impl Lanes {
         if !self.on {
             return not_local;
         }
-        let Ok(sock) = connect_slot(ip.ip(), slot) else {
+        let Ok(sock) = share::connect_slot(ip.ip(), slot) else {
             return not_local;
         };
         let made = Producer::create(RING_CAP).and_then(|(prod, memfd)| {
@@ -379,7 +379,7 @@ impl Lanes {
                 a[0] = MSG_LANE_ACCEPT;
                 a[1..9].copy_from_slice(&m[21..29]);
                 a[9] = u8::from(accepted);
-                if let Ok(sock) = connect_slot(src.ip(), src_slot) {
+                if let Ok(sock) = share::connect_slot(src.ip(), src_slot) {
                     let _ = send_with_fds(&sock, &a, &[]);
                 }
                 tracing::debug!(%src, src_slot, accepted, "a same-host lane offer answered");
@@ -542,26 +542,6 @@ fn bell_pair() -> crate::error::Result<(OwnedFd, OwnedFd)> {
     }
     // SAFETY: two fresh descriptors owned by nobody else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
-/// A datagram socket connected to the slot socket of `slot` on the device at `ip` (this
-/// user's); fails with `ECONNREFUSED` when no process of this host holds it.
-fn connect_slot(ip: IpAddr, slot: u8) -> std::io::Result<OwnedFd> {
-    let fd = share::unix_socket().map_err(|e| std::io::Error::from_raw_os_error(e.errno()))?;
-    let (sun, len) = share::unix_addr(&share::name(ip, &format!("slot/{slot}")))
-        .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: a valid sockaddr_un of `len` bytes.
-    let r = unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&sun as *const libc::sockaddr_un).cast(),
-            len,
-        )
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(fd)
 }
 
 /// Sends `m` with the descriptors `fds` (`SCM_RIGHTS`) on the connected socket `sock`,
