@@ -55,6 +55,12 @@ impl TxBatch {
         self.count == BATCH
     }
 
+    /// Whether no packet is queued.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
     /// The buffer of the next packet.
     #[inline]
     pub(crate) fn slot(&mut self) -> &mut [u8] {
@@ -254,6 +260,26 @@ impl Wire {
         c.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
         c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         c.tx_errors.fetch_add(failed as u64, Ordering::Relaxed);
+    }
+
+    /// Whether a QP may write its packets straight into a same-host lane's ring
+    /// ([`Lanes::with_lane`]) rather than through a [`TxBatch`]: lanes on, no fault
+    /// injection, no capture (both see packets only in a batch).
+    #[inline]
+    pub(crate) fn lanes_direct(&self) -> bool {
+        self.lanes.on() && !self.faults.on() && !super::capture::active()
+    }
+
+    /// Counts `n` packets (`bytes` in all) a QP wrote straight into a lane.
+    #[inline]
+    pub(crate) fn count_direct(&self, n: u64, bytes: u64) {
+        if n == 0 {
+            return;
+        }
+        let c = &self.counters;
+        c.tx_packets.fetch_add(n, Ordering::Relaxed);
+        c.tx_bytes.fetch_add(bytes, Ordering::Relaxed);
+        c.same_host_packets.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Injects faults with `cfg` into what the device sends from now on (`None`: none).

@@ -324,7 +324,50 @@ pub(crate) fn drive(
     // (`Engine::flush_held_acks`).
     let hold = holding_acks();
     t.set_hold_acks(hold);
+    // An RC or UC QP whose peer is reached by a same-host lane writes its packets straight
+    // into the lane's ring (one copy less than through the batch), in runs of up to 64,
+    // while nothing waits in the batch before them.
+    let mut direct = matches!(
+        qp.qp_type,
+        softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
+    ) && engine.wire.lanes_direct();
+    let lane_dst = std::net::SocketAddr::new(peer, crate::provider::sock::ROCE_PORT);
+    let lane_slot = (attr.dest_qp_num >> 16) as u8;
     loop {
+        if direct && tx.is_empty() {
+            let room = t.segment() as usize + 128;
+            let run = engine.wire.lanes.with_lane(lane_dst, lane_slot, |ring| {
+                // (packets, bytes, the QP has nothing more to send, the ring is full)
+                let (mut n, mut bytes) = (0u64, 0u64);
+                while n < 64 {
+                    let Ok(Some(buf)) = ring.reserve(room) else {
+                        return (n, bytes, false, true);
+                    };
+                    let Some(out) = t.poll_transmit(now, buf, &mut env) else {
+                        return (n, bytes, true, false);
+                    };
+                    if out.len >= 4 && out.len <= room && out.ud_dest.is_none() {
+                        ring.commit(out.len);
+                        n += 1;
+                        bytes += out.len as u64;
+                    }
+                }
+                (n, bytes, false, false)
+            });
+            match run {
+                None => direct = false,
+                Some((n, bytes, idle, full)) => {
+                    engine.wire.count_direct(n, bytes);
+                    if idle {
+                        break;
+                    }
+                    // A full ring: the rest through the batch (which waits for room, then
+                    // takes the wire).
+                    direct = !full;
+                    continue;
+                }
+            }
+        }
         if tx.is_full() {
             engine.send(tx);
         }

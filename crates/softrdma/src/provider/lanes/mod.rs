@@ -216,6 +216,40 @@ impl Lanes {
         (kept, laned)
     }
 
+    /// Runs `f` with the ring of the lane to (`dst`, `slot`) when one is up, then publishes
+    /// what it queued (waking the receiver when it sleeps): a sender that writes its packets
+    /// straight into the ring ([`ring::Producer::reserve`]). `None` (and `f` does not run)
+    /// when no lane is up there; one is offered then, as [`Lanes::route`] does.
+    pub(crate) fn with_lane<R>(
+        &self,
+        dst: SocketAddr,
+        slot: u8,
+        f: impl FnOnce(&mut Producer) -> R,
+    ) -> Option<R> {
+        if !self.on || slot == 0 || slot == 0xff {
+            return None;
+        }
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(o) = out.iter_mut().find(|o| o.ip == dst && o.slot == slot) else {
+            let state = self.offer(dst, slot);
+            out.push(Out {
+                ip: dst,
+                slot,
+                state,
+            });
+            return None;
+        };
+        let OutState::Up(l) = &mut o.state else {
+            return None;
+        };
+        let r = f(&mut l.prod);
+        if l.prod.publish() {
+            ring_bell(&l.bell);
+        }
+        l.dirty = false;
+        Some(r)
+    }
+
     /// Puts `p` into the lane to (`ip`, `slot`) if one is up; starts an offer when none was
     /// made. `last` is the index of the destination of the packet before.
     fn push(

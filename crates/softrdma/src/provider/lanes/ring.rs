@@ -105,6 +105,8 @@ pub(crate) struct Producer {
     head: u64,
     /// The consumer's `tail` as last read.
     tail: u64,
+    /// The padding before, and the size of, the record reserved last and not committed.
+    reserved: Option<(u64, usize)>,
 }
 
 /// The consumer's end of a ring.
@@ -147,6 +149,7 @@ impl Producer {
                 cap: cap as u64,
                 head: 0,
                 tail: 0,
+                reserved: None,
             },
             fd,
         ))
@@ -156,9 +159,25 @@ impl Producer {
     /// Returns `Ok(false)` when the ring has no room for it now; `Err(Corrupt)` when the
     /// consumer's position makes no sense.
     pub(crate) fn push(&mut self, pkt: &[u8]) -> std::result::Result<bool, Corrupt> {
-        let need = align(REC_HEADER + pkt.len() as u64);
-        if need > self.cap / 4 {
+        let Some(buf) = self.reserve(pkt.len())? else {
             return Ok(false);
+        };
+        buf.copy_from_slice(pkt);
+        self.commit(pkt.len());
+        Ok(true)
+    }
+
+    /// Room for the next record, of up to `max` bytes: the bytes to write it into, in the
+    /// ring itself (nothing changes until [`Producer::commit`]; a new reservation replaces
+    /// one not committed). `Ok(None)` when the ring has no room for `max` bytes now;
+    /// `Err(Corrupt)` when the consumer's position makes no sense.
+    pub(crate) fn reserve(
+        &mut self,
+        max: usize,
+    ) -> std::result::Result<Option<&mut [u8]>, Corrupt> {
+        let need = align(REC_HEADER + max as u64);
+        if need > self.cap / 4 {
+            return Ok(None);
         }
         let pos = self.head & (self.cap - 1);
         let pad = if self.cap - pos < need {
@@ -173,11 +192,31 @@ impl Producer {
             }
             self.tail = t;
             if self.head + pad + need - self.tail > self.cap {
-                return Ok(false);
+                return Ok(None);
             }
         }
+        self.reserved = Some((pad, max));
+        let at = HEADER as u64 + ((self.head + pad) & (self.cap - 1)) + REC_HEADER;
+        // SAFETY: the record lies inside the data area (it fits before the end, checked
+        // above), in bytes the consumer has released and will not read before they are
+        // published; the borrow of `self` keeps anything else from writing them meanwhile.
+        Ok(Some(unsafe {
+            std::slice::from_raw_parts_mut(self.map.ptr.add(at as usize), max)
+        }))
+    }
+
+    /// Queues the record reserved last (see [`Producer::reserve`]) as `len` bytes long
+    /// (`len` at most what was reserved; not yet visible: see [`Producer::publish`]). Without
+    /// a reservation, does nothing.
+    pub(crate) fn commit(&mut self, len: usize) {
+        let Some((pad, max)) = self.reserved.take() else {
+            return;
+        };
+        debug_assert!(len <= max);
+        let len = len.min(max);
         let data = HEADER as u64;
         if pad != 0 {
+            let pos = self.head & (self.cap - 1);
             self.map
                 .u32_at((data + pos) as usize)
                 .store(PAD, Ordering::Relaxed);
@@ -186,18 +225,8 @@ impl Producer {
         let at = data + (self.head & (self.cap - 1));
         self.map
             .u32_at(at as usize)
-            .store(pkt.len() as u32, Ordering::Relaxed);
-        // SAFETY: the record lies inside the data area (it fits before the end, checked
-        // above), in bytes the consumer has released; the source is a distinct slice.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                pkt.as_ptr(),
-                self.map.ptr.add((at + REC_HEADER) as usize),
-                pkt.len(),
-            );
-        }
-        self.head += need;
-        Ok(true)
+            .store(len as u32, Ordering::Relaxed);
+        self.head += align(REC_HEADER + len as u64);
     }
 
     /// Makes what was pushed visible to the consumer. Returns whether the consumer sleeps
@@ -362,6 +391,38 @@ mod tests {
         got.extend(drain(&mut c));
         assert_eq!(got.len(), want.len());
         assert!(got == want);
+    }
+
+    #[test]
+    fn a_reserved_record_is_written_in_place_and_shrunk_on_commit() {
+        let (mut p, fd) = Producer::create(1 << 16).unwrap();
+        let mut c = Consumer::open(&fd).unwrap();
+        let mut want = Vec::new();
+        for i in 0..300u32 {
+            let len = (i as usize * 37) % 3000;
+            let buf = p.reserve(4000).unwrap().expect("room");
+            for (k, b) in buf[..len].iter_mut().enumerate() {
+                *b = (k as u32 ^ i) as u8;
+            }
+            if i % 5 == 4 {
+                // Abandoned: not committed, never seen.
+                let _ = p.reserve(4000).unwrap();
+                continue;
+            }
+            p.commit(len);
+            want.push((0..len).map(|k| (k as u32 ^ i) as u8).collect::<Vec<u8>>());
+            p.publish();
+            let got = drain(&mut c);
+            assert_eq!(got.len(), 1);
+            assert!(got[0] == *want.last().unwrap(), "record {i}");
+        }
+        // A commit without a reservation does nothing.
+        assert!(p.push(b"x").unwrap());
+        p.publish();
+        assert_eq!(drain(&mut c), vec![b"x".to_vec()]);
+        p.commit(10);
+        p.publish();
+        assert!(drain(&mut c).is_empty());
     }
 
     #[test]
