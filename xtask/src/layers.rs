@@ -186,6 +186,7 @@ pub const RULES: &[CrateRule] = &[
                     "provider::sock",
                     "provider::fd",
                     "provider::share",
+                    "provider::scm",
                     "provider::steer",
                     "provider::capture",
                 ],

@@ -61,6 +61,7 @@ mod lanes;
 mod mcast;
 mod progress;
 mod rx;
+pub(crate) mod scm;
 pub(crate) mod share;
 pub(crate) mod sock;
 pub(crate) mod steer;

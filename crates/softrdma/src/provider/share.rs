@@ -50,8 +50,6 @@ const MSG_REPLY: u8 = 2;
 pub(super) const MSG_LANE_OFFER: u8 = 3;
 /// See [`MSG_LANE_OFFER`].
 pub(super) const MSG_LANE_ACCEPT: u8 = 4;
-/// The most descriptors a slot socket message carries.
-const MAX_FDS: usize = 2;
 /// Bytes before the packet in a forwarded packet: kind, family, address (16), port (2).
 const FWD_HEADER: usize = 20;
 
@@ -395,7 +393,7 @@ impl Share {
         if r < 0 {
             return None;
         }
-        let (fds, uid) = control(&msg);
+        let (fds, uid) = super::scm::control(&msg);
         let m = &buf[..r as usize];
         Some(match m.first() {
             Some(&MSG_PACKET) if m.len() >= FWD_HEADER => {
@@ -642,40 +640,6 @@ pub(crate) enum SlotMsg {
     Lane(usize, Vec<OwnedFd>),
     /// Nothing for the caller (a discovery answer, or a message that makes no sense).
     Other,
-}
-
-/// The descriptors (`SCM_RIGHTS`) and the sender's uid (`SCM_CREDENTIALS`) in what
-/// `recvmsg` filled in `msg`. Every descriptor received is owned (closed when dropped).
-fn control(msg: &libc::msghdr) -> (Vec<OwnedFd>, Option<libc::uid_t>) {
-    let mut fds = Vec::new();
-    let mut uid = None;
-    // SAFETY: walks the control buffer recvmsg filled, with the kernel's own macros; every
-    // descriptor in an SCM_RIGHTS message is a fresh one this process now owns.
-    unsafe {
-        let mut c = libc::CMSG_FIRSTHDR(msg);
-        while !c.is_null() {
-            let data = libc::CMSG_DATA(c);
-            let len = (*c).cmsg_len as usize - (data as usize - c as usize);
-            match ((*c).cmsg_level, (*c).cmsg_type) {
-                (libc::SOL_SOCKET, libc::SCM_RIGHTS) => {
-                    for k in 0..len / size_of::<libc::c_int>() {
-                        let fd = std::ptr::read_unaligned(data.cast::<libc::c_int>().add(k));
-                        let fd = OwnedFd::from_raw_fd(fd);
-                        if fds.len() < MAX_FDS {
-                            fds.push(fd);
-                        }
-                    }
-                }
-                (libc::SOL_SOCKET, libc::SCM_CREDENTIALS) if len >= size_of::<libc::ucred>() => {
-                    let cr = std::ptr::read_unaligned(data.cast::<libc::ucred>());
-                    uid = Some(cr.uid);
-                }
-                _ => {}
-            }
-            c = libc::CMSG_NXTHDR(msg, c);
-        }
-    }
-    (fds, uid)
 }
 
 /// A listener's hold on a service ID of a shared device ([`Share::claim_service`]).
