@@ -477,6 +477,74 @@ mod tests {
         assert_eq!(r, Err(Corrupt));
     }
 
+    proptest::proptest! {
+        /// Any interleaving of pushes, reservations (committed shorter, or abandoned),
+        /// publications and partial drains delivers exactly the committed records, in order,
+        /// never more than published, and the ring never refuses what fits.
+        #[test]
+        fn any_interleaving_delivers_what_was_committed_in_order(
+            ops in proptest::collection::vec((0u8..5, 0usize..9000), 1..400)
+        ) {
+            let (mut p, fd) = Producer::create(1 << 16).unwrap();
+            let mut c = Consumer::open(&fd).unwrap();
+            let mut committed: std::collections::VecDeque<Vec<u8>> = Default::default();
+            let mut published = 0usize;
+            let mut seq = 0u32;
+            for (op, len) in ops {
+                let len = len % 5000;
+                let rec: Vec<u8> = (0..len).map(|k| (k as u32 ^ seq) as u8).collect();
+                match op {
+                    0 => {
+                        if p.push(&rec).unwrap() {
+                            committed.push_back(rec);
+                            seq += 1;
+                        }
+                    }
+                    1 => {
+                        if let Some(buf) = p.reserve(len + 100).unwrap() {
+                            buf[..len].copy_from_slice(&rec);
+                            p.commit(len);
+                            committed.push_back(rec);
+                            seq += 1;
+                        }
+                    }
+                    2 => {
+                        // Reserved, written, abandoned (replaced by the next reservation).
+                        if let Some(buf) = p.reserve(len).unwrap() {
+                            buf.fill(0xee);
+                        }
+                    }
+                    3 => {
+                        p.publish();
+                        published = committed.len();
+                    }
+                    _ => {
+                        // Take up to `len % 7` records of what is published.
+                        let head = c.head();
+                        let mut pos = c.tail();
+                        for _ in 0..len % 7 {
+                            let Some((got, next)) = c.record_at(pos, head).unwrap() else {
+                                break;
+                            };
+                            proptest::prop_assert!(published > 0, "a record before publication");
+                            let want = committed.pop_front().unwrap();
+                            published -= 1;
+                            proptest::prop_assert_eq!(got, &want[..]);
+                            pos = next;
+                        }
+                        c.release(pos);
+                    }
+                }
+            }
+            p.publish();
+            let got = drain(&mut c);
+            proptest::prop_assert_eq!(got.len(), committed.len());
+            for (g, w) in got.iter().zip(committed.iter()) {
+                proptest::prop_assert_eq!(g, w);
+            }
+        }
+    }
+
     #[test]
     fn a_memfd_that_is_not_a_ring_is_refused() {
         let (_p, fd) = Producer::create(1 << 16).unwrap();
