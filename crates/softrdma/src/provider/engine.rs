@@ -26,6 +26,11 @@ use std::time::{Duration, Instant};
 /// watches).
 pub(crate) const POLL_HANDOFF: Duration = Duration::from_micros(500);
 
+/// How long a progress thread polls its same-host lanes after their last packet before it
+/// sleeps (polling costs less than a wake-up through the bell while traffic flows), unless
+/// `SOFTRDMA_LANE_SPIN_US` says otherwise.
+pub(crate) const LANE_SPIN: Duration = Duration::from_micros(50);
+
 /// What the receiving thread holds: the receive state of the device socket and of the
 /// multicast group sockets.
 pub(crate) struct Receiving {
@@ -57,6 +62,9 @@ pub(crate) struct Engine {
     /// How long the progress thread keeps polling the socket without sleeping after the
     /// last packet (`SOFTRDMA_BUSY_POLL_US`; 0 = always sleep in poll(2)).
     pub(super) busy_poll: Duration,
+    /// How long the progress thread polls the same-host lanes after their last packet before
+    /// it sleeps (`SOFTRDMA_LANE_SPIN_US`, default [`LANE_SPIN`]).
+    pub(super) lane_spin: Duration,
     /// The receive buffers, held by the thread that is receiving.
     pub(super) rx: Mutex<Receiving>,
     /// How many times application threads polled an empty, unarmed CQ of this device (the
@@ -220,6 +228,7 @@ impl Engine {
                 slot,
             )),
             busy_poll: env_us("SOFTRDMA_BUSY_POLL_US").unwrap_or(Duration::ZERO),
+            lane_spin: env_us("SOFTRDMA_LANE_SPIN_US").unwrap_or(LANE_SPIN),
         })
     }
 

@@ -111,19 +111,6 @@ impl Engine {
     }
 }
 
-/// How long the progress thread polls the same-host lanes after their last packet before
-/// it sleeps (`SOFTRDMA_LANE_SPIN_US`, read once).
-fn lane_spin() -> Duration {
-    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *SPIN.get_or_init(|| {
-        std::env::var("SOFTRDMA_LANE_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .map(Duration::from_micros)
-            .unwrap_or(Duration::from_micros(50))
-    })
-}
-
 pub(super) fn progress(weak: Weak<Engine>) {
     let mut tx = TxBatch::new();
     let mut last_rx = Instant::now();
@@ -213,7 +200,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
         // Asleep, the lanes' producers ring the bells (while application threads poll, they
         // take what the lanes bring).
         if !timeout.is_zero() && handoff.is_none() {
-            if now.duration_since(last_lane) < lane_spin() {
+            if now.duration_since(last_lane) < engine.lane_spin {
                 // Lane traffic a moment ago: more is coming; polling the rings costs less
                 // than a wake-up through the bell.
                 timeout = Duration::ZERO;

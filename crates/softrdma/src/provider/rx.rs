@@ -25,12 +25,19 @@ fn check_packet(
     src: SocketAddr,
 ) -> Option<u32> {
     let (qpn, ident) = sender.check(counts, pkt).ok()?;
+    good_packet(wire, counts, pkt, src, ident);
+    Some(qpn)
+}
+
+/// Counts a good packet (`pkt`, from `src`, verified with IPv4 identification `ident`) and
+/// hands it to the packet capture when one runs.
+#[inline]
+fn good_packet(wire: &Wire, counts: &mut Counts, pkt: &[u8], src: SocketAddr, ident: u16) {
     counts.rx_packets += 1;
     counts.rx_bytes += pkt.len() as u64;
     if capture::active() {
         capture::record_received(src, wire.local, pkt, ident);
     }
-    Some(qpn)
 }
 
 /// Checks one packet from a same-host lane (`pkt`, from the device at `src`): its layout
@@ -39,14 +46,10 @@ fn check_packet(
 #[inline]
 fn check_lane_packet(wire: &Wire, counts: &mut Counts, pkt: &[u8], src: SocketAddr) -> Option<u32> {
     let Ok(view) = softrdma_wire::roce::Packet::new_checked(pkt) else {
-        counts.malformed += 1;
+        counts.count_drop(softrdma_proto::device::DropReason::Malformed, 1);
         return None;
     };
-    counts.rx_packets += 1;
-    counts.rx_bytes += pkt.len() as u64;
-    if capture::active() {
-        capture::record_received(src, wire.local, pkt, 0);
-    }
+    good_packet(wire, counts, pkt, src, 0);
     Some(view.bth().dest_qp())
 }
 

@@ -50,8 +50,9 @@ const MSG_REPLY: u8 = 2;
 pub(super) const MSG_LANE_OFFER: u8 = 3;
 /// See [`MSG_LANE_OFFER`].
 pub(super) const MSG_LANE_ACCEPT: u8 = 4;
-/// Bytes before the packet in a forwarded packet: kind, family, address (16), port (2).
-const FWD_HEADER: usize = 20;
+/// Bytes before the packet in a forwarded packet: kind, the sender's address (see
+/// [`put_addr`]).
+const FWD_HEADER: usize = 1 + ADDR_LEN;
 
 /// The slot byte of a QP number (bits 16..23).
 #[inline]
@@ -66,13 +67,13 @@ pub(crate) fn slot_of_comm_id(id: u32) -> u8 {
 }
 
 /// The abstract socket name of `what` for the device at `ip`, unique per user.
-pub(super) fn name(ip: IpAddr, what: &str) -> String {
+fn name(ip: IpAddr, what: &str) -> String {
     // SAFETY: getuid cannot fail.
     let uid = unsafe { libc::getuid() };
     format!("softrdma-{uid}/{ip}/{what}")
 }
 
-pub(super) fn unix_addr(name: &str) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
+fn unix_addr(name: &str) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
     // SAFETY: sockaddr_un is plain data; all-zero is valid.
     let mut sun: libc::sockaddr_un = unsafe { zeroed() };
     sun.sun_family = libc::AF_UNIX as libc::sa_family_t;
@@ -88,7 +89,7 @@ pub(super) fn unix_addr(name: &str) -> Result<(libc::sockaddr_un, libc::socklen_
     Ok((sun, len as libc::socklen_t))
 }
 
-pub(super) fn unix_socket() -> Result<OwnedFd> {
+fn unix_socket() -> Result<OwnedFd> {
     // SAFETY: plain socket(2); the result is checked.
     let fd = unsafe {
         libc::socket(
@@ -150,7 +151,40 @@ pub(crate) fn connect_slot(ip: IpAddr, slot: u8) -> std::io::Result<OwnedFd> {
 
 /// Whether a process of this user on this host holds `slot` of the device at `ip`.
 pub(crate) fn slot_is_held(ip: IpAddr, slot: u8) -> bool {
-    unix_socket().is_ok_and(|probe| name_is_held(&probe, &name(ip, &format!("slot/{slot}"))))
+    connect_slot(ip, slot).is_ok()
+}
+
+/// Bytes of a socket address in a slot socket message (see [`put_addr`]).
+pub(crate) const ADDR_LEN: usize = 19;
+
+/// Writes `a` into `b[..ADDR_LEN]` as family (4 or 6), address (16 bytes), port
+/// (big-endian): how slot socket messages carry a socket address.
+pub(crate) fn put_addr(b: &mut [u8], a: SocketAddr) {
+    b[17..19].copy_from_slice(&a.port().to_be_bytes());
+    match a.ip() {
+        IpAddr::V4(a) => {
+            b[0] = 4;
+            b[1..5].copy_from_slice(&a.octets());
+        }
+        IpAddr::V6(a) => {
+            b[0] = 6;
+            b[1..17].copy_from_slice(&a.octets());
+        }
+    }
+}
+
+/// Reads what [`put_addr`] wrote; `None` for an unknown family.
+pub(crate) fn get_addr(b: &[u8]) -> Option<SocketAddr> {
+    let ip = match b[0] {
+        4 => IpAddr::from([b[1], b[2], b[3], b[4]]),
+        6 => {
+            let mut a = [0u8; 16];
+            a.copy_from_slice(&b[1..17]);
+            IpAddr::from(a)
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, u16::from_be_bytes([b[17], b[18]])))
 }
 
 fn name_is_held(probe: &OwnedFd, name: &str) -> bool {
@@ -353,17 +387,7 @@ impl Share {
     pub(crate) fn forward(&self, slot: u8, src: SocketAddr, pkt: &[u8]) -> std::io::Result<()> {
         let mut h = [0u8; FWD_HEADER];
         h[0] = MSG_PACKET;
-        match src.ip() {
-            IpAddr::V4(a) => {
-                h[1] = 4;
-                h[2..6].copy_from_slice(&a.octets());
-            }
-            IpAddr::V6(a) => {
-                h[1] = 6;
-                h[2..18].copy_from_slice(&a.octets());
-            }
-        }
-        h[18..20].copy_from_slice(&src.port().to_be_bytes());
+        put_addr(&mut h[1..], src);
         self.send_to_slot(slot, &[&h, pkt])
     }
 
@@ -396,19 +420,10 @@ impl Share {
         let (fds, uid) = super::scm::control(&msg);
         let m = &buf[..r as usize];
         Some(match m.first() {
-            Some(&MSG_PACKET) if m.len() >= FWD_HEADER => {
-                let ip = match m[1] {
-                    4 => IpAddr::from([m[2], m[3], m[4], m[5]]),
-                    6 => {
-                        let mut a = [0u8; 16];
-                        a.copy_from_slice(&m[2..18]);
-                        IpAddr::from(a)
-                    }
-                    _ => return Some(SlotMsg::Other),
-                };
-                let port = u16::from_be_bytes([m[18], m[19]]);
-                SlotMsg::Packet(SocketAddr::new(ip, port), FWD_HEADER..m.len())
-            }
+            Some(&MSG_PACKET) if m.len() >= FWD_HEADER => match get_addr(&m[1..]) {
+                Some(src) => SlotMsg::Packet(src, FWD_HEADER..m.len()),
+                None => SlotMsg::Other,
+            },
             Some(&MSG_REPLY) if m.len() == 11 => {
                 let mut n = [0u8; 8];
                 n.copy_from_slice(&m[1..9]);

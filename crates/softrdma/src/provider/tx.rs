@@ -235,15 +235,7 @@ impl Wire {
         } else {
             (0, 0)
         };
-        let c = &self.counters;
-        if laned > 0 {
-            c.same_host_packets
-                .fetch_add(laned as u64, Ordering::Relaxed);
-        }
-        c.tx_packets
-            .fetch_add((sent + laned) as u64, Ordering::Relaxed);
-        c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        c.tx_errors.fetch_add(failed as u64, Ordering::Relaxed);
+        self.count_sent(sent, laned, bytes, failed);
     }
 
     /// Sends packets `pkt(0..count)` on the wire and counts them.
@@ -256,10 +248,24 @@ impl Wire {
         }
         let bytes: usize = (0..count).map(|i| pkt(i).0.len()).sum();
         let (sent, failed) = self.sock.send_batch(count, pkt);
+        self.count_sent(sent, 0, bytes, failed);
+    }
+
+    /// Counts what a send handed on: `sent` packets to the kernel and `laned` to same-host
+    /// lanes (also counted as sent), `bytes` in all, `failed` refused by the kernel.
+    #[inline]
+    fn count_sent(&self, sent: usize, laned: usize, bytes: usize, failed: usize) {
         let c = &self.counters;
-        c.tx_packets.fetch_add(sent as u64, Ordering::Relaxed);
+        if laned > 0 {
+            c.same_host_packets
+                .fetch_add(laned as u64, Ordering::Relaxed);
+        }
+        c.tx_packets
+            .fetch_add((sent + laned) as u64, Ordering::Relaxed);
         c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
-        c.tx_errors.fetch_add(failed as u64, Ordering::Relaxed);
+        if failed > 0 {
+            c.tx_errors.fetch_add(failed as u64, Ordering::Relaxed);
+        }
     }
 
     /// Whether a QP may write its packets straight into a same-host lane's ring
@@ -273,13 +279,9 @@ impl Wire {
     /// Counts `n` packets (`bytes` in all) a QP wrote straight into a lane.
     #[inline]
     pub(crate) fn count_direct(&self, n: u64, bytes: u64) {
-        if n == 0 {
-            return;
+        if n > 0 {
+            self.count_sent(0, n as usize, bytes as usize, 0);
         }
-        let c = &self.counters;
-        c.tx_packets.fetch_add(n, Ordering::Relaxed);
-        c.tx_bytes.fetch_add(bytes, Ordering::Relaxed);
-        c.same_host_packets.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Injects faults with `cfg` into what the device sends from now on (`None`: none).

@@ -332,7 +332,7 @@ pub(crate) fn drive(
         softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
     ) && engine.wire.lanes_direct();
     let lane_dst = std::net::SocketAddr::new(peer, crate::provider::sock::ROCE_PORT);
-    let lane_slot = (attr.dest_qp_num >> 16) as u8;
+    let lane_slot = crate::provider::share::slot_of_qpn(attr.dest_qp_num);
     loop {
         if direct && tx.is_empty() {
             let room = t.segment() as usize + 128;

@@ -139,6 +139,17 @@ struct OutLane {
     dirty: bool,
 }
 
+impl OutLane {
+    /// Makes what was queued visible and wakes the receiver when it sleeps.
+    #[inline]
+    fn publish(&mut self) {
+        self.dirty = false;
+        if self.prod.publish() {
+            ring_bell(&self.bell);
+        }
+    }
+}
+
 /// A lane this device receives from.
 pub(crate) struct InLane {
     /// The sending device (its packets' source, for the checks).
@@ -206,10 +217,7 @@ impl Lanes {
             for o in out.iter_mut() {
                 if let OutState::Up(l) = &mut o.state {
                     if l.dirty {
-                        l.dirty = false;
-                        if l.prod.publish() {
-                            ring_bell(&l.bell);
-                        }
+                        l.publish();
                     }
                 }
             }
@@ -227,40 +235,34 @@ impl Lanes {
         slot: u8,
         f: impl FnOnce(&mut Producer) -> R,
     ) -> Option<R> {
-        if !self.on || slot == 0 || slot == 0xff {
+        if slot == 0 || slot == 0xff {
             return None;
         }
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(o) = out.iter_mut().find(|o| o.ip == dst && o.slot == slot) else {
-            let state = self.offer(dst, slot);
-            out.push(Out {
-                ip: dst,
-                slot,
-                state,
-            });
-            return None;
-        };
-        let OutState::Up(l) = &mut o.state else {
+        let mut last = usize::MAX;
+        let i = self.up(&mut out, &mut last, dst, slot)?;
+        let OutState::Up(l) = &mut out[i].state else {
             return None;
         };
         let r = f(&mut l.prod);
-        if l.prod.publish() {
-            ring_bell(&l.bell);
-        }
-        l.dirty = false;
+        l.publish();
         Some(r)
     }
 
-    /// Puts `p` into the lane to (`ip`, `slot`) if one is up; starts an offer when none was
-    /// made. `last` is the index of the destination of the packet before.
-    fn push(
+    /// The index in `out` of the lane to (`ip`, `slot`) when it is up. Otherwise moves the
+    /// destination on: offers a lane when none was offered (or the wait after a refusal or a
+    /// hang-up is over), gives up an offer not answered in time. `last` is the index of the
+    /// destination of the packet before (checked first, then updated).
+    fn up(
         &self,
         out: &mut MutexGuard<'_, Vec<Out>>,
         last: &mut usize,
         ip: SocketAddr,
         slot: u8,
-        p: &[u8],
-    ) -> bool {
+    ) -> Option<usize> {
+        if !self.on {
+            return None;
+        }
         let i = match out.get(*last) {
             Some(o) if o.ip == ip && o.slot == slot => *last,
             _ => match out.iter().position(|o| o.ip == ip && o.slot == slot) {
@@ -269,58 +271,74 @@ impl Lanes {
                     let state = self.offer(ip, slot);
                     out.push(Out { ip, slot, state });
                     *last = usize::MAX;
-                    return false;
+                    return None;
                 }
             },
         };
         *last = i;
         let o = &mut out[i];
-        match &mut o.state {
-            OutState::Up(l) => match l.prod.push(p) {
-                Ok(true) => {
-                    l.dirty = true;
-                    true
-                }
-                Ok(false) => {
-                    // Full: the consumer runs (or is being woken); wait a moment for room.
-                    if l.prod.publish() {
-                        ring_bell(&l.bell);
-                    }
-                    l.dirty = false;
-                    let end = Instant::now() + FULL_WAIT;
-                    loop {
-                        std::thread::yield_now();
-                        match l.prod.push(p) {
-                            Ok(true) => {
-                                l.dirty = true;
-                                return true;
-                            }
-                            Ok(false) if Instant::now() < end => {}
-                            Ok(false) => return false,
-                            Err(Corrupt) => break,
-                        }
-                    }
-                    self.close_out(o, AFTER_HANGUP);
-                    false
-                }
-                Err(Corrupt) => {
-                    tracing::warn!(%ip, slot, "a same-host lane's ring is corrupt: closed");
-                    self.close_out(o, AFTER_HANGUP);
-                    false
-                }
-            },
+        match &o.state {
+            OutState::Up(_) => return Some(i),
             OutState::Offered { at, .. } => {
                 if at.elapsed() > OFFER_WAIT {
                     o.state = OutState::Wire {
                         until: Instant::now() + NOT_LOCAL_FOR,
                     };
                 }
-                false
             }
             OutState::Wire { until } => {
                 if Instant::now() >= *until {
                     o.state = self.offer(ip, slot);
                 }
+            }
+        }
+        None
+    }
+
+    /// Puts `p` into the lane to (`ip`, `slot`) if one is up (see [`Lanes::up`]); a full
+    /// ring is waited for [`FULL_WAIT`] at most. `last` as for [`Lanes::up`].
+    fn push(
+        &self,
+        out: &mut MutexGuard<'_, Vec<Out>>,
+        last: &mut usize,
+        ip: SocketAddr,
+        slot: u8,
+        p: &[u8],
+    ) -> bool {
+        let Some(i) = self.up(out, last, ip, slot) else {
+            return false;
+        };
+        let o = &mut out[i];
+        let OutState::Up(l) = &mut o.state else {
+            return false;
+        };
+        match l.prod.push(p) {
+            Ok(true) => {
+                l.dirty = true;
+                true
+            }
+            Ok(false) => {
+                // Full: the consumer runs (or is being woken); wait a moment for room.
+                l.publish();
+                let end = Instant::now() + FULL_WAIT;
+                loop {
+                    std::thread::yield_now();
+                    match l.prod.push(p) {
+                        Ok(true) => {
+                            l.dirty = true;
+                            return true;
+                        }
+                        Ok(false) if Instant::now() < end => {}
+                        Ok(false) => return false,
+                        Err(Corrupt) => break,
+                    }
+                }
+                self.close_out(o, AFTER_HANGUP);
+                false
+            }
+            Err(Corrupt) => {
+                tracing::warn!(%ip, slot, "a same-host lane's ring is corrupt: closed");
+                self.close_out(o, AFTER_HANGUP);
                 false
             }
         }

@@ -5,7 +5,7 @@ use super::ring::{Consumer, Producer};
 use super::{InLane, Lanes, OutLane, OutState, NOT_LOCAL_FOR, REFUSED_FOR, RING_CAP};
 use crate::provider::scm::send_with_fds;
 use crate::provider::share::{self, MSG_LANE_ACCEPT, MSG_LANE_OFFER};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -38,7 +38,7 @@ impl Lanes {
         let nonce = self.nonces.fetch_add(1, Ordering::Relaxed);
         let mut m = [0u8; OFFER_LEN];
         m[0] = MSG_LANE_OFFER;
-        put_addr(&mut m[1..20], self.local);
+        share::put_addr(&mut m[1..20], self.local);
         m[20] = self.slot;
         m[21..29].copy_from_slice(&nonce.to_be_bytes());
         m[29..31].copy_from_slice(&ip.port().to_be_bytes());
@@ -63,7 +63,7 @@ impl Lanes {
     pub(crate) fn on_message(&self, m: &[u8], mut fds: Vec<OwnedFd>) {
         match m.first() {
             Some(&MSG_LANE_OFFER) if m.len() >= OFFER_LEN && fds.len() == 2 => {
-                let (Some(src), src_slot) = (get_addr(&m[1..20]), m[20]) else {
+                let (Some(src), src_slot) = (share::get_addr(&m[1..20]), m[20]) else {
                     return;
                 };
                 // For this device's socket (its port: tests run devices on other ports).
@@ -155,32 +155,3 @@ fn bell_pair() -> crate::error::Result<(OwnedFd, OwnedFd)> {
 /// Bytes of an offer: kind, the offering device's address (family, 16, port), its slot, the
 /// nonce, the destination port.
 const OFFER_LEN: usize = 31;
-
-/// Writes `a` as family (4 or 6), address (16 bytes), port (big-endian).
-fn put_addr(b: &mut [u8], a: SocketAddr) {
-    b[17..19].copy_from_slice(&a.port().to_be_bytes());
-    match a.ip() {
-        IpAddr::V4(a) => {
-            b[0] = 4;
-            b[1..5].copy_from_slice(&a.octets());
-        }
-        IpAddr::V6(a) => {
-            b[0] = 6;
-            b[1..17].copy_from_slice(&a.octets());
-        }
-    }
-}
-
-/// Reads what [`put_addr`] wrote.
-fn get_addr(b: &[u8]) -> Option<SocketAddr> {
-    let ip = match b[0] {
-        4 => IpAddr::from([b[1], b[2], b[3], b[4]]),
-        6 => {
-            let mut a = [0u8; 16];
-            a.copy_from_slice(&b[1..17]);
-            IpAddr::from(a)
-        }
-        _ => return None,
-    };
-    Some(SocketAddr::new(ip, u16::from_be_bytes([b[17], b[18]])))
-}
