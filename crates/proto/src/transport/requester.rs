@@ -179,7 +179,10 @@ pub(super) struct Requester {
     /// End-to-end credits (RC): the highest `rwqe_seq` the responder has receives for, from
     /// its last ACK; `None` while it gives no credit information (rxe never does).
     credit_limit: Option<u32>,
-    /// The PSN of the ACK that set `credit_limit` (older ACKs do not change it).
+    /// The PSN of the ACK that set `credit_limit` (older ACKs do not change it); `None`
+    /// before the first ACK, while the responder's receives are unknown: until then one
+    /// message that consumes a receive is in flight at a time (a burst sent blind meets an
+    /// empty receive queue, and every RNR NAK resends all that followed the message).
     credit_psn: Option<Psn>,
     /// With no credit left and nothing outstanding: when the requester sends one message
     /// anyway, unless an ACK brings credits first (see [`CREDIT_PROBE_DELAY`]).
@@ -544,8 +547,13 @@ impl Requester {
                 // End-to-end credits: a message that needs a receive at the responder starts
                 // only if the responder advertised one for it, or, with none advertised and
                 // nothing outstanding, after CREDIT_PROBE_DELAY without a credit update (one
-                // message at a time, whose ACK brings news).
+                // message at a time, whose ACK brings news). Before the first ACK the
+                // receives are unknown: one such message at a time, so the first ACK tells.
                 if rc && w.consumes_recv() {
+                    if self.credit_psn.is_none() && self.rwqe_started != self.rwqe_retired {
+                        ctx.stats.credit_waits += 1;
+                        return None;
+                    }
                     if let Some(limit) = self.credit_limit {
                         let seq = self.rwqe_started.wrapping_add(1);
                         if (seq.wrapping_sub(limit) as i32) > 0 {

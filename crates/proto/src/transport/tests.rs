@@ -765,15 +765,20 @@ fn requester_starts_sends_only_within_the_credits() {
     for i in 1..=4 {
         qp.post_send(send(i, SendOp::Send, 10)).unwrap();
     }
-    // No credit information yet: all four go.
-    assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![10, 11, 12, 13]);
-    // ACK of the first with one credit: the responder can take one message beyond it
-    // (number 2, already sent). 3 and 4 are already on their way; 5 and 6 wait.
-    qp.handle_packet(now, &ack(10, Syndrome::Ack { credit: 1 }), &META, &mut env);
+    // No credit information yet: one at a time, until the first ACK tells.
+    assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![10]);
+    assert!(qp.stats().credit_waits > 0);
+    // Its ACK with three credits: the other three go.
+    qp.handle_packet(now, &ack(10, Syndrome::Ack { credit: 3 }), &META, &mut env);
+    assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![11, 12, 13]);
+    // ACK of the second with one credit: the responder can take one message beyond it
+    // (number 3, already sent). 4 is already on its way; 5 and 6 wait.
+    let waits = qp.stats().credit_waits;
+    qp.handle_packet(now, &ack(11, Syndrome::Ack { credit: 1 }), &META, &mut env);
     qp.post_send(send(5, SendOp::Send, 10)).unwrap();
     qp.post_send(send(6, SendOp::Send, 10)).unwrap();
     assert!(drain(&mut qp, &mut env, now).is_empty());
-    assert!(qp.stats().credit_waits > 0);
+    assert!(qp.stats().credit_waits > waits);
     // ACK of 13 (the fourth) with two credits: 5 and 6 may start.
     qp.handle_packet(now, &ack(13, Syndrome::Ack { credit: 2 }), &META, &mut env);
     assert_eq!(psns(&drain(&mut qp, &mut env, now)), vec![14, 15]);
@@ -948,6 +953,13 @@ fn bind_op(length: u64) -> SendOp {
     })
 }
 
+fn write_op() -> SendOp {
+    SendOp::RdmaWrite {
+        remote_addr: 0,
+        rkey: 7,
+    }
+}
+
 fn completions(qp: &mut Qp) -> Vec<(u64, WcStatus, WcOpcode)> {
     std::iter::from_fn(|| qp.poll_completion())
         .map(|c| (c.wr_id, c.status, c.opcode))
@@ -969,7 +981,8 @@ fn local_operations_run_in_order_and_complete_after_what_precedes_them() {
         completions(&mut qp),
         vec![(9, WcStatus::Success, WcOpcode::BindMw)]
     );
-    qp.post_send(send(1, SendOp::Send, 10)).unwrap();
+    // (A WRITE first: before the first ACK only one SEND would be in flight.)
+    qp.post_send(send(1, write_op(), 10)).unwrap();
     qp.post_send(send(2, bind_op(64), 0)).unwrap();
     qp.post_send(send(3, SendOp::LocalInv(0xab77), 0)).unwrap();
     qp.post_send(send(4, SendOp::Send, 10)).unwrap();
@@ -1002,7 +1015,7 @@ fn local_operations_run_in_order_and_complete_after_what_precedes_them() {
     assert_eq!(
         completions(&mut qp),
         vec![
-            (1, WcStatus::Success, WcOpcode::Send),
+            (1, WcStatus::Success, WcOpcode::RdmaWrite),
             (2, WcStatus::Success, WcOpcode::BindMw),
             (3, WcStatus::Success, WcOpcode::LocalInv),
         ]
