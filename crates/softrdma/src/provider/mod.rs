@@ -66,6 +66,7 @@ pub(crate) mod share;
 pub(crate) mod sock;
 pub(crate) mod steer;
 mod tx;
+pub(crate) mod unix_names;
 
 pub use counters::{DeviceCounters, PROBE_INTERVAL};
 pub(crate) use devices::all_engines;

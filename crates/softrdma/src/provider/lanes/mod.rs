@@ -30,6 +30,7 @@ pub(crate) mod ring;
 mod setup;
 
 use super::share;
+use super::unix_names;
 use ring::{Consumer, Corrupt, Producer};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -83,7 +84,7 @@ pub(crate) fn same_host_segment(connected: bool, peer: IpAddr, dest_qpn: u32) ->
     if !connected || seg == 0 || slot == 0 || slot == 0xff {
         return None;
     }
-    share::slot_is_held(peer, slot).then_some(seg.clamp(256, 32 << 10))
+    unix_names::slot_is_held(peer, slot).then_some(seg.clamp(256, 32 << 10))
 }
 
 /// Whether `SOFTRDMA_TRANSPORT=wire` forces every packet on the wire (read once).

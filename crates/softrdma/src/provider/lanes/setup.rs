@@ -4,7 +4,8 @@
 use super::ring::{Consumer, Producer};
 use super::{InLane, Lanes, OutLane, OutState, NOT_LOCAL_FOR, REFUSED_FOR, RING_CAP};
 use crate::provider::scm::send_with_fds;
-use crate::provider::share::{self, MSG_LANE_ACCEPT, MSG_LANE_OFFER};
+use crate::provider::share::{MSG_LANE_ACCEPT, MSG_LANE_OFFER};
+use crate::provider::unix_names;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
@@ -21,7 +22,7 @@ impl Lanes {
         if !self.on {
             return not_local;
         }
-        let Ok(sock) = share::connect_slot(ip.ip(), slot) else {
+        let Ok(sock) = unix_names::connect_slot(ip.ip(), slot) else {
             return not_local;
         };
         let made = Producer::create(RING_CAP).and_then(|(prod, memfd)| {
@@ -38,7 +39,7 @@ impl Lanes {
         let nonce = self.nonces.fetch_add(1, Ordering::Relaxed);
         let mut m = [0u8; OFFER_LEN];
         m[0] = MSG_LANE_OFFER;
-        share::put_addr(&mut m[1..20], self.local);
+        unix_names::put_addr(&mut m[1..20], self.local);
         m[20] = self.slot;
         m[21..29].copy_from_slice(&nonce.to_be_bytes());
         m[29..31].copy_from_slice(&ip.port().to_be_bytes());
@@ -63,7 +64,7 @@ impl Lanes {
     pub(crate) fn on_message(&self, m: &[u8], mut fds: Vec<OwnedFd>) {
         match m.first() {
             Some(&MSG_LANE_OFFER) if m.len() >= OFFER_LEN && fds.len() == 2 => {
-                let (Some(src), src_slot) = (share::get_addr(&m[1..20]), m[20]) else {
+                let (Some(src), src_slot) = (unix_names::get_addr(&m[1..20]), m[20]) else {
                     return;
                 };
                 // For this device's socket (its port: tests run devices on other ports).
@@ -93,7 +94,7 @@ impl Lanes {
                 a[0] = MSG_LANE_ACCEPT;
                 a[1..9].copy_from_slice(&m[21..29]);
                 a[9] = u8::from(accepted);
-                if let Ok(sock) = share::connect_slot(src.ip(), src_slot) {
+                if let Ok(sock) = unix_names::connect_slot(src.ip(), src_slot) {
                     let _ = send_with_fds(&sock, &a, &[]);
                 }
                 tracing::debug!(%src, src_slot, accepted, "a same-host lane offer answered");
