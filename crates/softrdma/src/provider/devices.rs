@@ -8,12 +8,12 @@ use super::gsi::Gsi;
 use super::progress;
 use super::share::Share;
 use super::sock::{UdpSock, ROCE_PORT};
-use super::tx::TxBatch;
 use super::tx::Wire;
+use super::tx::{DirectRun, TxBatch};
 use crate::error::Result;
 use crate::gid::Gid;
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Weak;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -22,6 +22,25 @@ use std::time::Instant;
 /// UDP socket and progress thread are started on first use and stay, as a NIC stays, so that
 /// closing and reopening a device never races with its own socket still being closed.
 static ENGINES: OnceLock<Mutex<HashMap<IpAddr, Arc<Engine>>>> = OnceLock::new();
+
+/// The provider of the device at `addr` (interface `ifindex`), started on first use: the
+/// UDP RoCEv2 engine (see [`Engine::get_or_start`], whose errors it returns).
+pub(crate) fn open(addr: IpAddr, ifindex: u32) -> Result<Arc<dyn Provider>> {
+    Ok(Engine::get_or_start(addr, ifindex)?)
+}
+
+/// The provider of the device at `addr` if this process started it.
+pub(crate) fn if_open(addr: IpAddr) -> Option<Arc<dyn Provider>> {
+    Some(Engine::if_started(addr)?)
+}
+
+/// The providers of every device this process started.
+pub(crate) fn all_open() -> Vec<Arc<dyn Provider>> {
+    all_engines()
+        .into_iter()
+        .map(|e| e as Arc<dyn Provider>)
+        .collect()
+}
 
 /// The engines started in this process.
 pub(crate) fn all_engines() -> Vec<Arc<Engine>> {
@@ -113,6 +132,9 @@ impl Engine {
 }
 
 impl Provider for Engine {
+    fn local(&self) -> SocketAddr {
+        self.local
+    }
     fn slot(&self) -> u8 {
         Engine::slot(self)
     }
@@ -129,6 +151,20 @@ impl Provider for Engine {
     #[inline]
     fn send(&self, tx: &mut TxBatch) {
         Engine::send(self, tx)
+    }
+    #[inline]
+    fn lanes_direct(&self) -> bool {
+        self.wire.lanes_direct()
+    }
+    #[inline]
+    fn transmit_direct(
+        &self,
+        peer: IpAddr,
+        dest_qpn: u32,
+        room: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Option<DirectRun> {
+        self.wire.transmit_direct(peer, dest_qpn, room, fill)
     }
     fn note_held_ack(&self, qpn: u32) {
         Engine::note_held_ack(self, qpn)
@@ -152,8 +188,11 @@ impl Provider for Engine {
     fn set_faults(&self, cfg: Option<FaultConfig>) {
         Engine::set_faults(self, cfg)
     }
-    fn with_cm<R>(&self, f: impl FnOnce(&mut Gsi, Instant) -> R) -> R {
+    fn with_cm_dyn(&self, f: &mut dyn FnMut(&mut Gsi, Instant)) {
         Engine::with_cm(self, f)
+    }
+    fn cm_stats(&self) -> crate::GsiStats {
+        self.gsi.lock().unwrap_or_else(|p| p.into_inner()).stats()
     }
     fn cm_listen(&self, sid: u64) -> Result<bool> {
         Engine::cm_listen(self, sid)

@@ -10,7 +10,7 @@ use super::gsi::{self, Gsi};
 use super::mcast::{Mcast, RxMcast};
 use super::rx::{Delivery, RxSink, RxState, Via};
 use super::share::Share;
-use super::tx::{with_tx, TxBatch, Wire};
+use super::tx::{with_tx, DirectRun, TxBatch, Wire};
 use crate::error::Result;
 use crate::gid::Gid;
 use softrdma_proto::cm::CmEvent;
@@ -46,9 +46,9 @@ pub(crate) struct Receiving {
 /// The engine of one device.
 pub(crate) struct Engine {
     /// The device socket, its wake-up, counters and fault injection.
-    pub(crate) wire: Wire,
+    pub(super) wire: Wire,
     /// The device socket's address.
-    pub(crate) local: SocketAddr,
+    pub(super) local: SocketAddr,
     /// This process's membership of the device, which other processes may share.
     pub(super) share: Share,
     qps: RwLock<HashMap<u32, Weak<dyn QpPort>>>,
@@ -81,7 +81,7 @@ pub(crate) struct Engine {
     held_acks: Mutex<Vec<u32>>,
     any_held_acks: AtomicBool,
     /// QP 1: the connection manager's MADs.
-    pub(crate) gsi: Mutex<Gsi>,
+    pub(super) gsi: Mutex<Gsi>,
     /// This engine, for the connection-manager layer's ids.
     me: OnceLock<Weak<Engine>>,
     /// The multicast groups the device has joined, their sockets and attached QPs.
@@ -106,7 +106,7 @@ pub(crate) trait QpPort: Send + Sync {
     #[allow(clippy::too_many_arguments)]
     fn receive(
         self: Arc<Self>,
-        engine: &Engine,
+        engine: &dyn Provider,
         pkts: &[&[u8]],
         src: SocketAddr,
         dst: IpAddr,
@@ -116,7 +116,7 @@ pub(crate) trait QpPort: Send + Sync {
     ) -> Delivery;
 
     /// The QP's deadline has passed: runs its transport's timers and drives it.
-    fn on_timeout(self: Arc<Self>, engine: &Engine, now: Instant, tx: &mut TxBatch);
+    fn on_timeout(self: Arc<Self>, engine: &dyn Provider, now: Instant, tx: &mut TxBatch);
 
     /// Sends the positive ACK the QP's transport holds back, if any.
     fn release_held_ack(self: Arc<Self>);
@@ -124,10 +124,15 @@ pub(crate) trait QpPort: Send + Sync {
 
 /// A device's provider as the layers above call it: the verbs layer (QPs, their timers and
 /// transmit batches, CQ polls, multicast, counters, faults) and the connection manager (QP 1).
-/// Today it has one implementation, the UDP RoCEv2 [`Engine`] (started with
-/// `Engine::get_or_start`); the same-host path is to be the second. Its methods are the
-/// engine's, called through this trait from outside the provider.
-pub(crate) trait Provider {
+/// The layers above hold a device's provider only as `Arc<dyn Provider>` (from
+/// `provider::open`, `if_open`, `all_open`) and never name its type. Today it has one
+/// implementation, the UDP RoCEv2 [`Engine`], which also carries same-host lanes (its
+/// packets through shared-memory rings when the peer device is on this host:
+/// [`Provider::transmit_direct`]); a transport that does not carry RoCEv2 packets would be a
+/// second implementation.
+pub(crate) trait Provider: Send + Sync {
+    /// The device's address and UDP port (the address of its GID).
+    fn local(&self) -> SocketAddr;
     /// This process's slot on the device (bits 16..23 of its QP numbers).
     fn slot(&self) -> u8;
     /// Registers the QP `qpn`: packets and timeouts for it go to `qp` from now on.
@@ -138,6 +143,23 @@ pub(crate) trait Provider {
     fn set_timer(&self, qpn: u32, deadline: Option<Instant>);
     /// Sends a batch of finished packets.
     fn send(&self, tx: &mut TxBatch);
+    /// Whether [`Provider::transmit_direct`] may find a lane (same-host lanes are on, and
+    /// neither fault injection nor a capture needs the packets to pass through
+    /// [`Provider::send`]).
+    fn lanes_direct(&self) -> bool;
+    /// Writes a run of up to 64 packets straight into the same-host lane to QP `dest_qpn` of
+    /// the device at `peer`, one copy less than through a [`TxBatch`]: `fill` builds each
+    /// packet into the buffer it is given (at least `room` bytes) and returns its length (a
+    /// length outside 4..=`room` abandons that buffer), or `None` when the QP has nothing
+    /// more to send. `None` when no lane is up there (one is offered: the caller sends
+    /// through a batch meanwhile); otherwise what the run did.
+    fn transmit_direct(
+        &self,
+        peer: IpAddr,
+        dest_qpn: u32,
+        room: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Option<DirectRun>;
     /// Records that the transport of QP `qpn` holds a positive ACK back.
     fn note_held_ack(&self, qpn: u32);
     /// Progress from an application thread that found its CQ empty (`busy`: not armed).
@@ -153,13 +175,33 @@ pub(crate) trait Provider {
     /// Injects faults with `cfg` into what the device sends (`None`: none).
     fn set_faults(&self, cfg: Option<FaultConfig>);
     /// Runs `f` on the device's connection manager, sends what it wants sent, then
-    /// dispatches its events.
-    fn with_cm<R>(&self, f: impl FnOnce(&mut Gsi, Instant) -> R) -> R;
+    /// dispatches its events (see `with_cm` on `dyn Provider` for a result).
+    fn with_cm_dyn(&self, f: &mut dyn FnMut(&mut Gsi, Instant));
+    /// The counters and bounds of the device's connection manager (QP 1).
+    fn cm_stats(&self) -> crate::GsiStats;
     /// Listens for the service `sid`; fails with `EADDRINUSE` when another process sharing
     /// the device listens on it.
     fn cm_listen(&self, sid: u64) -> Result<bool>;
     /// Stops listening for the service `sid`.
     fn cm_unlisten(&self, sid: u64);
+}
+
+impl dyn Provider {
+    /// Runs `f` on the device's connection manager and returns its result, then sends what
+    /// the CM wants sent and dispatches its events ([`Provider::with_cm_dyn`]).
+    pub(crate) fn with_cm<R>(&self, f: impl FnOnce(&mut Gsi, Instant) -> R) -> R {
+        let mut f = Some(f);
+        let mut r = None;
+        self.with_cm_dyn(&mut |g, now| {
+            if let Some(f) = f.take() {
+                r = Some(f(g, now));
+            }
+        });
+        match r {
+            Some(r) => r,
+            None => unreachable!("with_cm_dyn runs its closure once"),
+        }
+    }
 }
 
 /// The entry points of the connection-manager layer above the provider ([`crate::rdma_cm`]),
@@ -168,9 +210,9 @@ pub(crate) trait Provider {
 pub(crate) struct CmHook {
     /// Takes an event of a device's CM (called with no lock held); gives it back when no id
     /// of that layer is behind it.
-    pub(crate) dispatch: fn(&Arc<Engine>, CmEvent) -> Option<CmEvent>,
+    pub(crate) dispatch: fn(&Arc<dyn Provider>, CmEvent) -> Option<CmEvent>,
     /// A device engine has started (its wildcard listeners may listen on it).
-    pub(crate) engine_started: fn(&Arc<Engine>),
+    pub(crate) engine_started: fn(&Arc<dyn Provider>),
 }
 
 static CM_HOOK: OnceLock<CmHook> = OnceLock::new();
@@ -183,7 +225,8 @@ pub(crate) fn set_cm_hook(hook: CmHook) {
 /// Tells the connection-manager layer, if one registered, that `engine` started.
 pub(super) fn engine_started(engine: &Arc<Engine>) {
     if let Some(hook) = CM_HOOK.get() {
-        (hook.engine_started)(engine);
+        let engine: Arc<dyn Provider> = engine.clone();
+        (hook.engine_started)(&engine);
     }
 }
 
@@ -449,6 +492,7 @@ impl Engine {
         let Some(me) = self.me.get().and_then(Weak::upgrade) else {
             return;
         };
+        let me: Arc<dyn Provider> = me;
         let rest: Vec<_> = match CM_HOOK.get() {
             Some(hook) => evs
                 .into_iter()

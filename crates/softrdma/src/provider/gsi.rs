@@ -273,7 +273,7 @@ pub(crate) fn probe_peers(gsi: &Mutex<Gsi>, wire: &Wire) {
 
 #[cfg(test)]
 mod tests {
-    use crate::provider::Engine;
+    use crate::provider::engine::Engine;
     use crate::Device;
     use softrdma_proto::cm::{AcceptParams, CmEvent, ConnectRequest};
     use softrdma_wire::cm::{RejectReason, TransportServiceType};
@@ -291,7 +291,8 @@ mod tests {
             .unwrap()
             .open()
             .unwrap();
-        let e = ctx.inner.shared.engine().unwrap();
+        let dev = ctx.inner.shared.device.clone();
+        let e = Engine::get_or_start(dev.addr(), dev.ifindex()).unwrap();
         e.with_cm(|g, _| g.keep_unhandled = true);
         (ctx, e)
     }

@@ -69,8 +69,8 @@ mod tx;
 pub(crate) mod unix_names;
 
 pub use counters::{DeviceCounters, PROBE_INTERVAL};
-pub(crate) use devices::all_engines;
-pub(crate) use engine::{set_cm_hook, CmHook, Engine, Provider, QpPort};
+pub(crate) use devices::{all_open, if_open, open};
+pub(crate) use engine::{set_cm_hook, CmHook, Provider, QpPort};
 pub use faults::FaultConfig;
 pub use lanes::same_host_lanes;
 pub(crate) use lanes::same_host_segment;

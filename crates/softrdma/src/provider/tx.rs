@@ -32,9 +32,24 @@ pub(crate) struct TxBatch {
     srcs: Vec<IpAddr>,
     sealed: Vec<bool>,
     pub(super) count: usize,
+    /// Packets of the batch to multicast groups (counted when it is sent).
+    mcast: usize,
     /// One sealer per source address (a thread may send from several devices), the one of
     /// the last packet first: nearly every packet leaves from where the one before did.
     sealers: Vec<(IpAddr, Sealer)>,
+}
+
+/// What one [`Wire::transmit_direct`] did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct DirectRun {
+    /// Packets written into the ring.
+    pub(crate) packets: usize,
+    /// Their bytes.
+    pub(crate) bytes: usize,
+    /// The QP had nothing more to send.
+    pub(crate) idle: bool,
+    /// The ring had no room left.
+    pub(crate) full: bool,
 }
 
 impl TxBatch {
@@ -46,6 +61,7 @@ impl TxBatch {
             srcs: vec![IpAddr::from([0, 0, 0, 0]); BATCH],
             sealed: vec![false; BATCH],
             count: 0,
+            mcast: 0,
             sealers: Vec::new(),
         }
     }
@@ -82,6 +98,7 @@ impl TxBatch {
     /// 4791). Its ICRC is computed when it goes on the wire ([`TxBatch::seal`]).
     #[inline]
     pub(crate) fn commit(&mut self, len: usize, src: IpAddr, dst: IpAddr) {
+        self.mcast += usize::from(dst.is_multicast());
         self.lens[self.count] = len;
         self.dests[self.count] = SocketAddr::new(dst, ROCE_PORT);
         self.srcs[self.count] = src;
@@ -178,6 +195,12 @@ impl Wire {
     pub(crate) fn send(&self, tx: &mut TxBatch) {
         if tx.count == 0 {
             return;
+        }
+        if tx.mcast > 0 {
+            self.counters
+                .mcast_tx_packets
+                .fetch_add(tx.mcast as u64, Ordering::Relaxed);
+            tx.mcast = 0;
         }
         let lanes = self.lanes.on() && !self.faults.on();
         if !lanes || super::capture::active() {
@@ -276,12 +299,40 @@ impl Wire {
         self.lanes.on() && !self.faults.on() && !super::capture::active()
     }
 
-    /// Counts `n` packets (`bytes` in all) a QP wrote straight into a lane.
-    #[inline]
-    pub(crate) fn count_direct(&self, n: u64, bytes: u64) {
-        if n > 0 {
-            self.count_sent(0, n as usize, bytes as usize, 0);
+    /// Writes a run of up to 64 packets straight into the lane to QP `dest_qpn` of the device
+    /// at `peer` (see [`super::Provider::transmit_direct`]) and counts them.
+    pub(crate) fn transmit_direct(
+        &self,
+        peer: IpAddr,
+        dest_qpn: u32,
+        room: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
+    ) -> Option<DirectRun> {
+        let dst = SocketAddr::new(peer, ROCE_PORT);
+        let slot = super::share::slot_of_qpn(dest_qpn);
+        let run = self.lanes.with_lane(dst, slot, |ring| {
+            let mut run = DirectRun::default();
+            while run.packets < 64 {
+                let Ok(Some(buf)) = ring.reserve(room) else {
+                    run.full = true;
+                    break;
+                };
+                let Some(len) = fill(buf) else {
+                    run.idle = true;
+                    break;
+                };
+                if (4..=room).contains(&len) {
+                    ring.commit(len);
+                    run.packets += 1;
+                    run.bytes += len;
+                }
+            }
+            run
+        })?;
+        if run.packets > 0 {
+            self.count_sent(0, run.packets, run.bytes, 0);
         }
+        Some(run)
     }
 
     /// Injects faults with `cfg` into what the device sends from now on (`None`: none).

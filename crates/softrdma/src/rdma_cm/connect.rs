@@ -7,7 +7,6 @@ use super::qp_state::qp_to_err;
 use super::registry::{device_res, errno_err, ports, registry, resources, wildcards};
 use super::{max_backlog, RDMA_MAX_RESP_RES, RDMA_UDP_QKEY};
 use crate::error::{Error, ErrorKind, Result};
-use crate::provider::Engine;
 use crate::provider::Provider;
 use crate::{Mtu, QpType};
 use softrdma_proto::cm::{AcceptParams, ConnId, ConnectRequest};
@@ -147,9 +146,9 @@ impl CmId {
             }
             s = self.inner.lock();
         }
-        let engines: Vec<Arc<Engine>> = match &s.engine {
+        let engines: Vec<Arc<dyn Provider>> = match &s.engine {
             Some(e) => vec![e.clone()],
-            None => crate::provider::all_engines(),
+            None => crate::provider::all_open(),
         };
         {
             let t = ports().lock().unwrap_or_else(|p| p.into_inner());
@@ -193,7 +192,7 @@ impl CmId {
         }
         let mut r = registry();
         for e in &engines {
-            let list = r.listeners.entry((e.local.ip(), sid)).or_default();
+            let list = r.listeners.entry((e.local().ip(), sid)).or_default();
             list.retain(|w| w.strong_count() > 0);
             list.push(Arc::downgrade(&self.inner));
         }
@@ -629,8 +628,8 @@ impl CmId {
                 r.listeners.remove(&(*ip, sid));
             }
             drop(r);
-            for e in crate::provider::all_engines() {
-                if idle.contains(&e.local.ip()) {
+            for e in crate::provider::all_open() {
+                if idle.contains(&e.local().ip()) {
                     e.cm_unlisten(sid);
                 }
             }

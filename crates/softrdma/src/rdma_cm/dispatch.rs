@@ -7,7 +7,6 @@ use super::objects::{CmEvent, CmId, IdInner, IdState, Neg};
 use super::qp_state::{mtu_min, qp_to_err};
 use super::registry::{device_res, registry};
 use crate::error::Error;
-use crate::provider::Engine;
 use crate::provider::Provider;
 use crate::{AhAttr, Mtu, QpType};
 use softrdma_proto::cm::{CmEvent as ProtoEvent, ConnId, RepInfo, ReqInfo};
@@ -82,7 +81,7 @@ fn find_listener(local: IpAddr, service_id: u64, dst_addr: IpAddr) -> Option<CmI
 
 /// Whether `listener` has as many untaken CONNECT_REQUESTs as its backlog allows: then the
 /// request `id` is forgotten without an answer (the peer's CM retries it), as Linux drops it.
-fn over_backlog(listener: &CmId, engine: &Arc<Engine>, id: ConnId) -> bool {
+fn over_backlog(listener: &CmId, engine: &Arc<dyn Provider>, id: ConnId) -> bool {
     let full = listener.inner.backlog_used.load(Ordering::Acquire) >= listener.inner.lock().backlog;
     if full {
         engine.with_cm(|g, _| g.cm.abandon(id));
@@ -99,8 +98,13 @@ fn post_request(listener: &CmId, mut ev: CmEvent) {
 }
 
 /// A new id for an incoming request on `listener`, bound to this device.
-fn child_of(listener: &CmId, engine: &Arc<Engine>, conn: ConnId, peer: SocketAddr) -> Option<CmId> {
-    let local = engine.local.ip();
+fn child_of(
+    listener: &CmId,
+    engine: &Arc<dyn Provider>,
+    conn: ConnId,
+    peer: SocketAddr,
+) -> Option<CmId> {
+    let local = engine.local().ip();
     // The new id of a synchronous listener is synchronous too.
     let chan = (!listener.is_sync()).then(|| listener.channel());
     let child = CmId::create_typed(
@@ -134,8 +138,8 @@ fn child_of(listener: &CmId, engine: &Arc<Engine>, conn: ConnId, peer: SocketAdd
 
 /// Hands the events of a device's CM to the ids they concern (called by the engine with no
 /// lock held). Returns the event when no rdma_cm id is behind it (the CM is driven directly).
-pub(crate) fn dispatch(engine: &Arc<Engine>, ev: ProtoEvent) -> Option<ProtoEvent> {
-    let local = engine.local.ip();
+pub(crate) fn dispatch(engine: &Arc<dyn Provider>, ev: ProtoEvent) -> Option<ProtoEvent> {
+    let local = engine.local().ip();
     let ours = match &ev {
         ProtoEvent::ReqReceived { req, .. } => {
             registry().listeners.contains_key(&(local, req.service_id))
@@ -334,8 +338,8 @@ fn end_connection(cid: &CmId, event: CmEventType, status: i32, param: ConnParam)
     }
 }
 
-fn on_req(engine: &Arc<Engine>, id: ConnId, src: IpAddr, req: Box<ReqInfo>) {
-    let local = engine.local.ip();
+fn on_req(engine: &Arc<dyn Provider>, id: ConnId, src: IpAddr, req: Box<ReqInfo>) {
+    let local = engine.local().ip();
     let reject = |reason| {
         engine.with_cm(|g, now| {
             let _ = g.cm.reject(now, id, reason, &[]);
@@ -396,8 +400,8 @@ fn on_req(engine: &Arc<Engine>, id: ConnId, src: IpAddr, req: Box<ReqInfo>) {
     post_request(&listener, ev);
 }
 
-fn on_rep(engine: &Arc<Engine>, id: ConnId, rep: &RepInfo) -> Option<ProtoEvent> {
-    let cid = find_conn(engine.local.ip(), id)?;
+fn on_rep(engine: &Arc<dyn Provider>, id: ConnId, rep: &RepInfo) -> Option<ProtoEvent> {
+    let cid = find_conn(engine.local().ip(), id)?;
     let mut s = cid.inner.lock();
     let retry = s.conn_param.retry_count;
     s.neg = Some(Neg {

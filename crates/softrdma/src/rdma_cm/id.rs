@@ -16,7 +16,6 @@ use super::{
     RDMA_OPTION_ID_TOS,
 };
 use crate::error::{Error, ErrorKind, Result};
-use crate::provider::Provider;
 use crate::{CompChannel, Context, Cq, Mtu, Pd, Qp, QpType, Srq};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};

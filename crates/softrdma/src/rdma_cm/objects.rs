@@ -9,7 +9,7 @@ use super::event::{CmEventType, ConnParam, EventInfo, UdParam};
 use super::{CmQpInitAttr, PortSpace};
 use crate::error::{DestroyError, Error, Result};
 use crate::provider::fd::EventFd;
-use crate::provider::Engine;
+use crate::provider::Provider;
 use crate::{CompChannel, Context, Cq, Gid, Mtu, Pd, Qp, QpType, Srq};
 use softrdma_proto::cm::{ConnId, ReqInfo};
 use std::collections::VecDeque;
@@ -59,7 +59,7 @@ pub(super) struct IdData {
     pub(super) src: Option<SocketAddr>,
     pub(super) dst: Option<SocketAddr>,
     pub(super) ctx: Option<Arc<Context>>,
-    pub(super) engine: Option<Arc<Engine>>,
+    pub(super) engine: Option<Arc<dyn Provider>>,
     pub(super) path_mtu: Mtu,
     pub(super) qp: Option<Arc<Qp>>,
     pub(super) pd: Option<Arc<Pd>>,

@@ -7,7 +7,6 @@ use super::objects::{CmId, IdInner, IdState};
 use super::qp_state::qp_to_err;
 use super::RDMA_MAX_RESP_RES;
 use crate::error::{Error, ErrorKind, Result};
-use crate::provider::Engine;
 use crate::provider::Provider;
 use crate::{Context, Device, Pd};
 use std::collections::HashMap;
@@ -139,8 +138,8 @@ pub(super) fn wildcards() -> &'static Wildcards {
 }
 
 /// A device engine has started: it listens for the wildcard listeners of its family.
-pub(super) fn engine_started(engine: &Arc<Engine>) {
-    let ip = engine.local.ip();
+pub(super) fn engine_started(engine: &Arc<dyn Provider>) {
+    let ip = engine.local().ip();
     let live: Vec<(u64, Arc<IdInner>)> = {
         let mut w = wildcards().lock().unwrap_or_else(|p| p.into_inner());
         w.retain(|(_, l)| l.strong_count() > 0);
@@ -174,7 +173,7 @@ pub(super) fn engine_started(engine: &Arc<Engine>) {
             if let Err(err) = engine.cm_listen(sid) {
                 // Another process listens on the service on this device: the wildcard
                 // listener does not get it there.
-                tracing::debug!(error = %err, ip = %engine.local.ip(), "wildcard listen");
+                tracing::debug!(error = %err, ip = %engine.local().ip(), "wildcard listen");
             }
         }
     }

@@ -2,7 +2,6 @@
 
 use crate::error::{Error, Result};
 use crate::gid::{Gid, GidType};
-use crate::provider::Provider;
 use crate::verbs::device::{self, Device, DeviceAttr, GidEntry, PortAttr, PORT_NUM};
 use crate::verbs::event::{AsyncEvent, AsyncQueue};
 use crate::verbs::resources::DeviceShared;
@@ -176,7 +175,7 @@ impl Context {
         self.inner
             .shared
             .engine_if_started()
-            .map(|e| e.gsi.lock().unwrap_or_else(|p| p.into_inner()).stats())
+            .map(|e| e.cm_stats())
             .unwrap_or_default()
     }
 
@@ -211,7 +210,7 @@ impl Context {
     ///
     /// Fails like [`Context::set_fault_injection`].
     pub fn local_udp_addr(&self) -> Result<std::net::SocketAddr> {
-        Ok(self.inner.shared.engine()?.local)
+        Ok(self.inner.shared.engine()?.local())
     }
 
     /// Closes the context (`ibv_close_device`). Objects created from it stay valid until they

@@ -4,7 +4,6 @@
 
 use crate::error::{DestroyError, Error, ErrorKind, Result};
 use crate::provider::fd::EventFd;
-use crate::provider::Provider;
 use crate::verbs::context::{Context, ContextInner};
 use crate::verbs::event::{AsyncElement, EventTarget, EventType};
 use crate::verbs::hold::{users_of, Counted, Hold};
@@ -313,7 +312,7 @@ pub(crate) struct CqInner {
     events_acked: AtomicU64,
     async_unacked: AtomicUsize,
     /// The device engine, once known (for progress from `poll`).
-    engine: std::sync::OnceLock<Arc<crate::provider::Engine>>,
+    engine: std::sync::OnceLock<Arc<dyn crate::provider::Provider>>,
     _count: CountGuard,
 }
 
@@ -465,7 +464,7 @@ impl Cq {
     }
 
     /// The engine of the CQ's device, once it is started.
-    fn engine(&self) -> Option<&Arc<crate::provider::Engine>> {
+    fn engine(&self) -> Option<&Arc<dyn crate::provider::Provider>> {
         match self.inner.engine.get() {
             Some(e) => Some(e),
             None => self

@@ -4,7 +4,7 @@
 //! to the QP; and the QP's face to the provider ([`QpPort`]: packets, timeouts, held ACKs).
 
 use crate::provider::Provider;
-use crate::provider::{holding_acks, with_tx, Delivery, Engine, QpPort, TxBatch, Via, PKT_BUF};
+use crate::provider::{holding_acks, with_tx, Delivery, QpPort, TxBatch, Via, PKT_BUF};
 use crate::verbs::cq::WorkCompletion;
 use crate::verbs::event::{AsyncElement, EventTarget, EventType};
 use crate::verbs::mr::{AccessError as MrAccessError, AccessFlags, KeyKind};
@@ -295,7 +295,7 @@ pub(crate) fn to_wc(c: &Completion, qp_num: u32, ud: bool) -> WorkCompletion {
 /// next deadline. Called with the QP's lock held, by the posting thread or the progress
 /// thread.
 pub(crate) fn drive(
-    engine: &Engine,
+    engine: &dyn Provider,
     qp: &Arc<QpInner>,
     st: &mut QpState_,
     now: Instant,
@@ -314,7 +314,7 @@ pub(crate) fn drive(
         return events;
     };
     let mut env = QpEnv::of(qp, rq, mrs);
-    let src = engine.local.ip();
+    let src = engine.local().ip();
     let peer = attr.ah_attr.grh.dgid.to_ip();
     // An application thread receiving for itself holds the ACK of what it received: the
     // program sees the completion, and what it answers on this QP (post_send drives the QP)
@@ -330,43 +330,23 @@ pub(crate) fn drive(
     let mut direct = matches!(
         qp.qp_type,
         softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
-    ) && engine.wire.lanes_direct();
-    let lane_dst = std::net::SocketAddr::new(peer, crate::provider::sock::ROCE_PORT);
-    let lane_slot = crate::provider::share::slot_of_qpn(attr.dest_qp_num);
+    ) && engine.lanes_direct();
     loop {
         if direct && tx.is_empty() {
             let room = t.segment() as usize + 128;
-            let run = engine.wire.lanes.with_lane(lane_dst, lane_slot, |ring| {
-                // (packets, bytes, the QP has nothing more to send, the ring is full)
-                let (mut n, mut bytes) = (0u64, 0u64);
-                while n < 64 {
-                    let Ok(Some(buf)) = ring.reserve(room) else {
-                        return (n, bytes, false, true);
-                    };
-                    let Some(out) = t.poll_transmit(now, buf, &mut env) else {
-                        return (n, bytes, true, false);
-                    };
-                    if out.len >= 4 && out.len <= room && out.ud_dest.is_none() {
-                        ring.commit(out.len);
-                        n += 1;
-                        bytes += out.len as u64;
-                    }
-                }
-                (n, bytes, false, false)
-            });
-            match run {
+            let mut fill = |buf: &mut [u8]| {
+                let out = t.poll_transmit(now, buf, &mut env)?;
+                // (An RC/UC packet never names a UD destination; 0 abandons the buffer.)
+                Some(if out.ud_dest.is_none() { out.len } else { 0 })
+            };
+            match engine.transmit_direct(peer, attr.dest_qp_num, room, &mut fill) {
                 None => direct = false,
-                Some((n, bytes, idle, full)) => {
-                    engine.wire.count_direct(n, bytes);
-                    if idle {
-                        break;
-                    }
-                    // A full ring: the rest through the batch (which waits for room, then
-                    // takes the wire).
-                    direct = !full;
-                    continue;
-                }
+                Some(run) if run.idle => break,
+                // A full ring: the rest through the batch (which waits for room, then
+                // takes the wire).
+                Some(run) => direct = !run.full,
             }
+            continue;
         }
         if tx.is_full() {
             engine.send(tx);
@@ -377,17 +357,7 @@ pub(crate) fn drive(
         };
         let dst = match out.ud_dest {
             Some(h) => match ud_dests.remove(&h) {
-                Some(ah) => {
-                    let d = ah.attr.grh.dgid.to_ip();
-                    if d.is_multicast() {
-                        engine
-                            .wire
-                            .counters
-                            .mcast_tx_packets
-                            .fetch_add(1, Ordering::Relaxed);
-                    }
-                    d
-                }
+                Some(ah) => ah.attr.grh.dgid.to_ip(),
                 None => continue,
             },
             None => peer,
@@ -455,7 +425,7 @@ pub(crate) fn drive(
 impl QpPort for QpInner {
     fn receive(
         self: Arc<Self>,
-        engine: &Engine,
+        engine: &dyn Provider,
         pkts: &[&[u8]],
         src: SocketAddr,
         dst: IpAddr,
@@ -488,7 +458,7 @@ impl QpPort for QpInner {
         Delivery::Delivered
     }
 
-    fn on_timeout(self: Arc<Self>, engine: &Engine, now: Instant, tx: &mut TxBatch) {
+    fn on_timeout(self: Arc<Self>, engine: &dyn Provider, now: Instant, tx: &mut TxBatch) {
         let qp = &self;
         let events = {
             let mut st = qp.lock();
@@ -520,7 +490,7 @@ impl QpPort for QpInner {
 /// for a transport), drives the QP, releases the lock and raises the resulting events.
 #[allow(clippy::too_many_arguments)]
 fn feed(
-    engine: &Engine,
+    engine: &dyn Provider,
     qp: &Arc<QpInner>,
     mut st: std::sync::MutexGuard<'_, QpState_>,
     pkts: &[&[u8]],
@@ -561,7 +531,7 @@ fn feed(
 /// Sends the positive ACK the transport of `qp` holds back, if it holds one (with the QP's
 /// lock `st` held); returns the events to raise once the lock is released.
 pub(crate) fn send_held_ack(
-    engine: &Engine,
+    engine: &dyn Provider,
     qp: &Arc<QpInner>,
     st: &mut QpState_,
 ) -> Vec<EventType> {
@@ -574,7 +544,7 @@ pub(crate) fn send_held_ack(
 /// Drives the QP (lock `st` held) from the calling thread and sends what it produced now;
 /// returns the events to raise once the lock is released.
 pub(crate) fn drive_and_send(
-    engine: &Engine,
+    engine: &dyn Provider,
     qp: &Arc<QpInner>,
     st: &mut QpState_,
 ) -> Vec<EventType> {
@@ -591,7 +561,7 @@ impl QpInner {
         let events = {
             let mut st = self.lock();
             match st.engine.clone() {
-                Some(e) => send_held_ack(&e, self, &mut st),
+                Some(e) => send_held_ack(&*e, self, &mut st),
                 None => Vec::new(),
             }
         };

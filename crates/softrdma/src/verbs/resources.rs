@@ -7,7 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::gid::Gid;
-use crate::provider::Engine;
+use crate::provider::Provider;
 use crate::verbs::device::{device_attr, Device, DeviceAttr};
 use std::any::Any;
 use std::collections::HashMap;
@@ -27,13 +27,13 @@ impl DeviceShared {
     ///
     /// Fails with `EADDRINUSE` when a socket that does not share it (another user's process,
     /// another program, a kernel RoCE device) holds UDP port 4791 on the device's address.
-    pub(crate) fn engine(&self) -> Result<Arc<Engine>> {
-        Engine::get_or_start(self.device.addr(), self.device.ifindex())
+    pub(crate) fn engine(&self) -> Result<Arc<dyn Provider>> {
+        crate::provider::open(self.device.addr(), self.device.ifindex())
     }
 
     /// The engine if it has started.
-    pub(crate) fn engine_if_started(&self) -> Option<Arc<Engine>> {
-        Engine::if_started(self.device.addr())
+    pub(crate) fn engine_if_started(&self) -> Option<Arc<dyn Provider>> {
+        crate::provider::if_open(self.device.addr())
     }
 }
 

@@ -3,7 +3,6 @@
 use super::Qp;
 use crate::error::{Error, Result};
 use crate::gid::Gid;
-use crate::provider::Provider;
 use softrdma_proto::QpType;
 
 impl Qp {

@@ -18,8 +18,7 @@ pub use attr::{MigState, QpAttr, QpCap, QpInitAttr, QpInitInfo};
 
 use crate::error::{DestroyError, Error, ErrorKind, Result};
 use crate::gid::Gid;
-use crate::provider::Provider;
-use crate::provider::{Engine, QpPort};
+use crate::provider::{Provider, QpPort};
 use crate::verbs::ah::AhInner;
 use crate::verbs::cq::{CqInner, WcOpcode, WcStatus, WorkCompletion};
 use crate::verbs::event::{AsyncElement, EventTarget, EventType};
@@ -48,7 +47,7 @@ pub(crate) struct QpState_ {
     /// The transport, from RTR on (the send queue lives in it).
     pub(crate) transport: Option<tp::Qp>,
     /// The device engine, once the QP has reached RTR.
-    pub(crate) engine: Option<Arc<Engine>>,
+    pub(crate) engine: Option<Arc<dyn Provider>>,
     pub(crate) rq: VecDeque<RecvWqe>,
     /// Address handles of UD sends not yet transmitted, by the handle given to the transport.
     pub(crate) ud_dests: HashMap<u64, Arc<AhInner>>,

@@ -3,7 +3,6 @@
 
 use super::{Qp, QpAttr, QpInner, QpState_};
 use crate::error::{Error, Result};
-use crate::provider::Provider;
 use crate::provider::QpPort;
 use crate::verbs::cq::WcOpcode;
 use crate::verbs::datapath::{send_held_ack, to_wc};
@@ -190,7 +189,7 @@ impl Qp {
         let mut held_events = Vec::new();
         if matches!(next, QpState::Reset | QpState::Err) && next != cur {
             if let Some(e) = st.engine.clone() {
-                held_events = send_held_ack(&e, inner, &mut st);
+                held_events = send_held_ack(&*e, inner, &mut st);
             }
         }
         if next == QpState::Reset && cur != QpState::Reset {

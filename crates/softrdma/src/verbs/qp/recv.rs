@@ -56,7 +56,7 @@ impl Qp {
             .is_some_and(|t| t.recv_posted(available));
         if update {
             if let Some(engine) = st.engine.clone() {
-                let events = drive_and_send(&engine, inner, &mut st);
+                let events = drive_and_send(&*engine, inner, &mut st);
                 drop(st);
                 for e in events {
                     inner.raise(e);

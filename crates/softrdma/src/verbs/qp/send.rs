@@ -181,7 +181,7 @@ impl Qp {
         });
         if posted > 0 && !defer {
             if let Some(engine) = st.engine.clone() {
-                let events = drive_and_send(&engine, inner, &mut st);
+                let events = drive_and_send(&*engine, inner, &mut st);
                 drop(st);
                 for e in events {
                     inner.raise(e);
