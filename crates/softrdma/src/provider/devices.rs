@@ -9,7 +9,7 @@ use super::progress;
 use super::share::Share;
 use super::sock::{UdpSock, ROCE_PORT};
 use super::tx::Wire;
-use super::tx::{DirectRun, TxBatch};
+use super::tx::{DirectTx, TxBatch};
 use crate::error::Result;
 use crate::gid::Gid;
 use std::collections::HashMap;
@@ -157,14 +157,8 @@ impl Provider for Engine {
         self.wire.lanes_direct()
     }
     #[inline]
-    fn transmit_direct(
-        &self,
-        peer: IpAddr,
-        dest_qpn: u32,
-        room: usize,
-        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
-    ) -> Option<DirectRun> {
-        self.wire.transmit_direct(peer, dest_qpn, room, fill)
+    fn direct_lane(&self, peer: IpAddr, dest_qpn: u32) -> Option<DirectTx<'_>> {
+        self.wire.direct_lane(peer, dest_qpn)
     }
     fn note_held_ack(&self, qpn: u32) {
         Engine::note_held_ack(self, qpn)

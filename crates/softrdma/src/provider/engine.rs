@@ -10,7 +10,7 @@ use super::gsi::{self, Gsi};
 use super::mcast::{Mcast, RxMcast};
 use super::rx::{Delivery, RxSink, RxState, Via};
 use super::share::Share;
-use super::tx::{with_tx, DirectRun, TxBatch, Wire};
+use super::tx::{with_tx, DirectTx, TxBatch, Wire};
 use crate::error::Result;
 use crate::gid::Gid;
 use softrdma_proto::cm::CmEvent;
@@ -128,7 +128,7 @@ pub(crate) trait QpPort: Send + Sync {
 /// `provider::open`, `if_open`, `all_open`) and never name its type. Today it has one
 /// implementation, the UDP RoCEv2 [`Engine`], which also carries same-host lanes (its
 /// packets through shared-memory rings when the peer device is on this host:
-/// [`Provider::transmit_direct`]); a transport that does not carry RoCEv2 packets would be a
+/// [`Provider::direct_lane`]); a transport that does not carry RoCEv2 packets would be a
 /// second implementation.
 pub(crate) trait Provider: Send + Sync {
     /// The device's address and UDP port (the address of its GID).
@@ -143,23 +143,16 @@ pub(crate) trait Provider: Send + Sync {
     fn set_timer(&self, qpn: u32, deadline: Option<Instant>);
     /// Sends a batch of finished packets.
     fn send(&self, tx: &mut TxBatch);
-    /// Whether [`Provider::transmit_direct`] may find a lane (same-host lanes are on, and
+    /// Whether [`Provider::direct_lane`] may find a lane (same-host lanes are on, and
     /// neither fault injection nor a capture needs the packets to pass through
     /// [`Provider::send`]).
     fn lanes_direct(&self) -> bool;
-    /// Writes a run of up to 64 packets straight into the same-host lane to QP `dest_qpn` of
-    /// the device at `peer`, one copy less than through a [`TxBatch`]: `fill` builds each
-    /// packet into the buffer it is given (at least `room` bytes) and returns its length (a
-    /// length outside 4..=`room` abandons that buffer), or `None` when the QP has nothing
-    /// more to send. `None` when no lane is up there (one is offered: the caller sends
-    /// through a batch meanwhile); otherwise what the run did.
-    fn transmit_direct(
-        &self,
-        peer: IpAddr,
-        dest_qpn: u32,
-        room: usize,
-        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
-    ) -> Option<DirectRun>;
+    /// The same-host lane to QP `dest_qpn` of the device at `peer` when one is up, to write
+    /// packets straight into its ring ([`DirectTx::reserve`], [`DirectTx::commit`]): one copy
+    /// less than through a [`TxBatch`]; published and counted when dropped (hold it only for
+    /// a run of packets: other senders to the device's lanes wait). `None` when no lane is
+    /// up there (one is offered: send through a batch meanwhile).
+    fn direct_lane(&self, peer: IpAddr, dest_qpn: u32) -> Option<DirectTx<'_>>;
     /// Records that the transport of QP `qpn` holds a positive ACK back.
     fn note_held_ack(&self, qpn: u32);
     /// Progress from an application thread that found its CQ empty (`busy`: not armed).

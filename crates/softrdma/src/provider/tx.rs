@@ -5,7 +5,7 @@
 use super::counters::Counters;
 use super::faults::{FaultConfig, Faults};
 use super::fd::EventFd;
-use super::lanes::Lanes;
+use super::lanes::{LaneWriter, Lanes};
 use super::sock::{UdpSock, ROCE_PORT};
 use softrdma_proto::device::Sealer;
 use std::net::{IpAddr, SocketAddr};
@@ -39,17 +39,41 @@ pub(crate) struct TxBatch {
     sealers: Vec<(IpAddr, Sealer)>,
 }
 
-/// What one [`Wire::transmit_direct`] did.
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct DirectRun {
-    /// Packets written into the ring.
-    pub(crate) packets: usize,
-    /// Their bytes.
-    pub(crate) bytes: usize,
-    /// The QP had nothing more to send.
-    pub(crate) idle: bool,
-    /// The ring had no room left.
-    pub(crate) full: bool,
+/// Packets written straight into the ring of a same-host lane ([`Wire::direct_lane`]), one
+/// copy less than through a [`TxBatch`]: published to the receiver, and counted as sent, when
+/// dropped.
+pub(crate) struct DirectTx<'a> {
+    lane: LaneWriter<'a>,
+    wire: &'a Wire,
+    packets: usize,
+    bytes: usize,
+}
+
+impl DirectTx<'_> {
+    /// Room for a packet of at most `max` bytes; `None` when the ring is full.
+    #[inline]
+    pub(crate) fn reserve(&mut self, max: usize) -> Option<&mut [u8]> {
+        self.lane.reserve(max)
+    }
+
+    /// Queues the packet built in the reserved room, `len` bytes (at most the `max` of the
+    /// reservation); a length under 4 (no packet) abandons the room.
+    #[inline]
+    pub(crate) fn commit(&mut self, len: usize) {
+        if len >= 4 {
+            self.lane.commit(len);
+            self.packets += 1;
+            self.bytes += len;
+        }
+    }
+}
+
+impl Drop for DirectTx<'_> {
+    fn drop(&mut self) {
+        if self.packets > 0 {
+            self.wire.count_sent(0, self.packets, self.bytes, 0);
+        }
+    }
 }
 
 impl TxBatch {
@@ -292,47 +316,26 @@ impl Wire {
     }
 
     /// Whether a QP may write its packets straight into a same-host lane's ring
-    /// ([`Lanes::with_lane`]) rather than through a [`TxBatch`]: lanes on, no fault
+    /// ([`Wire::direct_lane`]) rather than through a [`TxBatch`]: lanes on, no fault
     /// injection, no capture (both see packets only in a batch).
     #[inline]
     pub(crate) fn lanes_direct(&self) -> bool {
         self.lanes.on() && !self.faults.on() && !super::capture::active()
     }
 
-    /// Writes a run of up to 64 packets straight into the lane to QP `dest_qpn` of the device
-    /// at `peer` (see [`super::Provider::transmit_direct`]) and counts them.
-    pub(crate) fn transmit_direct(
-        &self,
-        peer: IpAddr,
-        dest_qpn: u32,
-        room: usize,
-        fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>,
-    ) -> Option<DirectRun> {
+    /// The lane to QP `dest_qpn` of the device at `peer`, to write packets straight into
+    /// (see [`super::Provider::direct_lane`]).
+    pub(crate) fn direct_lane(&self, peer: IpAddr, dest_qpn: u32) -> Option<DirectTx<'_>> {
         let dst = SocketAddr::new(peer, ROCE_PORT);
-        let slot = super::share::slot_of_qpn(dest_qpn);
-        let run = self.lanes.with_lane(dst, slot, |ring| {
-            let mut run = DirectRun::default();
-            while run.packets < 64 {
-                let Ok(Some(buf)) = ring.reserve(room) else {
-                    run.full = true;
-                    break;
-                };
-                let Some(len) = fill(buf) else {
-                    run.idle = true;
-                    break;
-                };
-                if (4..=room).contains(&len) {
-                    ring.commit(len);
-                    run.packets += 1;
-                    run.bytes += len;
-                }
-            }
-            run
-        })?;
-        if run.packets > 0 {
-            self.count_sent(0, run.packets, run.bytes, 0);
-        }
-        Some(run)
+        let lane = self
+            .lanes
+            .writer(dst, super::share::slot_of_qpn(dest_qpn))?;
+        Some(DirectTx {
+            lane,
+            wire: self,
+            packets: 0,
+            bytes: 0,
+        })
     }
 
     /// Injects faults with `cfg` into what the device sends from now on (`None`: none).

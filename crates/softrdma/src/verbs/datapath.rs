@@ -333,18 +333,33 @@ pub(crate) fn drive(
     ) && engine.lanes_direct();
     loop {
         if direct && tx.is_empty() {
-            let room = t.segment() as usize + 128;
-            let mut fill = |buf: &mut [u8]| {
-                let out = t.poll_transmit(now, buf, &mut env)?;
-                // (An RC/UC packet never names a UD destination; 0 abandons the buffer.)
-                Some(if out.ud_dest.is_none() { out.len } else { 0 })
+            let Some(mut lane) = engine.direct_lane(peer, attr.dest_qp_num) else {
+                direct = false;
+                continue;
             };
-            match engine.transmit_direct(peer, attr.dest_qp_num, room, &mut fill) {
-                None => direct = false,
-                Some(run) if run.idle => break,
-                // A full ring: the rest through the batch (which waits for room, then
-                // takes the wire).
-                Some(run) => direct = !run.full,
+            let room = t.segment() as usize + 128;
+            // Up to 64 packets, then the lane goes back for others (and this QP's run
+            // goes on with another).
+            let mut idle = false;
+            for _ in 0..64 {
+                let Some(buf) = lane.reserve(room) else {
+                    // A full ring: the rest through the batch (which waits for room, then
+                    // takes the wire).
+                    direct = false;
+                    break;
+                };
+                let Some(out) = t.poll_transmit(now, buf, &mut env) else {
+                    idle = true;
+                    break;
+                };
+                // (An RC/UC packet never names a UD destination.)
+                if out.len <= room && out.ud_dest.is_none() {
+                    lane.commit(out.len);
+                }
+            }
+            drop(lane);
+            if idle {
+                break;
             }
             continue;
         }

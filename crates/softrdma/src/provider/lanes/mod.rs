@@ -140,6 +140,47 @@ struct OutLane {
     dirty: bool,
 }
 
+/// Direct access to the ring of one lane that is up ([`Lanes::writer`]), holding the
+/// device's outbound lanes; publishes what was committed when dropped.
+pub(crate) struct LaneWriter<'a> {
+    out: MutexGuard<'a, Vec<Out>>,
+    i: usize,
+}
+
+impl LaneWriter<'_> {
+    #[inline]
+    fn lane(&mut self) -> Option<&mut OutLane> {
+        match &mut self.out[self.i].state {
+            OutState::Up(l) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// Room for a packet of at most `max` bytes at the ring's head ([`Producer::reserve`]);
+    /// `None` when the ring is full (or its peer corrupted it).
+    #[inline]
+    pub(crate) fn reserve(&mut self, max: usize) -> Option<&mut [u8]> {
+        self.lane()?.prod.reserve(max).ok().flatten()
+    }
+
+    /// Queues the first `len` bytes of the reserved room as a packet ([`Producer::commit`]).
+    #[inline]
+    pub(crate) fn commit(&mut self, len: usize) {
+        if let Some(l) = self.lane() {
+            l.prod.commit(len);
+            l.dirty = true;
+        }
+    }
+}
+
+impl Drop for LaneWriter<'_> {
+    fn drop(&mut self) {
+        if let Some(l) = self.lane() {
+            l.publish();
+        }
+    }
+}
+
 impl OutLane {
     /// Makes what was queued visible and wakes the receiver when it sleeps.
     #[inline]
@@ -226,28 +267,22 @@ impl Lanes {
         (kept, laned)
     }
 
-    /// Runs `f` with the ring of the lane to (`dst`, `slot`) when one is up, then publishes
-    /// what it queued (waking the receiver when it sleeps): a sender that writes its packets
-    /// straight into the ring ([`ring::Producer::reserve`]). `None` (and `f` does not run)
-    /// when no lane is up there; one is offered then, as [`Lanes::route`] does.
-    pub(crate) fn with_lane<R>(
-        &self,
-        dst: SocketAddr,
-        slot: u8,
-        f: impl FnOnce(&mut Producer) -> R,
-    ) -> Option<R> {
+    /// The ring of the lane to (`dst`, `slot`) when one is up, for a sender that writes its
+    /// packets straight into it ([`LaneWriter::reserve`]); what it queued is published
+    /// (waking the receiver when it sleeps) when the writer is dropped. Other senders to any
+    /// lane of the device wait meanwhile. `None` when no lane is up there; one is offered
+    /// then, as [`Lanes::route`] does.
+    pub(crate) fn writer(&self, dst: SocketAddr, slot: u8) -> Option<LaneWriter<'_>> {
         if slot == 0 || slot == 0xff {
             return None;
         }
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         let mut last = usize::MAX;
         let i = self.up(&mut out, &mut last, dst, slot)?;
-        let OutState::Up(l) = &mut out[i].state else {
+        if !matches!(out[i].state, OutState::Up(_)) {
             return None;
-        };
-        let r = f(&mut l.prod);
-        l.publish();
-        Some(r)
+        }
+        Some(LaneWriter { out, i })
     }
 
     /// The index in `out` of the lane to (`ip`, `slot`) when it is up. Otherwise moves the
