@@ -171,6 +171,10 @@ pub const RULES: &[CrateRule] = &[
             ("provider: devices", &["provider::devices"]),
             ("provider: progress", &["provider::progress"]),
             ("provider: engine", &["provider::engine"]),
+            (
+                "provider: its face to the layers above",
+                &["provider::port"],
+            ),
             ("provider: QP 1", &["provider::gsi"]),
             ("provider: multicast", &["provider::mcast"]),
             ("provider: receive", &["provider::rx"]),
@@ -188,6 +192,7 @@ pub const RULES: &[CrateRule] = &[
                     "provider::share",
                     "provider::scm",
                     "provider::steer",
+                    "provider::unix_names",
                     "provider::capture",
                 ],
             ),

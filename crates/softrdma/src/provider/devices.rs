@@ -2,9 +2,10 @@
 
 use super::capture;
 use super::counters::DeviceCounters;
-use super::engine::{engine_started, Engine, Provider, QpPort};
+use super::engine::{engine_started, Engine};
 use super::faults::FaultConfig;
 use super::gsi::Gsi;
+use super::port::{Provider, QpPort};
 use super::progress;
 use super::share::Share;
 use super::sock::{UdpSock, ROCE_PORT};

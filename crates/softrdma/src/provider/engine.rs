@@ -1,16 +1,16 @@
 //! The engine of one device: the parts the files below it own (the [`Wire`] out, the
 //! receive state, the multicast groups, QP 1), composed with the table of QPs and their
-//! timers, the held ACKs, and the connection-manager layer's hook. The QPs the verbs layer
-//! registers ([`QpPort`]) and the CM events that go up ([`CmHook`]) are named here and
-//! above, never below.
+//! timers, the held ACKs, and the connection-manager layer's hook. It implements the
+//! provider's face to the layers above (`port.rs`: [`Provider`], [`QpPort`], the CM hook).
 
 use super::counters::DeviceCounters;
 use super::faults::FaultConfig;
 use super::gsi::{self, Gsi};
 use super::mcast::{Mcast, RxMcast};
+use super::port::{cm_hook, Provider, QpPort};
 use super::rx::{Delivery, RxSink, RxState, Via};
 use super::share::Share;
-use super::tx::{with_tx, DirectTx, TxBatch, Wire};
+use super::tx::{with_tx, TxBatch, Wire};
 use crate::error::Result;
 use crate::gid::Gid;
 use softrdma_proto::cm::CmEvent;
@@ -96,128 +96,9 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// A QP as the provider sees it. The verbs layer registers each QP that can receive
-/// ([`Engine::register`]) as this trait, and the provider hands it packets, timeouts and held
-/// ACKs through it: the provider never names the verbs objects.
-pub(crate) trait QpPort: Send + Sync {
-    /// Hands a run of good packets, all from `src` to `dst` and for this QP, to its transport
-    /// (under the QP's lock), drives the QP and raises the resulting events; says what
-    /// became of them.
-    #[allow(clippy::too_many_arguments)]
-    fn receive(
-        self: Arc<Self>,
-        engine: &dyn Provider,
-        pkts: &[&[u8]],
-        src: SocketAddr,
-        dst: IpAddr,
-        via: Via,
-        now: Instant,
-        tx: &mut TxBatch,
-    ) -> Delivery;
-
-    /// The QP's deadline has passed: runs its transport's timers and drives it.
-    fn on_timeout(self: Arc<Self>, engine: &dyn Provider, now: Instant, tx: &mut TxBatch);
-
-    /// Sends the positive ACK the QP's transport holds back, if any.
-    fn release_held_ack(self: Arc<Self>);
-}
-
-/// A device's provider as the layers above call it: the verbs layer (QPs, their timers and
-/// transmit batches, CQ polls, multicast, counters, faults) and the connection manager (QP 1).
-/// The layers above hold a device's provider only as `Arc<dyn Provider>` (from
-/// `provider::open`, `if_open`, `all_open`) and never name its type. Today it has one
-/// implementation, the UDP RoCEv2 [`Engine`], which also carries same-host lanes (its
-/// packets through shared-memory rings when the peer device is on this host:
-/// [`Provider::direct_lane`]); a transport that does not carry RoCEv2 packets would be a
-/// second implementation.
-pub(crate) trait Provider: Send + Sync {
-    /// The device's address and UDP port (the address of its GID).
-    fn local(&self) -> SocketAddr;
-    /// This process's slot on the device (bits 16..23 of its QP numbers).
-    fn slot(&self) -> u8;
-    /// Registers the QP `qpn`: packets and timeouts for it go to `qp` from now on.
-    fn register(&self, qpn: u32, qp: Weak<dyn QpPort>);
-    /// Forgets the QP `qpn` and its deadline.
-    fn unregister(&self, qpn: u32);
-    /// Records the QP's next deadline (`None`: none).
-    fn set_timer(&self, qpn: u32, deadline: Option<Instant>);
-    /// Sends a batch of finished packets.
-    fn send(&self, tx: &mut TxBatch);
-    /// Whether [`Provider::direct_lane`] may find a lane (same-host lanes are on, and
-    /// neither fault injection nor a capture needs the packets to pass through
-    /// [`Provider::send`]).
-    fn lanes_direct(&self) -> bool;
-    /// The same-host lane to QP `dest_qpn` of the device at `peer` when one is up, to write
-    /// packets straight into its ring ([`DirectTx::reserve`], [`DirectTx::commit`]): one copy
-    /// less than through a [`TxBatch`]; published and counted when dropped (hold it only for
-    /// a run of packets: other senders to the device's lanes wait). `None` when no lane is
-    /// up there (one is offered: send through a batch meanwhile).
-    fn direct_lane(&self, peer: IpAddr, dest_qpn: u32) -> Option<DirectTx<'_>>;
-    /// Records that the transport of QP `qpn` holds a positive ACK back.
-    fn note_held_ack(&self, qpn: u32);
-    /// Progress from an application thread that found its CQ empty (`busy`: not armed).
-    fn poll_progress(&self, busy: bool);
-    /// An application thread is about to sleep on a completion channel.
-    fn app_sleeps(&self);
-    /// Attaches QP `qpn` to the multicast group `gid`; fails with the errno of joining it.
-    fn mcast_join(&self, gid: &Gid, qpn: u32) -> Result<()>;
-    /// Detaches QP `qpn` from the multicast group `gid`.
-    fn mcast_leave(&self, gid: &Gid, qpn: u32);
-    /// A snapshot of the device's packet counters.
-    fn counters(&self) -> DeviceCounters;
-    /// Injects faults with `cfg` into what the device sends (`None`: none).
-    fn set_faults(&self, cfg: Option<FaultConfig>);
-    /// Runs `f` on the device's connection manager, sends what it wants sent, then
-    /// dispatches its events (see `with_cm` on `dyn Provider` for a result).
-    fn with_cm_dyn(&self, f: &mut dyn FnMut(&mut Gsi, Instant));
-    /// The counters and bounds of the device's connection manager (QP 1).
-    fn cm_stats(&self) -> crate::GsiStats;
-    /// Listens for the service `sid`; fails with `EADDRINUSE` when another process sharing
-    /// the device listens on it.
-    fn cm_listen(&self, sid: u64) -> Result<bool>;
-    /// Stops listening for the service `sid`.
-    fn cm_unlisten(&self, sid: u64);
-}
-
-impl dyn Provider {
-    /// Runs `f` on the device's connection manager and returns its result, then sends what
-    /// the CM wants sent and dispatches its events ([`Provider::with_cm_dyn`]).
-    pub(crate) fn with_cm<R>(&self, f: impl FnOnce(&mut Gsi, Instant) -> R) -> R {
-        let mut f = Some(f);
-        let mut r = None;
-        self.with_cm_dyn(&mut |g, now| {
-            if let Some(f) = f.take() {
-                r = Some(f(g, now));
-            }
-        });
-        match r {
-            Some(r) => r,
-            None => unreachable!("with_cm_dyn runs its closure once"),
-        }
-    }
-}
-
-/// The entry points of the connection-manager layer above the provider ([`crate::rdma_cm`]),
-/// which registers them with [`set_cm_hook`] before it holds any id: the provider calls up
-/// only through them, never by name.
-pub(crate) struct CmHook {
-    /// Takes an event of a device's CM (called with no lock held); gives it back when no id
-    /// of that layer is behind it.
-    pub(crate) dispatch: fn(&Arc<dyn Provider>, CmEvent) -> Option<CmEvent>,
-    /// A device engine has started (its wildcard listeners may listen on it).
-    pub(crate) engine_started: fn(&Arc<dyn Provider>),
-}
-
-static CM_HOOK: OnceLock<CmHook> = OnceLock::new();
-
-/// Registers the connection-manager layer's entry points (the first registration stays).
-pub(crate) fn set_cm_hook(hook: CmHook) {
-    let _ = CM_HOOK.set(hook);
-}
-
 /// Tells the connection-manager layer, if one registered, that `engine` started.
 pub(super) fn engine_started(engine: &Arc<Engine>) {
-    if let Some(hook) = CM_HOOK.get() {
+    if let Some(hook) = cm_hook() {
         let engine: Arc<dyn Provider> = engine.clone();
         (hook.engine_started)(&engine);
     }
@@ -486,7 +367,7 @@ impl Engine {
             return;
         };
         let me: Arc<dyn Provider> = me;
-        let rest: Vec<_> = match CM_HOOK.get() {
+        let rest: Vec<_> = match cm_hook() {
             Some(hook) => evs
                 .into_iter()
                 .filter_map(|ev| (hook.dispatch)(&me, ev))
