@@ -800,3 +800,74 @@ fn same_host_lanes_carry_the_traffic_unless_the_wire_is_forced() {
     }
     assert_eq!((ca.icrc_errors, cb.icrc_errors, cb.malformed), (0, 0, 0));
 }
+
+/// A receiver that stops taking packets from its same-host lane (descheduled, or busy) while
+/// the sender writes far more than the lane's ring holds: the sender's RC QP waits for the
+/// ACKs of what the ring holds instead of sending the rest on the wire, where it would
+/// overtake the ring's packets (sequence NAKs and go-back-N, again and again while the
+/// receiver is behind). Every byte arrives, with no NAK and no retry.
+#[test]
+fn rc_sender_facing_a_full_lane_waits_for_acks_instead_of_overtaking_it_on_the_wire() {
+    // A long local ACK timeout (4.3 s): the pause must not look like a loss.
+    let o = Opts {
+        timeout: 20,
+        ..Opts::default()
+    };
+    const LEN: usize = 1 << 20;
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 2 * LEN, &o);
+    let wire = std::env::var("SOFTRDMA_TRANSPORT").is_ok_and(|v| v == "wire");
+    let write = |wr_id: u64| {
+        send(&a, wr_id, WrOpcode::RdmaWrite, &[a.sge(0, LEN)], |w| {
+            w.remote_addr = b.buf.addr() + LEN as u64;
+            w.rkey = b.mr.rkey();
+        });
+    };
+    // The lanes come up while the first packets go on the wire (a hang guard, no timing).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !wire
+        && (a.ctx.counters().same_host_packets == 0 || b.ctx.counters().same_host_packets == 0)
+    {
+        write(0);
+        assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+        assert!(std::time::Instant::now() < deadline, "no lane came up");
+    }
+    let (a0, q0) = (a.ctx.counters(), a.qp.counters());
+    let data = pattern(LEN, 7);
+    a.buf.write(0, &data).unwrap();
+    b.ctx.pause_same_host_receive(true).unwrap();
+    // 16 MiB against a ring of 4 MiB; a sender that gives up on a full ring after a moment
+    // (and takes the wire) has done so well within the pause.
+    const N: u64 = 16;
+    for i in 1..=N {
+        write(i);
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    b.ctx.pause_same_host_receive(false).unwrap();
+    let done = a.wait(N as usize);
+    assert!(
+        done.iter().all(|w| w.status == WcStatus::Success),
+        "{done:?}"
+    );
+    let mut got = vec![0; LEN];
+    b.buf.read(LEN, &mut got).unwrap();
+    assert!(got == data, "the WRITEs' bytes");
+    let (ca, qa) = (a.ctx.counters(), a.qp.counters());
+    assert_eq!(
+        (
+            qa.seq_naks_received - q0.seq_naks_received,
+            qa.retries - q0.retries
+        ),
+        (0, 0),
+        "packets overtook the ring: {qa:?}"
+    );
+    if !wire {
+        // Nothing went on the wire but the liveness probes (one per peer and interval).
+        let sent = ca.tx_packets - a0.tx_packets;
+        let laned = ca.same_host_packets - a0.same_host_packets;
+        assert!(
+            sent - laned <= 2,
+            "{} of {sent} on the wire: {ca:?}",
+            sent - laned
+        );
+    }
+}

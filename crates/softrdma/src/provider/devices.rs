@@ -180,6 +180,14 @@ impl Provider for Engine {
     fn counters(&self) -> DeviceCounters {
         Engine::counters(self)
     }
+    fn pause_lanes(&self, paused: bool) {
+        self.wire.lanes.set_paused(paused);
+        if !paused {
+            // What waits in the rings is taken now, not at the progress thread's next
+            // wake-up (no producer rang a bell for it).
+            self.wire.wake.signal();
+        }
+    }
     fn set_faults(&self, cfg: Option<FaultConfig>) {
         Engine::set_faults(self, cfg)
     }

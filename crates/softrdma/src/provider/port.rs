@@ -85,6 +85,9 @@ pub(crate) trait Provider: Send + Sync {
     fn mcast_leave(&self, gid: &Gid, qpn: u32);
     /// A snapshot of the device's packet counters.
     fn counters(&self) -> DeviceCounters;
+    /// Stops (`true`) or resumes taking packets from the device's inbound same-host lanes,
+    /// as a receiver that falls behind would, for tests of flow control.
+    fn pause_lanes(&self, paused: bool);
     /// Injects faults with `cfg` into what the device sends (`None`: none).
     fn set_faults(&self, cfg: Option<FaultConfig>);
     /// Runs `f` on the device's connection manager, sends what it wants sent, then

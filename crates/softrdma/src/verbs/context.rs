@@ -206,6 +206,18 @@ impl Context {
         Ok(())
     }
 
+    /// Makes the device stop (`true`) or resume taking packets from its same-host lanes (see
+    /// [`crate::same_host_lanes`]), as a receiver that has fallen behind would, for tests of
+    /// flow control: peers of this host that send to it find their lanes' rings full. Packets
+    /// that arrive on the wire are still received. A test knob: while paused, what waits in
+    /// a lane is not taken before a connection-manager message either.
+    ///
+    /// Fails like [`Context::set_fault_injection`].
+    pub fn pause_same_host_receive(&self, paused: bool) -> Result<()> {
+        self.inner.shared.engine()?.pause_lanes(paused);
+        Ok(())
+    }
+
     /// The UDP address the device's engine is bound to, starting the engine if needed.
     ///
     /// Fails like [`Context::set_fault_injection`].

@@ -343,9 +343,18 @@ pub(crate) fn drive(
             let mut idle = false;
             for _ in 0..64 {
                 let Some(buf) = lane.reserve(room) else {
-                    // A full ring: the rest through the batch (which waits for room, then
-                    // takes the wire).
-                    direct = false;
+                    // A full ring: the receiver is behind. An RC QP with packets in flight
+                    // stops here: their ACKs bring it back as the receiver drains the ring
+                    // (the batch would wait for room, then send the rest on the wire, where
+                    // it overtakes what the ring holds: sequence NAKs and go-back-N, over
+                    // and over once the receiver falls behind). Otherwise (UC, which has
+                    // no ACKs, or a ring filled by other QPs) the rest goes through the
+                    // batch.
+                    if qp.qp_type == softrdma_proto::QpType::Rc && t.awaiting_ack() {
+                        idle = true;
+                    } else {
+                        direct = false;
+                    }
                     break;
                 };
                 let Some(out) = t.poll_transmit(now, buf, &mut env) else {

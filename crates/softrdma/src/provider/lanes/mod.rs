@@ -38,7 +38,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Bytes of records in each ring (a lane of one QP needs its send window: 128 packets).
+/// Bytes of records in each ring: a send window of 128 packets of 32 KiB (same-host segments)
+/// nearly fills it; an RC QP that finds it full waits for its ACKs (`verbs::datapath::drive`).
 const RING_CAP: usize = 4 << 20;
 /// How long an offer waits for its answer before the destination counts as not local.
 const OFFER_WAIT: Duration = Duration::from_secs(1);
@@ -107,6 +108,8 @@ pub(crate) struct Lanes {
     inbound: Mutex<Vec<InLane>>,
     /// Whether `inbound` may be non-empty (saves its lock on every poll when it is not).
     any_inbound: AtomicBool,
+    /// Nothing is taken from the inbound lanes while set ([`Lanes::set_paused`]).
+    paused: AtomicBool,
     /// Changes whenever the set of bells changes (the progress thread's poll set).
     gen: AtomicU64,
     nonces: AtomicU64,
@@ -220,9 +223,17 @@ impl Lanes {
             out: Mutex::new(Vec::new()),
             inbound: Mutex::new(Vec::new()),
             any_inbound: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
             gen: AtomicU64::new(0),
             nonces: AtomicU64::new(u64::from(crate::gid::random_u32()) << 32),
         }
+    }
+
+    /// Stops (`true`) or resumes taking packets from the inbound lanes, as a receiver that
+    /// falls behind would (their producers find the rings full), for tests of flow control.
+    /// While paused, what a lane holds is not taken before a MAD either.
+    pub(crate) fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Relaxed);
     }
 
     /// Whether lanes may carry packets.
@@ -441,7 +452,7 @@ impl Lanes {
     /// Runs `f` on the inbound lanes (under their lock) when there are any.
     #[inline]
     pub(crate) fn with_inbound<R>(&self, f: impl FnOnce(&mut Vec<InLane>) -> R) -> Option<R> {
-        if !self.any_inbound.load(Ordering::Acquire) {
+        if !self.any_inbound.load(Ordering::Acquire) || self.paused.load(Ordering::Relaxed) {
             return None;
         }
         let mut inb = self.inbound.lock().unwrap_or_else(|p| p.into_inner());
