@@ -75,6 +75,10 @@ pub(crate) struct Engine {
     pub(super) app_asleep: AtomicBool,
     /// The progress thread is not watching the socket (an application thread polls it).
     pub(super) standing_down: AtomicBool,
+    /// Application threads polling this device take packets from its same-host lanes now,
+    /// and read the socket only now and then: the progress thread watches the socket for
+    /// them while it leaves the device to them.
+    pub(super) lanes_hot: AtomicBool,
     /// [`POLL_HANDOFF`] or `SOFTRDMA_POLL_HANDOFF_US`.
     pub(super) handoff: Duration,
     /// QPs whose transport holds a positive ACK back, and whether the list may be non-empty.
@@ -134,6 +138,7 @@ impl Engine {
             app_polls: AtomicU64::new(0),
             app_asleep: AtomicBool::new(false),
             standing_down: AtomicBool::new(false),
+            lanes_hot: AtomicBool::new(false),
             held_acks: Mutex::new(Vec::new()),
             any_held_acks: AtomicBool::new(false),
             handoff: env_us("SOFTRDMA_POLL_HANDOFF_US").unwrap_or(POLL_HANDOFF),
