@@ -56,6 +56,12 @@ impl DirectTx<'_> {
         self.lane.reserve(max)
     }
 
+    /// Waits up to `wait` for room for a packet of `max` bytes in a full ring (see
+    /// [`LaneWriter::wait_for_room`]); whether there is room now.
+    pub(crate) fn wait_for_room(&mut self, max: usize, wait: std::time::Duration) -> bool {
+        self.lane.wait_for_room(max, wait)
+    }
+
     /// Queues the packet built in the reserved room, `len` bytes (at most the `max` of the
     /// reservation); a length under 4 (no packet) abandons the room.
     #[inline]

@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The memory and receive queue of one QP, as its transport sees them.
 pub(crate) struct QpEnv<'a> {
@@ -290,6 +290,10 @@ pub(crate) fn to_wc(c: &Completion, qp_num: u32, ud: bool) -> WorkCompletion {
     }
 }
 
+/// How long an RC QP that finds its same-host lane's ring full waits for room before it
+/// leaves the rest to the ACKs of what the ring holds (see [`drive`]).
+const FULL_RING_WAIT: Duration = Duration::from_micros(50);
+
 /// Runs a QP's transport until it has nothing more to say right now: transmits into `tx`
 /// (flushing full batches), delivers completions to the CQs, raises events, and records the
 /// next deadline. Called with the QP's lock held, by the posting thread or the progress
@@ -341,22 +345,28 @@ pub(crate) fn drive(
             // Up to 64 packets, then the lane goes back for others (and this QP's run
             // goes on with another).
             let mut idle = false;
-            for _ in 0..64 {
+            let mut n = 0;
+            while n < 64 {
                 let Some(buf) = lane.reserve(room) else {
                     // A full ring: the receiver is behind. An RC QP with packets in flight
-                    // stops here: their ACKs bring it back as the receiver drains the ring
-                    // (the batch would wait for room, then send the rest on the wire, where
-                    // it overtakes what the ring holds: sequence NAKs and go-back-N, over
-                    // and over once the receiver falls behind). Otherwise (UC, which has
-                    // no ACKs, or a ring filled by other QPs) the rest goes through the
-                    // batch.
+                    // waits a moment for room (the receiver, running, takes a packet in a
+                    // few µs), then stops: their ACKs bring it back as the receiver drains
+                    // the ring. (The batch would wait for room, then send the rest on the
+                    // wire, where it overtakes what the ring holds: sequence NAKs and
+                    // go-back-N, over and over once the receiver falls behind.) Otherwise
+                    // (UC, which has no ACKs, or a ring filled by other QPs) the rest goes
+                    // through the batch.
                     if qp.qp_type == softrdma_proto::QpType::Rc && t.awaiting_ack() {
+                        if lane.wait_for_room(room, FULL_RING_WAIT) {
+                            continue;
+                        }
                         idle = true;
                     } else {
                         direct = false;
                     }
                     break;
                 };
+                n += 1;
                 let Some(out) = t.poll_transmit(now, buf, &mut env) else {
                     idle = true;
                     break;

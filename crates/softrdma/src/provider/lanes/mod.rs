@@ -166,6 +166,24 @@ impl LaneWriter<'_> {
         self.lane()?.prod.reserve(max).ok().flatten()
     }
 
+    /// Waits up to `wait` for room for a packet of `max` bytes in a full ring (publishing
+    /// what was committed first, so that the receiver can take it), yielding the processor
+    /// meanwhile. Returns whether there is room now.
+    pub(crate) fn wait_for_room(&mut self, max: usize, wait: Duration) -> bool {
+        let Some(l) = self.lane() else {
+            return false;
+        };
+        l.publish();
+        let end = Instant::now() + wait;
+        loop {
+            match l.prod.reserve(max) {
+                Ok(Some(_)) => return true,
+                Ok(None) if Instant::now() < end => std::thread::yield_now(),
+                _ => return false,
+            }
+        }
+    }
+
     /// Queues the first `len` bytes of the reserved room as a packet ([`Producer::commit`]).
     #[inline]
     pub(crate) fn commit(&mut self, len: usize) {
