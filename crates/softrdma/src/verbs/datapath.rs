@@ -541,10 +541,13 @@ fn feed(
             } = &mut *st;
             let mut env = QpEnv::of(qp, rq, mrs);
             if let Some(t) = transport.as_mut() {
+                // Only a UD receive gets the GRH (its first 40 bytes): built for UD only.
+                let ud = qp.qp_type == softrdma_proto::QpType::Ud;
+                let mut meta = RxMeta { grh: [0; 40] };
                 for pkt in pkts {
-                    let meta = RxMeta {
-                        grh: grh_for(src.ip(), dst, pkt.len()),
-                    };
+                    if ud {
+                        meta.grh = grh_for(src.ip(), dst, pkt.len());
+                    }
                     t.handle_packet(now, pkt, &meta, &mut env);
                 }
             }
