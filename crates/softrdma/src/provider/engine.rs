@@ -56,6 +56,10 @@ pub(crate) struct Engine {
     /// `TimerTable`: setting a deadline, once per drive of a QP, costs a third of what a
     /// heap push costs, and the progress thread's scan is of a handful of QPs.)
     pub(super) timers: Mutex<HashMap<u32, Instant>>,
+    /// The earliest deadline set since the timers were last run ([`Engine::nanos`];
+    /// `u64::MAX`: none), which may have moved later since: application threads polling the
+    /// device run the timers once it has passed (see [`Engine::run_due_timers`]).
+    pub(super) earliest: AtomicU64,
     epoch: Instant,
     /// When the progress thread will wake up on its own (nanoseconds since `epoch`).
     pub(super) sleep_until: AtomicU64,
@@ -127,6 +131,7 @@ impl Engine {
             share,
             qps: RwLock::new(HashMap::new()),
             timers: Mutex::new(HashMap::new()),
+            earliest: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             sleep_until: AtomicU64::new(0),
             rx: Mutex::new(Receiving {
@@ -240,20 +245,49 @@ impl Engine {
         t.saturating_duration_since(self.epoch).as_nanos() as u64
     }
 
-    /// Records the QP's next deadline and wakes the progress thread if it would sleep past it.
+    /// Records the QP's next deadline and wakes the progress thread if it would sleep past it,
+    /// unless it stands down for application threads that poll the device: they run the
+    /// timers then (a wake-up per deadline moved earlier, several thousand a second for the
+    /// tail-loss probes of a busy QP, preempted the pollers on a small machine).
     pub(super) fn set_timer(&self, qpn: u32, deadline: Option<Instant>) {
         let mut t = self.timers.lock().unwrap_or_else(|p| p.into_inner());
         match deadline {
             Some(d) => {
                 t.insert(qpn, d);
                 drop(t);
-                if self.nanos(d) < self.sleep_until.load(Ordering::Acquire) {
+                let n = self.nanos(d);
+                self.earliest.fetch_min(n, Ordering::AcqRel);
+                if n < self.sleep_until.load(Ordering::Acquire)
+                    && !self.standing_down.load(Ordering::SeqCst)
+                {
                     self.wire.wake.signal();
                 }
             }
             None => {
                 t.remove(&qpn);
             }
+        }
+    }
+
+    /// Runs the timers whose deadline has passed by `now` (`due`: a scratch list), and
+    /// records the earliest of the others.
+    pub(super) fn run_due_timers(&self, now: Instant, tx: &mut TxBatch, due: &mut Vec<u32>) {
+        {
+            let t = self.timers.lock().unwrap_or_else(|p| p.into_inner());
+            let mut next = u64::MAX;
+            for (q, d) in t.iter() {
+                if *d <= now {
+                    due.push(*q);
+                } else {
+                    next = next.min(self.nanos(*d));
+                }
+            }
+            // (Under the lock: a deadline set meanwhile is in the map after this store, and
+            // its `fetch_min` comes after it.)
+            self.earliest.store(next, Ordering::Release);
+        }
+        for qpn in due.drain(..) {
+            self.on_timeout(qpn, now, tx);
         }
     }
 

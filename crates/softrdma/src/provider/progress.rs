@@ -33,6 +33,9 @@ pub(crate) fn holding_acks() -> bool {
 /// (Every 16th poll: a ping-pong over lanes spent about half its polling time in those
 /// system calls, and 8-byte latency fell 11% with 1024.)
 const SOCKET_EVERY: u32 = 1024;
+/// How often (every this many polls) a polling application thread looks whether a timer of
+/// the device is due (one clock read).
+const TIMER_EVERY: u64 = 4;
 /// How many polls after lane traffic the socket is read only every [`SOCKET_EVERY`] polls.
 const LANE_POLLS: u32 = 1 << 16;
 
@@ -45,9 +48,22 @@ impl Engine {
     /// than sleeps, and the progress thread leaves the socket to it (see the module notes).
     pub(super) fn poll_progress(&self, busy: bool) {
         if busy && !self.handoff.is_zero() {
-            self.app_polls.fetch_add(1, Ordering::Relaxed);
+            let polls = self.app_polls.fetch_add(1, Ordering::Relaxed);
             if self.app_asleep.load(Ordering::Relaxed) {
                 self.app_asleep.store(false, Ordering::Relaxed);
+            }
+            // The progress thread leaves the timers to the polling threads too.
+            if polls % TIMER_EVERY == 0 {
+                let earliest = self.earliest.load(Ordering::Acquire);
+                if earliest != u64::MAX {
+                    let now = Instant::now();
+                    if self.nanos(now) >= earliest {
+                        with_tx(|tx| {
+                            self.run_due_timers(now, tx, &mut Vec::new());
+                            self.send(tx);
+                        });
+                    }
+                }
             }
         }
         // The program found nothing to do: the ACKs held since its last receive go now.
@@ -141,22 +157,25 @@ pub(super) fn progress(weak: Weak<Engine>) {
         let Some(engine) = weak.upgrade() else {
             return;
         };
-        // Sleep until a packet, a wake-up or the next deadline.
+        // Sleep until a packet, a wake-up or the next deadline (while application threads
+        // poll the device, they run the timers: until the end of the hand-off then).
         let now = Instant::now();
         let mut next = now + Duration::from_millis(200);
-        if let Some(d) = engine
-            .timers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .min()
-        {
-            next = next.min(*d);
+        let handoff = engine.handoff_until(now, &mut seen_polls);
+        if handoff.is_none() {
+            if let Some(d) = engine
+                .timers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .min()
+            {
+                next = next.min(*d);
+            }
         }
         if let Some(d) = engine.wire.release_delayed(now) {
             next = next.min(d);
         }
-        let handoff = engine.handoff_until(now, &mut seen_polls);
         engine
             .sleep_until
             .store(engine.nanos(next), Ordering::Release);
@@ -312,18 +331,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
             engine.probe_peers();
         }
         // Timers.
-        due.extend(
-            engine
-                .timers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .filter(|(_, d)| **d <= now)
-                .map(|(q, _)| *q),
-        );
-        for qpn in due.drain(..) {
-            engine.on_timeout(qpn, now, &mut tx);
-        }
+        engine.run_due_timers(now, &mut tx, &mut due);
         engine.send(&mut tx);
     }
 }
