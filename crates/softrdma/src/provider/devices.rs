@@ -56,7 +56,7 @@ pub(crate) fn all_engines() -> Vec<Arc<Engine>> {
 
 impl Engine {
     /// The engine of the device at `addr` (interface `ifindex`), started on first use; a
-    /// new engine is announced to the connection-manager layer (see [`super::engine::CmHook`]).
+    /// new engine is announced to the connection-manager layer (see [`super::port::CmHook`]).
     ///
     /// Fails with `EADDRINUSE` when a socket that does not share it (another user's process,
     /// another program, a kernel RoCE device) holds UDP port 4791 on the address; other

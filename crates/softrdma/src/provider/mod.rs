@@ -47,7 +47,7 @@
 //! # Files
 //! The provider's files import only downward, in this order (xtask's `layers` checks it):
 //! `devices` (the engines of this process, started on first use) over `progress` (the
-//! progress thread, polls from application threads) over `engine` (the [`Engine`]: the QPs,
+//! progress thread, polls from application threads) over `engine` (the `Engine`: the QPs,
 //! their timers, held ACKs, the CM hook) over `gsi` (QP 1) over `mcast` (multicast groups)
 //! over `rx` (receiving, ICRC checks) over `tx` (transmit batches and the [`tx::Wire`]: the
 //! socket, counters and faults every part sends through) over `faults` and `counters`, over

@@ -17,7 +17,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 /// A QP as the provider sees it. The verbs layer registers each QP that can receive
-/// ([`Engine::register`]) as this trait, and the provider hands it packets, timeouts and held
+/// ([`Provider::register`]) as this trait, and the provider hands it packets, timeouts and held
 /// ACKs through it: the provider never names the verbs objects.
 pub(crate) trait QpPort: Send + Sync {
     /// Hands a run of good packets, all from `src` to `dst` and for this QP, to its transport
@@ -46,7 +46,7 @@ pub(crate) trait QpPort: Send + Sync {
 /// transmit batches, CQ polls, multicast, counters, faults) and the connection manager (QP 1).
 /// The layers above hold a device's provider only as `Arc<dyn Provider>` (from
 /// `provider::open`, `if_open`, `all_open`) and never name its type. Today it has one
-/// implementation, the UDP RoCEv2 [`Engine`], which also carries same-host lanes (its
+/// implementation, the UDP RoCEv2 engine (`engine.rs`), which also carries same-host lanes (its
 /// packets through shared-memory rings when the peer device is on this host:
 /// [`Provider::direct_lane`]); a transport that does not carry RoCEv2 packets would be a
 /// second implementation.
