@@ -256,8 +256,10 @@ impl Engine {
                 t.insert(qpn, d);
                 drop(t);
                 let n = self.nanos(d);
-                self.earliest.fetch_min(n, Ordering::AcqRel);
-                if n < self.sleep_until.load(Ordering::Acquire)
+                // (SeqCst with the progress thread's store of `sleep_until` before it reads
+                // `earliest`: either it sees this deadline, or this sees it about to sleep.)
+                self.earliest.fetch_min(n, Ordering::SeqCst);
+                if n < self.sleep_until.load(Ordering::SeqCst)
                     && !self.standing_down.load(Ordering::SeqCst)
                 {
                     self.wire.wake.signal();
@@ -267,6 +269,13 @@ impl Engine {
                 t.remove(&qpn);
             }
         }
+    }
+
+    /// The earliest deadline of the device's timers, or an earlier instant (`earliest` may
+    /// lag behind a deadline moved later): when the progress thread must be awake.
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        let n = self.earliest.load(Ordering::SeqCst);
+        (n != u64::MAX).then(|| self.epoch + Duration::from_nanos(n))
     }
 
     /// Runs the timers whose deadline has passed by `now` (`due`: a scratch list), and

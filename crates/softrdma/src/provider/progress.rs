@@ -163,14 +163,12 @@ pub(super) fn progress(weak: Weak<Engine>) {
         let mut next = now + Duration::from_millis(200);
         let handoff = engine.handoff_until(now, &mut seen_polls);
         if handoff.is_none() {
-            if let Some(d) = engine
-                .timers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .values()
-                .min()
-            {
-                next = next.min(*d);
+            // About to sleep (before the deadline is read: a timer set meanwhile either is
+            // seen here or wakes this thread), until the earliest deadline, which the timer
+            // run at the end of each round keeps exact (no scan of the timers here).
+            engine.sleep_until.store(u64::MAX, Ordering::SeqCst);
+            if let Some(d) = engine.next_deadline() {
+                next = next.min(d);
             }
         }
         if let Some(d) = engine.wire.release_delayed(now) {
@@ -178,7 +176,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
         }
         engine
             .sleep_until
-            .store(engine.nanos(next), Ordering::Release);
+            .store(engine.nanos(next), Ordering::SeqCst);
         if let Some(h) = handoff {
             next = next.min(h);
         }

@@ -144,7 +144,7 @@ struct OutLane {
 }
 
 /// Direct access to the ring of one lane that is up ([`Lanes::writer`]), holding the
-/// device's outbound lanes; publishes what was committed when dropped.
+/// device's outbound lanes; publishes what was committed, if anything, when dropped.
 pub(crate) struct LaneWriter<'a> {
     out: MutexGuard<'a, Vec<Out>>,
     i: usize,
@@ -196,7 +196,9 @@ impl LaneWriter<'_> {
 
 impl Drop for LaneWriter<'_> {
     fn drop(&mut self) {
-        if let Some(l) = self.lane() {
+        // (Nothing committed since the last publication: nothing to show or wake for, and
+        // no fence for a QP that found nothing to send.)
+        if let Some(l) = self.lane().filter(|l| l.dirty) {
             l.publish();
         }
     }
