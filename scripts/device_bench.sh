@@ -7,7 +7,7 @@
 #   2. several QPs over the wire (`perf -q N`, N = 1 2 4 8): WRITE 64 KiB and 1 MiB;
 #   3. the same-host lanes against UCX posix and libfabric shm (scripts/same_host_bench.sh);
 #   4. N pairs of processes over lanes, all on one device against each pair on devices of its
-#      own (N = 1 2 4).
+#      own (N = 1 2 4 8).
 # Every sample is written to $OUT as it is taken (partial runs still return something).
 #
 # What it needs, prepared on a machine that has them, in one folder ($PEERS, default .peers):
