@@ -94,6 +94,33 @@ pub struct DeviceCounters {
 /// [`DeviceCounters::probes_sent`]).
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
+impl DeviceCounters {
+    /// Adds `other`'s counts to these (a device's receive queues' counters summed).
+    pub(crate) fn add(&mut self, other: &DeviceCounters) {
+        self.tx_packets += other.tx_packets;
+        self.tx_bytes += other.tx_bytes;
+        self.tx_errors += other.tx_errors;
+        self.rx_packets += other.rx_packets;
+        self.rx_bytes += other.rx_bytes;
+        self.icrc_errors += other.icrc_errors;
+        self.icrc_ident_solved += other.icrc_ident_solved;
+        self.malformed += other.malformed;
+        self.cnp_received += other.cnp_received;
+        self.unknown_qp += other.unknown_qp;
+        self.wrong_source += other.wrong_source;
+        self.fault_drops += other.fault_drops;
+        self.fault_dups += other.fault_dups;
+        self.fault_corrupts += other.fault_corrupts;
+        self.mcast_tx_packets += other.mcast_tx_packets;
+        self.mcast_rx_packets += other.mcast_rx_packets;
+        self.icmp_errors += other.icmp_errors;
+        self.probes_sent += other.probes_sent;
+        self.probes_received += other.probes_received;
+        self.misrouted += other.misrouted;
+        self.same_host_packets += other.same_host_packets;
+    }
+}
+
 impl Counters {
     /// A snapshot of the counters.
     pub(crate) fn snapshot(&self) -> DeviceCounters {

@@ -30,6 +30,101 @@ pub(crate) fn open(addr: IpAddr, ifindex: u32) -> Result<Arc<dyn Provider>> {
     Ok(Engine::get_or_start(addr, ifindex)?)
 }
 
+/// Receive queue `queue` of the device at `addr` in this process (0: the device itself, as
+/// [`open`] gives it), started on first use.
+///
+/// A device's QPs in one process are spread over its receive queues, as a NIC spreads flows
+/// over its queues (RSS): each further queue is a member of the device's reuseport group of
+/// its own (a socket, a slot, a progress thread; see `share.rs`), so the steering program
+/// sends each packet to the queue whose slot its destination QP number carries, and each
+/// queue receives, checks and delivers its QPs' packets on a thread of its own. Queue 0
+/// alone holds QP 1 (the connection manager) and the multicast groups; faults injected into
+/// the device and a pause of its lanes hold for every queue, and the device's counters are
+/// the sum of its queues'.
+///
+/// Fails like [`open`].
+pub(crate) fn open_queue(addr: IpAddr, ifindex: u32, queue: u8) -> Result<Arc<dyn Provider>> {
+    let first = Engine::get_or_start(addr, ifindex)?;
+    if queue == 0 {
+        return Ok(first);
+    }
+    let map = QUEUES.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(e) = map.get(&(addr, queue)) {
+        return Ok(e.clone());
+    }
+    let e = Engine::start(addr, ifindex)?;
+    let set = with_settings(addr, |s| *s);
+    if set.faults.is_some() {
+        e.set_faults(set.faults);
+    }
+    if set.lanes_paused {
+        e.wire.lanes.set_paused(true);
+    }
+    map.insert((addr, queue), e.clone());
+    drop(map);
+    // In the steering program before the first QP on it exists (see get_or_start); not
+    // announced to the connection manager: QP 1 is queue 0's.
+    e.discover_now();
+    Ok(e)
+}
+
+/// How many receive queues a device spreads this process's RC and UC QPs over unless a
+/// program says otherwise (`Context::set_receive_queues`): `SOFTRDMA_QUEUES` (1 to 16) when
+/// set, else one per two CPUs of the machine, at most 4 (one on a machine of up to 3 CPUs,
+/// where more threads than cores would cost more than they give).
+pub(crate) fn default_queues() -> u8 {
+    static N: OnceLock<u8> = OnceLock::new();
+    *N.get_or_init(|| {
+        if let Some(n) = std::env::var("SOFTRDMA_QUEUES")
+            .ok()
+            .and_then(|v| v.trim().parse::<u8>().ok())
+        {
+            return n.clamp(1, MAX_QUEUES);
+        }
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (cpus / 2).clamp(1, 4) as u8
+    })
+}
+
+/// The most receive queues a device has in one process.
+pub(crate) const MAX_QUEUES: u8 = 16;
+
+/// The further receive queues of the device at `addr` started in this process (not queue 0).
+fn queues_of(addr: IpAddr) -> Vec<Arc<Engine>> {
+    QUEUES.get().map_or_else(Vec::new, |m| {
+        m.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|((a, _), _)| *a == addr)
+            .map(|(_, e)| e.clone())
+            .collect()
+    })
+}
+
+/// Engines by device address and receive queue number.
+type QueueMap = HashMap<(IpAddr, u8), Arc<Engine>>;
+
+/// The receive queues beyond the first.
+static QUEUES: OnceLock<Mutex<QueueMap>> = OnceLock::new();
+
+/// What was set on a device for all its queues.
+#[derive(Debug, Clone, Copy, Default)]
+struct DeviceSettings {
+    /// Faults injected into what it sends.
+    faults: Option<FaultConfig>,
+    /// Its lanes do not take packets (a test knob).
+    lanes_paused: bool,
+}
+
+/// Runs `f` on the settings of the device at `addr`.
+fn with_settings<R>(addr: IpAddr, f: impl FnOnce(&mut DeviceSettings) -> R) -> R {
+    static SETTINGS: OnceLock<Mutex<HashMap<IpAddr, DeviceSettings>>> = OnceLock::new();
+    let map = SETTINGS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    f(map.entry(addr).or_default())
+}
+
 /// The provider of the device at `addr` if this process started it.
 pub(crate) fn if_open(addr: IpAddr) -> Option<Arc<dyn Provider>> {
     Some(Engine::if_started(addr)?)
@@ -132,6 +227,18 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// The further receive queues of this engine's device when this engine is its queue 0
+    /// (empty for a further queue, or a device with one queue).
+    fn other_queues(&self) -> Vec<Arc<Engine>> {
+        let addr = self.local.ip();
+        match Engine::if_started(addr) {
+            Some(first) if std::ptr::eq(Arc::as_ptr(&first), self) => queues_of(addr),
+            _ => Vec::new(),
+        }
+    }
+}
+
 impl Provider for Engine {
     fn local(&self) -> SocketAddr {
         self.local
@@ -178,18 +285,29 @@ impl Provider for Engine {
         Engine::mcast_leave(self, gid, qpn)
     }
     fn counters(&self) -> DeviceCounters {
-        Engine::counters(self)
+        let mut c = Engine::counters(self);
+        for q in self.other_queues() {
+            c.add(&q.counters());
+        }
+        c
     }
     fn pause_lanes(&self, paused: bool) {
-        self.wire.lanes.set_paused(paused);
-        if !paused {
-            // What waits in the rings is taken now, not at the progress thread's next
-            // wake-up (no producer rang a bell for it).
-            self.wire.wake.signal();
+        with_settings(self.local.ip(), |s| s.lanes_paused = paused);
+        for e in std::iter::once(self).chain(self.other_queues().iter().map(|q| &**q)) {
+            e.wire.lanes.set_paused(paused);
+            if !paused {
+                // What waits in the rings is taken now, not at the progress thread's next
+                // wake-up (no producer rang a bell for it).
+                e.wire.wake.signal();
+            }
         }
     }
     fn set_faults(&self, cfg: Option<FaultConfig>) {
-        Engine::set_faults(self, cfg)
+        with_settings(self.local.ip(), |s| s.faults = cfg);
+        Engine::set_faults(self, cfg);
+        for q in self.other_queues() {
+            Engine::set_faults(&q, cfg);
+        }
     }
     fn with_cm_dyn(&self, f: &mut dyn FnMut(&mut Gsi, Instant)) {
         Engine::with_cm(self, f)

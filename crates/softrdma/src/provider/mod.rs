@@ -74,7 +74,7 @@ mod tx;
 pub(crate) mod unix_names;
 
 pub use counters::{DeviceCounters, PROBE_INTERVAL};
-pub(crate) use devices::{all_open, if_open, open};
+pub(crate) use devices::{all_open, default_queues, if_open, open, open_queue, MAX_QUEUES};
 pub use faults::FaultConfig;
 pub use lanes::same_host_lanes;
 pub(crate) use lanes::same_host_segment;

@@ -218,6 +218,30 @@ impl Context {
         Ok(())
     }
 
+    /// Sets how many receive queues the device spreads the RC and UC QPs that this process
+    /// creates on it from now on over (as `ethtool -L` sets a NIC's queues; QPs created
+    /// before stay where they are). Each queue beyond the first is a socket of the device's
+    /// own, in its reuseport group, with a progress thread of its own: the device's steering
+    /// program sends each packet to the queue its destination QP is on, and the queues
+    /// receive, check and deliver in parallel, so that several QPs are not limited by one
+    /// thread's receive path. QPs take the queues in turn; UD QPs, QP 1 (the connection
+    /// manager) and multicast stay on queue 0. Every context on the device in this process
+    /// shares the setting. The default is `SOFTRDMA_QUEUES` when set (1 to 16), else one
+    /// queue per two CPUs, at most 4 (one on a machine of up to 3 CPUs); read it with
+    /// [`Context::receive_queues`]. Faults ([`Context::set_fault_injection`]) hold for every
+    /// queue, and [`Context::counters`] sums them.
+    ///
+    /// Fails with `EINVAL` for 0 or more than 16.
+    pub fn set_receive_queues(&self, queues: u8) -> Result<()> {
+        self.inner.shared.set_queues(queues)
+    }
+
+    /// How many receive queues the device spreads this process's new RC and UC QPs over
+    /// (see [`Context::set_receive_queues`]).
+    pub fn receive_queues(&self) -> u8 {
+        self.inner.shared.queues()
+    }
+
     /// The UDP address the device's engine is bound to, starting the engine if needed.
     ///
     /// Fails like [`Context::set_fault_injection`].

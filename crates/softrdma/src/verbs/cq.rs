@@ -311,8 +311,9 @@ pub(crate) struct CqInner {
     events_reported: AtomicU64,
     events_acked: AtomicU64,
     async_unacked: AtomicUsize,
-    /// The device engine, once known (for progress from `poll`).
-    engine: std::sync::OnceLock<Arc<dyn crate::provider::Provider>>,
+    /// The device engine that `poll` drives, once known: the receive queue of the first QP
+    /// on a queue other than 0 that uses the CQ, else the device's queue 0.
+    pub(crate) engine: std::sync::OnceLock<Arc<dyn crate::provider::Provider>>,
     _count: CountGuard,
 }
 

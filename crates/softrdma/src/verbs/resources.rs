@@ -12,7 +12,7 @@ use crate::verbs::device::{device_attr, Device, DeviceAttr};
 use std::any::Any;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 /// The per-device state every context on the same address shares.
@@ -20,6 +20,11 @@ pub(crate) struct DeviceShared {
     pub(crate) device: Device,
     pub(crate) attr: DeviceAttr,
     pub(crate) resources: Resources,
+    /// How many receive queues this process spreads its RC and UC QPs of the device over
+    /// (see [`crate::Context::set_receive_queues`]).
+    queues: AtomicU8,
+    /// The RC and UC QPs created so far (which queue the next one takes).
+    spread: AtomicU32,
 }
 
 impl DeviceShared {
@@ -34,6 +39,39 @@ impl DeviceShared {
     /// The engine if it has started.
     pub(crate) fn engine_if_started(&self) -> Option<Arc<dyn Provider>> {
         crate::provider::if_open(self.device.addr())
+    }
+
+    /// Receive queue `queue` of the device (0: [`DeviceShared::engine`]), started on first use;
+    /// fails like [`DeviceShared::engine`].
+    pub(crate) fn engine_queue(&self, queue: u8) -> Result<Arc<dyn Provider>> {
+        crate::provider::open_queue(self.device.addr(), self.device.ifindex(), queue)
+    }
+
+    /// The receive queue a new QP of type `qp_type` takes: RC and UC QPs in turn over the
+    /// device's queues, UD QPs queue 0 (which holds the multicast groups).
+    pub(crate) fn pick_queue(&self, qp_type: crate::QpType) -> u8 {
+        let n = u32::from(self.queues.load(Ordering::Relaxed).max(1));
+        if n == 1 || !matches!(qp_type, crate::QpType::Rc | crate::QpType::Uc) {
+            return 0;
+        }
+        (self.spread.fetch_add(1, Ordering::Relaxed) % n) as u8
+    }
+
+    /// Sets how many receive queues later RC and UC QPs are spread over.
+    pub(crate) fn set_queues(&self, n: u8) -> Result<()> {
+        if n == 0 || n > crate::provider::MAX_QUEUES {
+            return Err(Error::invalid(format!(
+                "{n} receive queues: a device has 1 to {} in a process",
+                crate::provider::MAX_QUEUES
+            )));
+        }
+        self.queues.store(n, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// How many receive queues later RC and UC QPs are spread over.
+    pub(crate) fn queues(&self) -> u8 {
+        self.queues.load(Ordering::Relaxed)
     }
 }
 
@@ -52,6 +90,8 @@ impl DeviceShared {
             device: dev.clone(),
             resources: Resources::new(&attr),
             attr,
+            queues: AtomicU8::new(crate::provider::default_queues()),
+            spread: AtomicU32::new(0),
         });
         map.retain(|_, w| w.strong_count() > 0);
         map.insert(dev.info.addr, Arc::downgrade(&s));

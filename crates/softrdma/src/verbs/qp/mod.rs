@@ -63,6 +63,9 @@ pub(crate) struct QpInner {
     pub(crate) recv_cq: Hold<CqInner>,
     pub(crate) srq: Option<Hold<SrqInner>>,
     pub(crate) qp_num: u32,
+    /// The device's receive queue the QP is on (the one whose slot its number carries; see
+    /// [`crate::Context::set_receive_queues`]).
+    pub(crate) queue: u8,
     /// Never reused: names the QP a type 2 memory window is bound to.
     pub(crate) uid: u64,
     pub(crate) qp_type: QpType,
@@ -189,7 +192,16 @@ impl Pd {
                 .min(dev.max_inline_data),
         };
         let count = Resources::acquire(&shared, Kind::Qp)?;
-        let qp_num = shared.resources.alloc_qpn(shared.engine()?.slot())?;
+        let queue = shared.pick_queue(init_attr.qp_type);
+        let engine = shared.engine_queue(queue)?;
+        let qp_num = shared.resources.alloc_qpn(engine.slot())?;
+        if queue != 0 {
+            // A program polling these CQs drives this queue (the first QP's, when QPs of
+            // several queues share a CQ: the others' progress threads watch theirs).
+            for cq in [init_attr.send_cq, init_attr.recv_cq] {
+                let _ = cq.inner.engine.set(engine.clone());
+            }
+        }
         init_attr.cap = cap;
         let attr = QpAttr {
             cap,
@@ -202,6 +214,7 @@ impl Pd {
                 recv_cq: Hold::new(&init_attr.recv_cq.inner),
                 srq: init_attr.srq.map(|s| Hold::new(&s.inner)),
                 qp_num,
+                queue,
                 uid: NEXT_QP_UID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 qp_type: init_attr.qp_type,
                 qp_context: init_attr.qp_context,

@@ -181,7 +181,7 @@ impl Qp {
         // Apply, all at once.
         // The device engine starts when the first QP of the device can receive.
         let engine = if next == QpState::Rtr && st.engine.is_none() {
-            Some(shared.engine()?)
+            Some(shared.engine_queue(inner.queue)?)
         } else {
             None
         };
