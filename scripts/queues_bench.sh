@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Several QPs over one pair of devices, one receive queue per device against the default
-# (Context::set_receive_queues: one per two CPUs, at most 4), interleaved run by run:
+# (Context::set_receive_queues: one per two CPUs, at most 8), interleaved run by run:
 # `softrdma perf write -q N` at 64 KiB and 1 MiB and `perf send -s 8 -q N` over the wire
 # (SOFTRDMA_TRANSPORT=wire, path MTU), and WRITE 64 KiB over same-host lanes.
 #

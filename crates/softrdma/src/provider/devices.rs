@@ -71,7 +71,7 @@ pub(crate) fn open_queue(addr: IpAddr, ifindex: u32, queue: u8) -> Result<Arc<dy
 
 /// How many receive queues a device spreads this process's RC and UC QPs over unless a
 /// program says otherwise (`Context::set_receive_queues`): `SOFTRDMA_QUEUES` (1 to 16) when
-/// set, else one per two CPUs of the machine, at most 4 (one on a machine of up to 3 CPUs,
+/// set, else one per two CPUs of the machine, at most 8 (one on a machine of up to 3 CPUs,
 /// where more threads than cores would cost more than they give).
 pub(crate) fn default_queues() -> u8 {
     static N: OnceLock<u8> = OnceLock::new();
@@ -83,7 +83,7 @@ pub(crate) fn default_queues() -> u8 {
             return n.clamp(1, MAX_QUEUES);
         }
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        (cpus / 2).clamp(1, 4) as u8
+        (cpus / 2).clamp(1, 8) as u8
     })
 }
 

@@ -227,7 +227,7 @@ impl Context {
     /// thread's receive path. QPs take the queues in turn; UD QPs, QP 1 (the connection
     /// manager) and multicast stay on queue 0. Every context on the device in this process
     /// shares the setting. The default is `SOFTRDMA_QUEUES` when set (1 to 16), else one
-    /// queue per two CPUs, at most 4 (one on a machine of up to 3 CPUs); read it with
+    /// queue per two CPUs, at most 8 (one on a machine of up to 3 CPUs); read it with
     /// [`Context::receive_queues`]. Faults ([`Context::set_fault_injection`]) hold for every
     /// queue, and [`Context::counters`] sums them.
     ///
