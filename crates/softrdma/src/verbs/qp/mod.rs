@@ -192,8 +192,18 @@ impl Pd {
                 .min(dev.max_inline_data),
         };
         let count = Resources::acquire(&shared, Kind::Qp)?;
-        let queue = shared.pick_queue(init_attr.qp_type);
-        let engine = shared.engine_queue(queue)?;
+        let mut queue = shared.pick_queue(init_attr.qp_type);
+        let engine = match shared.engine_queue(queue) {
+            Ok(e) => e,
+            // A further queue that cannot start (the device's 254 slots taken by other
+            // processes, say) leaves the QP on queue 0, as one queue always was.
+            Err(err) if queue != 0 => {
+                tracing::debug!(queue, error = %err, "receive queue not started; QP on queue 0");
+                queue = 0;
+                shared.engine()?
+            }
+            Err(err) => return Err(err),
+        };
         let qp_num = shared.resources.alloc_qpn(engine.slot())?;
         if queue != 0 {
             // A program polling these CQs drives this queue (the first QP's, when QPs of
