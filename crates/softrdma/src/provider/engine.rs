@@ -353,11 +353,6 @@ impl Engine {
             l.push(qpn);
         }
         self.any_held_acks.store(true, Ordering::Release);
-        // Flushed by the thread that polls the device, or else by the progress thread: wake
-        // it unless it has stood down for a polling thread (whose next empty poll flushes).
-        if !self.standing_down.load(Ordering::SeqCst) {
-            self.wire.wake.signal();
-        }
     }
 
     /// Sends the ACKs that QPs hold back (costs one atomic load when there are none).

@@ -94,78 +94,6 @@ unsafe fn rep_movsb(dst: *mut u8, src: *const u8, n: usize) {
     }
 }
 
-/// Copies of at least this many bytes may use non-temporal stores (see [`nt_copy`]).
-#[cfg(target_arch = "x86_64")]
-const NT_COPY_MIN: usize = 16 * 1024;
-
-/// Which large copies use non-temporal stores: `SOFTRDMA_NT_COPY` = `rx` (into registered
-/// memory: what a receive, WRITE or READ response lands in), `tx` (out of registered memory:
-/// what goes into a same-host ring or a datagram), `both`; unset: none. An experiment of
-/// issue 12 (same-host bandwidth on many-core machines): stores that bypass the cache save
-/// the read-for-ownership of each destination line and leave the data in memory rather than
-/// in this core's cache, which another core reads next.
-#[cfg(target_arch = "x86_64")]
-fn nt_mode() -> u8 {
-    static MODE: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("SOFTRDMA_NT_COPY").as_deref() {
-        Ok("rx") => 1,
-        Ok("tx") => 2,
-        Ok("both") => 3,
-        _ => 0,
-    })
-}
-
-/// Copies `n` bytes from `src` to `dst` with non-temporal stores (`movntdq`) for the
-/// 16-byte-aligned middle of the destination and `rep movsb` for the ends, then `sfence`, so
-/// that the bytes are ordered before any store that follows (such as publishing a ring
-/// entry), as the ordinary stores of `rep movsb` are.
-///
-/// # Safety
-/// As [`rep_movsb`].
-#[cfg(target_arch = "x86_64")]
-#[inline]
-unsafe fn nt_copy(dst: *mut u8, src: *const u8, n: usize) {
-    let head = dst.align_offset(16).min(n);
-    let body = (n - head) & !63;
-    let tail = n - head - body;
-    // SAFETY: the caller's contract; every range below lies inside `dst..dst + n` and
-    // `src..src + n`.
-    unsafe {
-        if head > 0 {
-            rep_movsb(dst, src, head);
-        }
-        if body > 0 {
-            std::arch::asm!(
-                "2:",
-                "movdqu xmm0, [{s}]",
-                "movdqu xmm1, [{s} + 16]",
-                "movdqu xmm2, [{s} + 32]",
-                "movdqu xmm3, [{s} + 48]",
-                "movntdq [{d}], xmm0",
-                "movntdq [{d} + 16], xmm1",
-                "movntdq [{d} + 32], xmm2",
-                "movntdq [{d} + 48], xmm3",
-                "add {s}, 64",
-                "add {d}, 64",
-                "sub {n}, 64",
-                "jnz 2b",
-                "sfence",
-                s = inout(reg) src.add(head) => _,
-                d = inout(reg) dst.add(head) => _,
-                n = inout(reg) body => _,
-                out("xmm0") _,
-                out("xmm1") _,
-                out("xmm2") _,
-                out("xmm3") _,
-                options(nostack)
-            );
-        }
-        if tail > 0 {
-            rep_movsb(dst.add(head + body), src.add(head + body), tail);
-        }
-    }
-}
-
 /// Copies `src` into memory the device shares, starting at `dst`.
 ///
 /// # Safety
@@ -175,13 +103,7 @@ pub(crate) unsafe fn copy_to_memory(dst: *mut u8, src: &[u8]) {
     #[cfg(target_arch = "x86_64")]
     if src.len() >= ASM_COPY_MIN {
         // SAFETY: the caller's contract; `src` is a distinct live slice.
-        unsafe {
-            if src.len() >= NT_COPY_MIN && nt_mode() & 1 != 0 {
-                nt_copy(dst, src.as_ptr(), src.len());
-            } else {
-                rep_movsb(dst, src.as_ptr(), src.len());
-            }
-        }
+        unsafe { rep_movsb(dst, src.as_ptr(), src.len()) };
         return;
     }
     let mut i = 0;
@@ -214,13 +136,7 @@ pub(crate) unsafe fn copy_from_memory(src: *const u8, dst: &mut [u8]) {
     #[cfg(target_arch = "x86_64")]
     if dst.len() >= ASM_COPY_MIN {
         // SAFETY: the caller's contract; `dst` is a distinct live slice.
-        unsafe {
-            if dst.len() >= NT_COPY_MIN && nt_mode() & 2 != 0 {
-                nt_copy(dst.as_mut_ptr(), src, dst.len());
-            } else {
-                rep_movsb(dst.as_mut_ptr(), src, dst.len());
-            }
-        }
+        unsafe { rep_movsb(dst.as_mut_ptr(), src, dst.len()) };
         return;
     }
     let mut i = 0;
@@ -606,23 +522,5 @@ mod tests {
         assert!(b.to_vec().iter().all(|&x| x == 0xab));
         assert_eq!(Buffer::from_slice(b"xyz").to_vec(), b"xyz");
         assert_eq!(b.addr() % BUFFER_ALIGN as u64, 0);
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn non_temporal_copies_are_byte_exact_at_every_alignment_and_length() {
-        let src: Vec<u8> = (0..70_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
-        for dst_off in [0usize, 1, 7, 15, 16, 33] {
-            for src_off in [0usize, 3, 16] {
-                for n in [0usize, 1, 15, 16, 63, 64, 65, 127, 128, 4096, 16_385, 65_536] {
-                    let mut dst = vec![0xeeu8; n + 100];
-                    // SAFETY: both ranges in bounds of their own vectors.
-                    unsafe { nt_copy(dst.as_mut_ptr().add(dst_off), src.as_ptr().add(src_off), n) };
-                    assert!(dst[..dst_off].iter().all(|&b| b == 0xee));
-                    assert_eq!(&dst[dst_off..dst_off + n], &src[src_off..src_off + n]);
-                    assert!(dst[dst_off + n..].iter().all(|&b| b == 0xee));
-                }
-            }
-        }
     }
 }
