@@ -454,3 +454,175 @@ fn rdma_cm_connections_spread_over_queues_echo_messages() {
         let _ = id.disconnect();
     }
 }
+
+#[test]
+fn a_message_sent_right_before_a_disconnect_arrives_on_every_queue() {
+    // The peer posts a SEND and disconnects at once: its DREQ reaches the device's queue 0
+    // (the connection manager's) while the SEND may still wait on the QP's own queue 1; the
+    // connection manager takes what waits there first, so the SEND lands (Success) rather
+    // than being flushed by the disconnection. (Nothing in RDMA orders a DREQ after data:
+    // for a QP on queue 0, whose DREQ may come in on queue 1's socket and be handed over,
+    // the SEND may be flushed, as it may on hardware; only queue 1's QPs are held to it.)
+    const N: usize = 12;
+    let (addr, from) = (unique(), unique());
+    let port = 9000 + (std::process::id() % 20000) as u16;
+    for a in [&addr, &from] {
+        device_context(a.parse().unwrap())
+            .unwrap()
+            .set_receive_queues(2)
+            .unwrap();
+    }
+    let caps = || CmQpInitAttr {
+        cap: QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        sq_sig_all: true,
+        ..Default::default()
+    };
+    let hints = AddrInfoHints {
+        ai_flags: RAI_PASSIVE,
+        ai_port_space: Some(PortSpace::Tcp),
+        ..Default::default()
+    };
+    let res = getaddrinfo(Some(&addr), Some(&port.to_string()), Some(&hints)).unwrap();
+    let listen = CmId::create_ep(&res[0], None, Some(&mut caps())).unwrap();
+    listen.listen(N as i32).unwrap();
+    let server = std::thread::spawn(move || {
+        let mut slots = HashSet::new();
+        let mut queue0 = None;
+        let mut on_queue1 = 0;
+        for i in 0..N {
+            let id = listen.get_request().unwrap();
+            let buf = Arc::new(Buffer::new(8192));
+            let mr = id.reg_msgs(&buf).unwrap();
+            id.post_recv(0, buf.addr(), 8192, &mr).unwrap();
+            id.accept(&ConnParam::default()).unwrap();
+            let s = slot(id.qp().unwrap().qp_num());
+            slots.insert(s);
+            // The device's first QP is on queue 0.
+            let first = *queue0.get_or_insert(s);
+            let wc = id.get_recv_comp().unwrap();
+            if s == first {
+                assert!(
+                    matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr),
+                    "connection {i}: {wc:?}"
+                );
+                continue;
+            }
+            on_queue1 += 1;
+            assert_eq!(
+                (wc.status, wc.byte_len),
+                (WcStatus::Success, 4000),
+                "connection {i}: the last SEND before the DREQ"
+            );
+            let mut v = vec![0; 4000];
+            buf.read(0, &mut v).unwrap();
+            assert_eq!(v, pattern(4000, i as u8), "connection {i}");
+        }
+        assert!(on_queue1 >= N / 2 - 1, "{on_queue1} connections on queue 1");
+        slots
+    });
+    let hints = AddrInfoHints {
+        ai_port_space: Some(PortSpace::Tcp),
+        ai_src_addr: Some(std::net::SocketAddr::new(from.parse().unwrap(), 0)),
+        ..Default::default()
+    };
+    let res = getaddrinfo(Some(&addr), Some(&port.to_string()), Some(&hints)).unwrap();
+    for i in 0..N {
+        let id = CmId::create_ep(&res[0], None, Some(&mut caps())).unwrap();
+        let buf = Arc::new(Buffer::new(4000));
+        let mr = id.reg_msgs(&buf).unwrap();
+        buf.write(0, &pattern(4000, i as u8)).unwrap();
+        id.connect(&ConnParam::default()).unwrap();
+        id.post_send(0, buf.addr(), 4000, Some(&mr), SendFlags::empty())
+            .unwrap();
+        id.disconnect().unwrap();
+    }
+    let slots = server.join().unwrap();
+    assert_eq!(slots.len(), 2, "the server's QPs on both queues");
+}
+
+#[test]
+fn a_device_counts_its_first_faulty_packets_once_for_all_its_queues() {
+    // `first = 2`: the device's first two packets are dropped, whichever queue sends them,
+    // and a queue that starts later does not drop two more of its own.
+    let (x, y) = (ip(&unique()), ip(&unique()));
+    let (cx, cy) = (open(x), open(y));
+    cx.set_receive_queues(2).unwrap();
+    cy.set_receive_queues(2).unwrap();
+    cx.set_fault_injection(Some(FaultConfig {
+        drop: 1.0,
+        first: 2,
+        seed: 5,
+        ..Default::default()
+    }))
+    .unwrap();
+    let (px, py) = (cx.alloc_pd().unwrap(), cy.alloc_pd().unwrap());
+    let (qx, qy) = (
+        cx.create_cq(64, 0, None, 0).unwrap(),
+        cy.create_cq(64, 0, None, 0).unwrap(),
+    );
+    let cap = QpCap {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let make = |pd: &Pd, cq: &Cq| {
+        pd.create_qp(&mut QpInitAttr::new(QpType::Rc, cq, cap))
+            .unwrap()
+    };
+    let a = [make(&px, &qx), make(&px, &qx)];
+    let b = [make(&py, &qy), make(&py, &qy)];
+    assert_ne!(slot(a[0].qp_num()), slot(a[1].qp_num()));
+    let buf = Arc::new(Buffer::new(64));
+    let mr = py.reg_buffer(&buf, ALL).unwrap();
+    for i in 0..2 {
+        connect(&a[i], y, b[i].qp_num());
+        connect(&b[i], x, a[i].qp_num());
+        to_rts(&a[i]);
+        to_rts(&b[i]);
+        let r = [Sge {
+            addr: buf.addr() + 32 * i as u64,
+            length: 32,
+            lkey: mr.lkey(),
+        }];
+        b[i].post_recv(&[RecvWr {
+            wr_id: i as u64,
+            sg_list: &r,
+        }])
+        .unwrap();
+    }
+    let out = Arc::new(Buffer::new(64));
+    let omr = px.reg_buffer(&out, ALL).unwrap();
+    for (i, qp) in a.iter().enumerate() {
+        out.write(16 * i, &[i as u8 + 1; 16]).unwrap();
+        let s = [Sge {
+            addr: out.addr() + 16 * i as u64,
+            length: 16,
+            lkey: omr.lkey(),
+        }];
+        qp.post_send(&[SendWr {
+            wr_id: i as u64,
+            sg_list: &s,
+            opcode: WrOpcode::Send,
+            send_flags: SendFlags::SIGNALED,
+            ..Default::default()
+        }])
+        .unwrap();
+    }
+    for c in wait(&qx, 2).iter().chain(&wait(&qy, 2)) {
+        assert_eq!(c.status, WcStatus::Success, "{c:?}");
+    }
+    assert_eq!(cx.counters().fault_drops, 2, "{:?}", cx.counters());
+    for i in 0..2 {
+        let mut v = [0u8; 16];
+        buf.read(32 * i, &mut v).unwrap();
+        assert_eq!(v, [i as u8 + 1; 16]);
+    }
+}

@@ -35,12 +35,13 @@ pub(crate) fn open(addr: IpAddr, ifindex: u32) -> Result<Arc<dyn Provider>> {
 ///
 /// A device's QPs in one process are spread over its receive queues, as a NIC spreads flows
 /// over its queues (RSS): each further queue is a member of the device's reuseport group of
-/// its own (a socket, a slot, a progress thread; see `share.rs`), so the steering program
+/// its own (a socket, a slot from the upper half of the slots, a progress thread; see
+/// `share.rs`), so the steering program
 /// sends each packet to the queue whose slot its destination QP number carries, and each
 /// queue receives, checks and delivers its QPs' packets on a thread of its own. Queue 0
-/// alone holds QP 1 (the connection manager) and the multicast groups; faults injected into
-/// the device and a pause of its lanes hold for every queue, and the device's counters are
-/// the sum of its queues'.
+/// alone holds QP 1 (the connection manager) and the multicast groups; the queues share the
+/// device's fault injection (one configuration and count), a pause of its lanes holds for
+/// every queue, and the device's counters are the sum of its queues'.
 ///
 /// Fails like [`open`].
 pub(crate) fn open_queue(addr: IpAddr, ifindex: u32, queue: u8) -> Result<Arc<dyn Provider>> {
@@ -53,12 +54,8 @@ pub(crate) fn open_queue(addr: IpAddr, ifindex: u32, queue: u8) -> Result<Arc<dy
     if let Some(e) = map.get(&(addr, queue)) {
         return Ok(e.clone());
     }
-    let e = Engine::start(addr, ifindex)?;
-    let set = with_settings(addr, |s| *s);
-    if set.faults.is_some() {
-        e.set_faults(set.faults);
-    }
-    if set.lanes_paused {
+    let e = Engine::start_member(addr, ROCE_PORT, ifindex, Some(&first))?;
+    if with_settings(addr, |s| s.lanes_paused) {
         e.wire.lanes.set_paused(true);
     }
     map.insert((addr, queue), e.clone());
@@ -108,11 +105,10 @@ type QueueMap = HashMap<(IpAddr, u8), Arc<Engine>>;
 /// The receive queues beyond the first.
 static QUEUES: OnceLock<Mutex<QueueMap>> = OnceLock::new();
 
-/// What was set on a device for all its queues.
+/// What was set on a device for all its queues (faults need no entry: the queues share one
+/// fault injection).
 #[derive(Debug, Clone, Copy, Default)]
 struct DeviceSettings {
-    /// Faults injected into what it sends.
-    faults: Option<FaultConfig>,
     /// Its lanes do not take packets (a test knob).
     lanes_paused: bool,
 }
@@ -191,10 +187,27 @@ impl Engine {
 
     /// [`Engine::start`] on UDP port `port` (tests).
     pub(crate) fn start_on_port(addr: IpAddr, port: u16, ifindex: u32) -> Result<Arc<Engine>> {
+        Self::start_member(addr, port, ifindex, None)
+    }
+
+    /// Starts an engine of the device at `addr`: its first one in this process (`first`
+    /// `None`), or a further receive queue of the device whose first engine is `first`, which
+    /// injects the first's faults (one configuration and count for the device) and takes
+    /// its slot from the upper half of the slots only, so that further queues never keep a
+    /// process from opening the device.
+    fn start_member(
+        addr: IpAddr,
+        port: u16,
+        ifindex: u32,
+        first: Option<&Engine>,
+    ) -> Result<Arc<Engine>> {
         crate::log::init_from_env();
         // The slot first, the socket second: a process holds a socket in the group only
         // while it holds a slot, so discovery's count of slots is the group's size.
-        let share = Share::join(addr)?;
+        let share = match first {
+            None => Share::join(addr)?,
+            Some(_) => Share::join_further(addr)?,
+        };
         let sock = UdpSock::bind_shared(addr, port)?;
         let local = sock.local_addr()?;
         tracing::debug!(%local, "device engine started");
@@ -204,13 +217,17 @@ impl Engine {
             tracing::debug!(%addr, ifindex, error = %err, "no multicast sending options");
         }
         let lanes = super::lanes::Lanes::new(local, share.slot());
-        let e = Engine::new(Wire::new(sock, local, lanes)?, share, ifindex);
+        let mut wire = Wire::new(sock, local, lanes)?;
+        if let Some(first) = first {
+            wire.share_faults(&first.wire);
+        }
+        let e = Engine::new(wire, share, ifindex);
         capture::note_local_device(local);
         // SOFTRDMA_FAULTS: fault injection from the start (see FaultConfig::parse), for
         // programs that have no call for it, such as the examples against another stack.
         if let Some(spec) = std::env::var("SOFTRDMA_FAULTS")
             .ok()
-            .filter(|s| !s.trim().is_empty())
+            .filter(|s| !s.trim().is_empty() && first.is_none())
         {
             let cfg = FaultConfig::parse(&spec)?;
             tracing::info!(?cfg, "SOFTRDMA_FAULTS: injecting faults");
@@ -278,6 +295,9 @@ impl Provider for Engine {
     fn app_sleeps(&self) {
         Engine::app_sleeps(self)
     }
+    fn drain_receive(&self) {
+        Engine::drain_receive(self)
+    }
     fn mcast_join(&self, gid: &Gid, qpn: u32) -> Result<()> {
         Engine::mcast_join(self, gid, qpn)
     }
@@ -303,11 +323,8 @@ impl Provider for Engine {
         }
     }
     fn set_faults(&self, cfg: Option<FaultConfig>) {
-        with_settings(self.local.ip(), |s| s.faults = cfg);
+        // One fault injection for all the device's queues (see `start_member`).
         Engine::set_faults(self, cfg);
-        for q in self.other_queues() {
-            Engine::set_faults(&q, cfg);
-        }
     }
     fn with_cm_dyn(&self, f: &mut dyn FnMut(&mut Gsi, Instant)) {
         Engine::with_cm(self, f)

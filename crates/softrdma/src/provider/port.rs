@@ -77,6 +77,12 @@ pub(crate) trait Provider: Send + Sync {
     fn note_held_ack(&self, qpn: u32);
     /// Progress from an application thread that found its CQ empty (`busy`: not armed).
     fn poll_progress(&self, busy: bool);
+    /// Receives on the calling thread what waits for this device (this receive queue) now,
+    /// after the thread receiving for it finishes its round (a few ms at most): for the
+    /// connection manager, which runs on queue 0, so that what a peer sent to a QP of
+    /// another queue before its DREQ reaches the QP before the DREQ moves it to ERR (on one
+    /// queue the order of the socket and the lanes gives that).
+    fn drain_receive(&self);
     /// An application thread is about to sleep on a completion channel.
     fn app_sleeps(&self);
     /// Attaches QP `qpn` to the multicast group `gid`; fails with the errno of joining it.

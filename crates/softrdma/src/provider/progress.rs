@@ -99,6 +99,40 @@ impl Engine {
                     .poll(&mut rx.rx, &mut rx.mcast, &self.wire, self, tx, 4);
             }
             HOLD_ACKS.with(|h| h.set(false));
+            // (Sent already, unless a path left something: the batch may be a temporary one.)
+            self.send(tx);
+        });
+    }
+}
+
+/// How long [`Engine::drain_receive`] waits for the thread receiving for the device to
+/// finish its round.
+const DRAIN_WAIT: Duration = Duration::from_millis(5);
+
+impl Engine {
+    /// Receives, on the calling thread, what waits for the device now on its same-host lanes
+    /// and its socket (as a polling application thread does), after the thread receiving for
+    /// it, if any, has finished its round (waiting at most [`DRAIN_WAIT`]); what that produces
+    /// (ACKs) is sent at once. See [`super::port::Provider::drain_receive`].
+    pub(super) fn drain_receive(&self) {
+        let deadline = Instant::now() + DRAIN_WAIT;
+        let mut rx = loop {
+            match self.rx.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if Instant::now() >= deadline {
+                        return;
+                    }
+                    std::thread::yield_now();
+                }
+            }
+        };
+        let rx = &mut *rx;
+        with_tx(|tx| {
+            rx.rx.receive_lanes(&self.wire, &self.share, self, tx);
+            rx.rx.receive_rounds(&self.wire, &self.share, self, tx, 4);
+            self.send(tx);
         });
     }
 }

@@ -46,6 +46,8 @@ use std::time::{Duration, Instant};
 pub(crate) const FIRST_SLOT: u8 = 1;
 /// See [`FIRST_SLOT`].
 pub(crate) const LAST_SLOT: u8 = 254;
+/// The lowest slot a further receive queue of a process can take (see `Share::join_further`).
+pub(crate) const FURTHER_SLOTS: u8 = 128;
 
 /// Kinds of message on a slot socket.
 const MSG_PACKET: u8 = 1;
@@ -119,10 +121,22 @@ impl Share {
     ///
     /// Fails with `EBUSY` when all 254 slots are taken, and with the socket error otherwise.
     pub(crate) fn join(ip: IpAddr) -> Result<Share> {
-        let span = u32::from(LAST_SLOT - FIRST_SLOT) + 1;
+        Self::join_in(ip, FIRST_SLOT, LAST_SLOT)
+    }
+
+    /// [`Share::join`] for a further receive queue of a process that holds a slot already:
+    /// from the upper half of the slots only, so that processes' further queues never take
+    /// the slots that processes opening the device need (at least 127 stay theirs).
+    pub(crate) fn join_further(ip: IpAddr) -> Result<Share> {
+        Self::join_in(ip, FURTHER_SLOTS, LAST_SLOT)
+    }
+
+    /// Takes a free slot in `first..=last` (see [`Share::join`]).
+    fn join_in(ip: IpAddr, first: u8, last: u8) -> Result<Share> {
+        let span = u32::from(last - first) + 1;
         let start = crate::gid::random_u32() % span;
         for k in 0..span {
-            let slot = FIRST_SLOT + ((start + k) % span) as u8;
+            let slot = first + ((start + k) % span) as u8;
             if let Some(sock) = bind_name(&name(ip, &format!("slot/{slot}")))? {
                 // Room for bursts of forwarded packets.
                 let size: libc::c_int = 4 << 20;

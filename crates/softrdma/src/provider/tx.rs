@@ -10,6 +10,7 @@ use super::sock::{UdpSock, ROCE_PORT};
 use softrdma_proto::device::Sealer;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Room for one packet: the largest transport packet (4096-byte MTU + headers + ICRC) with
@@ -175,12 +176,14 @@ thread_local! {
     static TX: std::cell::RefCell<Option<TxBatch>> = const { std::cell::RefCell::new(None) };
 }
 
-/// Runs `f` with this thread's transmit batch.
+/// Runs `f` with this thread's transmit batch, or with a new one when this thread is using
+/// its batch already (a call from inside another `with_tx`: a CM event handled while a
+/// polling thread receives, say, moves a QP to ERR, which sends the ACK it holds). Every `f`
+/// sends what it queued before it returns.
 pub(crate) fn with_tx<R>(f: impl FnOnce(&mut TxBatch) -> R) -> R {
-    TX.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        let tx = slot.get_or_insert_with(TxBatch::new);
-        f(tx)
+    TX.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut slot) => f(slot.get_or_insert_with(TxBatch::new)),
+        Err(_) => f(&mut TxBatch::new()),
     })
 }
 
@@ -194,7 +197,8 @@ pub(crate) struct Wire {
     /// Wakes the progress thread.
     pub(crate) wake: EventFd,
     pub(crate) counters: Counters,
-    faults: Faults,
+    /// Shared by the receive queues of one device (see `devices::open_queue`).
+    faults: Arc<Faults>,
     /// The same-host lanes: packets for devices of this host skip the network stack.
     pub(crate) lanes: Lanes,
 }
@@ -214,7 +218,7 @@ impl Wire {
             local,
             wake,
             counters: Counters::default(),
-            faults: Faults::new(),
+            faults: Arc::new(Faults::new()),
             lanes,
         })
     }
@@ -342,6 +346,12 @@ impl Wire {
             packets: 0,
             bytes: 0,
         })
+    }
+
+    /// Makes this wire inject the faults of `other` (a further receive queue of the device
+    /// of `other`): one configuration, generator and count for the whole device.
+    pub(crate) fn share_faults(&mut self, other: &Wire) {
+        self.faults = other.faults.clone();
     }
 
     /// Injects faults with `cfg` into what the device sends from now on (`None`: none).

@@ -328,6 +328,12 @@ pub(crate) fn dispatch(engine: &Arc<dyn Provider>, ev: ProtoEvent) -> Option<Pro
 /// it. The event is posted under the id's lock, with the state change, so that
 /// `rdma_disconnect` finds either a connected id or one whose event is already queued.
 fn end_connection(cid: &CmId, event: CmEventType, status: i32, param: ConnParam) {
+    // What the peer sent before this message reaches the QP first: the CM runs on the
+    // device's queue 0, the QP's packets may come in on another receive queue.
+    let qp = cid.inner.lock().qp.clone();
+    if let Some(qp) = qp {
+        qp.inner.drain_own_queue();
+    }
     let mut s = cid.inner.lock();
     s.state = IdState::Disconnected;
     if let Some(qp) = &s.qp {

@@ -25,6 +25,8 @@ pub(crate) struct DeviceShared {
     queues: AtomicU8,
     /// The RC and UC QPs created so far (which queue the next one takes).
     spread: AtomicU32,
+    /// Queues that could not start (bit per queue): their QPs go to queue 0.
+    failed: AtomicU32,
 }
 
 impl DeviceShared {
@@ -54,7 +56,18 @@ impl DeviceShared {
         if n == 1 || !matches!(qp_type, crate::QpType::Rc | crate::QpType::Uc) {
             return 0;
         }
-        (self.spread.fetch_add(1, Ordering::Relaxed) % n) as u8
+        let q = (self.spread.fetch_add(1, Ordering::Relaxed) % n) as u8;
+        if self.failed.load(Ordering::Relaxed) & (1 << q) != 0 {
+            return 0;
+        }
+        q
+    }
+
+    /// Records that receive queue `queue` could not start: later QPs that would take it
+    /// take queue 0 without trying again.
+    pub(crate) fn queue_failed(&self, queue: u8) {
+        self.failed
+            .fetch_or(1 << u32::from(queue), Ordering::Relaxed);
     }
 
     /// Sets how many receive queues later RC and UC QPs are spread over.
@@ -92,6 +105,7 @@ impl DeviceShared {
             attr,
             queues: AtomicU8::new(crate::provider::default_queues()),
             spread: AtomicU32::new(0),
+            failed: AtomicU32::new(0),
         });
         map.retain(|_, w| w.strong_count() > 0);
         map.insert(dev.info.addr, Arc::downgrade(&s));

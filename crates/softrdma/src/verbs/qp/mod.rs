@@ -195,10 +195,11 @@ impl Pd {
         let mut queue = shared.pick_queue(init_attr.qp_type);
         let engine = match shared.engine_queue(queue) {
             Ok(e) => e,
-            // A further queue that cannot start (the device's 254 slots taken by other
-            // processes, say) leaves the QP on queue 0, as one queue always was.
+            // A further queue that cannot start (the upper half of the device's slots taken
+            // by other processes' queues, say) leaves the QP, and later ones, on queue 0.
             Err(err) if queue != 0 => {
                 tracing::debug!(queue, error = %err, "receive queue not started; QP on queue 0");
+                shared.queue_failed(queue);
                 queue = 0;
                 shared.engine()?
             }
@@ -248,6 +249,19 @@ impl Pd {
 }
 
 impl QpInner {
+    /// Takes what waits for this QP on its receive queue of the device when that is not
+    /// queue 0 (see `Provider::drain_receive`): the connection manager calls it before a
+    /// disconnection moves the QP to ERR.
+    pub(crate) fn drain_own_queue(&self) {
+        if self.queue == 0 {
+            return;
+        }
+        let engine = self.lock().engine.clone();
+        if let Some(e) = engine {
+            e.drain_receive();
+        }
+    }
+
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, QpState_> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
