@@ -55,6 +55,7 @@ pub(crate) fn open_queue(addr: IpAddr, ifindex: u32, queue: u8) -> Result<Arc<dy
         return Ok(e.clone());
     }
     let e = Engine::start_member(addr, ROCE_PORT, ifindex, Some(&first))?;
+    let _ = e.first.set(Arc::downgrade(&first));
     if with_settings(addr, |s| s.lanes_paused) {
         e.wire.lanes.set_paused(true);
     }

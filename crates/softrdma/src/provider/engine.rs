@@ -92,6 +92,9 @@ pub(crate) struct Engine {
     pub(super) gsi: Mutex<Gsi>,
     /// This engine, for the connection-manager layer's ids.
     me: OnceLock<Weak<Engine>>,
+    /// The device's queue 0 when this engine is a further receive queue (see
+    /// `devices::open_queue`): its connection manager is the device's.
+    pub(super) first: OnceLock<Weak<Engine>>,
     /// The multicast groups the device has joined, their sockets and attached QPs.
     pub(super) mcast: Mcast,
 }
@@ -148,6 +151,7 @@ impl Engine {
             any_held_acks: AtomicBool::new(false),
             handoff: env_us("SOFTRDMA_POLL_HANDOFF_US").unwrap_or(POLL_HANDOFF),
             me: OnceLock::new(),
+            first: OnceLock::new(),
             mcast: Mcast::new(ifindex),
             gsi: Mutex::new(Gsi::new(
                 local.ip(),
@@ -512,14 +516,19 @@ impl RxSink for Engine {
             .counters
             .icmp_errors
             .fetch_add(errs.len() as u64, Ordering::Relaxed);
+        // The connections are the device's connection manager's: queue 0's. (A further
+        // queue's own CM has none; what it sent draws errors here all the same.)
+        self.send(tx);
+        let first = self.first.get().and_then(Weak::upgrade);
+        let cm = first.as_deref().unwrap_or(self);
         let evs = {
-            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+            let mut g = cm.gsi.lock().unwrap_or_else(|p| p.into_inner());
             g.icmp_errors(&errs);
-            self.gsi_drive(&mut g, tx);
+            cm.gsi_drive(&mut g, tx);
             g.take_events()
         };
-        self.send(tx);
-        self.dispatch(evs);
+        cm.send(tx);
+        cm.dispatch(evs);
         errs.len()
     }
 
