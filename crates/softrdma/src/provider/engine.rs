@@ -95,6 +95,8 @@ pub(crate) struct Engine {
     /// The device's queue 0 when this engine is a further receive queue (see
     /// `devices::open_queue`): its connection manager is the device's.
     pub(super) first: OnceLock<Weak<Engine>>,
+    /// The progress thread, once it runs.
+    pub(super) progress_thread: OnceLock<std::thread::ThreadId>,
     /// The multicast groups the device has joined, their sockets and attached QPs.
     pub(super) mcast: Mcast,
 }
@@ -152,6 +154,7 @@ impl Engine {
             handoff: env_us("SOFTRDMA_POLL_HANDOFF_US").unwrap_or(POLL_HANDOFF),
             me: OnceLock::new(),
             first: OnceLock::new(),
+            progress_thread: OnceLock::new(),
             mcast: Mcast::new(ifindex),
             gsi: Mutex::new(Gsi::new(
                 local.ip(),
@@ -486,6 +489,21 @@ impl RxSink for Engine {
     /// `forwarded` here by another process is this process's.
     fn mad(&self, pkt: &[u8], src: SocketAddr, now: Instant, tx: &mut TxBatch, forwarded: bool) {
         if !forwarded {
+            if let Some(first) = self.first.get().and_then(Weak::upgrade) {
+                // A further receive queue (which the kernel's hash handed QP 1's packet): the
+                // device's connection manager is queue 0's, in this process. What another
+                // process owns is forwarded as queue 0 would; the rest goes to queue 0 here,
+                // with no hop (and no second count).
+                self.send(tx);
+                if let Some(slot) = gsi::mad_owner(&first.gsi, &first.share, pkt) {
+                    if self.share.forward(slot, src, pkt).is_ok() {
+                        self.wire.counters.misrouted.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                }
+                RxSink::mad(&*first, pkt, src, now, tx, true);
+                return;
+            }
             if let Some(slot) = gsi::mad_owner(&self.gsi, &self.share, pkt) {
                 if self.share.forward(slot, src, pkt).is_ok() {
                     self.wire.counters.misrouted.fetch_add(1, Ordering::Relaxed);

@@ -16,6 +16,9 @@ thread_local! {
     /// Set while an application thread receives in [`Engine::poll_progress`]: the positive
     /// ACKs of what it receives are held back (see [`holding_acks`]).
     static HOLD_ACKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The engine (its address) whose receive state an application thread holds in
+    /// [`Engine::poll_progress`] (0: none).
+    static RECEIVING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// Whether this thread is an application thread receiving for itself in
@@ -72,6 +75,7 @@ impl Engine {
             return;
         };
         let rx = &mut *rx;
+        RECEIVING.with(|r| r.set(self as *const Engine as usize));
         with_tx(|tx| {
             HOLD_ACKS.with(|h| h.set(busy && !self.handoff.is_zero()));
             // While the lanes carry traffic (some came in the last LANE_POLLS polls), the
@@ -102,6 +106,7 @@ impl Engine {
             // (Sent already, unless a path left something: the batch may be a temporary one.)
             self.send(tx);
         });
+        RECEIVING.with(|r| r.set(0));
     }
 }
 
@@ -115,6 +120,13 @@ impl Engine {
     /// it, if any, has finished its round (waiting at most [`DRAIN_WAIT`]); what that produces
     /// (ACKs) is sent at once. See [`super::port::Provider::drain_receive`].
     pub(super) fn drain_receive(&self) {
+        // Called by the thread receiving for this device (a CM message taken here): what came
+        // before the message is delivered already.
+        if RECEIVING.with(std::cell::Cell::get) == self as *const Engine as usize
+            || self.progress_thread.get() == Some(&std::thread::current().id())
+        {
+            return;
+        }
         let deadline = Instant::now() + DRAIN_WAIT;
         let mut rx = loop {
             match self.rx.try_lock() {
@@ -171,6 +183,9 @@ impl Engine {
 }
 
 pub(super) fn progress(weak: Weak<Engine>) {
+    if let Some(e) = weak.upgrade() {
+        let _ = e.progress_thread.set(std::thread::current().id());
+    }
     let mut tx = TxBatch::new();
     let mut last_rx = Instant::now();
     let mut next_probe = Instant::now() + PROBE_INTERVAL;
