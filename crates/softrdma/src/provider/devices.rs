@@ -41,7 +41,8 @@ pub(crate) fn open(addr: IpAddr, ifindex: u32) -> Result<Arc<dyn Provider>> {
 /// queue receives, checks and delivers its QPs' packets on a thread of its own. Queue 0
 /// alone holds QP 1 (the connection manager) and the multicast groups; the queues share the
 /// device's fault injection (one configuration and count), a pause of its lanes holds for
-/// every queue, and the device's counters are the sum of its queues'.
+/// every queue (a queue starts paused when queue 0 is), and the device's counters are the
+/// sum of its queues'.
 ///
 /// Fails like [`open`].
 pub(crate) fn open_queue(addr: IpAddr, ifindex: u32, queue: u8) -> Result<Arc<dyn Provider>> {
@@ -56,7 +57,9 @@ pub(crate) fn open_queue(addr: IpAddr, ifindex: u32, queue: u8) -> Result<Arc<dy
     }
     let e = Engine::start_member(addr, ROCE_PORT, ifindex, Some(&first))?;
     let _ = e.first.set(Arc::downgrade(&first));
-    if with_settings(addr, |s| s.lanes_paused) {
+    // (Under the map's lock, as `pause_lanes` reaches the queues: either it sees this one,
+    // or this one sees queue 0 paused.)
+    if first.wire.lanes.paused() {
         e.wire.lanes.set_paused(true);
     }
     map.insert((addr, queue), e.clone());
@@ -105,22 +108,6 @@ type QueueMap = HashMap<(IpAddr, u8), Arc<Engine>>;
 
 /// The receive queues beyond the first.
 static QUEUES: OnceLock<Mutex<QueueMap>> = OnceLock::new();
-
-/// What was set on a device for all its queues (faults need no entry: the queues share one
-/// fault injection).
-#[derive(Debug, Clone, Copy, Default)]
-struct DeviceSettings {
-    /// Its lanes do not take packets (a test knob).
-    lanes_paused: bool,
-}
-
-/// Runs `f` on the settings of the device at `addr`.
-fn with_settings<R>(addr: IpAddr, f: impl FnOnce(&mut DeviceSettings) -> R) -> R {
-    static SETTINGS: OnceLock<Mutex<HashMap<IpAddr, DeviceSettings>>> = OnceLock::new();
-    let map = SETTINGS.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
-    f(map.entry(addr).or_default())
-}
 
 /// The provider of the device at `addr` if this process started it.
 pub(crate) fn if_open(addr: IpAddr) -> Option<Arc<dyn Provider>> {
@@ -249,11 +236,10 @@ impl Engine {
     /// The further receive queues of this engine's device when this engine is its queue 0
     /// (empty for a further queue, or a device with one queue).
     fn other_queues(&self) -> Vec<Arc<Engine>> {
-        let addr = self.local.ip();
-        match Engine::if_started(addr) {
-            Some(first) if std::ptr::eq(Arc::as_ptr(&first), self) => queues_of(addr),
-            _ => Vec::new(),
+        if self.first.get().is_some() {
+            return Vec::new();
         }
+        queues_of(self.local.ip())
     }
 }
 
@@ -313,7 +299,7 @@ impl Provider for Engine {
         c
     }
     fn pause_lanes(&self, paused: bool) {
-        with_settings(self.local.ip(), |s| s.lanes_paused = paused);
+        // Queue 0 first: a queue started meanwhile copies its state (see `open_queue`).
         for e in std::iter::once(self).chain(self.other_queues().iter().map(|q| &**q)) {
             e.wire.lanes.set_paused(paused);
             if !paused {

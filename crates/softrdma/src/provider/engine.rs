@@ -489,27 +489,23 @@ impl RxSink for Engine {
     /// `forwarded` here by another process is this process's.
     fn mad(&self, pkt: &[u8], src: SocketAddr, now: Instant, tx: &mut TxBatch, forwarded: bool) {
         if !forwarded {
-            if let Some(first) = self.first.get().and_then(Weak::upgrade) {
-                // A further receive queue (which the kernel's hash handed QP 1's packet): the
-                // device's connection manager is queue 0's, in this process. What another
-                // process owns is forwarded as queue 0 would; the rest goes to queue 0 here,
-                // with no hop (and no second count).
-                self.send(tx);
-                if let Some(slot) = gsi::mad_owner(&first.gsi, &first.share, pkt) {
-                    if self.share.forward(slot, src, pkt).is_ok() {
-                        self.wire.counters.misrouted.fetch_add(1, Ordering::Relaxed);
-                        return;
-                    }
-                }
-                RxSink::mad(&*first, pkt, src, now, tx, true);
-                return;
-            }
-            if let Some(slot) = gsi::mad_owner(&self.gsi, &self.share, pkt) {
+            // On a further receive queue (which the kernel's hash handed QP 1's packet), the
+            // owner is decided as queue 0 would decide it, and what is this process's goes to
+            // queue 0 here, with no hop (and no second count).
+            let first = self.first.get().and_then(Weak::upgrade);
+            let cm = first.as_deref().unwrap_or(self);
+            if let Some(slot) = gsi::mad_owner(&cm.gsi, &cm.share, pkt) {
                 if self.share.forward(slot, src, pkt).is_ok() {
                     self.wire.counters.misrouted.fetch_add(1, Ordering::Relaxed);
                     return;
                 }
-                // The owner is gone: this CM answers (it knows no such communication).
+                // The owner is gone: this process's CM answers (it knows no such
+                // communication).
+            }
+            if !std::ptr::eq(cm, self) {
+                self.send(tx);
+                RxSink::mad(cm, pkt, src, now, tx, true);
+                return;
             }
         }
         let evs = {

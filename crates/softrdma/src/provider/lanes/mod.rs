@@ -256,6 +256,11 @@ impl Lanes {
         self.paused.store(paused, Ordering::Relaxed);
     }
 
+    /// Whether the lanes are paused ([`Lanes::set_paused`]).
+    pub(crate) fn paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+
     /// Whether lanes may carry packets.
     #[inline]
     pub(crate) fn on(&self) -> bool {
