@@ -85,13 +85,19 @@ fn connect(qp: &Qp, peer: IpAddr, dest: u32) {
 }
 
 fn to_rts(qp: &Qp) {
+    to_rts_with(qp, 12, 7, 16);
+}
+
+/// [`to_rts`] with the local ACK `timeout`, `retries` (for timeouts and RNR alike) and
+/// `max_rd_atomic` given.
+fn to_rts_with(qp: &Qp, timeout: u8, retries: u8, max_rd_atomic: u8) {
     let rts = QpAttr {
         qp_state: QpState::Rts,
         sq_psn: qp.qp_num() & 0xff_ffff,
-        timeout: 12,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 16,
+        timeout,
+        retry_cnt: retries,
+        rnr_retry: retries,
+        max_rd_atomic,
         ..Default::default()
     };
     let m = QpAttrMask::STATE
@@ -323,22 +329,7 @@ fn faults_set_on_a_device_hold_on_every_queue() {
         connect(&a[i], y, b[i].qp_num());
         connect(&b[i], x, a[i].qp_num());
         // A short local ACK timeout and one retry: the failure comes in milliseconds.
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: a[i].qp_num() & 0xff_ffff,
-            timeout: 8,
-            retry_cnt: 1,
-            rnr_retry: 1,
-            max_rd_atomic: 1,
-            ..Default::default()
-        };
-        let m = QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC;
-        a[i].modify_qp(&rts, m.bits()).unwrap();
+        to_rts_with(&a[i], 8, 1, 1);
         a[i].post_send(&[SendWr {
             wr_id: i as u64,
             sg_list: &[],
@@ -357,19 +348,19 @@ fn faults_set_on_a_device_hold_on_every_queue() {
     assert_eq!(cy.counters().rx_packets, 0);
 }
 
-#[test]
-fn rdma_cm_connections_spread_over_queues_echo_messages() {
-    // The server on one device, the clients on another (QPs of one device take its queues
-    // in turn, whichever side creates them).
-    let (addr, from) = (unique(), unique());
-    let port = 7000 + (std::process::id() % 20000) as u16;
-    for a in [&addr, &from] {
+/// Sets two receive queues on the devices at `addrs` (as rdma_cm sees them).
+fn two_queues(addrs: &[&String]) {
+    for a in addrs {
         device_context(a.parse().unwrap())
             .unwrap()
             .set_receive_queues(2)
             .unwrap();
     }
-    let caps = || CmQpInitAttr {
+}
+
+/// The QP capabilities of the rdma_cm tests: a few small messages.
+fn cm_caps() -> CmQpInitAttr {
+    CmQpInitAttr {
         cap: QpCap {
             max_send_wr: 4,
             max_recv_wr: 4,
@@ -379,14 +370,39 @@ fn rdma_cm_connections_spread_over_queues_echo_messages() {
         },
         sq_sig_all: true,
         ..Default::default()
-    };
+    }
+}
+
+/// A passive endpoint on `addr`, port `port` (not listening yet).
+fn cm_listener(addr: &str, port: u16) -> CmId {
     let hints = AddrInfoHints {
         ai_flags: RAI_PASSIVE,
         ai_port_space: Some(PortSpace::Tcp),
         ..Default::default()
     };
-    let res = getaddrinfo(Some(&addr), Some(&port.to_string()), Some(&hints)).unwrap();
-    let listen = CmId::create_ep(&res[0], None, Some(&mut caps())).unwrap();
+    let res = getaddrinfo(Some(addr), Some(&port.to_string()), Some(&hints)).unwrap();
+    CmId::create_ep(&res[0], None, Some(&mut cm_caps())).unwrap()
+}
+
+/// An endpoint on the device at `from` for the server at `addr`, port `port`.
+fn cm_client(addr: &str, from: &str, port: u16) -> CmId {
+    let hints = AddrInfoHints {
+        ai_port_space: Some(PortSpace::Tcp),
+        ai_src_addr: Some(std::net::SocketAddr::new(from.parse().unwrap(), 0)),
+        ..Default::default()
+    };
+    let res = getaddrinfo(Some(addr), Some(&port.to_string()), Some(&hints)).unwrap();
+    CmId::create_ep(&res[0], None, Some(&mut cm_caps())).unwrap()
+}
+
+#[test]
+fn rdma_cm_connections_spread_over_queues_echo_messages() {
+    // The server on one device, the clients on another (QPs of one device take its queues
+    // in turn, whichever side creates them).
+    let (addr, from) = (unique(), unique());
+    let port = 7000 + (std::process::id() % 20000) as u16;
+    two_queues(&[&addr, &from]);
+    let listen = cm_listener(&addr, port);
     listen.listen(8).unwrap();
     const K: usize = 4;
     let server = std::thread::spawn(move || {
@@ -417,16 +433,10 @@ fn rdma_cm_connections_spread_over_queues_echo_messages() {
         }
         slots
     });
-    let hints = AddrInfoHints {
-        ai_port_space: Some(PortSpace::Tcp),
-        ai_src_addr: Some(std::net::SocketAddr::new(from.parse().unwrap(), 0)),
-        ..Default::default()
-    };
-    let res = getaddrinfo(Some(&addr), Some(&port.to_string()), Some(&hints)).unwrap();
     let mut clients = Vec::new();
     let mut slots = HashSet::new();
     for i in 0..K {
-        let id = CmId::create_ep(&res[0], None, Some(&mut caps())).unwrap();
+        let id = cm_client(&addr, &from, port);
         let buf = Arc::new(Buffer::new(64));
         let mr = id.reg_msgs(&buf).unwrap();
         id.connect(&ConnParam::default()).unwrap();
@@ -472,30 +482,8 @@ fn a_message_sent_right_before_a_disconnect_arrives_on_every_queue() {
     const N: usize = 12;
     let (addr, from) = (unique(), unique());
     let port = 9000 + (std::process::id() % 20000) as u16;
-    for a in [&addr, &from] {
-        device_context(a.parse().unwrap())
-            .unwrap()
-            .set_receive_queues(2)
-            .unwrap();
-    }
-    let caps = || CmQpInitAttr {
-        cap: QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        sq_sig_all: true,
-        ..Default::default()
-    };
-    let hints = AddrInfoHints {
-        ai_flags: RAI_PASSIVE,
-        ai_port_space: Some(PortSpace::Tcp),
-        ..Default::default()
-    };
-    let res = getaddrinfo(Some(&addr), Some(&port.to_string()), Some(&hints)).unwrap();
-    let listen = CmId::create_ep(&res[0], None, Some(&mut caps())).unwrap();
+    two_queues(&[&addr, &from]);
+    let listen = cm_listener(&addr, port);
     listen.listen(N as i32).unwrap();
     let server = std::thread::spawn(move || {
         let mut slots = HashSet::new();
@@ -532,14 +520,8 @@ fn a_message_sent_right_before_a_disconnect_arrives_on_every_queue() {
         assert!(on_queue1 >= N / 2 - 1, "{on_queue1} connections on queue 1");
         slots
     });
-    let hints = AddrInfoHints {
-        ai_port_space: Some(PortSpace::Tcp),
-        ai_src_addr: Some(std::net::SocketAddr::new(from.parse().unwrap(), 0)),
-        ..Default::default()
-    };
-    let res = getaddrinfo(Some(&addr), Some(&port.to_string()), Some(&hints)).unwrap();
     for i in 0..N {
-        let id = CmId::create_ep(&res[0], None, Some(&mut caps())).unwrap();
+        let id = cm_client(&addr, &from, port);
         let buf = Arc::new(Buffer::new(4000));
         let mr = id.reg_msgs(&buf).unwrap();
         buf.write(0, &pattern(4000, i as u8)).unwrap();
