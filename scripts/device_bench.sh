@@ -65,23 +65,11 @@ cat "$OUT/versions.txt"
 
 export ANCHORS=$PEERS/run_anchors.sh
 ANCHORS_LIB=1 INSTALL=0 . "$ANCHORS"
+. "$ROOT/scripts/samples.sh"
 T=2
 S=$OUT/device.csv
 echo "case,run,value" >"$S"
 sample() { echo "\"$1\",$2,$3" >>"$S"; echo "[$(date +%T)] $1 r$2: $3"; }
-figure() {
-  python3 -c '
-import json, sys
-try:
-    p = json.loads(sys.stdin.read().strip().splitlines()[-1])["points"][-1]
-    print(p[sys.argv[1]])
-except Exception:
-    print("nan")' "$1"
-}
-last() { # tool label test size metric
-  awk -F, -v t="$1" -v l="$2" -v x="$3" -v s="$4" -v m="$5" \
-    '$1 == t && $3 == l && $4 == x && $5 == s && $7 == m { v = $8 } END { print (v == "" ? "nan" : v) }' "$CSV"
-}
 wire() { # perf arguments... -> JSON figure key is the last argument
   local key=${*: -1}
   SOFTRDMA_TRANSPORT=wire SOFTRDMA_SAME_HOST_SEGMENT=0 timeout 60 "$SR" perf "${@:1:$#-1}" \
@@ -125,18 +113,19 @@ for r in $(seq 1 "$RUNS"); do
 done
 
 # ---- 4. N pairs of processes over lanes: one device, or devices of their own
+pair_addrs() { # i shared(1/0) -> "server client" of pair i
+  if [ "$2" = 1 ]; then echo 127.152.0.1 127.152.0.1; else echo "127.152.$1.1 127.152.$1.2"; fi
+}
 pairs() { # n shared(1/0) -> summed GB/s
   local n=$1 one=$2 i pids=() srv cli
   for i in $(seq 1 "$n"); do
-    srv=127.152.0.1 cli=127.152.0.1
-    [ "$one" = 0 ] && srv=127.152.$i.1 cli=127.152.$i.2
-    timeout 60 "$SR" perf write -s 65536 -n 40000 --server $srv -p $((25300 + i)) >/dev/null 2>&1 &
+    read -r srv cli <<<"$(pair_addrs "$i" "$one")"
+    timeout 60 "$SR" perf write -s 65536 -n 40000 --server "$srv" -p $((25300 + i)) >/dev/null 2>&1 &
   done
   sleep 0.5
   for i in $(seq 1 "$n"); do
-    srv=127.152.0.1 cli=127.152.0.1
-    [ "$one" = 0 ] && srv=127.152.$i.1 cli=127.152.$i.2
-    timeout 60 "$SR" perf write -s 65536 -n 40000 --connect $srv --client-addr $cli -p $((25300 + i)) --json \
+    read -r srv cli <<<"$(pair_addrs "$i" "$one")"
+    timeout 60 "$SR" perf write -s 65536 -n 40000 --connect "$srv" --client-addr "$cli" -p $((25300 + i)) --json \
       2>/dev/null | figure bw_gbps >"$OUT/pair.$i" &
     pids+=($!)
   done
@@ -152,24 +141,7 @@ for r in $(seq 1 "$RUNS"); do
   done
 done
 
-table() {
-  python3 - "$1" <<'PY'
-import csv, statistics, sys
-rows = {}
-for row in csv.DictReader(open(sys.argv[1])):
-    try:
-        v = float(row["value"])
-    except ValueError:
-        continue
-    if v == v:
-        rows.setdefault(row["case"], []).append(v)
-print("| case | median (min-max) | runs |")
-print("|---|---|---|")
-for case, vs in rows.items():
-    print(f"| {case} | {statistics.median(vs):.3g} ({min(vs):.3g}-{max(vs):.3g}) | {len(vs)} |")
-PY
-}
-table "$S" | tee "$OUT/device.md"
+median_table "$S" | tee "$OUT/device.md"
 
 # ---- 3. the same-host lanes against UCX posix and libfabric shm
 mkdir -p "$OUT/same_host"

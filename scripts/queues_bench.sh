@@ -16,15 +16,7 @@ OUT=${OUT:-$(mktemp -d /tmp/softrdma-queues.XXXXXX)}
 mkdir -p "$OUT"
 S=$OUT/queues.csv
 echo "case,run,value" >"$S"
-figure() {
-  python3 -c '
-import json, sys
-try:
-    p = json.loads(sys.stdin.read().strip().splitlines()[-1])["points"][-1]
-    print(p[sys.argv[1]])
-except Exception:
-    print("nan")' "$1"
-}
+. scripts/samples.sh
 one() { # label queues(1|default) key env... -- perf args...
   local label=$1 q=$2 key=$3 env=() v
   shift 3
@@ -47,19 +39,5 @@ for r in $(seq 1 "$RUNS"); do
     done
   done
 done
-python3 - "$S" <<'PY' | tee "$OUT/queues.md"
-import csv, statistics, sys
-rows = {}
-for row in csv.DictReader(open(sys.argv[1])):
-    try:
-        v = float(row["value"])
-    except ValueError:
-        continue
-    if v == v:
-        rows.setdefault(row["case"], []).append(v)
-print("| case | median (min-max) | runs |")
-print("|---|---|---|")
-for case, vs in rows.items():
-    print(f"| {case} | {statistics.median(vs):.3g} ({min(vs):.3g}-{max(vs):.3g}) | {len(vs)} |")
-PY
+median_table "$S" | tee "$OUT/queues.md"
 echo "samples: $S" >&2

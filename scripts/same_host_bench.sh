@@ -20,6 +20,7 @@ SR=${SR:-$ROOT/target/release/softrdma}
 ANCHORS=${ANCHORS:-$ROOT/../shared/anchors/run_anchors.sh}
 export OUT=${OUT:-$(mktemp -d /tmp/softrdma-same-host.XXXXXX)}
 ANCHORS_LIB=1 . "$ANCHORS"
+. "$ROOT/scripts/samples.sh"
 for t in ucx_perftest fi_pingpong bc; do
   command -v $t >/dev/null || { [ "${INSTALL:-1}" = 1 ] && do_install >&2; break; }
 done
@@ -27,16 +28,6 @@ SAMPLES=$OUT/same_host.csv
 echo "case,run,value" >"$SAMPLES"
 sample() { echo "\"$1\",$2,$3" >>"$SAMPLES"; }
 
-# The figure of a perf --json run: bw_gbps, msg_rate_mps or lat_us_p50.
-figure() {
-  python3 -c '
-import json, sys
-try:
-    p = json.loads(sys.stdin.read().strip().splitlines()[-1])["points"][-1]
-    print(p[sys.argv[1]])
-except Exception:
-    print("nan")' "$1"
-}
 # The environment of a mode: lane (the defaults) or wire (as between two hosts).
 mode_env() { [ "$1" = wire ] && echo "SOFTRDMA_TRANSPORT=wire SOFTRDMA_SAME_HOST_SEGMENT=0"; }
 sr_one() { # mode what key [binary]
@@ -51,11 +42,6 @@ sr_two() { # mode what key
   # shellcheck disable=SC2086,SC2046
   env $(mode_env "$1") "$SR" perf $2 --connect 127.197.1.1 --client-addr 127.197.1.2 -p 19700 --json 2>/dev/null | figure "$3"
   wait "$pid" 2>/dev/null || true
-}
-# The last value ucx_one / fi_one recorded for (test, size, metric).
-last() { # tool label test size metric
-  awk -F, -v t="$1" -v l="$2" -v x="$3" -v s="$4" -v m="$5" \
-    '$1 == t && $3 == l && $4 == x && $5 == s && $7 == m { v = $8 } END { print (v == "" ? "nan" : v) }' "$CSV"
 }
 
 for r in $(seq 1 "$RUNS"); do
@@ -89,19 +75,5 @@ for r in $(seq 1 "$RUNS"); do
 done
 cleanup
 
-python3 - "$SAMPLES" <<'PY'
-import csv, statistics, sys
-rows = {}
-for row in csv.DictReader(open(sys.argv[1])):
-    try:
-        v = float(row["value"])
-    except ValueError:
-        continue
-    if v == v:
-        rows.setdefault(row["case"], []).append(v)
-print("| case | median (min-max) | runs |")
-print("|---|---|---|")
-for case, vs in rows.items():
-    print(f"| {case} | {statistics.median(vs):.3g} ({min(vs):.3g}-{max(vs):.3g}) | {len(vs)} |")
-PY
+median_table "$SAMPLES"
 echo "samples: $SAMPLES" >&2
