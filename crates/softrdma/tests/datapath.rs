@@ -199,6 +199,52 @@ fn rc_atomics_are_correct_and_return_the_original_value() {
 }
 
 #[test]
+fn rc_requests_right_behind_a_large_write_see_its_bytes() {
+    // A 512 KiB WRITE and, posted with it, an atomic on a word it writes and a READ of it
+    // all back: the target takes them in one run of packets, whose payload copies may be
+    // made together (the copy engines); never after what follows them.
+    let len = 512 << 10;
+    let (a, b) = pair(QpType::Rc, 2 << 20, &Opts::default());
+    for round in 0..20u64 {
+        let data = pattern(len, round as u8);
+        a.buf.write(0, &data).unwrap();
+        let (s0, s1, s2) = (
+            [a.sge(0, len)],
+            [a.sge(1 << 20, 8)],
+            [a.sge((1 << 20) + 4096, len)],
+        );
+        let wr = |wr_id, opcode, sg_list| SendWr {
+            wr_id,
+            sg_list,
+            opcode,
+            send_flags: SendFlags::SIGNALED,
+            remote_addr: b.buf.addr(),
+            rkey: b.mr.rkey(),
+            ..Default::default()
+        };
+        let mut atomic = wr(3 * round + 1, WrOpcode::AtomicFetchAndAdd, &s1[..]);
+        atomic.remote_addr += 4096;
+        atomic.compare_add = 1;
+        // One post: the three go out in one run, and reach the target in one.
+        a.qp.post_send(&[
+            wr(3 * round, WrOpcode::RdmaWrite, &s0[..]),
+            atomic,
+            wr(3 * round + 2, WrOpcode::RdmaRead, &s2[..]),
+        ])
+        .unwrap();
+        let c = a.wait(3);
+        assert!(c.iter().all(|w| w.status == WcStatus::Success), "{c:?}");
+        let word = u64::from_ne_bytes(data[4096..4104].try_into().unwrap());
+        assert_eq!(a.buf.load_u64(1 << 20).unwrap(), word, "round {round}");
+        let mut want = data.clone();
+        want[4096..4104].copy_from_slice(&word.wrapping_add(1).to_ne_bytes());
+        let mut back = vec![0u8; len];
+        a.buf.read((1 << 20) + 4096, &mut back).unwrap();
+        assert!(back == want, "round {round}: the READ saw other bytes");
+    }
+}
+
+#[test]
 fn rc_bad_rkey_out_of_bounds_and_wrong_access_are_rem_access_err_then_flush() {
     for case in 0..3 {
         let (a, b) = pair(QpType::Rc, 4096, &Opts::default());

@@ -5,6 +5,7 @@
 
 use crate::provider::Provider;
 use crate::provider::{holding_acks, with_tx, Delivery, QpPort, TxBatch, Via, PKT_BUF};
+use crate::verbs::copy::Batch;
 use crate::verbs::cq::WorkCompletion;
 use crate::verbs::event::{AsyncElement, EventTarget, EventType};
 use crate::verbs::mr::{AccessError as MrAccessError, AccessFlags, KeyKind};
@@ -35,6 +36,52 @@ pub(crate) struct QpEnv<'a> {
     pub(crate) mrs: &'a mut crate::verbs::mr::MrCache,
     /// The QP's `uid` (type 2 memory windows are bound to it).
     pub(crate) qp_uid: u64,
+    /// Payload copies deferred to be made together ([`crate::verbs::copy`]), while a run of
+    /// packets is received or built into a same-host lane's ring.
+    pub(crate) defer: Option<Batch>,
+    /// Whether reads of memory are deferred (building packets into a lane's ring) rather
+    /// than writes (receiving).
+    pub(crate) defer_reads: bool,
+    /// The packet being received (its address range): only copies from its bytes are
+    /// deferred (the transport also writes bytes of its own, an atomic's original value or
+    /// a GRH, which do not outlive the call).
+    pub(crate) packet: (usize, usize),
+}
+
+thread_local! {
+    /// The deferred copies' batch of this thread, kept between runs for its room.
+    static BATCH: std::cell::Cell<Batch> = std::cell::Cell::new(Batch::default());
+}
+
+impl QpEnv<'_> {
+    /// Starts deferring payload copies (when copy engines are on).
+    fn start_deferring(&mut self) {
+        if self.defer.is_none() && crate::verbs::copy::deferring() {
+            self.defer = Some(BATCH.take());
+        }
+    }
+
+    /// Makes the deferred copies (all done on return); deferring goes on.
+    #[inline]
+    fn run_deferred(&mut self) {
+        if let Some(b) = self.defer.as_mut() {
+            b.run();
+        }
+    }
+
+    /// Makes the deferred copies and stops deferring.
+    fn stop_deferring(&mut self) {
+        if let Some(mut b) = self.defer.take() {
+            b.run();
+            BATCH.set(b);
+        }
+    }
+}
+
+impl Drop for QpEnv<'_> {
+    fn drop(&mut self) {
+        self.stop_deferring();
+    }
 }
 
 fn map_err(e: MrAccessError) -> AccessError {
@@ -62,6 +109,9 @@ impl<'a> QpEnv<'a> {
             srq_limit_hit: false,
             mrs,
             qp_uid: qp.uid,
+            defer: None,
+            defer_reads: false,
+            packet: (0, 0),
         }
     }
 
@@ -89,6 +139,47 @@ impl<'a> QpEnv<'a> {
     }
 }
 
+impl QpEnv<'_> {
+    /// Copies the leased memory into `dst` (bytes of a packet being built), or defers the
+    /// copy ([`QpEnv::defer`]).
+    #[inline]
+    fn read_into(&mut self, l: crate::verbs::mr::MrLease, dst: &mut [u8]) {
+        match &mut self.defer {
+            // SAFETY: `dst` is in the room of a lane's ring reserved for the packet being
+            // built, which stays reserved (unpublished, untouched by others) until the batch
+            // runs, before publication; `drive` forgets the copies of a packet it drops.
+            Some(b) if self.defer_reads => unsafe {
+                b.push(dst.as_mut_ptr(), l.as_ptr(), dst.len(), l)
+            },
+            _ => {
+                // (Writes deferred before are made first: this may read what they write.)
+                self.run_deferred();
+                l.read(0, dst);
+            }
+        }
+    }
+
+    /// Copies `src` (bytes of an arriving packet) into the leased memory, or defers the copy
+    /// ([`QpEnv::defer`]).
+    #[inline]
+    fn write_from(&mut self, l: crate::verbs::mr::MrLease, src: &[u8]) {
+        match &mut self.defer {
+            // SAFETY: `src` is a packet of the run being fed, which stays valid until `feed`
+            // returns (it runs the batch first); the leased range stays registered with the
+            // lease, and other accesses of this QP to memory run the batch first.
+            Some(b)
+                if !self.defer_reads
+                    && (src.as_ptr() as usize) >= self.packet.0
+                    && (src.as_ptr() as usize) + src.len() <= self.packet.1 =>
+            unsafe { b.push(l.as_ptr(), src.as_ptr(), src.len(), l) },
+            _ => {
+                self.run_deferred();
+                l.write(0, src);
+            }
+        }
+    }
+}
+
 impl Env for QpEnv<'_> {
     fn read_local(
         &mut self,
@@ -108,7 +199,7 @@ impl Env for QpEnv<'_> {
             AccessFlags::empty(),
             false,
         )?;
-        l.read(0, dst);
+        self.read_into(l, dst);
         Ok(())
     }
 
@@ -130,7 +221,7 @@ impl Env for QpEnv<'_> {
             AccessFlags::LOCAL_WRITE,
             false,
         )?;
-        l.write(0, src);
+        self.write_from(l, src);
         Ok(())
     }
 
@@ -170,7 +261,7 @@ impl Env for QpEnv<'_> {
             AccessFlags::REMOTE_WRITE,
             false,
         )?;
-        l.write(0, src);
+        self.write_from(l, src);
         Ok(())
     }
 
@@ -191,7 +282,7 @@ impl Env for QpEnv<'_> {
             AccessFlags::REMOTE_READ,
             false,
         )?;
-        l.read(0, dst);
+        self.read_into(l, dst);
         Ok(())
     }
 
@@ -201,6 +292,7 @@ impl Env for QpEnv<'_> {
         va: u64,
         op: AtomicOp,
     ) -> std::result::Result<u64, AccessError> {
+        self.run_deferred();
         let l = self.lease(
             rkey,
             KeyKind::Remote,
@@ -221,16 +313,19 @@ impl Env for QpEnv<'_> {
     }
 
     fn bind_mw(&mut self, bind: &MwBind) -> std::result::Result<(), WcStatus> {
+        self.run_deferred();
         self.res.execute_bind(bind, self.pd, self.qp_uid)
     }
 
     fn local_invalidate(&mut self, rkey: u32) -> std::result::Result<(), WcStatus> {
+        self.run_deferred();
         self.res
             .invalidate(rkey, self.pd, None)
             .map_err(|()| WcStatus::LocQpOpErr)
     }
 
     fn remote_invalidate(&mut self, rkey: u32) -> std::result::Result<(), AccessError> {
+        self.run_deferred();
         self.res
             .invalidate(rkey, self.pd, Some(self.qp_uid))
             .map_err(|()| AccessError::InvalidKey)
@@ -344,6 +439,10 @@ pub(crate) fn drive(
                 continue;
             };
             let room = t.segment() as usize + 128;
+            // The payload copies of the run are made together (spread over the copy
+            // engines when large) before the ring is published.
+            env.start_deferring();
+            env.defer_reads = env.defer.is_some();
             // Up to 64 packets, then the lane goes back for others (and this QP's run
             // goes on with another).
             let mut idle = false;
@@ -359,6 +458,8 @@ pub(crate) fn drive(
                     // (UC, which has no ACKs, or a ring filled by other QPs) the rest goes
                     // through the batch.
                     if qp.qp_type == softrdma_proto::QpType::Rc && t.awaiting_ack() {
+                        // (Waiting publishes what was committed: its copies first.)
+                        env.run_deferred();
                         if lane.wait_for_room(room, FULL_RING_WAIT) {
                             continue;
                         }
@@ -369,15 +470,24 @@ pub(crate) fn drive(
                     break;
                 };
                 n += 1;
+                let mark = env.defer.as_ref().map_or(0, Batch::len);
                 let Some(out) = t.poll_transmit(now, buf, &mut env) else {
                     idle = true;
+                    if let Some(b) = env.defer.as_mut() {
+                        b.truncate(mark);
+                    }
                     break;
                 };
                 // (An RC/UC packet never names a UD destination.)
                 if out.len <= room && out.ud_dest.is_none() {
                     lane.commit(out.len);
+                } else if let Some(b) = env.defer.as_mut() {
+                    // Not sent: its room is reserved again for the next packet.
+                    b.truncate(mark);
                 }
             }
+            env.stop_deferring();
+            env.defer_reads = false;
             drop(lane);
             if idle {
                 break;
@@ -404,6 +514,7 @@ pub(crate) fn drive(
         tx.commit(out.len, src, dst);
     }
     let srq_limit_hit = env.srq_limit_hit;
+    drop(env);
     if hold {
         t.set_hold_acks(false);
         if t.has_held_ack() {
@@ -546,12 +657,21 @@ fn feed(
                 // Only a UD receive gets the GRH (its first 40 bytes): built for UD only.
                 let ud = qp.qp_type == softrdma_proto::QpType::Ud;
                 let mut meta = RxMeta { grh: [0; 40] };
+                // The payload copies of the run are made together, spread over the copy
+                // engines when large, before anything else sees the memory (`drive`'s
+                // ACKs and completions below).
+                if pkts.len() > 1 {
+                    env.start_deferring();
+                }
                 for pkt in pkts {
                     if ud {
                         meta.grh = grh_for(src.ip(), dst, pkt.len());
                     }
+                    let at = pkt.as_ptr() as usize;
+                    env.packet = (at, at + pkt.len());
                     t.handle_packet(now, pkt, &meta, &mut env);
                 }
+                env.stop_deferring();
             }
             srq_limit_hit = env.srq_limit_hit;
         }

@@ -5,6 +5,7 @@
 
 pub(crate) mod ah;
 pub(crate) mod context;
+pub(crate) mod copy;
 pub(crate) mod cq;
 pub(crate) mod datapath;
 pub(crate) mod device;

@@ -723,6 +723,12 @@ impl MrLease {
         self.len
     }
 
+    /// Host address of the leased range's first byte (valid for reads and writes of
+    /// [`MrLease::len`] bytes while the lease lives).
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.start
+    }
+
     /// Copies `src` into the leased range at `offset`.
     ///
     /// # Panics
@@ -766,6 +772,54 @@ impl MrLease {
 impl Drop for MrLease {
     fn drop(&mut self) {
         self.mr.leases.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A registered region to lease in other modules' unit tests.
+#[cfg(test)]
+pub(crate) mod tests_support {
+    use super::*;
+
+    /// A context, a PD and a registered 4 KiB buffer.
+    pub(crate) struct Region {
+        ctx: crate::Context,
+        pd: Pd,
+        _other: Pd,
+        _buf: Arc<crate::Buffer>,
+        mr: Mr,
+    }
+
+    impl Region {
+        pub(crate) fn new() -> Region {
+            let (ctx, pd, _other) = crate::testing::context_with_two_pds();
+            let buf = Arc::new(crate::Buffer::new(4096));
+            let mr = pd.reg_buffer(&buf, 1).unwrap();
+            Region {
+                ctx,
+                pd,
+                _other,
+                _buf: buf,
+                mr,
+            }
+        }
+    }
+
+    /// A lease of the region's first 8 bytes.
+    pub(crate) fn lease_of(r: &Region) -> MrLease {
+        r.ctx
+            .inner
+            .shared
+            .resources
+            .check_access(
+                r.mr.lkey(),
+                KeyKind::Local,
+                &r.pd.inner,
+                r.mr.iova(),
+                8,
+                AccessFlags::empty(),
+                false,
+            )
+            .unwrap()
     }
 }
 

@@ -1,0 +1,359 @@
+//! Copy engines: the payload copies of large transfers, spread over helper threads, as a NIC
+//! spreads its DMA over several engines.
+//!
+//! One thread copies a payload that another core wrote (the ring of a same-host lane, a
+//! program's buffer) at about 12 GB/s on a 16-core Xeon, whatever the message size: the
+//! bytes cross from one core's cache to another's, and one core has only so many misses in
+//! flight; two threads copying halves reach about 24 GB/s (see BENCHMARKS.md, "Copy
+//! engines"). So where a QP moves many bytes at once (a run of packets built into a lane's
+//! ring, or a run of packets received), the data path *defers* the payload copies of the run
+//! (the checks of every key, PD, bound and access flag are made at once, as before: only the
+//! copies wait) and then makes them all in one [`Batch::run`], which hands a share to the
+//! helper threads when the run is large. Nothing is visible meanwhile: the copies of a
+//! received run are done before any other access to memory of the QP, before its ACKs and
+//! completions; those of a sent run before the ring is published.
+//!
+//! - **Threads**: `SOFTRDMA_COPY_THREADS` helpers per process (0 turns deferral off);
+//!   by default one per four CPUs, at most 4, and none on a machine of fewer than 8 CPUs
+//!   (there the other side of the transfer has the other core). Started on first use.
+//! - **The caller works too**: the copies are claimed one by one by whoever comes, the calling
+//!   thread included, so a helper that is slow to wake costs nothing but its share; the
+//!   caller returns once every copy is done.
+//! - Runs under [`PARALLEL_MIN`] bytes are copied by the caller alone.
+
+use crate::verbs::mr::MrLease;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// The smallest run whose copies are shared with the helpers (below it, handing work over
+/// costs more than it saves).
+pub(crate) const PARALLEL_MIN: usize = 128 << 10;
+/// How long a helper with nothing to do looks for more before it sleeps: a stream of large
+/// transfers hands it a run every 100 µs or so.
+const SPIN: Duration = Duration::from_micros(500);
+
+/// The number of helper threads: `SOFTRDMA_COPY_THREADS`, else one per four CPUs (at most
+/// 4) on machines of 8 CPUs or more, else 0 (read once).
+pub(crate) fn helpers() -> usize {
+    static N: OnceLock<usize> = OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("SOFTRDMA_COPY_THREADS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| {
+                let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+                if cpus >= 8 {
+                    (cpus / 4).min(4)
+                } else {
+                    0
+                }
+            })
+            .min(64)
+    })
+}
+
+/// Whether the data path defers payload copies to run them in batches ([`helpers`] > 0).
+#[inline]
+pub(crate) fn deferring() -> bool {
+    helpers() > 0
+}
+
+/// One deferred copy: `len` bytes from `src` to `dst`, and the lease that keeps the
+/// registered memory on one side of it registered until it is made.
+pub(crate) struct Copy {
+    dst: usize,
+    src: usize,
+    len: usize,
+    _lease: MrLease,
+}
+
+/// The deferred copies of a run, in order.
+#[derive(Default)]
+pub(crate) struct Batch {
+    copies: Vec<Copy>,
+    bytes: usize,
+}
+
+impl Batch {
+    /// Defers copying `len` bytes from `src` to `dst`.
+    ///
+    /// # Safety
+    /// Until the batch is run or truncated past this copy, `src` must stay valid for reads
+    /// and `dst` for writes of `len` bytes, and nothing else may touch `dst` (`lease` keeps
+    /// the registered side registered; the other side is the caller's to keep).
+    #[inline]
+    pub(crate) unsafe fn push(&mut self, dst: *mut u8, src: *const u8, len: usize, lease: MrLease) {
+        self.bytes += len;
+        self.copies.push(Copy {
+            dst: dst as usize,
+            src: src as usize,
+            len,
+            _lease: lease,
+        });
+    }
+
+    /// Copies deferred so far.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.copies.len()
+    }
+
+    /// Forgets the copies deferred after the first `n` (a packet that is not sent after all).
+    pub(crate) fn truncate(&mut self, n: usize) {
+        for c in self.copies.drain(n.min(self.copies.len())..) {
+            self.bytes -= c.len;
+        }
+    }
+
+    /// Makes every deferred copy, with the helpers when the run is large, and empties the
+    /// batch (ending its leases). Returns when all are done.
+    pub(crate) fn run(&mut self) {
+        self.run_on(pool());
+    }
+
+    fn run_on(&mut self, pool: Option<&Pool>) {
+        if self.copies.is_empty() {
+            return;
+        }
+        if self.bytes >= PARALLEL_MIN && self.copies.len() > 1 {
+            if let Some(p) = pool {
+                p.run(&self.copies);
+                self.copies.clear();
+                self.bytes = 0;
+                return;
+            }
+        }
+        for c in &self.copies {
+            // SAFETY: `push`'s contract: both ranges valid, `dst` untouched by others.
+            unsafe { copy(c) };
+        }
+        self.copies.clear();
+        self.bytes = 0;
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // Copies the data path deferred are never lost, even on an early return.
+        self.run();
+    }
+}
+
+/// # Safety
+/// As [`Batch::push`].
+#[inline]
+unsafe fn copy(c: &Copy) {
+    // SAFETY: the caller's.
+    unsafe { std::ptr::copy_nonoverlapping(c.src as *const u8, c.dst as *mut u8, c.len) };
+}
+
+/// A run's copies being made: claimed one by one (`next`), counted when done.
+struct Job {
+    /// The copies (address, address, length; borrowed from the caller, who waits for
+    /// `done` to reach their number before they go).
+    items: Vec<(usize, usize, usize)>,
+    next: AtomicUsize,
+    done: AtomicUsize,
+}
+
+impl Job {
+    /// Claims and makes copies until none is left.
+    fn work(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            let Some(&(dst, src, len)) = self.items.get(i) else {
+                return;
+            };
+            // SAFETY: claimed once (the counter hands out each index once), and the caller
+            // of `Pool::run` keeps both ranges valid until `done` counts it.
+            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+            self.done.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+struct Pool {
+    queue: Mutex<VecDeque<Arc<Job>>>,
+    /// Jobs in the queue (read without the lock by spinning helpers).
+    queued: AtomicUsize,
+    wake: Condvar,
+}
+
+/// The process's copy engines (started on first use); `None` when there are no helpers or
+/// none could start.
+fn pool() -> Option<&'static Pool> {
+    static POOL: OnceLock<Option<&'static Pool>> = OnceLock::new();
+    *POOL.get_or_init(|| Pool::start(helpers()))
+}
+
+impl Pool {
+    /// A pool of `n` helper threads, which live as long as the process; `None` when none
+    /// started (`n` = 0, or the threads could not be created).
+    fn start(n: usize) -> Option<&'static Pool> {
+        if n == 0 {
+            return None;
+        }
+        let p: &'static Pool = Box::leak(Box::new(Pool {
+            queue: Mutex::new(VecDeque::new()),
+            queued: AtomicUsize::new(0),
+            wake: Condvar::new(),
+        }));
+        let mut started = 0;
+        for i in 0..n {
+            let ok = std::thread::Builder::new()
+                .name(format!("softrdma-copy{i}"))
+                .spawn(move || p.helper())
+                .is_ok();
+            started += usize::from(ok);
+        }
+        (started > 0).then_some(p)
+    }
+
+    /// Makes `copies` with the helpers, the calling thread working too.
+    fn run(&self, copies: &[Copy]) {
+        let job = Arc::new(Job {
+            items: copies.iter().map(|c| (c.dst, c.src, c.len)).collect(),
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+        });
+        {
+            let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            q.push_back(job.clone());
+            self.queued.fetch_add(1, Ordering::Release);
+        }
+        self.wake.notify_all();
+        job.work();
+        // Every copy is claimed; wait for the ones helpers are making.
+        let n = job.items.len();
+        while job.done.load(Ordering::Acquire) < n {
+            std::hint::spin_loop();
+        }
+        // Take the job out if no helper did (they take it when they find it exhausted).
+        let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = q.iter().position(|j| Arc::ptr_eq(j, &job)) {
+            q.remove(i);
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn helper(&self) {
+        let mut idle_since = Instant::now();
+        loop {
+            if self.queued.load(Ordering::Acquire) > 0 {
+                let job = {
+                    let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+                    // A job whose copies are all claimed leaves the queue.
+                    while q
+                        .front()
+                        .is_some_and(|j| j.next.load(Ordering::Relaxed) >= j.items.len())
+                    {
+                        q.pop_front();
+                        self.queued.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    q.front().cloned()
+                };
+                if let Some(j) = job {
+                    j.work();
+                    idle_since = Instant::now();
+                    continue;
+                }
+            }
+            if idle_since.elapsed() < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            if q.is_empty() {
+                drop(
+                    self.wake
+                        .wait_timeout(q, Duration::from_secs(1))
+                        .unwrap_or_else(|p| p.into_inner()),
+                );
+            }
+            idle_since = Instant::now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::mr::tests_support::lease_of;
+
+    /// A batch of `n` copies of `len` bytes from `src` to `dst` (disjoint pieces, in order).
+    fn batch(
+        src: &[u8],
+        dst: &mut [u8],
+        len: usize,
+        hold: &crate::verbs::mr::tests_support::Region,
+    ) -> Batch {
+        let mut b = Batch::default();
+        for (i, d) in dst.chunks_mut(len).enumerate() {
+            // SAFETY: both vectors outlive the batch, which runs before they are read.
+            unsafe {
+                b.push(
+                    d.as_mut_ptr(),
+                    src[i * len..].as_ptr(),
+                    d.len(),
+                    lease_of(hold),
+                )
+            };
+        }
+        b
+    }
+
+    #[test]
+    fn every_copy_is_made_alone_or_with_helpers() {
+        let region = crate::verbs::mr::tests_support::Region::new();
+        let pool = Pool::start(3);
+        for (size, pool) in [
+            (64 << 10, None),
+            (2 << 20, None),
+            (2 << 20, pool),
+            (100_000, pool),
+        ] {
+            let src: Vec<u8> = (0..size).map(|i| (i * 31 + size) as u8).collect();
+            let mut dst = vec![0u8; size];
+            let mut b = batch(&src, &mut dst, 32 << 10, &region);
+            b.run_on(pool);
+            assert_eq!(b.len(), 0);
+            assert!(dst == src, "size {size}");
+        }
+    }
+
+    #[test]
+    fn runs_from_several_threads_at_once_stay_apart() {
+        let region = std::sync::Arc::new(crate::verbs::mr::tests_support::Region::new());
+        let pool = Pool::start(2);
+        std::thread::scope(|s| {
+            for t in 0..3u8 {
+                let region = region.clone();
+                s.spawn(move || {
+                    for round in 0..50u8 {
+                        let src = vec![t ^ round; 512 << 10];
+                        let mut dst = vec![0u8; 512 << 10];
+                        let mut b = batch(&src, &mut dst, 16 << 10, &region);
+                        b.run_on(pool);
+                        assert!(dst == src);
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn copies_of_a_dropped_packet_are_forgotten_and_the_rest_made_on_drop() {
+        let region = crate::verbs::mr::tests_support::Region::new();
+        let src = vec![7u8; 4096];
+        let mut dst = vec![0u8; 4096];
+        {
+            let mut b = batch(&src, &mut dst, 1024, &region);
+            b.truncate(2);
+            assert_eq!(b.len(), 2);
+        }
+        assert!(dst[..2048].iter().all(|&x| x == 7));
+        assert!(dst[2048..].iter().all(|&x| x == 0));
+    }
+}
