@@ -19,7 +19,10 @@
 //! - **The caller works too**: the copies are claimed one by one by whoever comes, the calling
 //!   thread included, so a helper that is slow to wake costs nothing but its share; the
 //!   caller returns once every copy is done.
-//! - Runs under [`PARALLEL_MIN`] bytes are copied by the caller alone.
+//! - Runs under [`PARALLEL_MIN`] bytes are copied by the caller alone, and so are runs while
+//!   the helpers prove of no use (all cores busy: see [`Pool::worth_it`]).
+//! - Helpers look for work for [`SPIN`] after their last copy, yielding the processor as they
+//!   look, then sleep until a run wakes them.
 
 use crate::verbs::mr::MrLease;
 use std::collections::VecDeque;
@@ -31,8 +34,10 @@ use std::time::{Duration, Instant};
 /// costs more than it saves).
 pub(crate) const PARALLEL_MIN: usize = 128 << 10;
 /// How long a helper with nothing to do looks for more before it sleeps: a stream of large
-/// transfers hands it a run every 100 µs or so.
-const SPIN: Duration = Duration::from_micros(500);
+/// transfers hands it a run every few tens of µs. It yields the processor as it looks, so
+/// that on a busy machine (many processes, each with its helpers) it takes no core from a
+/// thread with work.
+const SPIN: Duration = Duration::from_micros(50);
 
 /// The number of helper threads: `SOFTRDMA_COPY_THREADS`, else one per four CPUs (at most
 /// 4) on machines of 8 CPUs or more, else 0 (read once).
@@ -118,7 +123,7 @@ impl Batch {
             return;
         }
         if self.bytes >= PARALLEL_MIN && self.copies.len() > 1 {
-            if let Some(p) = pool {
+            if let Some(p) = pool.filter(|p| p.worth_it()) {
                 p.run(&self.copies);
                 self.copies.clear();
                 self.bytes = 0;
@@ -159,13 +164,15 @@ struct Job {
 }
 
 impl Job {
-    /// Claims and makes copies until none is left.
-    fn work(&self) {
+    /// Claims and makes copies until none is left; returns how many it made.
+    fn work(&self) -> usize {
+        let mut made = 0;
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             let Some(&(dst, src, len)) = self.items.get(i) else {
-                return;
+                return made;
             };
+            made += 1;
             // SAFETY: claimed once (the counter hands out each index once), and the caller
             // of `Pool::run` keeps both ranges valid until `done` counts it.
             unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
@@ -175,6 +182,10 @@ impl Job {
 }
 
 struct Pool {
+    /// Runs in a row in which the helpers were of no use (see [`Pool::run`]).
+    useless: AtomicUsize,
+    /// Runs still to be made without the helpers (backing off).
+    alone: AtomicUsize,
     queue: Mutex<VecDeque<Arc<Job>>>,
     /// Jobs in the queue (read without the lock by spinning helpers).
     queued: AtomicUsize,
@@ -188,7 +199,40 @@ fn pool() -> Option<&'static Pool> {
     *POOL.get_or_init(|| Pool::start(helpers()))
 }
 
+/// Runs in a row in which the helpers were of no use before the pool backs off.
+const USELESS_RUNS: usize = 4;
+/// Runs made alone when the pool backs off.
+const BACK_OFF_RUNS: usize = 256;
+/// A caller that waited longer than this for helpers to finish their copies found them
+/// slow: they had lost their cores (many processes copy at once).
+const SLOW_HELPERS: Duration = Duration::from_micros(20);
+
 impl Pool {
+    /// Whether to share the next run with the helpers: not while backing off. The helpers
+    /// are of no use when the caller makes every copy itself (they did not come in time) or
+    /// waits long for theirs (they lost their cores): on a machine whose cores are all busy
+    /// (say sixteen processes, each with its helpers) handing work over only adds wake-ups
+    /// and waits. After [`USELESS_RUNS`] such runs in a row, [`BACK_OFF_RUNS`] runs are made
+    /// alone, then the helpers are tried again.
+    fn worth_it(&self) -> bool {
+        let a = self.alone.load(Ordering::Relaxed);
+        if a == 0 {
+            return true;
+        }
+        self.alone.store(a - 1, Ordering::Relaxed);
+        false
+    }
+
+    /// Records whether the helpers were of use in a run.
+    fn note(&self, useful: bool) {
+        if useful {
+            self.useless.store(0, Ordering::Relaxed);
+        } else if self.useless.fetch_add(1, Ordering::Relaxed) + 1 >= USELESS_RUNS {
+            self.useless.store(0, Ordering::Relaxed);
+            self.alone.store(BACK_OFF_RUNS, Ordering::Relaxed);
+        }
+    }
+
     /// A pool of `n` helper threads, which live as long as the process; `None` when none
     /// started (`n` = 0, or the threads could not be created).
     fn start(n: usize) -> Option<&'static Pool> {
@@ -196,6 +240,8 @@ impl Pool {
             return None;
         }
         let p: &'static Pool = Box::leak(Box::new(Pool {
+            useless: AtomicUsize::new(0),
+            alone: AtomicUsize::new(0),
             queue: Mutex::new(VecDeque::new()),
             queued: AtomicUsize::new(0),
             wake: Condvar::new(),
@@ -224,12 +270,21 @@ impl Pool {
             self.queued.fetch_add(1, Ordering::Release);
         }
         self.wake.notify_all();
-        job.work();
+        let mine = job.work();
         // Every copy is claimed; wait for the ones helpers are making.
         let n = job.items.len();
+        let waited = Instant::now();
+        let mut spins = 0u32;
         while job.done.load(Ordering::Acquire) < n {
-            std::hint::spin_loop();
+            // (A helper making the last copies may have lost its core: let it have one.)
+            spins += 1;
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
+        self.note(mine < n && waited.elapsed() < SLOW_HELPERS);
         // Take the job out if no helper did (they take it when they find it exhausted).
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = q.iter().position(|j| Arc::ptr_eq(j, &job)) {
@@ -255,13 +310,13 @@ impl Pool {
                     q.front().cloned()
                 };
                 if let Some(j) = job {
-                    j.work();
+                    let _ = j.work();
                     idle_since = Instant::now();
                     continue;
                 }
             }
             if idle_since.elapsed() < SPIN {
-                std::hint::spin_loop();
+                std::thread::yield_now();
                 continue;
             }
             let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
