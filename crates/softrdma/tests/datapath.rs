@@ -245,6 +245,49 @@ fn rc_requests_right_behind_a_large_write_see_its_bytes() {
 }
 
 #[test]
+fn rc_writes_to_one_address_land_in_the_order_posted() {
+    // 64 WRITEs of 4 KiB, posted at once, all to the same remote bytes: the target takes them
+    // in one run, and the last one's bytes stay (copies of a run that write the same bytes
+    // are made one after the other, in order, even with copy engines).
+    let (seg, n) = (4096usize, 64usize);
+    let (a, b) = pair(QpType::Rc, 1 << 20, &Opts::default());
+    for round in 0..40u8 {
+        let fill = |i: usize| round.wrapping_mul(7).wrapping_add(i as u8 + 1);
+        for i in 0..n {
+            a.buf.write(i * seg, &vec![fill(i); seg]).unwrap();
+        }
+        let sges: Vec<[Sge; 1]> = (0..n).map(|i| [a.sge(i * seg, seg)]).collect();
+        let wrs: Vec<SendWr> = sges
+            .iter()
+            .enumerate()
+            .map(|(i, sg)| SendWr {
+                wr_id: i as u64,
+                sg_list: &sg[..],
+                opcode: WrOpcode::RdmaWrite,
+                send_flags: if i == n - 1 {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::empty()
+                },
+                remote_addr: b.buf.addr(),
+                rkey: b.mr.rkey(),
+                ..Default::default()
+            })
+            .collect();
+        a.qp.post_send(&wrs).unwrap();
+        let c = a.wait(1);
+        assert_eq!(c[0].status, WcStatus::Success);
+        let mut got = vec![0u8; seg];
+        b.buf.read(0, &mut got).unwrap();
+        let want = fill(n - 1);
+        assert!(
+            got.iter().all(|&x| x == want),
+            "round {round}: bytes of an earlier WRITE over the last one's"
+        );
+    }
+}
+
+#[test]
 fn rc_bad_rkey_out_of_bounds_and_wrong_access_are_rem_access_err_then_flush() {
     for case in 0..3 {
         let (a, b) = pair(QpType::Rc, 4096, &Opts::default());

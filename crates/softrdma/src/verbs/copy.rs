@@ -59,10 +59,11 @@ pub(crate) fn helpers() -> usize {
     })
 }
 
-/// Whether the data path defers payload copies to run them in batches ([`helpers`] > 0).
+/// Whether the data path defers payload copies to run them in batches (there are helpers,
+/// and they started).
 #[inline]
 pub(crate) fn deferring() -> bool {
-    helpers() > 0
+    pool().is_some()
 }
 
 /// One deferred copy: `len` bytes from `src` to `dst`, and the lease that keeps the
@@ -122,7 +123,7 @@ impl Batch {
         if self.copies.is_empty() {
             return;
         }
-        if self.bytes >= PARALLEL_MIN && self.copies.len() > 1 {
+        if self.bytes >= PARALLEL_MIN && self.copies.len() > 1 && !self.overlapping() {
             if let Some(p) = pool.filter(|p| p.worth_it()) {
                 p.run(&self.copies);
                 self.copies.clear();
@@ -139,10 +140,32 @@ impl Batch {
     }
 }
 
+impl Batch {
+    /// Whether two copies write to overlapping bytes (two WRITEs of a run to one address,
+    /// two receives into one buffer): they must then be made one after the other, in order.
+    fn overlapping(&self) -> bool {
+        let mut r: Vec<(usize, usize)> =
+            self.copies.iter().map(|c| (c.dst, c.dst + c.len)).collect();
+        r.sort_unstable();
+        r.windows(2).any(|w| w[1].0 < w[0].1)
+    }
+
+    /// Forgets every deferred copy without making it.
+    pub(crate) fn forget(&mut self) {
+        self.copies.clear();
+        self.bytes = 0;
+    }
+}
+
 impl Drop for Batch {
     fn drop(&mut self) {
-        // Copies the data path deferred are never lost, even on an early return.
-        self.run();
+        // Copies the data path deferred are never lost on an early return; on a panic they
+        // are dropped (what they were for is abandoned, and their memory may be gone).
+        if std::thread::panicking() {
+            self.forget();
+        } else {
+            self.run();
+        }
     }
 }
 
@@ -396,6 +419,24 @@ mod tests {
                 });
             }
         });
+    }
+
+    #[test]
+    fn copies_to_the_same_bytes_are_made_in_order() {
+        let region = crate::verbs::mr::tests_support::Region::new();
+        let pool = Pool::start(3);
+        for round in 0..50u8 {
+            let srcs: Vec<Vec<u8>> = (0..64u8).map(|i| vec![round ^ i; 32 << 10]).collect();
+            let mut dst = vec![0u8; 32 << 10];
+            let mut b = Batch::default();
+            for s in &srcs {
+                // SAFETY: the sources and the destination outlive the batch's run.
+                unsafe { b.push(dst.as_mut_ptr(), s.as_ptr(), s.len(), lease_of(&region)) };
+            }
+            assert!(b.overlapping());
+            b.run_on(pool);
+            assert!(dst.iter().all(|&x| x == round ^ 63), "round {round}");
+        }
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub(crate) struct QpEnv<'a> {
     /// deferred (the transport also writes bytes of its own, an atomic's original value or
     /// a GRH, which do not outlive the call).
     pub(crate) packet: (usize, usize),
+    /// The number of deferred copies before the packet being built ([`QpEnv::mark_build`]).
+    build_mark: usize,
 }
 
 thread_local! {
@@ -61,12 +63,23 @@ impl QpEnv<'_> {
         }
     }
 
-    /// Makes the deferred copies (all done on return); deferring goes on.
+    /// Makes the deferred writes (receiving; all done on return), before an access that may
+    /// read what they write; deferring goes on. (Deferred reads into a ring's room need no
+    /// such care: nothing reads the room before publication.)
     #[inline]
     fn run_deferred(&mut self) {
+        if let Some(b) = self.defer.as_mut().filter(|_| !self.defer_reads) {
+            b.run();
+        }
+    }
+
+    /// Makes every deferred copy now (before a ring's room is published); deferring goes on.
+    #[inline]
+    fn make_deferred(&mut self) {
         if let Some(b) = self.defer.as_mut() {
             b.run();
         }
+        self.build_mark = 0;
     }
 
     /// Makes the deferred copies and stops deferring.
@@ -76,10 +89,31 @@ impl QpEnv<'_> {
             BATCH.set(b);
         }
     }
+
+    /// A packet is being built from here on: the copies it defers come after this mark.
+    #[inline]
+    fn mark_build(&mut self) {
+        self.build_mark = self.defer.as_ref().map_or(0, Batch::len);
+    }
+
+    /// The packet being built is abandoned (an access refused midway, or not sent): forgets
+    /// the copies it deferred into its room, which the next packet takes.
+    #[inline]
+    fn abandon_build(&mut self) {
+        if let Some(b) = self.defer.as_mut().filter(|_| self.defer_reads) {
+            b.truncate(self.build_mark);
+        }
+    }
 }
 
 impl Drop for QpEnv<'_> {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // (The ring's room may be published or gone by now: nothing is copied late.)
+            if let Some(b) = self.defer.as_mut() {
+                b.forget();
+            }
+        }
         self.stop_deferring();
     }
 }
@@ -112,6 +146,7 @@ impl<'a> QpEnv<'a> {
             defer: None,
             defer_reads: false,
             packet: (0, 0),
+            build_mark: 0,
         }
     }
 
@@ -191,14 +226,16 @@ impl Env for QpEnv<'_> {
             return Ok(());
         }
         let va = sge.addr.wrapping_add(u64::from(offset));
-        let l = self.lease(
-            sge.lkey,
-            KeyKind::Local,
-            va,
-            dst.len(),
-            AccessFlags::empty(),
-            false,
-        )?;
+        let l = self
+            .lease(
+                sge.lkey,
+                KeyKind::Local,
+                va,
+                dst.len(),
+                AccessFlags::empty(),
+                false,
+            )
+            .inspect_err(|_| self.abandon_build())?;
         self.read_into(l, dst);
         Ok(())
     }
@@ -274,14 +311,16 @@ impl Env for QpEnv<'_> {
         if dst.is_empty() {
             return Ok(());
         }
-        let l = self.lease(
-            rkey,
-            KeyKind::Remote,
-            va,
-            dst.len(),
-            AccessFlags::REMOTE_READ,
-            false,
-        )?;
+        let l = self
+            .lease(
+                rkey,
+                KeyKind::Remote,
+                va,
+                dst.len(),
+                AccessFlags::REMOTE_READ,
+                false,
+            )
+            .inspect_err(|_| self.abandon_build())?;
         self.read_into(l, dst);
         Ok(())
     }
@@ -459,7 +498,7 @@ pub(crate) fn drive(
                     // through the batch.
                     if qp.qp_type == softrdma_proto::QpType::Rc && t.awaiting_ack() {
                         // (Waiting publishes what was committed: its copies first.)
-                        env.run_deferred();
+                        env.make_deferred();
                         if lane.wait_for_room(room, FULL_RING_WAIT) {
                             continue;
                         }
@@ -470,20 +509,18 @@ pub(crate) fn drive(
                     break;
                 };
                 n += 1;
-                let mark = env.defer.as_ref().map_or(0, Batch::len);
+                env.mark_build();
                 let Some(out) = t.poll_transmit(now, buf, &mut env) else {
                     idle = true;
-                    if let Some(b) = env.defer.as_mut() {
-                        b.truncate(mark);
-                    }
+                    env.abandon_build();
                     break;
                 };
                 // (An RC/UC packet never names a UD destination.)
                 if out.len <= room && out.ud_dest.is_none() {
                     lane.commit(out.len);
-                } else if let Some(b) = env.defer.as_mut() {
+                } else {
                     // Not sent: its room is reserved again for the next packet.
-                    b.truncate(mark);
+                    env.abandon_build();
                 }
             }
             env.stop_deferring();
