@@ -209,6 +209,8 @@ struct Pool {
     useless: AtomicUsize,
     /// Runs still to be made without the helpers (backing off).
     alone: AtomicUsize,
+    /// Helpers not asleep (working or looking for work).
+    awake: AtomicUsize,
     queue: Mutex<VecDeque<Arc<Job>>>,
     /// Jobs in the queue (read without the lock by spinning helpers).
     queued: AtomicUsize,
@@ -232,11 +234,12 @@ const SLOW_HELPERS: Duration = Duration::from_micros(20);
 
 impl Pool {
     /// Whether to share the next run with the helpers: not while backing off. The helpers
-    /// are of no use when the caller makes every copy itself (they did not come in time) or
-    /// waits long for theirs (they lost their cores): on a machine whose cores are all busy
-    /// (say sixteen processes, each with its helpers) handing work over only adds wake-ups
-    /// and waits. After [`USELESS_RUNS`] such runs in a row, [`BACK_OFF_RUNS`] runs are made
-    /// alone, then the helpers are tried again.
+    /// are of no use when, awake as the run came, the caller still made every copy itself
+    /// (they did not come in time) or waited long for theirs (they lost their cores): on a
+    /// machine whose cores are all busy (say sixteen processes, each with its helpers)
+    /// handing work over only adds wake-ups and waits. After [`USELESS_RUNS`] such runs in a
+    /// row, [`BACK_OFF_RUNS`] runs are made alone, then the helpers are tried again. (Runs
+    /// that found every helper asleep, as sparse transfers do, are not judged.)
     fn worth_it(&self) -> bool {
         let a = self.alone.load(Ordering::Relaxed);
         if a == 0 {
@@ -265,6 +268,7 @@ impl Pool {
         let p: &'static Pool = Box::leak(Box::new(Pool {
             useless: AtomicUsize::new(0),
             alone: AtomicUsize::new(0),
+            awake: AtomicUsize::new(0),
             queue: Mutex::new(VecDeque::new()),
             queued: AtomicUsize::new(0),
             wake: Condvar::new(),
@@ -292,6 +296,8 @@ impl Pool {
             q.push_back(job.clone());
             self.queued.fetch_add(1, Ordering::Release);
         }
+        // (Helpers asleep when the run came cannot be judged by it: waking takes a while.)
+        let judge = self.awake.load(Ordering::Relaxed) > 0;
         self.wake.notify_all();
         let mine = job.work();
         // Every copy is claimed; wait for the ones helpers are making.
@@ -307,7 +313,9 @@ impl Pool {
                 std::hint::spin_loop();
             }
         }
-        self.note(mine < n && waited.elapsed() < SLOW_HELPERS);
+        if judge {
+            self.note(mine < n && waited.elapsed() < SLOW_HELPERS);
+        }
         // Take the job out if no helper did (they take it when they find it exhausted).
         let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = q.iter().position(|j| Arc::ptr_eq(j, &job)) {
@@ -318,6 +326,7 @@ impl Pool {
 
     fn helper(&self) {
         let mut idle_since = Instant::now();
+        self.awake.fetch_add(1, Ordering::Relaxed);
         loop {
             if self.queued.load(Ordering::Acquire) > 0 {
                 let job = {
@@ -344,11 +353,13 @@ impl Pool {
             }
             let q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
             if q.is_empty() {
+                self.awake.fetch_sub(1, Ordering::Relaxed);
                 drop(
                     self.wake
                         .wait_timeout(q, Duration::from_secs(1))
                         .unwrap_or_else(|p| p.into_inner()),
                 );
+                self.awake.fetch_add(1, Ordering::Relaxed);
             }
             idle_since = Instant::now();
         }
