@@ -1515,6 +1515,12 @@ fn rdma_listen_backlog_drops_requests_beyond_it_until_the_peer_retries() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+    // (The CM counts a REQ as pending when it takes it; the dispatch to the listener, which
+    // drops the one beyond the backlog, follows a moment later.)
+    let t = Instant::now();
+    while ctx.cm_stats().pending_reqs != 1 && t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert_eq!(ctx.cm_stats().pending_reqs, 1);
     sch.set_nonblocking(true).unwrap();
     let first = sch.get_cm_event().unwrap();
