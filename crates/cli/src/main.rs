@@ -487,6 +487,7 @@ fn run_perf(args: &perf::PerfArgs) -> softrdma::Result<()> {
     for side in &outcome.sides {
         print_counters(side);
     }
+    print_copy_engines();
     let outcome_sides = outcome.sides;
     let points = outcome.points;
     if args.json {
@@ -601,6 +602,18 @@ fn print_counters(side: &perf::SideCounters) {
     print_qp_counters(&label, &side.qp);
 }
 
+/// One line on the process's copy engines (helper threads sharing the payload copies of
+/// large runs), when it has any.
+fn print_copy_engines() {
+    let c = softrdma::copy_engines();
+    if c.helpers > 0 {
+        println!(
+            " copy engines: {} helpers, {} runs shared ({} copies made by helpers), {} large runs alone, {} back-offs",
+            c.helpers, c.shared_runs, c.helper_copies, c.alone_runs, c.back_offs
+        );
+    }
+}
+
 fn print_device_counters(who: &str, addr: std::net::IpAddr, d: &softrdma::DeviceCounters) {
     println!(
         " {who} device {addr}: tx {} pkts / {} B, rx {} pkts / {} B, ICRC errors {}, malformed {}, unknown QP {}, wrong source {}, tx errors {}, misrouted {}, same-host {}",
@@ -649,6 +662,7 @@ fn run_perf_server(args: &perf::PerfArgs, addr: std::net::IpAddr) -> softrdma::R
     )?;
     println!("{}", "-".repeat(88));
     print_counters(&side);
+    print_copy_engines();
     if args.json {
         println!(
             "{{\"mode\":\"server\",\"qp_rx_packets\":{},\"qp_tx_packets\":{}}}",

@@ -105,6 +105,7 @@ pub use softrdma_proto::transport::QpStats as QpCounters;
 pub use softrdma_proto::{Mtu, QpAttrMask, QpState, QpType};
 pub use verbs::ah::{Ah, AhAttr, GlobalRoute};
 pub use verbs::context::{Context, NUM_COMP_VECTORS};
+pub use verbs::copy::{copy_engines, CopyEngineStats};
 pub use verbs::cq::{CompChannel, Cq, CqEvent, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use verbs::device::{
     get_device_list, AtomicCap, Device, DeviceAttr, DeviceCapFlags, GidEntry, LinkLayer, NodeType,

@@ -3,7 +3,7 @@
 //! delivery under injected loss, duplication, reordering and corruption.
 
 #[path = "common/pair.rs"]
-mod pair;
+pub(crate) mod pair;
 
 use pair::*;
 use softrdma::*;

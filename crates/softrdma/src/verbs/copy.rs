@@ -26,7 +26,7 @@
 
 use crate::verbs::mr::MrLease;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -57,6 +57,41 @@ pub(crate) fn helpers() -> usize {
             })
             .min(64)
     })
+}
+
+/// What the copy engines of this process did since it started ([`copy_engines`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopyEngineStats {
+    /// Helper threads running (0: every payload copy is made on the spot, undeferred).
+    pub helpers: usize,
+    /// Runs of deferred copies shared with the helpers.
+    pub shared_runs: u64,
+    /// Copies of shared runs that helpers made (the rest their callers made).
+    pub helper_copies: u64,
+    /// Runs of 128 KiB or more made by their caller alone: the helpers were backing off
+    /// (every core busy) or the run's copies overlapped (they must be made in order).
+    pub alone_runs: u64,
+    /// Times the helpers proved of no use and the process backed off (made the next runs
+    /// alone).
+    pub back_offs: u64,
+}
+
+static SHARED_RUNS: AtomicU64 = AtomicU64::new(0);
+static HELPER_COPIES: AtomicU64 = AtomicU64::new(0);
+static ALONE_RUNS: AtomicU64 = AtomicU64::new(0);
+static BACK_OFFS: AtomicU64 = AtomicU64::new(0);
+
+/// What the copy engines of this process did since it started: the payload copies of large
+/// runs of packets that helper threads share (see the README's "Copy engines";
+/// `SOFTRDMA_COPY_THREADS`). Starts the helpers if they were not yet. Never fails.
+pub fn copy_engines() -> CopyEngineStats {
+    CopyEngineStats {
+        helpers: if pool().is_some() { helpers() } else { 0 },
+        shared_runs: SHARED_RUNS.load(Ordering::Relaxed),
+        helper_copies: HELPER_COPIES.load(Ordering::Relaxed),
+        alone_runs: ALONE_RUNS.load(Ordering::Relaxed),
+        back_offs: BACK_OFFS.load(Ordering::Relaxed),
+    }
 }
 
 /// Whether the data path defers payload copies to run them in batches (there are helpers,
@@ -123,12 +158,15 @@ impl Batch {
         if self.copies.is_empty() {
             return;
         }
-        if self.bytes >= PARALLEL_MIN && self.copies.len() > 1 && !self.overlapping() {
-            if let Some(p) = pool.filter(|p| p.worth_it()) {
-                p.run(&self.copies);
-                self.copies.clear();
-                self.bytes = 0;
-                return;
+        if self.bytes >= PARALLEL_MIN && self.copies.len() > 1 {
+            if let Some(p) = pool {
+                if !self.overlapping() && p.worth_it() {
+                    p.run(&self.copies);
+                    self.copies.clear();
+                    self.bytes = 0;
+                    return;
+                }
+                ALONE_RUNS.fetch_add(1, Ordering::Relaxed);
             }
         }
         for c in &self.copies {
@@ -256,6 +294,7 @@ impl Pool {
         } else if self.useless.fetch_add(1, Ordering::Relaxed) + 1 >= USELESS_RUNS {
             self.useless.store(0, Ordering::Relaxed);
             self.alone.store(BACK_OFF_RUNS, Ordering::Relaxed);
+            BACK_OFFS.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -302,6 +341,8 @@ impl Pool {
         let mine = job.work();
         // Every copy is claimed; wait for the ones helpers are making.
         let n = job.items.len();
+        SHARED_RUNS.fetch_add(1, Ordering::Relaxed);
+        HELPER_COPIES.fetch_add((n - mine) as u64, Ordering::Relaxed);
         let waited = Instant::now();
         let mut spins = 0u32;
         while job.done.load(Ordering::Acquire) < n {
