@@ -504,7 +504,10 @@ fn rc_delivers_exactly_once_in_order_under_loss_duplication_reordering_and_corru
 
 #[test]
 fn faults_limited_to_the_first_packets_spare_the_rest() {
-    let (a, b) = pair(QpType::Uc, 65536, &Opts::default());
+    // Devices of its own: faults are per device, and the shared pair's other tests must
+    // neither lose packets to them nor leave the same-host lanes for the wire (a device with
+    // fault injection sends every packet on the wire).
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Uc, 65536, &Opts::default());
     a.ctx
         .set_fault_injection(Some(FaultConfig::parse("drop=1,first=3").unwrap()))
         .unwrap();
