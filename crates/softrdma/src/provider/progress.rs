@@ -82,7 +82,11 @@ impl Engine {
             // socket (a system call each time, nearly always empty then) is read every
             // SOCKET_EVERY polls only; otherwise every time. (What a peer puts on a lane
             // before a MAD is taken before the MAD.)
-            if rx.rx.receive_lanes(&self.wire, &self.share, self, tx) > 0 {
+            if rx
+                .rx
+                .receive_lanes(&self.wire, &self.share, self, tx, false)
+                > 0
+            {
                 if rx.lane_polls == 0 {
                     self.lanes_hot.store(true, Ordering::Relaxed);
                 }
@@ -142,7 +146,9 @@ impl Engine {
         };
         let rx = &mut *rx;
         with_tx(|tx| {
-            rx.rx.receive_lanes(&self.wire, &self.share, self, tx);
+            // (Everything, a new lane's first records too: the caller is about to end a
+            // connection.)
+            rx.rx.receive_lanes(&self.wire, &self.share, self, tx, true);
             rx.rx.receive_rounds(&self.wire, &self.share, self, tx, 4);
             self.send(tx);
         });
@@ -345,7 +351,8 @@ pub(super) fn progress(weak: Weak<Engine>) {
         if (handoff.is_none() || hung) && lanes.pending() {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
             let e = &*engine;
-            if rx.rx.receive_lanes(&e.wire, &e.share, e, &mut tx) > 0 {
+            // (A producer that hung up leaves no second look: take all it left.)
+            if rx.rx.receive_lanes(&e.wire, &e.share, e, &mut tx, hung) > 0 {
                 last_lane = Instant::now();
             }
         }

@@ -260,7 +260,7 @@ impl RxState {
                     };
                     if qpn == softrdma_wire::mad::GSI_QPN {
                         add_counts(counts, &wire.counters);
-                        take_lanes(wire, share, sink, tx, counts);
+                        take_lanes(wire, share, sink, tx, counts, false);
                         sink.mad(pkt, src, now, tx, false);
                         continue;
                     }
@@ -368,7 +368,7 @@ impl RxState {
             let now = Instant::now();
             tracing::trace!(qpn, %src, len = pkt.len(), "a packet forwarded by another process");
             if qpn == softrdma_wire::mad::GSI_QPN {
-                take_lanes(wire, share, sink, tx, counts);
+                take_lanes(wire, share, sink, tx, counts, false);
                 sink.mad(pkt, src, now, tx, true);
             } else if owns_qpn(share, qpn) {
                 deliver(wire, sink, qpn, &[pkt], src, now, tx);
@@ -385,34 +385,53 @@ impl RxState {
 impl RxState {
     /// Receives what waits in the device's same-host lanes (see `lanes`) and processes it as
     /// if it had arrived on the device socket: the same checks, then delivery in runs per QP.
-    /// Returns the number of packets taken.
+    /// The first records of a lane new since the last look wait for the next one (the caller
+    /// reads the socket in between), unless `all`. Returns the number of packets taken.
     pub(crate) fn receive_lanes(
         &mut self,
         wire: &Wire,
         share: &Share,
         sink: &impl RxSink,
         tx: &mut TxBatch,
+        all: bool,
     ) -> usize {
-        take_lanes(wire, share, sink, tx, &mut self.counts)
+        take_lanes(wire, share, sink, tx, &mut self.counts, !all)
     }
 }
 
 /// What [`RxState::receive_lanes`] does, with the receive side's counts.
 ///
-/// Also called before a MAD from the socket goes to the CM: what the peer sent on a lane
-/// before it sent the MAD (the ACK of the last message before a DREQ, say) is in the ring
-/// by then, and is taken first, in the order the peer sent it.
+/// Also called before a MAD from the socket goes to the CM (`skip_fresh` false): what the peer
+/// sent on a lane before it sent the MAD (the ACK of the last message before a DREQ, say) is
+/// in the ring by then, and is taken first, in the order the peer sent it. Otherwise
+/// (`skip_fresh`) the first records of a new lane wait for the next look.
 fn take_lanes(
     wire: &Wire,
     share: &Share,
     sink: &impl RxSink,
     tx: &mut TxBatch,
     counts: &mut Counts,
+    skip_fresh: bool,
 ) -> usize {
     {
         let got = wire.lanes.with_inbound(|inb| {
             let mut total = 0;
             for lane in inb.iter_mut() {
+                if lane.fresh {
+                    // A new lane's first records wait one look: the packets its sender put on
+                    // the wire before the lane was up (in the socket by now, as a rule) are
+                    // read first, in this round, and the lane's first ones do not overtake
+                    // them (which costs an RC QP a sequence NAK and a go-back-N). Not before
+                    // a MAD, though: what came on the lane before it goes first.
+                    if lane.cons.pending() {
+                        lane.fresh = false;
+                        if skip_fresh {
+                            continue;
+                        }
+                    } else {
+                        continue;
+                    }
+                }
                 let src = lane.src;
                 // At most 4 batches from one lane per call: the others get their turn, and
                 // the producer gets room back after each batch.

@@ -223,6 +223,9 @@ pub(crate) struct InLane {
     bell: Arc<OwnedFd>,
     /// The producer wrote nonsense: the lane is closed at the next look.
     pub(crate) corrupt: bool,
+    /// Nothing was taken from the lane yet (see `rx::take_lanes`: its first records wait one
+    /// look, so that what its sender put on the wire before the lane was up goes first).
+    pub(crate) fresh: bool,
 }
 
 /// A bell the progress thread watches: an inbound lane's (wake-ups and hang-up) or an

@@ -86,6 +86,7 @@ impl Lanes {
                         cons,
                         bell: Arc::new(theirs),
                         corrupt: false,
+                        fresh: true,
                     });
                     self.any_inbound.store(true, Ordering::Release);
                     self.gen.fetch_add(1, Ordering::Release);
