@@ -293,13 +293,30 @@ fn rc_qps_on_three_queues_sharing_one_cq_carry_every_operation_byte_exact() {
     assert!(kx.rx_bytes >= (N * 100_000) as u64, "{kx:?}");
 }
 
-#[test]
-fn faults_set_on_a_device_hold_on_every_queue() {
-    // Every packet of the device dropped: QPs on every queue time out, none gets through.
+/// Two devices of their own with two receive queues each, a PD and a CQ on each, and two
+/// RC QPs on each device, one per queue (`a` on `x`, `b` on `y`), not connected.
+struct TwoQueues {
+    x: IpAddr,
+    y: IpAddr,
+    cx: Context,
+    cy: Context,
+    px: Pd,
+    py: Pd,
+    qx: Cq,
+    qy: Cq,
+    a: [Qp; 2],
+    b: [Qp; 2],
+}
+
+/// [`TwoQueues`]; `faults` are set on `x` before its QPs start its queues.
+fn two_queue_pairs(faults: Option<FaultConfig>) -> TwoQueues {
     let (x, y) = (ip(&unique()), ip(&unique()));
     let (cx, cy) = (open(x), open(y));
     cx.set_receive_queues(2).unwrap();
     cy.set_receive_queues(2).unwrap();
+    if faults.is_some() {
+        cx.set_fault_injection(faults).unwrap();
+    }
     let (px, py) = (cx.alloc_pd().unwrap(), cy.alloc_pd().unwrap());
     let (qx, qy) = (
         cx.create_cq(64, 0, None, 0).unwrap(),
@@ -319,6 +336,36 @@ fn faults_set_on_a_device_hold_on_every_queue() {
     let a = [make(&px, &qx), make(&px, &qx)];
     let b = [make(&py, &qy), make(&py, &qy)];
     assert_ne!(slot(a[0].qp_num()), slot(a[1].qp_num()));
+    TwoQueues {
+        x,
+        y,
+        cx,
+        cy,
+        px,
+        py,
+        qx,
+        qy,
+        a,
+        b,
+    }
+}
+
+#[test]
+fn faults_set_on_a_device_hold_on_every_queue() {
+    // Every packet of the device dropped: QPs on every queue time out, none gets through.
+    // (Every part bound, so that each lives to the end of the test.)
+    let TwoQueues {
+        x,
+        y,
+        cx,
+        cy,
+        px: _px,
+        py: _py,
+        qx,
+        qy: _qy,
+        a,
+        b,
+    } = two_queue_pairs(None);
     cx.set_fault_injection(Some(FaultConfig {
         drop: 1.0,
         seed: 3,
@@ -538,36 +585,23 @@ fn a_message_sent_right_before_a_disconnect_arrives_on_every_queue() {
 fn a_device_counts_its_first_faulty_packets_once_for_all_its_queues() {
     // `first = 2`: the device's first two packets are dropped, whichever queue sends them,
     // and a queue that starts later does not drop two more of its own.
-    let (x, y) = (ip(&unique()), ip(&unique()));
-    let (cx, cy) = (open(x), open(y));
-    cx.set_receive_queues(2).unwrap();
-    cy.set_receive_queues(2).unwrap();
-    cx.set_fault_injection(Some(FaultConfig {
+    let TwoQueues {
+        x,
+        y,
+        cx,
+        cy: _cy,
+        px,
+        py,
+        qx,
+        qy,
+        a,
+        b,
+    } = two_queue_pairs(Some(FaultConfig {
         drop: 1.0,
         first: 2,
         seed: 5,
         ..Default::default()
-    }))
-    .unwrap();
-    let (px, py) = (cx.alloc_pd().unwrap(), cy.alloc_pd().unwrap());
-    let (qx, qy) = (
-        cx.create_cq(64, 0, None, 0).unwrap(),
-        cy.create_cq(64, 0, None, 0).unwrap(),
-    );
-    let cap = QpCap {
-        max_send_wr: 4,
-        max_recv_wr: 4,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 64,
-    };
-    let make = |pd: &Pd, cq: &Cq| {
-        pd.create_qp(&mut QpInitAttr::new(QpType::Rc, cq, cap))
-            .unwrap()
-    };
-    let a = [make(&px, &qx), make(&px, &qx)];
-    let b = [make(&py, &qy), make(&py, &qy)];
-    assert_ne!(slot(a[0].qp_num()), slot(a[1].qp_num()));
+    }));
     let buf = Arc::new(Buffer::new(64));
     let mr = py.reg_buffer(&buf, ALL).unwrap();
     for i in 0..2 {
