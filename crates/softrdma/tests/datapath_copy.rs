@@ -9,16 +9,8 @@
 #[path = "datapath.rs"]
 mod cases;
 
-/// Runs before `main` (an `.init_array` entry), while the process has one thread: this
-/// binary's process gets two copy engines.
-extern "C" fn two_copy_threads() {
-    // SAFETY: NUL-terminated strings; no other thread exists yet to read the environment.
-    unsafe { libc::setenv(c"SOFTRDMA_COPY_THREADS".as_ptr(), c"2".as_ptr(), 1) };
-}
-
-#[used]
-#[link_section = ".init_array"]
-static TWO_COPY_THREADS: extern "C" fn() = two_copy_threads;
+// Every device of this binary's process gets two copy engines.
+crate::preset_env!("SOFTRDMA_COPY_THREADS", "2");
 
 /// The runs of this binary's large transfers were shared with the two helpers (at least the
 /// first ones: on a machine whose cores are all busy the helpers may then back off), and the

@@ -7,13 +7,5 @@
 #[path = "datapath.rs"]
 mod cases;
 
-/// Runs before `main` (an `.init_array` entry), while the process has one thread: every
-/// device of this binary spreads its RC and UC QPs over three receive queues.
-extern "C" fn three_queues() {
-    // SAFETY: NUL-terminated strings; no other thread exists yet to read the environment.
-    unsafe { libc::setenv(c"SOFTRDMA_QUEUES".as_ptr(), c"3".as_ptr(), 1) };
-}
-
-#[used]
-#[link_section = ".init_array"]
-static THREE_QUEUES: extern "C" fn() = three_queues;
+// Every device of this binary spreads its RC and UC QPs over three receive queues.
+crate::preset_env!("SOFTRDMA_QUEUES", "3");

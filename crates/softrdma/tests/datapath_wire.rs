@@ -6,13 +6,5 @@
 #[path = "datapath.rs"]
 mod cases;
 
-/// Runs before `main` (an `.init_array` entry), while the process has one thread: every
-/// device of this binary sends on the wire.
-extern "C" fn wire_only() {
-    // SAFETY: NUL-terminated strings; no other thread exists yet to read the environment.
-    unsafe { libc::setenv(c"SOFTRDMA_TRANSPORT".as_ptr(), c"wire".as_ptr(), 1) };
-}
-
-#[used]
-#[link_section = ".init_array"]
-static WIRE_ONLY: extern "C" fn() = wire_only;
+// Every device of this binary sends on the wire.
+crate::preset_env!("SOFTRDMA_TRANSPORT", "wire");

@@ -15,16 +15,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Runs before `main` (an `.init_array` entry), while the process has one thread: every
-/// device of this binary sends on the wire.
-extern "C" fn wire_only() {
-    // SAFETY: NUL-terminated strings; no other thread exists yet to read the environment.
-    unsafe { libc::setenv(c"SOFTRDMA_TRANSPORT".as_ptr(), c"wire".as_ptr(), 1) };
-}
-
-#[used]
-#[link_section = ".init_array"]
-static WIRE_ONLY: extern "C" fn() = wire_only;
+// Every device of this binary sends on the wire.
+preset_env!("SOFTRDMA_TRANSPORT", "wire");
 
 fn open(addr: IpAddr) -> Context {
     Device::from_addr(addr).unwrap().open().unwrap()

@@ -6,6 +6,31 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Sets the environment variable `$name` to `$value` for the whole test binary, before
+/// `main` (an `.init_array` entry, run while the process has one thread), so that every device
+/// it opens sees it.
+#[macro_export]
+macro_rules! preset_env {
+    ($name:literal, $value:literal) => {
+        const _: () = {
+            extern "C" fn preset() {
+                // SAFETY: NUL-terminated strings; no other thread exists yet to read the
+                // environment.
+                unsafe {
+                    libc::setenv(
+                        concat!($name, "\0").as_ptr().cast(),
+                        concat!($value, "\0").as_ptr().cast(),
+                        1,
+                    )
+                };
+            }
+            #[used]
+            #[link_section = ".init_array"]
+            static PRESET: extern "C" fn() = preset;
+        };
+    };
+}
+
 pub const ALL: u32 = AccessFlags::LOCAL_WRITE.bits()
     | AccessFlags::REMOTE_WRITE.bits()
     | AccessFlags::REMOTE_READ.bits()
