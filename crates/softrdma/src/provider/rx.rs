@@ -423,12 +423,11 @@ fn take_lanes(
                     // read first, in this round, and the lane's first ones do not overtake
                     // them (which costs an RC QP a sequence NAK and a go-back-N). Not before
                     // a MAD, though: what came on the lane before it goes first.
-                    if lane.cons.pending() {
-                        lane.fresh = false;
-                        if skip_fresh {
-                            continue;
-                        }
-                    } else {
+                    if !lane.cons.pending() {
+                        continue;
+                    }
+                    lane.fresh = false;
+                    if skip_fresh {
                         continue;
                     }
                 }

@@ -115,6 +115,8 @@ pub(crate) struct Copy {
 pub(crate) struct Batch {
     copies: Vec<Copy>,
     bytes: usize,
+    /// Room for the destination ranges that [`Batch::overlapping`] sorts (kept between runs).
+    ranges: Vec<(usize, usize)>,
 }
 
 impl Batch {
@@ -181,9 +183,10 @@ impl Batch {
 impl Batch {
     /// Whether two copies write to overlapping bytes (two WRITEs of a run to one address,
     /// two receives into one buffer): they must then be made one after the other, in order.
-    fn overlapping(&self) -> bool {
-        let mut r: Vec<(usize, usize)> =
-            self.copies.iter().map(|c| (c.dst, c.dst + c.len)).collect();
+    fn overlapping(&mut self) -> bool {
+        let r = &mut self.ranges;
+        r.clear();
+        r.extend(self.copies.iter().map(|c| (c.dst, c.dst + c.len)));
         r.sort_unstable();
         r.windows(2).any(|w| w[1].0 < w[0].1)
     }
