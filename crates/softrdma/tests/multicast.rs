@@ -102,15 +102,34 @@ fn grh_v4(g: &[u8; GRH]) -> (IpAddr, IpAddr) {
     (a(12), a(16))
 }
 
-/// How many UDP sockets of this host are bound to `group:4791` (IPv4, from /proc/net/udp).
+/// How many sockets of this process are bound to `group:4791` (IPv4): each descriptor in
+/// /proc/self/fd asked with `getsockname`. Not /proc/net/udp: the kernel prints that table a
+/// page per read, walking its hash chain again from the start for each page, so while other
+/// sockets of port 4791 (every device's) open and close beside the test a line can come twice
+/// or not at all (measured: about 2% of reads under such churn).
 fn sockets_bound_to(group: std::net::Ipv4Addr) -> usize {
-    let want = format!("{:08X}:{:04X}", u32::from_ne_bytes(group.octets()), 4791u16);
-    std::fs::read_to_string("/proc/net/udp")
+    let want = std::net::SocketAddrV4::new(group, 4791);
+    std::fs::read_dir("/proc/self/fd")
         .unwrap()
-        .lines()
-        .skip(1)
-        .filter(|l| l.split_whitespace().nth(1) == Some(want.as_str()))
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<libc::c_int>().ok())
+        .filter(|&fd| bound_v4(fd) == Some(want))
         .count()
+}
+
+/// The IPv4 address descriptor `fd` is bound to, when it is an IPv4 socket (a descriptor
+/// closed meanwhile, or of another kind, gives `None`).
+fn bound_v4(fd: libc::c_int) -> Option<std::net::SocketAddrV4> {
+    // SAFETY: sockaddr_in is plain old data; getsockname writes at most `len` bytes into it
+    // and only reads the descriptor (any number: a bad one fails with EBADF or ENOTSOCK).
+    let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let r = unsafe { libc::getsockname(fd, (&mut sa as *mut libc::sockaddr_in).cast(), &mut len) };
+    (r == 0 && sa.sin_family == libc::AF_INET as libc::sa_family_t).then(|| {
+        std::net::SocketAddrV4::new(
+            std::net::Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+            u16::from_be(sa.sin_port),
+        )
+    })
 }
 
 /// Polls `f` until it holds; fails (a hang, not slowness) after a generous deadline.
