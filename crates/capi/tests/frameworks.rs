@@ -27,12 +27,15 @@
 //! prefix (`vrb_get_sib`; a RoCE GID of an IPv4 address has none). Given a node, those run
 //! here: `fi_info -n <this host's address>` lists them (`fi_info_msg_and_rxm_with_a_node`).
 //! fi_pingpong, however, calls `fi_getinfo` with no node and no service on both sides; the
-//! provider then binds an id to "localhost" and keeps only the infos of that id's device,
-//! 127.0.0.1's, which has no MSG info: `fi_pingpong -e msg -p verbs` and
-//! `-e rdm -p 'verbs;ofi_rxm'` fail in `fi_getinfo` with -61 (FI_ENODATA) before any
-//! connection. Linux fails likewise, by the same code (its rdma_bind_addr to 127.0.0.1
-//! finds no RDMA device, and an rxe on `lo` is skipped as above), so neither runs here;
-//! they did not wait for shared devices. Its DGRAM endpoints, and RDM over them (`verbs;ofi_rxd`), run here.
+//! provider then binds an id to "localhost" and keeps only the infos of that id's device.
+//! Where "localhost" is 127.0.0.1, that device has no MSG info, and `fi_pingpong -e msg -p
+//! verbs` and `-e rdm -p 'verbs;ofi_rxm'` fail in `fi_getinfo` with -61 (FI_ENODATA) before
+//! any connection; Linux fails likewise, by the same code (its rdma_bind_addr to 127.0.0.1
+//! finds no RDMA device, and an rxe on `lo` is skipped as above). So those two run in a
+//! private user and mount namespace whose `/etc/hosts` names this host's non-loopback
+//! address "localhost" (`localhost_cmd`), as they would on a host whose RDMA interface has
+//! that name's address. Its DGRAM endpoints, and RDM over them (`verbs;ofi_rxd`), run as
+//! they are.
 //! The provider binds an id on every interface address while it builds its list (the
 //! devices of those addresses are shared with any other process).
 
@@ -303,9 +306,92 @@ fn host_addr() -> Option<Ipv4Addr> {
     }
 }
 
+/// Run as `sh -c SCRIPT sh HOSTS PROG ARGS...` in a new user and mount namespace: makes the
+/// file `HOSTS` this namespace's `/etc/hosts`, then runs `PROG`.
+const HOSTS_SCRIPT: &str = r#"set -e
+mount --bind "$1" /etc/hosts
+shift
+exec "$@"
+"#;
+
+/// A file removed when dropped (even when the test fails).
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A libfabric command (`prog args`, the drop-in libraries, the device of `addr` listed) in
+/// a namespace where "localhost" is `addr` (see the module notes); returns it and the hosts
+/// file it needs while it runs.
+fn localhost_cmd(addr: Ipv4Addr, prog: &str, args: &[&str]) -> (Command, TempFile) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let hosts = std::env::temp_dir().join(format!(
+        "softrdma-hosts-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&hosts, format!("{addr} localhost\n::1 ip6-localhost\n")).unwrap();
+    let mut c = fabric_cmd("unshare", addr);
+    c.args(["-rm", "sh", "-c", HOSTS_SCRIPT, "sh"])
+        .arg(&hosts)
+        .arg(prog)
+        .args(args);
+    (c, TempFile(hosts))
+}
+
+/// `fi_pingpong` over MSG endpoints (`verbs`, or RDM over them with `verbs;ofi_rxm`), every
+/// size from 64 B to 1 MiB with its data checked (`-c`), in transmit mode `mode`: server and
+/// client share the device of this host's non-loopback address, named "localhost".
+fn fi_pingpong_msg(provider: &str, ep: &str, mode: &str) {
+    if !have_fabric() || !have_userns() {
+        return;
+    }
+    let Some(a) = host_addr() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must have a non-loopback IPv4 address"
+        );
+        eprintln!("skipped: this host has no non-loopback IPv4 address");
+        return;
+    };
+    let port = free_tcp_port().to_string();
+    let args = ["-p", provider, "-e", ep, "-m", mode, "-c", "-I", "20"];
+    let (mut server, _s) = localhost_cmd(a, "fi_pingpong", &args);
+    server.args(["-B", &port]);
+    let (mut client, _c) = localhost_cmd(a, "fi_pingpong", &args);
+    client.args(["-P", &port]).arg(a.to_string());
+    let out = server_client(server, client, port.parse().unwrap(), LIMIT);
+    for row in ["64 ", "4k ", "64k ", "1m "] {
+        assert!(
+            out.lines().any(|l| l.starts_with(row)),
+            "no {row:?} row:\n{out}"
+        );
+    }
+}
+
+#[test]
+fn fi_pingpong_verbs_msg() {
+    fi_pingpong_msg("verbs", "msg", "msg");
+}
+
+/// RDM over MSG endpoints: ofi_rxm sizes one verbs CQ for its whole universe of peers (256
+/// by default) times the queue depth, which needs a `max_cqe` past 65,536.
+#[test]
+fn fi_pingpong_verbs_rxm_rdm() {
+    fi_pingpong_msg("verbs;ofi_rxm", "rdm", "msg");
+}
+
+#[test]
+fn fi_pingpong_verbs_rxm_rdm_tagged() {
+    fi_pingpong_msg("verbs;ofi_rxm", "rdm", "tagged");
+}
+
 /// Given a node (this host's non-loopback address), the verbs provider offers the MSG
-/// endpoints of that address's device, and `verbs;ofi_rxm` RDM endpoints over them (see the
-/// module notes for why fi_pingpong, which names no node, cannot use them).
+/// endpoints of that address's device, and `verbs;ofi_rxm` RDM endpoints over them.
 #[test]
 fn fi_info_msg_and_rxm_with_a_node() {
     if !have_fabric() {

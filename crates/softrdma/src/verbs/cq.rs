@@ -374,7 +374,9 @@ impl Context {
                 cq_context,
                 comp_vector,
                 state: Mutex::new(CqState {
-                    entries: VecDeque::with_capacity(actual as usize),
+                    // Room grows with use up to `actual` (a CQ sized for a large
+                    // universe of peers, say 4M entries, costs nothing until it fills).
+                    entries: VecDeque::with_capacity((actual as usize).min(INITIAL_ROOM)),
                     armed: Armed::No,
                     overrun: false,
                 }),
@@ -388,6 +390,9 @@ impl Context {
         })
     }
 }
+
+/// Completions a new CQ has room for before its queue first grows (at most its `cqe`).
+const INITIAL_ROOM: usize = 4096;
 
 impl CqInner {
     /// Adds a completion, signalling the channel if the CQ is armed for it. Returns `false`
@@ -660,6 +665,48 @@ mod tests {
         let mut wc = [WorkCompletion::default(); 8];
         assert_eq!(cq.poll(&mut wc).unwrap(), 5);
         assert_eq!(wc.map(|w| w.wr_id)[..5], [1, 2, 3, 4, 5]);
+    }
+
+    /// A CQ takes room as it fills: one of the device's largest size starts small, and one
+    /// past its first room still holds exactly `cqe` completions, in order, then overruns.
+    #[test]
+    fn a_large_cq_grows_as_it_fills_and_overruns_at_its_size() {
+        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
+            .unwrap()
+            .open()
+            .unwrap();
+        let max = ctx.query_device().unwrap().max_cqe;
+        let huge = ctx.create_cq(max, 0, None, 0).unwrap();
+        assert_eq!(huge.cqe(), max);
+        let room = |cq: &Cq| cq.inner.state.lock().unwrap().entries.capacity();
+        assert!(room(&huge) < 2 * INITIAL_ROOM, "{}", room(&huge));
+        let cq = ctx.create_cq(3 * INITIAL_ROOM as u32, 0, None, 0).unwrap();
+        let n = cq.cqe() as u64;
+        assert!(n > INITIAL_ROOM as u64);
+        for i in 0..n {
+            assert!(cq.inner.push(ok_wc(i), false), "completion {i} of {n}");
+        }
+        let mut wc = vec![WorkCompletion::default(); 1000];
+        let mut next = 0;
+        loop {
+            let got = cq.poll(&mut wc).unwrap();
+            if got == 0 {
+                break;
+            }
+            for w in &wc[..got] {
+                assert_eq!(w.wr_id, next);
+                next += 1;
+            }
+        }
+        assert_eq!(next, n);
+        for i in 0..n {
+            assert!(
+                cq.inner.push(ok_wc(i), false),
+                "again: completion {i} of {n}"
+            );
+        }
+        assert!(!cq.inner.push(ok_wc(n), false), "one past cqe overruns");
+        assert_eq!(cq.poll(&mut wc).unwrap_err().errno(), libc::EIO);
     }
 
     #[test]

@@ -382,7 +382,9 @@ pub(crate) fn device_attr(dev: &Device) -> DeviceAttr {
         max_sge: 32,
         max_sge_rd: 32,
         max_cq: 1 << 14,
-        max_cqe: 1 << 16,
+        // As ConnectX: libfabric's ofi_rxm sizes one CQ for every peer of its universe
+        // (256 by default) times the queue depth, past 65,536.
+        max_cqe: (1 << 22) - 1,
         max_mr: 1 << 18,
         max_pd: 1 << 16,
         max_qp_rd_atom: 128,
