@@ -312,8 +312,14 @@ pub(crate) struct CqInner {
     events_acked: AtomicU64,
     async_unacked: AtomicUsize,
     /// The device engine that `poll` drives, once known: the receive queue of the first QP
-    /// on a queue other than 0 that uses the CQ, else the device's queue 0.
-    pub(crate) engine: std::sync::OnceLock<Arc<dyn crate::provider::Provider>>,
+    /// that uses the CQ (the device's queue 0 when the CQ is polled before any).
+    engine: std::sync::OnceLock<Arc<dyn crate::provider::Provider>>,
+    /// The receive queues of later QPs on other queues than `engine`'s, which `poll` drives
+    /// too (a CQ shared by QPs of several queues gets every queue's completions without a
+    /// thread hop); `has_more` says whether there are any, so that the common CQ of one queue
+    /// takes no lock for them.
+    more_engines: Mutex<Vec<Arc<dyn crate::provider::Provider>>>,
+    has_more: std::sync::atomic::AtomicBool,
     _count: CountGuard,
 }
 
@@ -385,6 +391,8 @@ impl Context {
                 events_acked: AtomicU64::new(0),
                 async_unacked: AtomicUsize::new(0),
                 engine: std::sync::OnceLock::new(),
+                more_engines: Mutex::new(Vec::new()),
+                has_more: std::sync::atomic::AtomicBool::new(false),
                 _count: count,
             }),
         })
@@ -395,6 +403,22 @@ impl Context {
 const INITIAL_ROOM: usize = 4096;
 
 impl CqInner {
+    /// Records that a QP using this CQ receives on the device engine (receive queue) `e`, so
+    /// that polling the CQ drives it.
+    pub(crate) fn add_engine(&self, e: &Arc<dyn crate::provider::Provider>) {
+        let same = |a: &Arc<dyn crate::provider::Provider>| {
+            std::ptr::addr_eq(Arc::as_ptr(a), Arc::as_ptr(e))
+        };
+        if same(self.engine.get_or_init(|| e.clone())) {
+            return;
+        }
+        let mut more = self.more_engines.lock().unwrap_or_else(|p| p.into_inner());
+        if !more.iter().any(same) {
+            more.push(e.clone());
+            self.has_more.store(true, Ordering::Release);
+        }
+    }
+
     /// Adds a completion, signalling the channel if the CQ is armed for it. Returns `false`
     /// (and raises `IBV_EVENT_CQ_ERR`, leaving the CQ in error) when the CQ is full.
     pub(crate) fn push(self: &Arc<Self>, wc: WorkCompletion, solicited: bool) -> bool {
@@ -464,9 +488,21 @@ impl Cq {
         // Nothing yet: receive what the device has waiting, here, then look again.
         if let Some(engine) = self.engine() {
             engine.poll_progress(!armed);
+            self.for_more_engines(|e| e.poll_progress(!armed));
             return Ok(self.poll_entries(wc)?.0);
         }
         Ok(0)
+    }
+
+    /// Runs `f` on each further receive queue the CQ's QPs use (see `more_engines`); skipped
+    /// while another thread polling this CQ does so.
+    fn for_more_engines(&self, f: impl Fn(&Arc<dyn crate::provider::Provider>)) {
+        if !self.inner.has_more.load(Ordering::Acquire) {
+            return;
+        }
+        if let Ok(more) = self.inner.more_engines.try_lock() {
+            more.iter().for_each(f);
+        }
     }
 
     /// The engine of the CQ's device, once it is started.
@@ -528,6 +564,7 @@ impl Cq {
         // leaves the socket to threads that poll, must take it back now.
         if let Some(engine) = self.engine() {
             engine.app_sleeps();
+            self.for_more_engines(|e| e.app_sleeps());
         }
         Ok(())
     }
@@ -707,6 +744,52 @@ mod tests {
         }
         assert!(!cq.inner.push(ok_wc(n), false), "one past cqe overruns");
         assert_eq!(cq.poll(&mut wc).unwrap_err().errno(), libc::EIO);
+    }
+
+    /// A CQ shared by RC QPs of three receive queues drives all three from `poll`, each
+    /// once, whichever queue its first QP had; a CQ of one queue keeps no list.
+    #[test]
+    fn polling_a_cq_drives_the_receive_queue_of_every_qp_that_uses_it() {
+        use crate::{QpCap, QpInitAttr, QpType};
+        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
+            .unwrap()
+            .open()
+            .unwrap();
+        ctx.set_receive_queues(3).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let shared = ctx.create_cq(64, 0, None, 0).unwrap();
+        let cap = QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qps: Vec<_> = (0..6)
+            .map(|_| {
+                pd.create_qp(&mut QpInitAttr::new(QpType::Rc, &shared, cap))
+                    .unwrap()
+            })
+            .collect();
+        let slots: std::collections::HashSet<u32> = qps.iter().map(|q| q.qp_num() >> 16).collect();
+        assert_eq!(slots.len(), 3, "QPs on three queues");
+        let more = shared.inner.more_engines.lock().unwrap().len();
+        assert!(shared.inner.engine.get().is_some());
+        assert_eq!(more, 2, "the first QP's queue and two more");
+        assert!(shared.inner.has_more.load(Ordering::Acquire));
+        // A CQ whose QPs all receive on one queue (UD QPs stay on queue 0).
+        let single = ctx.create_cq(64, 0, None, 0).unwrap();
+        let _ud: Vec<_> = (0..3)
+            .map(|_| {
+                pd.create_qp(&mut QpInitAttr::new(QpType::Ud, &single, cap))
+                    .unwrap()
+            })
+            .collect();
+        assert!(single.inner.engine.get().is_some());
+        assert!(!single.inner.has_more.load(Ordering::Acquire));
+        let mut wc = [WorkCompletion::default(); 4];
+        assert_eq!(shared.poll(&mut wc).unwrap(), 0);
+        assert_eq!(single.poll(&mut wc).unwrap(), 0);
     }
 
     #[test]

@@ -206,12 +206,9 @@ impl Pd {
             Err(err) => return Err(err),
         };
         let qp_num = shared.resources.alloc_qpn(engine.slot())?;
-        if queue != 0 {
-            // A program polling these CQs drives this queue (the first QP's, when QPs of
-            // several queues share a CQ: the others' progress threads watch theirs).
-            for cq in [init_attr.send_cq, init_attr.recv_cq] {
-                let _ = cq.inner.engine.set(engine.clone());
-            }
+        // A program polling these CQs drives this queue (with those of the CQs' other QPs).
+        for cq in [init_attr.send_cq, init_attr.recv_cq] {
+            cq.inner.add_engine(&engine);
         }
         init_attr.cap = cap;
         let attr = QpAttr {
