@@ -446,6 +446,7 @@ pub(crate) fn drive(
         ud_dests,
         attr,
         mrs,
+        timer_at,
         ..
     } = st;
     let Some(t) = transport.as_mut() else {
@@ -599,7 +600,22 @@ pub(crate) fn drive(
             );
         }
     }
-    engine.set_timer(qp.qp_num, t.poll_timeout());
+    // The engine's timer table (a lock and a map update) is told only of a deadline earlier
+    // than the one it holds for this QP, or once that one has passed: a later deadline
+    // (nearly every packet moves the retransmit or probe deadline on) waits until the one
+    // held comes, when the QP finds nothing due and hands over its real deadline. A timer
+    // early is harmless (every deadline is checked against `now`); one late would not be.
+    let want = t.poll_timeout();
+    let keep = match (*timer_at, want) {
+        (Some(held), Some(w)) => held <= w && held > now,
+        (Some(held), None) => held > now,
+        (None, None) => true,
+        (None, Some(_)) => false,
+    };
+    if !keep {
+        engine.set_timer(qp.qp_num, want);
+        *timer_at = want;
+    }
     if srq_limit_hit {
         raise_srq_limit(qp);
     }

@@ -55,6 +55,10 @@ pub(crate) struct QpState_ {
     pub(crate) mcast: Vec<Gid>,
     /// The last memory regions the data path used.
     pub(crate) mrs: MrCache,
+    /// The deadline the engine holds for this QP's timers (what `drive` last gave
+    /// `set_timer`; the engine's only other change is dropping the QP's entry once the QP is
+    /// gone).
+    pub(crate) timer_at: Option<std::time::Instant>,
 }
 
 pub(crate) struct QpInner {
@@ -237,6 +241,7 @@ impl Pd {
                     next_ud_dest: 1,
                     mcast: Vec::new(),
                     mrs: Default::default(),
+                    timer_at: None,
                 }),
                 async_unacked: AtomicUsize::new(0),
                 _count: count,
