@@ -386,6 +386,81 @@ fn rc_peer_gone_is_retry_exc_err() {
     assert_eq!(a.wait(1)[0].status, WcStatus::RetryExcErr);
 }
 
+/// A QP reset and connected again right after a send (its first timer still ahead) keeps
+/// its timers: the next send to the vanished peer still ends in RETRY_EXC_ERR. (The QP told
+/// the engine of a later deadline only when it came sooner than the one held, and RESET drops
+/// the engine's entry: had the QP kept believing it was held, nothing would ever fire.)
+#[test]
+fn rc_reset_and_reconnected_qp_keeps_its_timers() {
+    let o = Opts {
+        timeout: 8,
+        retry_cnt: 2,
+        ..Opts::default()
+    };
+    let (a, b) = pair(QpType::Rc, 4096, &o);
+    let (peer, peer_qpn) = (b.addr, b.qp.qp_num());
+    drop(b);
+    send(&a, 1, WrOpcode::Send, &[a.sge(0, 10)], |_| {});
+    let st = |s| QpAttr {
+        qp_state: s,
+        ..Default::default()
+    };
+    a.qp.modify_qp(&st(QpState::Reset), QpAttrMask::STATE.bits())
+        .unwrap();
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: o.access,
+        ..Default::default()
+    };
+    let m =
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+    a.qp.modify_qp(&init, m.bits()).unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: AhAttr::for_ip(peer),
+        path_mtu: o.mtu,
+        dest_qp_num: peer_qpn,
+        rq_psn: 1,
+        max_dest_rd_atomic: 16,
+        min_rnr_timer: 1,
+        ..init
+    };
+    let m = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::RQ_PSN
+        | QpAttrMask::MAX_DEST_RD_ATOMIC
+        | QpAttrMask::MIN_RNR_TIMER;
+    a.qp.modify_qp(&rtr, m.bits()).unwrap();
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: 7,
+        timeout: o.timeout,
+        retry_cnt: o.retry_cnt,
+        rnr_retry: 7,
+        max_rd_atomic: 16,
+        ..Default::default()
+    };
+    let m = QpAttrMask::STATE
+        | QpAttrMask::SQ_PSN
+        | QpAttrMask::TIMEOUT
+        | QpAttrMask::RETRY_CNT
+        | QpAttrMask::RNR_RETRY
+        | QpAttrMask::MAX_QP_RD_ATOMIC;
+    a.qp.modify_qp(&rts, m.bits()).unwrap();
+    send(&a, 2, WrOpcode::Send, &[a.sge(0, 10)], |_| {});
+    // (The reset discarded request 1 without a completion, unless it ended first.)
+    loop {
+        let c = a.wait(1)[0];
+        if c.wr_id == 2 {
+            assert_eq!(c.status, WcStatus::RetryExcErr);
+            break;
+        }
+    }
+}
+
 #[test]
 fn rc_receive_too_small_is_loc_len_err_and_rem_inv_req_err() {
     let (a, b) = pair(QpType::Rc, 4096, &Opts::default());

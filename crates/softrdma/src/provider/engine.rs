@@ -321,7 +321,12 @@ impl Engine {
             return;
         }
         let Some(qp) = self.lookup(qpn) else {
-            self.set_timer(qpn, None);
+            // The QP is gone (or in RESET): its entry goes, unless the QP came back meanwhile
+            // and set a deadline still ahead (which it counts on being held).
+            let mut t = self.timers.lock().unwrap_or_else(|p| p.into_inner());
+            if t.get(&qpn).is_some_and(|d| *d <= now) {
+                t.remove(&qpn);
+            }
             return;
         };
         qp.on_timeout(self, now, tx);

@@ -564,7 +564,12 @@ impl Cq {
         // leaves the socket to threads that poll, must take it back now.
         if let Some(engine) = self.engine() {
             engine.app_sleeps();
-            self.for_more_engines(|e| e.app_sleeps());
+            if self.inner.has_more.load(Ordering::Acquire) {
+                let more = self.inner.more_engines.lock();
+                more.unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .for_each(|e| e.app_sleeps());
+            }
         }
         Ok(())
     }

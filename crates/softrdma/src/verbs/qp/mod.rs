@@ -55,9 +55,9 @@ pub(crate) struct QpState_ {
     pub(crate) mcast: Vec<Gid>,
     /// The last memory regions the data path used.
     pub(crate) mrs: MrCache,
-    /// The deadline the engine holds for this QP's timers (what `drive` last gave
-    /// `set_timer`; the engine's only other change is dropping the QP's entry once the QP is
-    /// gone).
+    /// The deadline the engine holds for this QP's timers: what `drive` last gave
+    /// `set_timer`, `None` after RESET (which unregisters the QP and so drops its entry). The
+    /// engine otherwise drops the entry only once the QP is gone.
     pub(crate) timer_at: Option<std::time::Instant>,
 }
 

@@ -197,6 +197,8 @@ impl Qp {
                 e.unregister(inner.qp_num);
             }
             st.transport = None;
+            // (`unregister` dropped the engine's timer entry of the QP.)
+            st.timer_at = None;
             st.ud_dests.clear();
             st.rq.clear();
             st.attr = QpAttr {
