@@ -401,55 +401,16 @@ fn rc_reset_and_reconnected_qp_keeps_its_timers() {
     let (peer, peer_qpn) = (b.addr, b.qp.qp_num());
     drop(b);
     send(&a, 1, WrOpcode::Send, &[a.sge(0, 10)], |_| {});
-    let st = |s| QpAttr {
-        qp_state: s,
-        ..Default::default()
-    };
-    a.qp.modify_qp(&st(QpState::Reset), QpAttrMask::STATE.bits())
-        .unwrap();
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: o.access,
-        ..Default::default()
-    };
-    let m =
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
-    a.qp.modify_qp(&init, m.bits()).unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: AhAttr::for_ip(peer),
-        path_mtu: o.mtu,
-        dest_qp_num: peer_qpn,
-        rq_psn: 1,
-        max_dest_rd_atomic: 16,
-        min_rnr_timer: 1,
-        ..init
-    };
-    let m = QpAttrMask::STATE
-        | QpAttrMask::AV
-        | QpAttrMask::PATH_MTU
-        | QpAttrMask::DEST_QPN
-        | QpAttrMask::RQ_PSN
-        | QpAttrMask::MAX_DEST_RD_ATOMIC
-        | QpAttrMask::MIN_RNR_TIMER;
-    a.qp.modify_qp(&rtr, m.bits()).unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn: 7,
-        timeout: o.timeout,
-        retry_cnt: o.retry_cnt,
-        rnr_retry: 7,
-        max_rd_atomic: 16,
-        ..Default::default()
-    };
-    let m = QpAttrMask::STATE
-        | QpAttrMask::SQ_PSN
-        | QpAttrMask::TIMEOUT
-        | QpAttrMask::RETRY_CNT
-        | QpAttrMask::RNR_RETRY
-        | QpAttrMask::MAX_QP_RD_ATOMIC;
-    a.qp.modify_qp(&rts, m.bits()).unwrap();
+    a.qp.modify_qp(
+        &QpAttr {
+            qp_state: QpState::Reset,
+            ..Default::default()
+        },
+        QpAttrMask::STATE.bits(),
+    )
+    .unwrap();
+    to_rtr(&a, peer, peer_qpn, &o);
+    to_rts(&a, &o);
     send(&a, 2, WrOpcode::Send, &[a.sge(0, 10)], |_| {});
     // (The reset discarded request 1 without a completion, unless it ended first.)
     loop {

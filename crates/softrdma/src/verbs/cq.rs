@@ -486,23 +486,36 @@ impl Cq {
             return Ok(n);
         }
         // Nothing yet: receive what the device has waiting, here, then look again.
-        if let Some(engine) = self.engine() {
-            engine.poll_progress(!armed);
-            self.for_more_engines(|e| e.poll_progress(!armed));
+        if self.for_each_engine(false, |e| e.poll_progress(!armed)) {
             return Ok(self.poll_entries(wc)?.0);
         }
         Ok(0)
     }
 
-    /// Runs `f` on each further receive queue the CQ's QPs use (see `more_engines`); skipped
-    /// while another thread polling this CQ does so.
-    fn for_more_engines(&self, f: impl Fn(&Arc<dyn crate::provider::Provider>)) {
-        if !self.inner.has_more.load(Ordering::Acquire) {
-            return;
+    /// Runs `f` on every receive queue the CQ's QPs use: the first, then the others
+    /// (`more_engines`), which are skipped while another thread polling this CQ goes through
+    /// them, unless `wait`. Returns whether there was one (the device has started).
+    fn for_each_engine(&self, wait: bool, f: impl Fn(&Arc<dyn crate::provider::Provider>)) -> bool {
+        let Some(first) = self.engine() else {
+            return false;
+        };
+        f(first);
+        if self.inner.has_more.load(Ordering::Acquire) {
+            let more = if wait {
+                Some(
+                    self.inner
+                        .more_engines
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()),
+                )
+            } else {
+                self.inner.more_engines.try_lock().ok()
+            };
+            if let Some(more) = more {
+                more.iter().for_each(&f);
+            }
         }
-        if let Ok(more) = self.inner.more_engines.try_lock() {
-            more.iter().for_each(f);
-        }
+        true
     }
 
     /// The engine of the CQ's device, once it is started.
@@ -562,15 +575,7 @@ impl Cq {
         }
         // The program is about to sleep on the channel: the device's progress thread, which
         // leaves the socket to threads that poll, must take it back now.
-        if let Some(engine) = self.engine() {
-            engine.app_sleeps();
-            if self.inner.has_more.load(Ordering::Acquire) {
-                let more = self.inner.more_engines.lock();
-                more.unwrap_or_else(|p| p.into_inner())
-                    .iter()
-                    .for_each(|e| e.app_sleeps());
-            }
-        }
+        self.for_each_engine(true, |e| e.app_sleeps());
         Ok(())
     }
 

@@ -163,74 +163,84 @@ impl Default for Opts {
 
 pub fn connect(a: &Side, b: &Side, o: &Opts) {
     for (me, peer) in [(a, b), (b, a)] {
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: o.access,
-            qkey: 0x1111,
-            ..Default::default()
-        };
-        let ud = me.qp.qp_type() == QpType::Ud;
-        let m = if ud {
-            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY
-        } else {
-            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS
-        };
-        me.qp.modify_qp(&init, m.bits()).unwrap();
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            ah_attr: AhAttr::for_ip(peer.addr),
-            path_mtu: o.mtu,
-            dest_qp_num: peer.qp.qp_num(),
-            rq_psn: peer.qp.qp_num() & 0xff_ffff ^ 0x5a5a5a,
-            max_dest_rd_atomic: 16,
-            min_rnr_timer: o.min_rnr_timer,
-            ..init
-        };
-        let m = match me.qp.qp_type() {
-            QpType::Ud => QpAttrMask::STATE,
-            QpType::Uc => {
-                QpAttrMask::STATE
-                    | QpAttrMask::AV
-                    | QpAttrMask::PATH_MTU
-                    | QpAttrMask::DEST_QPN
-                    | QpAttrMask::RQ_PSN
-            }
-            _ => {
-                QpAttrMask::STATE
-                    | QpAttrMask::AV
-                    | QpAttrMask::PATH_MTU
-                    | QpAttrMask::DEST_QPN
-                    | QpAttrMask::RQ_PSN
-                    | QpAttrMask::MAX_DEST_RD_ATOMIC
-                    | QpAttrMask::MIN_RNR_TIMER
-            }
-        };
-        me.qp.modify_qp(&rtr, m.bits()).unwrap();
+        to_rtr(me, peer.addr, peer.qp.qp_num(), o);
     }
-    for (me, _peer) in [(a, b), (b, a)] {
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: me.qp.qp_num() & 0xff_ffff ^ 0x5a5a5a,
-            timeout: o.timeout,
-            retry_cnt: o.retry_cnt,
-            rnr_retry: o.rnr_retry,
-            max_rd_atomic: 16,
-            ..Default::default()
-        };
-        let m = match me.qp.qp_type() {
-            QpType::Rc => {
-                QpAttrMask::STATE
-                    | QpAttrMask::SQ_PSN
-                    | QpAttrMask::TIMEOUT
-                    | QpAttrMask::RETRY_CNT
-                    | QpAttrMask::RNR_RETRY
-                    | QpAttrMask::MAX_QP_RD_ATOMIC
-            }
-            _ => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
-        };
-        me.qp.modify_qp(&rts, m.bits()).unwrap();
+    for me in [a, b] {
+        to_rts(me, o);
     }
+}
+
+/// RESET -> INIT -> RTR for `me`'s QP, its peer QP `peer_qpn` of the device at `peer`.
+pub fn to_rtr(me: &Side, peer: IpAddr, peer_qpn: u32, o: &Opts) {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: o.access,
+        qkey: 0x1111,
+        ..Default::default()
+    };
+    let ud = me.qp.qp_type() == QpType::Ud;
+    let m = if ud {
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY
+    } else {
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS
+    };
+    me.qp.modify_qp(&init, m.bits()).unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: AhAttr::for_ip(peer),
+        path_mtu: o.mtu,
+        dest_qp_num: peer_qpn,
+        rq_psn: peer_qpn & 0xff_ffff ^ 0x5a5a5a,
+        max_dest_rd_atomic: 16,
+        min_rnr_timer: o.min_rnr_timer,
+        ..init
+    };
+    let m = match me.qp.qp_type() {
+        QpType::Ud => QpAttrMask::STATE,
+        QpType::Uc => {
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+        }
+        _ => {
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER
+        }
+    };
+    me.qp.modify_qp(&rtr, m.bits()).unwrap();
+}
+
+/// RTR -> RTS for `me`'s QP, with the timers and retries of `o`.
+pub fn to_rts(me: &Side, o: &Opts) {
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: me.qp.qp_num() & 0xff_ffff ^ 0x5a5a5a,
+        timeout: o.timeout,
+        retry_cnt: o.retry_cnt,
+        rnr_retry: o.rnr_retry,
+        max_rd_atomic: 16,
+        ..Default::default()
+    };
+    let m = match me.qp.qp_type() {
+        QpType::Rc => {
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC
+        }
+        _ => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+    };
+    me.qp.modify_qp(&rts, m.bits()).unwrap();
 }
 
 /// A loopback address no other process on this machine uses (see `softrdma::testing`), as
