@@ -174,6 +174,12 @@ impl<'a> QpEnv<'a> {
     }
 }
 
+/// Copies shorter than this are made on the spot even while deferring: handing a few bytes
+/// to a batch costs more than copying them. (A short read into a packet's room needs no
+/// order with the deferred reads; a short write is made at once only while no write waits
+/// before it, which might cover the same bytes.)
+const DEFER_MIN: usize = 256;
+
 impl QpEnv<'_> {
     /// Copies the leased memory into `dst` (bytes of a packet being built), or defers the
     /// copy ([`QpEnv::defer`]).
@@ -183,7 +189,7 @@ impl QpEnv<'_> {
             // SAFETY: `dst` is in the room of a lane's ring reserved for the packet being
             // built, which stays reserved (unpublished, untouched by others) until the batch
             // runs, before publication; `drive` forgets the copies of a packet it drops.
-            Some(b) if self.defer_reads => unsafe {
+            Some(b) if self.defer_reads && dst.len() >= DEFER_MIN => unsafe {
                 b.push(dst.as_mut_ptr(), l.as_ptr(), dst.len(), l)
             },
             _ => {
@@ -204,6 +210,7 @@ impl QpEnv<'_> {
             // lease, and other accesses of this QP to memory run the batch first.
             Some(b)
                 if !self.defer_reads
+                    && (src.len() >= DEFER_MIN || b.len() > 0)
                     && (src.as_ptr() as usize) >= self.packet.0
                     && (src.as_ptr() as usize) + src.len() <= self.packet.1 =>
             unsafe { b.push(l.as_ptr(), src.as_ptr(), src.len(), l) },

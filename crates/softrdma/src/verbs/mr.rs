@@ -596,7 +596,10 @@ pub(crate) enum AccessError {
 /// An access to registered memory in progress: the region cannot finish deregistering until
 /// the lease is dropped, so the memory is valid for its whole life.
 pub(crate) struct MrLease {
-    mr: Arc<MrInner>,
+    /// The region. Not an `Arc` (two atomic operations fewer per access): a lease is taken
+    /// only while the region is not revoked, and the region's `Mr` (which holds an `Arc` to
+    /// it) waits in its `drop` until no lease is left, so the region outlives every lease.
+    mr: std::ptr::NonNull<MrInner>,
     /// Host address of the first byte of the leased range.
     start: *mut u8,
     len: usize,
@@ -653,7 +656,7 @@ impl Resources {
         };
         if let Some((k, mr)) = slot {
             if *k == key {
-                match check_region(mr.clone(), pd, va, len, needed, atomic) {
+                match check_region(mr, pd, va, len, needed, atomic) {
                     Err(AccessError::InvalidKey) => {} // deregistered: look it up again
                     r => return r,
                 }
@@ -664,8 +667,9 @@ impl Resources {
             KeyKind::Remote => self.mr_by_rkey::<MrInner>(key),
         }
         .ok_or(AccessError::InvalidKey)?;
-        *slot = Some((key, mr.clone()));
-        check_region(mr, pd, va, len, needed, atomic)
+        let r = check_region(&mr, pd, va, len, needed, atomic);
+        *slot = Some((key, mr));
+        r
     }
 }
 
@@ -678,7 +682,7 @@ pub(crate) struct MrCache {
 
 /// Checks PD, access, alignment and bounds of an access to `mr`, and takes a lease on it.
 pub(crate) fn check_region(
-    mr: Arc<MrInner>,
+    mr: &Arc<MrInner>,
     pd: &Arc<PdInner>,
     va: u64,
     len: u64,
@@ -710,7 +714,7 @@ pub(crate) fn check_region(
         return Err(AccessError::InvalidKey);
     }
     Ok(MrLease {
-        mr,
+        mr: std::ptr::NonNull::from(&**mr),
         start,
         len: len as usize,
     })
@@ -769,9 +773,18 @@ impl MrLease {
     }
 }
 
+// SAFETY: a lease is a shared reference to a `MrInner` (which is `Send` and `Sync`) kept
+// alive by the lease count, and a range of memory whose accesses go through `mem`'s routines.
+unsafe impl Send for MrLease {}
+// SAFETY: as above.
+unsafe impl Sync for MrLease {}
+
 impl Drop for MrLease {
     fn drop(&mut self) {
-        self.mr.leases.fetch_sub(1, Ordering::AcqRel);
+        // SAFETY: the region outlives its leases (see the field).
+        unsafe { self.mr.as_ref() }
+            .leases
+            .fetch_sub(1, Ordering::AcqRel);
     }
 }
 

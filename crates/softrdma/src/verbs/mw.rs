@@ -395,7 +395,7 @@ impl Resources {
             }
             (b.mr.clone(), b.addr + (va - base))
         };
-        check_region(mr, pd, mr_va, len, AccessFlags::empty(), atomic)
+        check_region(&mr, pd, mr_va, len, AccessFlags::empty(), atomic)
     }
 }
 
