@@ -844,8 +844,8 @@ fn rc_ack_held_for_a_polling_receiver_still_reaches_the_sender() {
     done(&a, 3);
 }
 
-/// With a packet in flight (its ACK outstanding) and the responder's credits known, SENDs
-/// posted one at a time are not all held for that ACK: when 64 wait unsent they go out at
+/// With packets in flight (their ACKs outstanding) and the responder's credits known, SENDs
+/// posted one at a time are not all held for those ACKs: when 64 wait unsent they go out at
 /// once. Here every ACK is lost (b drops all it sends) and the retransmit timer is off
 /// (timeout 0), so nothing else could send them.
 #[test]
@@ -868,12 +868,14 @@ fn rc_unsent_sends_go_out_in_batches_of_64_while_an_ack_is_outstanding() {
     // Nothing in flight: this one goes at once, and its ACK is lost.
     send(&a, 1, WrOpcode::Send, &sges, |_| {});
     assert_eq!(b.wait(1).len(), 1);
-    // 64 more, one post each: held while the ACK is awaited, then sent together.
-    for i in 2..66 {
+    // One packet in flight: the next goes at once too (a ping-pong's next message does not
+    // wait for the last one's ACK). Then 64 more, one post each: held while the ACKs are
+    // awaited, then sent together.
+    for i in 2..67 {
         send(&a, i, WrOpcode::Send, &sges, |_| {});
     }
-    let got = b.wait(64);
-    assert_eq!(got.len(), 64);
+    let got = b.wait(65);
+    assert_eq!(got.len(), 65);
     assert!(got.iter().all(|w| w.status == WcStatus::Success));
     b.ctx.set_fault_injection(None).unwrap();
 }

@@ -226,6 +226,16 @@ impl Qp {
         self.ctx.cfg.qp_type == QpType::Rc && !self.ctx.error && self.requester.awaiting_ack()
     }
 
+    /// PSNs an RC requester has sent and not yet seen acknowledged (packets in flight; a
+    /// READ counts its response packets); 0 for other QPs.
+    pub fn psns_in_flight(&self) -> u32 {
+        if self.ctx.cfg.qp_type == QpType::Rc {
+            self.requester.psns_in_flight()
+        } else {
+            0
+        }
+    }
+
     /// Send requests posted and not yet fully transmitted (the one being sent counts): what
     /// [`Qp::poll_transmit`] would start on now, or once the window, the credits or an
     /// outstanding READ let it.

@@ -173,11 +173,17 @@ impl Qp {
         // drained at every round (8-byte SENDs, 128 deep: 1.0 M/s before, 1.35 M/s with
         // this). Without credits (before the first ACK) it waits: a burst sent blind meets
         // an empty receive queue with RNR NAKs.
+        //
+        // A QP with a single packet in flight sends at once, though: in a ping-pong that
+        // packet is the last message, whose ACK the peer sends after its answer, so the next
+        // message, posted as the answer comes, would wait for that ACK (a second datagram
+        // each way on the round trip). Over the wire, `perf send --lat`, 8 bytes one way:
+        // 5.40 -> 5.23 us (medians of five interleaved pairs); message rates unchanged.
         let defer = st.transport.as_ref().is_some_and(|t| {
             let unsent = t.unsent_requests();
             let flush = t.knows_credits()
                 && unsent / DOORBELL_FLUSH != unsent.saturating_sub(posted) / DOORBELL_FLUSH;
-            t.awaiting_ack() && posted < DOORBELL_BATCH && !flush
+            t.awaiting_ack() && t.psns_in_flight() > 1 && posted < DOORBELL_BATCH && !flush
         });
         if posted > 0 && !defer {
             if let Some(engine) = st.engine.clone() {
