@@ -36,6 +36,9 @@ pub struct Qp {
     hold_acks: bool,
     /// Both halves were flushed after the QP went to ERR.
     flushed: bool,
+    /// The responder's message count when the requester last sent a packet (see
+    /// [`Qp::received_since_sent`]).
+    msn_at_send: u32,
 }
 
 impl Qp {
@@ -47,6 +50,7 @@ impl Qp {
             responder: Responder::new(&cfg),
             hold_acks: false,
             flushed: false,
+            msn_at_send: 0,
         }
     }
 
@@ -226,14 +230,11 @@ impl Qp {
         self.ctx.cfg.qp_type == QpType::Rc && !self.ctx.error && self.requester.awaiting_ack()
     }
 
-    /// PSNs an RC requester has sent and not yet seen acknowledged (packets in flight; a
-    /// READ counts its response packets); 0 for other QPs.
-    pub fn psns_in_flight(&self) -> u32 {
-        if self.ctx.cfg.qp_type == QpType::Rc {
-            self.requester.psns_in_flight()
-        } else {
-            0
-        }
+    /// Whether the responder took a whole message (SEND, WRITE, READ or atomic request) from
+    /// the peer since the requester last sent a packet: what is posted now is likely an
+    /// answer to it.
+    pub fn received_since_sent(&self) -> bool {
+        self.responder.msn() != self.msn_at_send
     }
 
     /// Send requests posted and not yet fully transmitted (the one being sent counts): what
@@ -315,6 +316,9 @@ impl Qp {
         env: &mut dyn Env,
     ) -> Option<Transmit> {
         let t = self.requester.poll_transmit(&mut self.ctx, now, buf, env);
+        if t.is_some() {
+            self.msn_at_send = self.responder.msn();
+        }
         self.settle();
         t
     }

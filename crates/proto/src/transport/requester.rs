@@ -300,11 +300,6 @@ impl Requester {
         self.next_psn != self.comp_psn
     }
 
-    /// PSNs sent and not yet acknowledged.
-    pub(super) fn psns_in_flight(&self) -> u32 {
-        self.comp_psn.distance_to(self.next_psn)
-    }
-
     /// Requests posted and not yet fully transmitted.
     pub(super) fn unsent_requests(&self) -> usize {
         self.wqes.len().saturating_sub(self.cur)

@@ -198,6 +198,11 @@ impl Responder {
             )
     }
 
+    /// Messages taken so far (the MSN, modulo 2^24).
+    pub(super) fn msn(&self) -> u32 {
+        self.msn
+    }
+
     /// Whether a response waits to be sent.
     pub(super) fn has_pending_transmit(&self) -> bool {
         !self.out.is_empty()
