@@ -13,7 +13,7 @@ use std::hint::black_box;
 use std::net::Ipv4Addr;
 
 /// Payload sizes of the ICRC benchmarks: a small message, a 1 KiB MTU, a 4 KiB MTU.
-const ICRC_PAYLOADS: [usize; 3] = [64, 1024, 4096];
+const ICRC_PAYLOADS: [usize; 4] = [8, 64, 1024, 4096];
 
 /// Source address of the benchmark flow.
 const SRC: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);

@@ -286,6 +286,15 @@ impl IcrcPrefix {
     ///
     /// Fails with [`Error::Malformed`] when the lengths do not fit the 16-bit fields.
     pub fn start(&self, ib_len: usize) -> Result<IcrcHasher> {
+        let (mut hasher, headers) = self.start_parts(ib_len)?;
+        hasher.update(headers.as_slice());
+        Ok(IcrcHasher { hasher, pos: 0 })
+    }
+
+    /// The seed and the header bytes still to hash for a packet of `ib_len` transport bytes
+    /// (see [`IcrcPrefix::start`]).
+    #[inline(always)]
+    fn start_parts(&self, ib_len: usize) -> Result<(Hasher, Headers)> {
         let udp_len = ib_len
             .checked_add(UDP_HEADER_LEN + ICRC_LEN)
             .and_then(|n| u16::try_from(n).ok())
@@ -300,9 +309,14 @@ impl IcrcPrefix {
         let len_at = Self::seed_len(self.ipv6);
         buf[len_at..len_at + 2].copy_from_slice(&ip_field.to_be_bytes());
         buf[self.ip_len + 4..self.ip_len + 6].copy_from_slice(&udp_len.to_be_bytes());
-        let mut hasher = self.seed.clone();
-        hasher.update(&buf[len_at..end]);
-        Ok(IcrcHasher { hasher, pos: 0 })
+        Ok((
+            self.seed.clone(),
+            Headers {
+                buf,
+                from: len_at,
+                to: end,
+            },
+        ))
     }
 
     /// For an IPv4 flow, the identification with which a packet of this flow whose
@@ -338,8 +352,29 @@ impl IcrcPrefix {
     /// The ICRC of `ib_without_icrc` (BTH through pad) sent in this flow. Fails like
     /// [`IcrcPrefix::start`].
     pub fn compute(&self, ib_without_icrc: &[u8]) -> Result<u32> {
-        let mut h = self.start(ib_without_icrc.len())?;
-        h.update(ib_without_icrc);
+        let ib = ib_without_icrc;
+        if ib.len() <= ONE_PASS_MAX && ib.len() > BTH_MASKED_BYTE {
+            return self.compute_small(ib);
+        }
+        let mut h = self.start(ib.len())?;
+        h.update(ib);
+        Ok(h.finalize())
+    }
+
+    /// [`IcrcPrefix::compute`] of a small packet (an ACK, a short message) in one pass over
+    /// one buffer: the CRC of a few pieces of a few bytes each costs more than copying them
+    /// together (8-byte SEND: 57 -> 38 ns). `ib` is longer than the masked BTH byte's offset
+    /// and at most [`ONE_PASS_MAX`] bytes.
+    #[inline(never)]
+    fn compute_small(&self, ib: &[u8]) -> Result<u32> {
+        let (mut h, headers) = self.start_parts(ib.len())?;
+        let mut buf = [0u8; ONE_PASS_MAX + IPV4_MAX_HEADER_LEN + UDP_HEADER_LEN];
+        let headers = headers.as_slice();
+        let n = headers.len();
+        buf[..n].copy_from_slice(headers);
+        buf[n..n + ib.len()].copy_from_slice(ib);
+        buf[n + BTH_MASKED_BYTE] = 0xff;
+        h.update(&buf[..n + ib.len()]);
         Ok(h.finalize())
     }
 
@@ -353,6 +388,23 @@ impl IcrcPrefix {
         let crc = self.compute(packet.icrc_covered())?;
         packet.set_icrc(crc);
         Ok(())
+    }
+}
+
+/// Transport packets up to this many bytes (BTH through pad) have their ICRC computed in one
+/// pass ([`IcrcPrefix::compute`]).
+const ONE_PASS_MAX: usize = 256;
+
+/// The masked IP and UDP header bytes of one packet that follow a prefix's seed.
+struct Headers {
+    buf: [u8; IPV4_MAX_HEADER_LEN + UDP_HEADER_LEN],
+    from: usize,
+    to: usize,
+}
+
+impl Headers {
+    fn as_slice(&self) -> &[u8] {
+        &self.buf[self.from..self.to]
     }
 }
 
