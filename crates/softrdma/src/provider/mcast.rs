@@ -282,11 +282,16 @@ impl Mcast {
         g: &Group,
         rounds: usize,
     ) -> usize {
-        let RxState { bufs, meta, .. } = rx;
+        let RxState {
+            bufs,
+            meta,
+            scratch,
+            ..
+        } = rx;
         let batch = bufs.len();
         let mut total = 0;
         for _ in 0..rounds {
-            let n = match g.sock.recv_batch(bufs, meta) {
+            let n = match g.sock.recv_batch(bufs, meta, scratch) {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::warn!(error = %e, group = %g.ip, "multicast receive failed");

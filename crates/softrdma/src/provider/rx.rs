@@ -4,7 +4,7 @@
 use super::capture;
 use super::counters::Counters;
 use super::share::{self, Share};
-use super::sock::RxMsg;
+use super::sock::{RecvScratch, RxMsg};
 use super::tx::{TxBatch, Wire, BATCH};
 use crate::gid::Gid;
 pub(super) use softrdma_proto::device::DeviceCounters as Counts;
@@ -154,6 +154,8 @@ fn deliver(
 pub(crate) struct RxState {
     pub(super) bufs: Vec<Vec<u8>>,
     pub(super) meta: Vec<RxMsg>,
+    /// The system-call headers for `bufs`.
+    pub(super) scratch: RecvScratch,
     /// The ICRC flows of the senders.
     flows: RxFlows,
     /// What the checks counted, not yet added to the device's counters.
@@ -169,6 +171,7 @@ impl RxState {
         RxState {
             bufs: (0..BATCH).map(|_| vec![0u8; 65536]).collect(),
             meta: vec![RxMsg::default(); BATCH],
+            scratch: RecvScratch::new(),
             flows: RxFlows::new(MAX_RX_FLOWS),
             counts: Counts::default(),
         }
@@ -212,12 +215,13 @@ impl RxState {
         let RxState {
             bufs,
             meta,
+            scratch,
             flows,
             counts,
         } = self;
         let local = wire.local.ip();
         for _ in 0..rounds {
-            let n = match wire.sock.recv_batch(bufs, meta) {
+            let n = match wire.sock.recv_batch(bufs, meta, scratch) {
                 Ok(n) => n,
                 Err(e) => {
                     // An ICMP error for an earlier datagram is reported here once, and its

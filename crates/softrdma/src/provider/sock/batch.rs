@@ -170,14 +170,18 @@ impl UdpSock {
     /// and GRO segment size (0: one datagram) go into `meta`. With GRO a message holds several
     /// datagrams of `segment` bytes each (the last may be shorter). Returns how many messages
     /// arrived (0 when none is waiting).
-    pub(crate) fn recv_batch(&self, bufs: &mut [Vec<u8>], meta: &mut [RxMsg]) -> Result<usize> {
+    pub(crate) fn recv_batch(
+        &self,
+        bufs: &mut [Vec<u8>],
+        meta: &mut [RxMsg],
+        scratch: &mut RecvScratch,
+    ) -> Result<usize> {
         let n = bufs.len().min(MMSG_MAX).min(meta.len());
         if n == 0 {
             return Ok(0);
         }
-        RECV_SCRATCH.with(|cell| {
-            let mut scratch = cell.borrow_mut();
-            let RecvScratch { hdrs, key, dirty } = &mut *scratch;
+        {
+            let RecvScratch { hdrs, key, dirty } = scratch;
             // The headers of the last call on the same buffers are still in place: only the
             // fields the kernel wrote back (for the messages it filled) are reset. A busy
             // poller calls this in a loop, mostly for nothing.
@@ -269,7 +273,7 @@ impl UdpSock {
                     _ => return Err(Error::from_io(e, "recvmmsg")),
                 }
             }
-        })
+        }
     }
 }
 
@@ -301,14 +305,33 @@ impl MsgHdrs {
     }
 }
 
-/// A thread's scratch for [`UdpSock::recv_batch`]: the headers, the buffers they were set up
-/// for (their addresses and count, and whether GRO control buffers are attached), and how
-/// many of them the kernel may have written into since.
-struct RecvScratch {
+/// The scratch of a receiver for [`UdpSock::recv_batch`] (one per set of receive buffers,
+/// kept with them): the headers, the buffers they were set up for (their addresses and
+/// count, and whether GRO control buffers are attached), and how many of them the kernel may
+/// have written into since. Kept with the buffers rather than per thread, so that a thread
+/// that receives for several devices or receive queues in turn (a CQ shared by QPs of
+/// several queues) does not set up all the headers again at each call.
+pub(crate) struct RecvScratch {
     hdrs: Box<MsgHdrs>,
     key: Option<(usize, usize, bool, usize, usize, usize)>,
     dirty: usize,
 }
+
+impl RecvScratch {
+    /// An empty scratch (headers set up at the first call).
+    pub(crate) fn new() -> RecvScratch {
+        RecvScratch {
+            hdrs: MsgHdrs::new(),
+            key: None,
+            dirty: 0,
+        }
+    }
+}
+
+// SAFETY: the raw pointers in the headers point into the scratch's own boxed headers (which
+// do not move with it) and into the buffers its key names, and are only used through
+// `&mut RecvScratch` in `recv_batch`, after checking the key against the buffers given.
+unsafe impl Send for RecvScratch {}
 
 /// A thread's scratch for [`UdpSock::send_batch`].
 struct SendScratch {
@@ -322,11 +345,6 @@ thread_local! {
         groups: Vec::with_capacity(MMSG_MAX),
         iovs: Vec::with_capacity(MMSG_MAX),
         hdrs: MsgHdrs::new(),
-    });
-    static RECV_SCRATCH: std::cell::RefCell<RecvScratch> = std::cell::RefCell::new(RecvScratch {
-        hdrs: MsgHdrs::new(),
-        key: None,
-        dirty: 0,
     });
 }
 
