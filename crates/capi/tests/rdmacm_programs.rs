@@ -247,7 +247,11 @@ fn rping_persistent_server() {
         let b = unique_addr().to_string();
         let args = ["-c", "-a", &a, "-I", &b, "-p", &port, "-C", "5", "-v", "-V"];
         let (st, out, err) = client(&mut server, "rping", &args, 50);
-        assert!(ok(st), "rping client failed: {out}\n{err}");
+        if !ok(st) {
+            // (The server's side of a hang says where it stopped.)
+            let (so, se) = server.kill();
+            panic!("rping client failed ({st:?}): {out}\n{err}\nserver:\n{so}\n{se}");
+        }
         assert_eq!(
             out.lines().filter(|l| l.starts_with("ping data: ")).count(),
             5,

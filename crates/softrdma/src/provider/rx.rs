@@ -241,16 +241,15 @@ impl RxState {
             }
             total += n;
             let now = Instant::now();
-            // Runs of packets for the same QP are delivered under one lock (one vector for
-            // the round, not one per message).
-            let mut run: Vec<&[u8]> = Vec::with_capacity(BATCH);
+            // Runs of packets for the same QP (up to BATCH) are delivered under one lock.
+            let mut run: [&[u8]; BATCH] = [&[]; BATCH];
             for i in 0..n {
                 let Some((src, pkts)) = datagrams(&wire.counters, &bufs[i], meta[i]) else {
                     continue;
                 };
                 // One flow lookup per message: the datagrams of a GRO batch share a sender.
                 let mut sender = flows.sender(src, local);
-                run.clear();
+                let mut len = 0;
                 let mut run_qpn = None;
                 for pkt in pkts {
                     if pkt.len() == super::steer::MARKER_LEN
@@ -272,19 +271,20 @@ impl RxState {
                         misrouted(wire, share, sink, qpn, src, pkt);
                         continue;
                     }
-                    if run_qpn != Some(qpn) {
+                    if run_qpn != Some(qpn) || len == BATCH {
                         if let Some(q) = run_qpn {
                             add_counts(counts, &wire.counters);
-                            deliver(wire, sink, q, &run, src, now, tx);
+                            deliver(wire, sink, q, &run[..len], src, now, tx);
                         }
-                        run.clear();
+                        len = 0;
                         run_qpn = Some(qpn);
                     }
-                    run.push(pkt);
+                    run[len] = pkt;
+                    len += 1;
                 }
                 add_counts(counts, &wire.counters);
                 if let Some(q) = run_qpn {
-                    deliver(wire, sink, q, &run, src, now, tx);
+                    deliver(wire, sink, q, &run[..len], src, now, tx);
                 }
             }
             wire.send(tx);
