@@ -464,12 +464,12 @@ pub(crate) fn drive(
     let peer = attr.ah_attr.grh.dgid.to_ip();
     // An application thread receiving for itself holds the ACK of what it received: the
     // program sees the completion sooner. What it answers on this QP (post_send drives the
-    // QP) goes out alone, and the ACK at the latest when the thread next polls an empty CQ
-    // (it does so right after posting, while the answer travels), or when the progress
-    // thread next wakes (`Engine::flush_held_acks`). Sent right behind the answer, in one
-    // batch, the ACK cost the peer the time to take and process a second packet before it
-    // saw the answer: 8-byte ping-pong latency 10-16% higher (six interleaved pairs, wire and
-    // lanes).
+    // QP) goes out first with the ACK right behind, in one batch; if it answers nothing, the
+    // ACK goes when the thread next polls an empty CQ, or when the progress thread next
+    // wakes (`Engine::flush_held_acks`). Holding it past the answer, until that next poll,
+    // cost a peer that waits for the completion of what it sent a second system call before
+    // the ACK (ib_send_lat over the wire, interleaved, 8 bytes one way: 9.24 -> 7.05 us;
+    // `softrdma perf send --lat`, which does not wait for it, 6.28 -> 6.23 us).
     //
     // Over a same-host lane an ACK costs a record in a ring, not a system call: it goes at
     // once, before the program sees the completion, so that a peer waiting for the completion
@@ -478,7 +478,7 @@ pub(crate) fn drive(
     // `softrdma perf send --lat` 0.90 -> 0.84 us (holding it over the wire instead: ib_send_lat
     // 7.95 against 8.9 us, perf 5.35 against 8.7).
     // (Each path below sets it on the transport before it transmits.)
-    let hold = holding_acks() || POSTING.with(std::cell::Cell::get);
+    let hold = holding_acks();
     // An RC or UC QP whose peer is reached by a same-host lane writes its packets straight
     // into the lane's ring (one copy less than through the batch), in runs of up to 64,
     // while nothing waits in the batch before them.
@@ -766,12 +766,6 @@ pub(crate) fn send_held_ack(
         return Vec::new();
     }
     drive_and_send(engine, qp, st)
-}
-
-thread_local! {
-    /// Set while `post_send` drives its QP: a positive ACK held back for the program stays
-    /// held (see [`drive`]).
-    pub(crate) static POSTING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Drives the QP (lock `st` held) from the calling thread and sends what it produced now;

@@ -190,9 +190,7 @@ impl Qp {
         });
         if posted > 0 && !defer {
             if let Some(engine) = st.engine.clone() {
-                crate::verbs::datapath::POSTING.with(|p| p.set(true));
                 let events = drive_and_send(&*engine, inner, &mut st);
-                crate::verbs::datapath::POSTING.with(|p| p.set(false));
                 drop(st);
                 for e in events {
                     inner.raise(e);
