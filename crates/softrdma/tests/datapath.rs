@@ -8,7 +8,7 @@ pub(crate) mod pair;
 use pair::*;
 use softrdma::*;
 use std::net::IpAddr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 #[test]
 fn rc_send_recv_every_size_arrives_byte_exact() {
@@ -903,11 +903,26 @@ fn rc_an_answer_goes_out_while_the_last_ack_is_outstanding() {
         .unwrap();
     send(&a, 1, WrOpcode::Send, &sges, |_| {});
     assert_eq!(b.wait(1).len(), 1);
+    // b holds that ACK while its polling thread takes the message: it must have gone (and
+    // been dropped) before the drops stop. An empty poll sends it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while b.qp.counters().acks_sent < 2 {
+        assert!(b.wait_none(), "nothing more was due at b");
+        assert!(
+            Instant::now() < deadline,
+            "b never sent the ACK of message 1"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
     b.ctx.set_fault_injection(None).unwrap();
     // b answers; a takes the answer (its own SEND stays unacknowledged), then answers it.
     let received = |side: &Side| {
         while !side.wait(1).iter().any(|w| {
             assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            assert!(
+                !(w.opcode == WcOpcode::Send && w.wr_id == 1),
+                "the ACK of message 1 was not lost"
+            );
             w.opcode == WcOpcode::Recv
         }) {}
     };

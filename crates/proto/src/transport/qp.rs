@@ -244,6 +244,12 @@ impl Qp {
         self.requester.unsent_requests()
     }
 
+    /// Send requests whose packets were all sent and which have not completed yet (an RC
+    /// requester's waiting for their ACK or READ responses).
+    pub fn sent_requests(&self) -> usize {
+        self.requester.sent_requests()
+    }
+
     /// Whether an RC requester knows how many receives the responder has (end-to-end
     /// credits from its last ACK): false before the first ACK, and for responders that give
     /// no credit information (Linux rxe).

@@ -300,6 +300,11 @@ impl Requester {
         self.next_psn != self.comp_psn
     }
 
+    /// Requests sent (every packet at least once) and not yet completed.
+    pub(super) fn sent_requests(&self) -> usize {
+        self.cur.min(self.wqes.len())
+    }
+
     /// Requests posted and not yet fully transmitted.
     pub(super) fn unsent_requests(&self) -> usize {
         self.wqes.len().saturating_sub(self.cur)

@@ -773,12 +773,6 @@ impl MrLease {
     }
 }
 
-// SAFETY: a lease is a shared reference to a `MrInner` (which is `Send` and `Sync`) kept
-// alive by the lease count, and a range of memory whose accesses go through `mem`'s routines.
-unsafe impl Send for MrLease {}
-// SAFETY: as above.
-unsafe impl Sync for MrLease {}
-
 impl Drop for MrLease {
     fn drop(&mut self) {
         // SAFETY: the region outlives its leases (see the field).

@@ -174,18 +174,19 @@ impl Qp {
         // this). Without credits (before the first ACK) it waits: a burst sent blind meets
         // an empty receive queue with RNR NAKs.
         //
-        // An answer goes at once, though: a post that finds nothing else unsent and a
-        // message received since the QP last sent. In a ping-pong the peer sends the ACK of
-        // the last message after its answer, so the next message, posted as the answer comes,
-        // waited for that ACK (a second datagram each way on the round trip). Over the wire,
-        // `perf send --lat`, 8 bytes one way: 5.44 -> 5.27 us (medians of ten interleaved
-        // runs); a burst posted one at a time is batched as before (`benches/msg_cost` over
-        // the wire: 870 ns a message either way).
+        // An answer goes at once, though: a post that finds nothing else unsent, at most one
+        // request waiting for its ACK, and a message received since the QP last sent. A peer
+        // whose ACK of the last message comes after its answer (a softrdma peer holding it
+        // until its next poll did, before it sent it in the answer's batch) had each next
+        // message of a ping-pong wait for that ACK: over the wire, `perf send --lat`, 8 bytes
+        // one way, 5.44 -> 5.27 us (medians of ten interleaved runs). A burst posted one at a
+        // time, or a stream both ways (several requests in flight), is batched as before
+        // (`benches/msg_cost` over the wire: 870 ns a message either way).
         let defer = st.transport.as_ref().is_some_and(|t| {
             let unsent = t.unsent_requests();
             let flush = t.knows_credits()
                 && unsent / DOORBELL_FLUSH != unsent.saturating_sub(posted) / DOORBELL_FLUSH;
-            let answer = unsent == posted && t.received_since_sent();
+            let answer = unsent == posted && t.sent_requests() <= 1 && t.received_since_sent();
             t.awaiting_ack() && !answer && posted < DOORBELL_BATCH && !flush
         });
         if posted > 0 && !defer {
