@@ -149,7 +149,10 @@ impl Gsi {
     /// as dropped otherwise.
     pub(crate) fn receive(&mut self, now: Instant, src: IpAddr, pkt: &[u8]) {
         match device::unframe_mad(pkt) {
-            Some(m) => self.cm.handle_mad(now, src, m),
+            Some(m) => {
+                trace_mad("received", src, m);
+                self.cm.handle_mad(now, src, m)
+            }
             None => self.counters.dropped += 1,
         }
     }
@@ -170,8 +173,42 @@ impl Gsi {
             .cm
             .poll_transmit_into(&mut buf[at..len - roce::ICRC_LEN])?;
         self.psn = (self.psn + 1) & 0xff_ffff;
+        trace_mad("sent", t.dest, &buf[at..len - roce::ICRC_LEN]);
         Some((len, t.dest))
     }
+}
+
+/// Logs a MAD at debug level (`SOFTRDMA_LOG=softrdma::provider::gsi=debug`): the attribute
+/// (REQ, REP, RTU, REJ, MRA, DREQ, DREP, LAP, APR, SIDR_REQ, SIDR_REP or the number), the
+/// transaction ID and the peer, to follow a connection that does not come up.
+fn trace_mad(what: &str, peer: IpAddr, m: &[u8]) {
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let Ok(p) = mad::Packet::new_checked(m) else {
+        tracing::debug!(%peer, len = m.len(), "CM: {what} a short MAD");
+        return;
+    };
+    let attr = p.attribute_id();
+    let name = match attr {
+        mad::ATTR_CM_REQ => "REQ",
+        mad::ATTR_CM_MRA => "MRA",
+        mad::ATTR_CM_REJ => "REJ",
+        mad::ATTR_CM_REP => "REP",
+        mad::ATTR_CM_RTU => "RTU",
+        mad::ATTR_CM_DREQ => "DREQ",
+        mad::ATTR_CM_DREP => "DREP",
+        mad::ATTR_CM_SIDR_REQ => "SIDR_REQ",
+        mad::ATTR_CM_SIDR_REP => "SIDR_REP",
+        mad::ATTR_CM_LAP => "LAP",
+        mad::ATTR_CM_APR => "APR",
+        _ => "",
+    };
+    tracing::debug!(
+        %peer,
+        tid = format_args!("{:#x}", p.transaction_id()),
+        "CM: {what} {name} (attribute {attr:#06x})"
+    );
 }
 
 impl Gsi {
