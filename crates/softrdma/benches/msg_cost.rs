@@ -15,107 +15,15 @@
 //!
 //! Prints the messages, the time and ns per message.
 
+// The live tests' connected pair: two devices on loopback addresses of this run's own.
+#[path = "../tests/common/pair.rs"]
+mod pair;
+
+use pair::{pair_on, unique, Opts};
 use softrdma::*;
-use std::sync::Arc;
 use std::time::Instant;
 
 const BATCH: u64 = 64;
-const ACCESS: u32 = AccessFlags::LOCAL_WRITE.bits() | AccessFlags::REMOTE_WRITE.bits();
-
-struct Side {
-    _ctx: Context,
-    _pd: Pd,
-    cq: Cq,
-    qp: Qp,
-    _buf: Arc<Buffer>,
-    mr: Mr,
-    addr: std::net::IpAddr,
-}
-
-fn side() -> Side {
-    let addr: std::net::IpAddr = softrdma::testing::unique_loopback_addr().into();
-    let ctx = Device::from_addr(addr).unwrap().open().unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(4096, 0, None, 0).unwrap();
-    let cap = QpCap {
-        max_send_wr: 1024,
-        max_recv_wr: 1024,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let qp = pd
-        .create_qp(&mut QpInitAttr::new(QpType::Rc, &cq, cap))
-        .unwrap();
-    let buf = Arc::new(Buffer::new(4096));
-    let mr = pd.reg_buffer(&buf, ACCESS).unwrap();
-    Side {
-        _ctx: ctx,
-        _pd: pd,
-        cq,
-        qp,
-        _buf: buf,
-        mr,
-        addr,
-    }
-}
-
-fn connect(me: &Side, peer: &Side) {
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        port_num: 1,
-        qp_access_flags: ACCESS,
-        ..Default::default()
-    };
-    let m =
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
-    me.qp.modify_qp(&init, m.bits()).unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: AhAttr::for_ip(peer.addr),
-        path_mtu: Mtu::Mtu4096,
-        dest_qp_num: peer.qp.qp_num(),
-        rq_psn: 1,
-        max_dest_rd_atomic: 1,
-        min_rnr_timer: 1,
-        ..init
-    };
-    let m = QpAttrMask::STATE
-        | QpAttrMask::AV
-        | QpAttrMask::PATH_MTU
-        | QpAttrMask::DEST_QPN
-        | QpAttrMask::RQ_PSN
-        | QpAttrMask::MAX_DEST_RD_ATOMIC
-        | QpAttrMask::MIN_RNR_TIMER;
-    me.qp.modify_qp(&rtr, m.bits()).unwrap();
-}
-
-fn to_rts(me: &Side) {
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn: 1,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 1,
-        ..Default::default()
-    };
-    let m = QpAttrMask::STATE
-        | QpAttrMask::SQ_PSN
-        | QpAttrMask::TIMEOUT
-        | QpAttrMask::RETRY_CNT
-        | QpAttrMask::RNR_RETRY
-        | QpAttrMask::MAX_QP_RD_ATOMIC;
-    me.qp.modify_qp(&rts, m.bits()).unwrap();
-}
-
-fn sge(s: &Side, off: u64) -> Sge {
-    Sge {
-        addr: s.mr.addr() + off,
-        length: 8,
-        lkey: s.mr.lkey(),
-    }
-}
 
 fn main() {
     // `cargo bench` passes `--bench`; run otherwise (`cargo test --benches`), it is a smoke
@@ -125,15 +33,12 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(if bench { 2_000_000 } else { BATCH * 10 });
-    let (a, b) = (side(), side());
-    connect(&a, &b);
-    connect(&b, &a);
-    to_rts(&a);
-    to_rts(&b);
-    let recv = |wr_id: u64| {
-        let l = [sge(&b, 64 + wr_id % BATCH * 8)];
-        b.qp.post_recv(&[RecvWr { wr_id, sg_list: &l }]).unwrap();
+    let o = Opts {
+        mtu: Mtu::Mtu4096,
+        ..Opts::default()
     };
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 4096, &o);
+    let recv = |wr_id: u64| b.post_recv(wr_id, 64 + (wr_id % BATCH) as usize * 8, 8);
     for i in 0..BATCH * 2 {
         recv(i);
     }
@@ -141,7 +46,7 @@ fn main() {
     let run = |n: u64, wc: &mut [WorkCompletion]| {
         let mut sent = 0;
         while sent < n {
-            let l = [sge(&a, 0)];
+            let l = [a.sge(0, 8)];
             for i in 0..BATCH {
                 let signaled = i == BATCH - 1;
                 a.qp.post_send(&[SendWr {

@@ -844,18 +844,20 @@ fn rc_ack_held_for_a_polling_receiver_still_reaches_the_sender() {
     done(&a, 3);
 }
 
-/// With a packet in flight (its ACK outstanding) and the responder's credits known, SENDs
-/// posted one at a time are not all held for that ACK: when 64 wait unsent they go out at
-/// once. Here every ACK is lost (b drops all it sends) and the retransmit timer is off
-/// (timeout 0), so nothing else could send them.
-#[test]
-fn rc_unsent_sends_go_out_in_batches_of_64_while_an_ack_is_outstanding() {
+/// A pair with the retransmit timer off (timeout 0) in which a sent SEND 0 (acknowledged: a
+/// knows b's credits) and SEND 1, whose ACK b has sent and lost: b drops every packet it sends
+/// until the caller turns that off, and a awaits that ACK for good. b has `b_recvs` receives
+/// posted (wr_ids from 0; two taken), a four (wr_ids 100-103, 8 bytes at 4096).
+fn ack_of_send_1_lost(b_recvs: u64) -> (Side, Side) {
     let o = Opts {
         timeout: 0,
         ..Opts::default()
     };
     let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 65536, &o);
-    for i in 0..100 {
+    for i in 0..4 {
+        a.post_recv(100 + i, 4096, 64);
+    }
+    for i in 0..b_recvs {
         b.post_recv(i, 0, 64);
     }
     let sges = [a.sge(0, 8)];
@@ -865,9 +867,31 @@ fn rc_unsent_sends_go_out_in_batches_of_64_while_an_ack_is_outstanding() {
     b.ctx
         .set_fault_injection(Some(FaultConfig::parse("drop=1").unwrap()))
         .unwrap();
-    // Nothing in flight: this one goes at once, and its ACK is lost.
+    // Nothing in flight: this one goes at once.
     send(&a, 1, WrOpcode::Send, &sges, |_| {});
     assert_eq!(b.wait(1).len(), 1);
+    // b holds that ACK while its polling thread takes the message: it must have gone (and
+    // been dropped) before the drops stop. An empty poll sends it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while b.qp.counters().acks_sent < 2 {
+        assert!(b.wait_none(), "nothing more was due at b");
+        assert!(
+            Instant::now() < deadline,
+            "b never sent the ACK of message 1"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    (a, b)
+}
+
+/// With a packet in flight (its ACK outstanding) and the responder's credits known, SENDs
+/// posted one at a time are not all held for that ACK: when 64 wait unsent they go out at
+/// once. Here every ACK is lost (b drops all it sends) and the retransmit timer is off
+/// (timeout 0), so nothing else could send them.
+#[test]
+fn rc_unsent_sends_go_out_in_batches_of_64_while_an_ack_is_outstanding() {
+    let (a, b) = ack_of_send_1_lost(100);
+    let sges = [a.sge(0, 8)];
     // 64 more, one post each: held while the ACK is awaited, then sent together.
     for i in 2..66 {
         send(&a, i, WrOpcode::Send, &sges, |_| {});
@@ -884,36 +908,7 @@ fn rc_unsent_sends_go_out_in_batches_of_64_while_an_ack_is_outstanding() {
 /// held for it, each next message waited for a second datagram.)
 #[test]
 fn rc_an_answer_goes_out_while_the_last_ack_is_outstanding() {
-    let o = Opts {
-        timeout: 0,
-        ..Opts::default()
-    };
-    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 65536, &o);
-    for i in 0..4 {
-        a.post_recv(100 + i, 4096, 64);
-        b.post_recv(i, 0, 64);
-    }
-    let sges = [a.sge(0, 8)];
-    send(&a, 0, WrOpcode::Send, &sges, |_| {});
-    assert_eq!(a.wait(1)[0].status, WcStatus::Success); // its ACK brought the credits
-    assert_eq!(b.wait(1).len(), 1);
-    // The ACK of the next message is lost: a awaits it for good.
-    b.ctx
-        .set_fault_injection(Some(FaultConfig::parse("drop=1").unwrap()))
-        .unwrap();
-    send(&a, 1, WrOpcode::Send, &sges, |_| {});
-    assert_eq!(b.wait(1).len(), 1);
-    // b holds that ACK while its polling thread takes the message: it must have gone (and
-    // been dropped) before the drops stop. An empty poll sends it.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while b.qp.counters().acks_sent < 2 {
-        assert!(b.wait_none(), "nothing more was due at b");
-        assert!(
-            Instant::now() < deadline,
-            "b never sent the ACK of message 1"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let (a, b) = ack_of_send_1_lost(4);
     b.ctx.set_fault_injection(None).unwrap();
     // b answers; a takes the answer (its own SEND stays unacknowledged), then answers it.
     let received = |side: &Side| {
@@ -928,7 +923,7 @@ fn rc_an_answer_goes_out_while_the_last_ack_is_outstanding() {
     };
     send(&b, 2, WrOpcode::Send, &[b.sge(8, 8)], |_| {});
     received(&a);
-    send(&a, 3, WrOpcode::Send, &sges, |_| {});
+    send(&a, 3, WrOpcode::Send, &[a.sge(0, 8)], |_| {});
     // (Held for the lost ACK, it would never come: `wait` fails after a minute.)
     received(&b);
 }

@@ -180,98 +180,93 @@ impl UdpSock {
         if n == 0 {
             return Ok(0);
         }
-        {
-            let RecvScratch { hdrs, key, dirty } = scratch;
-            // The headers of the last call on the same buffers are still in place: only the
-            // fields the kernel wrote back (for the messages it filled) are reset. A busy
-            // poller calls this in a loop, mostly for nothing.
-            let k = (
-                bufs.as_ptr() as usize,
-                n,
-                self.gro,
-                bufs[0].as_ptr() as usize,
-                bufs[n - 1].as_ptr() as usize,
-                bufs[0].len(),
-            );
-            let reset = if *key == Some(k) { *dirty } else { n };
-            *key = Some(k);
-            let controllen = if self.gro { 32 } else { 0 };
-            for (i, buf) in bufs.iter_mut().enumerate().take(reset) {
-                hdrs.iovs[i] = libc::iovec {
-                    iov_base: buf.as_mut_ptr().cast(),
-                    iov_len: buf.len(),
-                };
-                let h = &mut hdrs.msgs[i].msg_hdr;
-                h.msg_name = (&mut hdrs.names[i].ss as *mut libc::sockaddr_storage).cast();
-                h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                h.msg_iov = &mut hdrs.iovs[i];
-                h.msg_iovlen = 1;
-                h.msg_flags = 0;
-                h.msg_control = if self.gro {
-                    hdrs.cmsgs[i].0.as_mut_ptr().cast()
-                } else {
-                    std::ptr::null_mut()
-                };
-                h.msg_controllen = controllen;
-            }
-            // Whatever happens below, the kernel writes into the first message at most.
-            *dirty = 1;
-            loop {
-                // SAFETY: msgs[..n] point at live, writable buffers, names and control
-                // buffers, all of which outlive the call.
-                let r = unsafe {
-                    libc::recvmmsg(
-                        self.fd.as_raw_fd(),
-                        hdrs.msgs.as_mut_ptr(),
-                        n as libc::c_uint,
-                        libc::MSG_DONTWAIT,
-                        std::ptr::null_mut(),
-                    )
-                };
-                if r >= 0 {
-                    let r = r as usize;
-                    *dirty = r.max(1);
-                    for (i, m) in meta.iter_mut().enumerate().take(r) {
-                        let h = &hdrs.msgs[i].msg_hdr;
-                        let truncated = h.msg_flags & libc::MSG_TRUNC != 0;
-                        let mut segment = 0;
-                        if self.gro && h.msg_controllen > 0 {
-                            // SAFETY: the kernel filled at most msg_controllen bytes of our
-                            // 32-byte control buffer with well-formed cmsgs.
-                            unsafe {
-                                let mut cm = libc::CMSG_FIRSTHDR(h);
-                                while !cm.is_null() {
-                                    if (*cm).cmsg_level == libc::SOL_UDP
-                                        && (*cm).cmsg_type == UDP_GRO
-                                    {
-                                        segment = std::ptr::read_unaligned(
-                                            libc::CMSG_DATA(cm).cast::<libc::c_int>(),
-                                        )
-                                            as usize;
-                                    }
-                                    cm = libc::CMSG_NXTHDR(h, cm);
+        let RecvScratch { hdrs, key, dirty } = scratch;
+        // The headers of the last call on the same buffers are still in place: only the
+        // fields the kernel wrote back (for the messages it filled) are reset. A busy
+        // poller calls this in a loop, mostly for nothing.
+        let k = (
+            bufs.as_ptr() as usize,
+            n,
+            self.gro,
+            bufs[0].as_ptr() as usize,
+            bufs[n - 1].as_ptr() as usize,
+            bufs[0].len(),
+        );
+        let reset = if *key == Some(k) { *dirty } else { n };
+        *key = Some(k);
+        let controllen = if self.gro { 32 } else { 0 };
+        for (i, buf) in bufs.iter_mut().enumerate().take(reset) {
+            hdrs.iovs[i] = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            let h = &mut hdrs.msgs[i].msg_hdr;
+            h.msg_name = (&mut hdrs.names[i].ss as *mut libc::sockaddr_storage).cast();
+            h.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            h.msg_iov = &mut hdrs.iovs[i];
+            h.msg_iovlen = 1;
+            h.msg_flags = 0;
+            h.msg_control = if self.gro {
+                hdrs.cmsgs[i].0.as_mut_ptr().cast()
+            } else {
+                std::ptr::null_mut()
+            };
+            h.msg_controllen = controllen;
+        }
+        // Whatever happens below, the kernel writes into the first message at most.
+        *dirty = 1;
+        loop {
+            // SAFETY: msgs[..n] point at live, writable buffers, names and control
+            // buffers, all of which outlive the call.
+            let r = unsafe {
+                libc::recvmmsg(
+                    self.fd.as_raw_fd(),
+                    hdrs.msgs.as_mut_ptr(),
+                    n as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            };
+            if r >= 0 {
+                let r = r as usize;
+                *dirty = r.max(1);
+                for (i, m) in meta.iter_mut().enumerate().take(r) {
+                    let h = &hdrs.msgs[i].msg_hdr;
+                    let truncated = h.msg_flags & libc::MSG_TRUNC != 0;
+                    let mut segment = 0;
+                    if self.gro && h.msg_controllen > 0 {
+                        // SAFETY: the kernel filled at most msg_controllen bytes of our
+                        // 32-byte control buffer with well-formed cmsgs.
+                        unsafe {
+                            let mut cm = libc::CMSG_FIRSTHDR(h);
+                            while !cm.is_null() {
+                                if (*cm).cmsg_level == libc::SOL_UDP && (*cm).cmsg_type == UDP_GRO {
+                                    segment = std::ptr::read_unaligned(
+                                        libc::CMSG_DATA(cm).cast::<libc::c_int>(),
+                                    ) as usize;
                                 }
+                                cm = libc::CMSG_NXTHDR(h, cm);
                             }
                         }
-                        *m = RxMsg {
-                            len: if truncated {
-                                0
-                            } else {
-                                hdrs.msgs[i].msg_len as usize
-                            },
-                            src: from_sockaddr(&hdrs.names[i].ss),
-                            segment,
-                            truncated,
-                        };
                     }
-                    return Ok(r);
+                    *m = RxMsg {
+                        len: if truncated {
+                            0
+                        } else {
+                            hdrs.msgs[i].msg_len as usize
+                        },
+                        src: from_sockaddr(&hdrs.names[i].ss),
+                        segment,
+                        truncated,
+                    };
                 }
-                let e = std::io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EINTR) => continue,
-                    Some(libc::EAGAIN) => return Ok(0),
-                    _ => return Err(Error::from_io(e, "recvmmsg")),
-                }
+                return Ok(r);
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => return Ok(0),
+                _ => return Err(Error::from_io(e, "recvmmsg")),
             }
         }
     }
