@@ -1055,3 +1055,126 @@ fn rc_sender_facing_a_full_lane_waits_for_acks_instead_of_overtaking_it_on_the_w
         );
     }
 }
+
+/// `ibv_destroy_qp` takes the QP's completions that nobody polled out of its CQs, as a
+/// hardware provider cleans its CQs: libfabric's verbs provider polls its CQ right after it
+/// destroys a QP and hands what it finds to the closed endpoint. Completions of other QPs on
+/// the same CQ stay, and so do receives a destroyed QP took from an SRQ (their buffers are
+/// the SRQ owner's).
+#[test]
+fn destroying_a_qp_takes_its_unpolled_completions_out_of_its_cqs() {
+    let (x, y) = pair_addrs();
+    let o = Opts::default();
+    let (a, _) = Side::new(x, QpType::Rc, 4096, false);
+    let cap = QpCap {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let a_qps: Vec<Qp> = (0..2)
+        .map(|_| {
+            a.pd.create_qp(&mut QpInitAttr::new(QpType::Rc, &a.cq, cap))
+                .unwrap()
+        })
+        .collect();
+    // b: one CQ with a channel for three QPs: two with their own receive queue, one on an SRQ.
+    let ctx = Device::from_addr(ip(y)).unwrap().open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let ch = ctx.create_comp_channel().unwrap();
+    let cq = ctx.create_cq(64, 0, Some(&ch), 0).unwrap();
+    let srq = pd
+        .create_srq(&mut SrqInitAttr {
+            srq_context: 0,
+            attr: SrqAttr {
+                max_wr: 16,
+                max_sge: 1,
+                srq_limit: 0,
+            },
+        })
+        .unwrap();
+    let buf = std::sync::Arc::new(Buffer::new(4096));
+    let mr = pd.reg_buffer(&buf, ALL).unwrap();
+    let sge = |i: u64| Sge {
+        addr: buf.addr() + i * 64,
+        length: 64,
+        lkey: mr.lkey(),
+    };
+    let b_qps: Vec<Qp> = (0..3)
+        .map(|i| {
+            let mut init = QpInitAttr::new(QpType::Rc, &cq, cap);
+            init.srq = (i == 2).then_some(&srq);
+            pd.create_qp(&mut init).unwrap()
+        })
+        .collect();
+    let a_all = [&a.qp, &a_qps[0], &a_qps[1]];
+    for (p, q) in a_all.iter().zip(&b_qps) {
+        qp_to_rtr(p, ip(y), q.qp_num(), &o);
+        qp_to_rtr(q, a.addr, p.qp_num(), &o);
+        qp_to_rts(p, &o);
+        qp_to_rts(q, &o);
+    }
+    let [q0, q1, q2] = [&b_qps[0], &b_qps[1], &b_qps[2]];
+    let recv = |qp: &Qp, wr_id: u64| {
+        let s = [sge(wr_id)];
+        qp.post_recv(&[RecvWr { wr_id, sg_list: &s }]).unwrap();
+    };
+    recv(q0, 1);
+    recv(q0, 2);
+    recv(q1, 3);
+    let s = [sge(4)];
+    srq.post_srq_recv(&[RecvWr {
+        wr_id: 4,
+        sg_list: &s,
+    }])
+    .unwrap();
+    a.post_recv(50, 0, 64);
+    // One completion at a time on b's CQ, each known to be there (its event came) before the
+    // next: q0 receives twice and sends once, q1 receives once, q2 once from the SRQ.
+    let expect = |post: &dyn Fn()| {
+        cq.req_notify_cq(false).unwrap();
+        post();
+        let ev = ch.get_cq_event_timeout(Duration::from_secs(60)).unwrap();
+        assert!(ev.is_for(&cq));
+        cq.ack_cq_events(1);
+    };
+    let send_on = |qp: &Qp, wr_id: u64, s: Sge| {
+        qp.post_send(&[SendWr {
+            wr_id,
+            sg_list: &[s],
+            opcode: WrOpcode::Send,
+            send_flags: SendFlags::SIGNALED,
+            ..Default::default()
+        }])
+        .unwrap();
+    };
+    for (i, p) in [(0, &a.qp), (1, &a.qp), (2, &a_qps[0]), (3, &a_qps[1])] {
+        expect(&|| send_on(p, i, a.sge(0, 8)));
+    }
+    expect(&|| send_on(q0, 9, sge(9)));
+    let (q0_num, q1_num, q2_num) = (q0.qp_num(), q1.qp_num(), q2.qp_num());
+    let mut b_qps = b_qps.into_iter();
+    let (q0, q1, q2) = (
+        b_qps.next().unwrap(),
+        b_qps.next().unwrap(),
+        b_qps.next().unwrap(),
+    );
+    q0.destroy().unwrap();
+    q2.destroy().unwrap();
+    let mut wc = [WorkCompletion::default(); 16];
+    let n = cq.poll(&mut wc).unwrap();
+    let left: Vec<_> = wc[..n]
+        .iter()
+        .map(|w| (w.qp_num, w.wr_id, w.status, w.opcode))
+        .collect();
+    assert_eq!(
+        left,
+        [
+            (q1_num, 3, WcStatus::Success, WcOpcode::Recv),
+            (q2_num, 4, WcStatus::Success, WcOpcode::Recv),
+        ],
+        "q0 ({q0_num:#x}) was destroyed"
+    );
+    drop(q1);
+}

@@ -172,6 +172,11 @@ pub fn connect(a: &Side, b: &Side, o: &Opts) {
 
 /// RESET -> INIT -> RTR for `me`'s QP, its peer QP `peer_qpn` of the device at `peer`.
 pub fn to_rtr(me: &Side, peer: IpAddr, peer_qpn: u32, o: &Opts) {
+    qp_to_rtr(&me.qp, peer, peer_qpn, o);
+}
+
+/// RESET -> INIT -> RTR for `qp`, its peer QP `peer_qpn` of the device at `peer`.
+pub fn qp_to_rtr(qp: &Qp, peer: IpAddr, peer_qpn: u32, o: &Opts) {
     let init = QpAttr {
         qp_state: QpState::Init,
         port_num: 1,
@@ -179,13 +184,13 @@ pub fn to_rtr(me: &Side, peer: IpAddr, peer_qpn: u32, o: &Opts) {
         qkey: 0x1111,
         ..Default::default()
     };
-    let ud = me.qp.qp_type() == QpType::Ud;
+    let ud = qp.qp_type() == QpType::Ud;
     let m = if ud {
         QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY
     } else {
         QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS
     };
-    me.qp.modify_qp(&init, m.bits()).unwrap();
+    qp.modify_qp(&init, m.bits()).unwrap();
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
         ah_attr: AhAttr::for_ip(peer),
@@ -196,7 +201,7 @@ pub fn to_rtr(me: &Side, peer: IpAddr, peer_qpn: u32, o: &Opts) {
         min_rnr_timer: o.min_rnr_timer,
         ..init
     };
-    let m = match me.qp.qp_type() {
+    let m = match qp.qp_type() {
         QpType::Ud => QpAttrMask::STATE,
         QpType::Uc => {
             QpAttrMask::STATE
@@ -215,21 +220,26 @@ pub fn to_rtr(me: &Side, peer: IpAddr, peer_qpn: u32, o: &Opts) {
                 | QpAttrMask::MIN_RNR_TIMER
         }
     };
-    me.qp.modify_qp(&rtr, m.bits()).unwrap();
+    qp.modify_qp(&rtr, m.bits()).unwrap();
 }
 
 /// RTR -> RTS for `me`'s QP, with the timers and retries of `o`.
 pub fn to_rts(me: &Side, o: &Opts) {
+    qp_to_rts(&me.qp, o);
+}
+
+/// RTR -> RTS for `qp`, with the timers and retries of `o`.
+pub fn qp_to_rts(qp: &Qp, o: &Opts) {
     let rts = QpAttr {
         qp_state: QpState::Rts,
-        sq_psn: me.qp.qp_num() & 0xff_ffff ^ 0x5a5a5a,
+        sq_psn: qp.qp_num() & 0xff_ffff ^ 0x5a5a5a,
         timeout: o.timeout,
         retry_cnt: o.retry_cnt,
         rnr_retry: o.rnr_retry,
         max_rd_atomic: 16,
         ..Default::default()
     };
-    let m = match me.qp.qp_type() {
+    let m = match qp.qp_type() {
         QpType::Rc => {
             QpAttrMask::STATE
                 | QpAttrMask::SQ_PSN
@@ -240,7 +250,7 @@ pub fn to_rts(me: &Side, o: &Opts) {
         }
         _ => QpAttrMask::STATE | QpAttrMask::SQ_PSN,
     };
-    me.qp.modify_qp(&rts, m.bits()).unwrap();
+    qp.modify_qp(&rts, m.bits()).unwrap();
 }
 
 /// A loopback address no other process on this machine uses (see `softrdma::testing`), as

@@ -367,7 +367,8 @@ impl Qp {
     }
 
     /// Destroys the QP (`ibv_destroy_qp`); queued work requests are discarded without
-    /// completions.
+    /// completions, and the QP's completions still in its CQs are removed (as a hardware
+    /// provider cleans its CQs), except those of receives from an SRQ.
     ///
     /// Fails with `EBUSY`, giving the QP back, while it is attached to a multicast group or
     /// an asynchronous event about it is not acknowledged.
@@ -397,6 +398,16 @@ impl Qp {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
             while Arc::strong_count(&self.inner) > 1 && std::time::Instant::now() < deadline {
                 std::thread::yield_now();
+            }
+            // Nothing completes for the QP any more; what it completed before and nobody
+            // polled leaves its CQs with it, as a hardware provider cleans its CQs: a program
+            // polls no completion of a QP it destroyed (libfabric's verbs provider polls its
+            // CQ right after destroying a QP and would hand a received message to a closed
+            // endpoint). Completions of receives from an SRQ stay.
+            let recvs = self.inner.srq.is_none();
+            self.inner.send_cq.arc().purge_qp(self.inner.qp_num, recvs);
+            if !Arc::ptr_eq(self.inner.send_cq.arc(), self.inner.recv_cq.arc()) {
+                self.inner.recv_cq.arc().purge_qp(self.inner.qp_num, recvs);
             }
             return Ok(());
         };
