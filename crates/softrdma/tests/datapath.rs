@@ -1056,13 +1056,14 @@ fn rc_sender_facing_a_full_lane_waits_for_acks_instead_of_overtaking_it_on_the_w
     }
 }
 
-/// `ibv_destroy_qp` takes the QP's completions that nobody polled out of its CQs, as a
-/// hardware provider cleans its CQs: libfabric's verbs provider polls its CQ right after it
-/// destroys a QP and hands what it finds to the closed endpoint. Completions of other QPs on
-/// the same CQ stay, and so do receives a destroyed QP took from an SRQ (their buffers are
-/// the SRQ owner's).
+/// `ibv_destroy_qp` takes the completions of the QP's receive queue that nobody polled out
+/// of its CQs (the queue and its buffers go with the QP): libfabric 1.17's rxm polls its CQ
+/// right after it closes an endpoint and reposts a receive buffer it finds there into the
+/// closed one. Completions of the QP's sends stay (rxm hands them to the program), as do
+/// completions of other QPs on the same CQ and receives the QP took from an SRQ (their
+/// buffers are the SRQ owner's).
 #[test]
-fn destroying_a_qp_takes_its_unpolled_completions_out_of_its_cqs() {
+fn destroying_a_qp_takes_its_unpolled_receive_completions_out_of_its_cqs() {
     let (x, y) = pair_addrs();
     let o = Opts::default();
     let (a, _) = Side::new(x, QpType::Rc, 4096, false);
@@ -1160,6 +1161,16 @@ fn destroying_a_qp_takes_its_unpolled_completions_out_of_its_cqs() {
         b_qps.next().unwrap(),
         b_qps.next().unwrap(),
     );
+    // A receive still posted on q0 is flushed when it goes to ERR, and goes with it too.
+    recv(&q0, 5);
+    q0.modify_qp(
+        &QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        },
+        QpAttrMask::STATE.bits(),
+    )
+    .unwrap();
     q0.destroy().unwrap();
     q2.destroy().unwrap();
     let mut wc = [WorkCompletion::default(); 16];
@@ -1173,6 +1184,7 @@ fn destroying_a_qp_takes_its_unpolled_completions_out_of_its_cqs() {
         [
             (q1_num, 3, WcStatus::Success, WcOpcode::Recv),
             (q2_num, 4, WcStatus::Success, WcOpcode::Recv),
+            (q0_num, 9, WcStatus::Success, WcOpcode::Send),
         ],
         "q0 ({q0_num:#x}) was destroyed"
     );

@@ -460,17 +460,14 @@ impl CqInner {
 }
 
 impl CqInner {
-    /// Takes the completions of the destroyed QP `qp_num` out of the CQ (`ibv_destroy_qp`,
-    /// as hardware providers clean their CQs): its send-side completions, and its receive
-    /// completions too when `recvs` (a QP with its own receive queue; receives from an SRQ
-    /// stay, their buffers belong to the SRQ's owner). Returns how many were removed. Never
-    /// fails; a CQ that overran stays in error.
-    pub(crate) fn purge_qp(&self, qp_num: u32, recvs: bool) -> usize {
+    /// Takes the receive completions (successful or flushed) of the destroyed QP `qp_num`
+    /// out of the CQ (see [`crate::Qp::destroy`]); its send completions stay. Returns how
+    /// many were removed. Never fails; a CQ that overran stays in error.
+    pub(crate) fn purge_recvs(&self, qp_num: u32) -> usize {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let before = st.entries.len();
         st.entries.retain(|wc| {
-            let is_recv = wc.opcode as u32 & 0x80 != 0;
-            wc.qp_num != qp_num || (is_recv && !recvs)
+            wc.qp_num != qp_num || !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
         });
         before - st.entries.len()
     }

@@ -367,8 +367,9 @@ impl Qp {
     }
 
     /// Destroys the QP (`ibv_destroy_qp`); queued work requests are discarded without
-    /// completions, and the QP's completions still in its CQs are removed (as a hardware
-    /// provider cleans its CQs), except those of receives from an SRQ.
+    /// completions, and the completions of its receive queue still in its CQs (successful
+    /// or flushed) are removed with it. Completions of its sends stay to be polled, and so
+    /// do those of receives it took from an SRQ.
     ///
     /// Fails with `EBUSY`, giving the QP back, while it is attached to a multicast group or
     /// an asynchronous event about it is not acknowledged.
@@ -399,15 +400,19 @@ impl Qp {
             while Arc::strong_count(&self.inner) > 1 && std::time::Instant::now() < deadline {
                 std::thread::yield_now();
             }
-            // Nothing completes for the QP any more; what it completed before and nobody
-            // polled leaves its CQs with it, as a hardware provider cleans its CQs: a program
-            // polls no completion of a QP it destroyed (libfabric's verbs provider polls its
-            // CQ right after destroying a QP and would hand a received message to a closed
-            // endpoint). Completions of receives from an SRQ stay.
-            let recvs = self.inner.srq.is_none();
-            self.inner.send_cq.arc().purge_qp(self.inner.qp_num, recvs);
-            if !Arc::ptr_eq(self.inner.send_cq.arc(), self.inner.recv_cq.arc()) {
-                self.inner.recv_cq.arc().purge_qp(self.inner.qp_num, recvs);
+            // Nothing completes for the QP any more. The completions of its receive queue
+            // that nobody polled leave its CQs with it (the queue and its buffers are gone;
+            // a hardware provider cleans its CQs alike): libfabric 1.17's rxm polls its CQ
+            // right after it closes an endpoint and would repost a receive buffer it found
+            // there into the closed one. Completions of its sends stay, for the program to
+            // learn what of them completed (rxm hands them on); so do receives taken from an
+            // SRQ, whose buffers are the SRQ owner's.
+            if self.inner.srq.is_none() {
+                let qpn = self.inner.qp_num;
+                self.inner.send_cq.arc().purge_recvs(qpn);
+                if !Arc::ptr_eq(self.inner.send_cq.arc(), self.inner.recv_cq.arc()) {
+                    self.inner.recv_cq.arc().purge_recvs(qpn);
+                }
             }
             return Ok(());
         };
