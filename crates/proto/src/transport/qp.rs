@@ -218,6 +218,12 @@ impl Qp {
         self.responder.lone_positive_ack()
     }
 
+    /// Whether the positive ACK waiting alone (see [`Qp::has_held_ack`]) acknowledges an RDMA
+    /// WRITE without immediate, a request the program here sees no completion for.
+    pub fn held_ack_is_one_sided(&self) -> bool {
+        self.responder.acks_one_sided()
+    }
+
     /// Whether a completion is waiting for [`Qp::poll_completion`].
     pub fn has_pending_completion(&self) -> bool {
         !self.ctx.completions.is_empty()

@@ -103,6 +103,9 @@ pub(super) struct Responder {
     /// End-to-end credits advertised by the last positive ACK and not yet used since (RC,
     /// own receive queue); `None` before the first such ACK or without credit information.
     credits_left: Option<u32>,
+    /// Whether the last positive ACK queued acknowledges an RDMA WRITE without immediate (a
+    /// request the program here sees no completion for; see [`Responder::acks_one_sided`]).
+    one_sided_ack: bool,
 }
 
 /// A responder sends an unsolicited credit update when receives are posted while fewer than
@@ -125,6 +128,7 @@ impl Responder {
             comm_est: false,
             received_any: false,
             credits_left: None,
+            one_sided_ack: false,
         }
     }
 
@@ -171,20 +175,12 @@ impl Responder {
     }
 
     /// Queues an ACK of the last PSN received carrying the credits (the count is filled in
-    /// when it is sent) if the last advertised count was low and `available` is more, unless
-    /// a positive ACK waits already (it will carry the count). Returns whether it queued one.
+    /// when it is sent) if the last advertised count was low and `available` is more.
     pub(super) fn credit_update(&mut self, available: u32) -> bool {
         let Some(left) = self.credits_left else {
             return false;
         };
         if left >= CREDIT_UPDATE_BELOW || available <= left {
-            return false;
-        }
-        // A positive ACK waiting already (held back by the owner until it next posts or
-        // polls) carries the count when it goes: no second ACK, and nothing to send now. (A
-        // program that reposts each receive as it takes it, before its answer, sent an ACK of
-        // its own ahead of every answer: ib_send_lat -r 2 over the wire, 7.0 -> 10.5 us.)
-        if self.lone_positive_ack() {
             return false;
         }
         // One update until the next ACK (which sets the count it advertises).
@@ -204,6 +200,13 @@ impl Responder {
                     ..
                 })
             )
+    }
+
+    /// Whether the positive ACK waiting acknowledges an RDMA WRITE without immediate: the
+    /// program here gets no completion for it, and its peer may be waiting on memory for an
+    /// answer rather than polling.
+    pub(super) fn acks_one_sided(&self) -> bool {
+        self.one_sided_ack && self.lone_positive_ack()
     }
 
     /// Messages taken so far (the MSN, modulo 2^24).
@@ -419,6 +422,7 @@ impl Responder {
             self.cur = Some(m);
         }
         if repr.bth.ack_req {
+            self.one_sided_ack = false;
             self.push_ack(psn);
         }
     }
@@ -530,6 +534,7 @@ impl Responder {
             self.cur = Some(m);
         }
         if repr.bth.ack_req {
+            self.one_sided_ack = repr.immdt.is_none();
             self.push_ack(psn);
         }
     }

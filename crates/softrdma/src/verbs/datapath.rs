@@ -473,12 +473,17 @@ pub(crate) fn drive(
     // answer's batch), while a peer that does not wait gains from taking the answer alone
     // (`softrdma perf send --lat` 5.20 us against 5.66 in one batch).
     //
-    // Over a same-host lane an ACK costs a record in a ring, not a system call: it goes at
-    // once, before the program sees the completion, so that a peer waiting for the completion
-    // of what it sent (perftest's latency tests wait for each one) has it as soon as it has
-    // the answer. Interleaved, two processes, 8 bytes one way: ib_send_lat 1.16 -> 0.89 us,
-    // `softrdma perf send --lat` 0.90 -> 0.84 us (holding it over the wire instead: ib_send_lat
-    // 7.95 against 8.9 us, perf 5.35 against 8.7).
+    // Over a same-host lane an ACK costs a record in a ring, not a system call: the ACK of a
+    // SEND goes at once, before the program sees the completion, so that a peer waiting for
+    // the completion of what it sent (perftest's latency tests wait for each one) has it as
+    // soon as it has the answer (ib_send_lat 1.16 -> 0.89 us against holding it until the
+    // next poll; `softrdma perf send --lat` 0.90 -> 0.84). The ACK of an RDMA WRITE is held
+    // like over the wire, to go right behind the answer: the program gets no completion for
+    // a WRITE and may be waiting on memory, and so may its peer. ib_write_lat polls its send
+    // CQ for the completion of its WRITE, then spins on its buffer for the peer's; with the
+    // ACK at once (before the peer's answer), the answer landed in a ring nobody was reading
+    // (the program no longer polled; the progress thread still left the device to it) until
+    // the hand-off ended: 590-800 us a WRITE, 1.2-1.8 with the ACK behind the answer.
     // (Each path below sets it on the transport before it transmits.)
     let hold = holding_acks();
     // An RC or UC QP whose peer is reached by a same-host lane writes its packets straight
@@ -494,7 +499,7 @@ pub(crate) fn drive(
                 direct = false;
                 continue;
             };
-            t.set_hold_acks(false);
+            t.set_hold_acks(hold && t.held_ack_is_one_sided());
             let room = t.segment() as usize + 128;
             // The payload copies of the run are made together (spread over the copy
             // engines when large) before the ring is published.
