@@ -1102,13 +1102,11 @@ fn destroying_a_qp_takes_its_unpolled_receive_completions_out_of_its_cqs() {
         length: 64,
         lkey: mr.lkey(),
     };
-    let b_qps: Vec<Qp> = (0..3)
-        .map(|i| {
-            let mut init = QpInitAttr::new(QpType::Rc, &cq, cap);
-            init.srq = (i == 2).then_some(&srq);
-            pd.create_qp(&mut init).unwrap()
-        })
-        .collect();
+    let b_qps: [Qp; 3] = std::array::from_fn(|i| {
+        let mut init = QpInitAttr::new(QpType::Rc, &cq, cap);
+        init.srq = (i == 2).then_some(&srq);
+        pd.create_qp(&mut init).unwrap()
+    });
     let a_all = [&a.qp, &a_qps[0], &a_qps[1]];
     for (p, q) in a_all.iter().zip(&b_qps) {
         qp_to_rtr(p, ip(y), q.qp_num(), &o);
@@ -1155,12 +1153,7 @@ fn destroying_a_qp_takes_its_unpolled_receive_completions_out_of_its_cqs() {
     }
     expect(&|| send_on(q0, 9, sge(9)));
     let (q0_num, q1_num, q2_num) = (q0.qp_num(), q1.qp_num(), q2.qp_num());
-    let mut b_qps = b_qps.into_iter();
-    let (q0, q1, q2) = (
-        b_qps.next().unwrap(),
-        b_qps.next().unwrap(),
-        b_qps.next().unwrap(),
-    );
+    let [q0, q1, q2] = b_qps;
     // A receive still posted on q0 is flushed when it goes to ERR, and goes with it too.
     recv(&q0, 5);
     q0.modify_qp(

@@ -461,15 +461,13 @@ impl CqInner {
 
 impl CqInner {
     /// Takes the receive completions (successful or flushed) of the destroyed QP `qp_num`
-    /// out of the CQ (see [`crate::Qp::destroy`]); its send completions stay. Returns how
-    /// many were removed. Never fails; a CQ that overran stays in error.
-    pub(crate) fn purge_recvs(&self, qp_num: u32) -> usize {
+    /// out of the CQ (see [`crate::Qp::destroy`]); its send completions stay. Never fails;
+    /// a CQ that overran stays in error.
+    pub(crate) fn purge_recvs(&self, qp_num: u32) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let before = st.entries.len();
         st.entries.retain(|wc| {
             wc.qp_num != qp_num || !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
         });
-        before - st.entries.len()
     }
 }
 
