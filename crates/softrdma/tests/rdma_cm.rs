@@ -308,3 +308,130 @@ fn rdma_get_request_and_the_verbs_helpers_with_synchronous_ids() {
     drop(mr);
     id.destroy();
 }
+
+/// A connection whose client has sent one message (completed: the server's device has it)
+/// to the server's one posted receive, then disconnected; the client's DISCONNECTED is
+/// taken. Returns the server's id (its QP and receive CQ hold the message), its channel, and
+/// what must stay alive meanwhile.
+struct OneMessageThenGone {
+    sid: CmId,
+    sch: EventChannel,
+    sbuf: Arc<Buffer>,
+    _keep: (CmId, CmId, EventChannel, Mr, Mr),
+}
+
+fn one_message_then_disconnect() -> OneMessageThenGone {
+    let ip = unique();
+    let sch = EventChannel::new().unwrap();
+    let listen = CmId::create(Some(&sch), 1, PortSpace::Tcp).unwrap();
+    listen.bind_addr(addr(&format!("{ip}:7471"))).unwrap();
+    listen.listen(8).unwrap();
+    let cch = EventChannel::new().unwrap();
+    let cid = client(&cch, &format!("{ip}:7471"), b"");
+    let req = expect(&sch, CmEventType::ConnectRequest);
+    let sid = req.id.clone();
+    let mut c = cap();
+    let sqp = sid.create_qp(None, &mut c).unwrap();
+    let sbuf = Arc::new(Buffer::new(64));
+    let smr = sid
+        .pd()
+        .unwrap()
+        .reg_buffer(&sbuf, AccessFlags::LOCAL_WRITE.bits())
+        .unwrap();
+    let sge = [Sge {
+        addr: sbuf.addr(),
+        length: 64,
+        lkey: smr.lkey(),
+    }];
+    sqp.post_recv(&[RecvWr {
+        wr_id: 9,
+        sg_list: &sge,
+    }])
+    .unwrap();
+    req.ack();
+    sid.accept(&ConnParam {
+        responder_resources: 1,
+        initiator_depth: 1,
+        rnr_retry_count: 7,
+        ..Default::default()
+    })
+    .unwrap();
+    expect(&cch, CmEventType::Established).ack();
+    expect(&sch, CmEventType::Established).ack();
+
+    let cbuf = Arc::new(Buffer::from_slice(b"last words"));
+    let cmr = cid.pd().unwrap().reg_buffer(&cbuf, 0).unwrap();
+    let csge = [Sge {
+        addr: cbuf.addr(),
+        length: 10,
+        lkey: cmr.lkey(),
+    }];
+    cid.qp()
+        .unwrap()
+        .post_send(&[SendWr {
+            wr_id: 1,
+            sg_list: &csge,
+            send_flags: SendFlags::SIGNALED,
+            ..Default::default()
+        }])
+        .unwrap();
+    assert_eq!(wait_wc(&cid.send_cq().unwrap()).status, WcStatus::Success);
+    cid.disconnect().unwrap();
+    expect(&cch, CmEventType::Disconnected).ack();
+    OneMessageThenGone {
+        sid,
+        sch,
+        sbuf,
+        _keep: (cid, listen, cch, smr, cmr),
+    }
+}
+
+/// Whether `fd` is readable within a minute (a hang guard, never a speed check).
+fn readable_soon(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: polls one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, 60_000) == 1 }
+}
+
+/// A program that polls its CQ and reads its events in turn, and destroys its QP when the
+/// peer disconnects (libfabric 1.17's rxm does), must not learn of the disconnection before
+/// it has polled the peer's last message: destroying the QP would take that completion out
+/// of the CQ. The DISCONNECTED event, queued (the channel is readable), waits while the
+/// message is unpolled and the CQ is being polled, then goes at once.
+#[test]
+fn disconnected_waits_until_the_peers_last_message_is_polled() {
+    let s = one_message_then_disconnect();
+    s.sch.set_nonblocking(true).unwrap();
+    assert!(readable_soon(s.sch.fd()), "no DISCONNECTED queued");
+    let scq = s.sid.recv_cq().unwrap();
+    // A poll that takes nothing: the program is polling.
+    assert_eq!(scq.poll(&mut []).unwrap(), 0);
+    let e = s.sch.get_cm_event().unwrap_err();
+    assert_eq!(e.errno(), libc::EAGAIN, "{e}");
+    let r = wait_wc(&scq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (9, WcStatus::Success, 10));
+    let mut got = [0u8; 10];
+    s.sbuf.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"last words");
+    // Now it goes, without waiting.
+    let ev = s.sch.get_cm_event().unwrap();
+    assert_eq!(ev.event, CmEventType::Disconnected);
+    ev.ack();
+    assert_eq!(s.sid.qp().unwrap().state(), QpState::Err);
+    s.sid.destroy();
+}
+
+/// A program that waits for the event before it polls its CQ gets it all the same (once
+/// nobody has polled the CQ for a while), and the message is still there to poll.
+#[test]
+fn disconnected_reaches_a_program_that_waits_for_it_before_polling() {
+    let s = one_message_then_disconnect();
+    expect(&s.sch, CmEventType::Disconnected).ack();
+    let r = wait_wc(&s.sid.recv_cq().unwrap());
+    assert_eq!((r.wr_id, r.status, r.byte_len), (9, WcStatus::Success, 10));
+    s.sid.destroy();
+}

@@ -151,6 +151,14 @@ impl EventFd {
         n == 1 && self.wait().is_ok()
     }
 
+    /// Whether the descriptor has `O_NONBLOCK` (a read fails with `EAGAIN` instead of
+    /// blocking); `false` when `fcntl` fails.
+    pub(crate) fn is_nonblocking(&self) -> bool {
+        // SAFETY: fcntl(F_GETFL) on our own valid descriptor.
+        let flags = unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_GETFL) };
+        flags >= 0 && flags & libc::O_NONBLOCK != 0
+    }
+
     /// Sets or clears `O_NONBLOCK` on the descriptor.
     pub(crate) fn set_nonblocking(&self, nonblocking: bool) -> Result<()> {
         let fd = self.fd.as_raw_fd();

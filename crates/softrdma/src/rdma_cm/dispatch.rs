@@ -3,7 +3,7 @@
 //! (creating the new id of an incoming request), moving QPs as librdmacm does.
 
 use super::event::{CmEventType, ConnParam, UdParam};
-use super::objects::{CmEvent, CmId, IdInner, IdState, Neg};
+use super::objects::{CmEvent, CmId, IdInner, IdState, Neg, RecvHold};
 use super::qp_state::{mtu_min, qp_to_err};
 use super::registry::{device_res, registry};
 use crate::error::Error;
@@ -340,7 +340,13 @@ fn end_connection(cid: &CmId, event: CmEventType, status: i32, param: ConnParam)
         qp_to_err(qp);
     }
     if !s.conn_error {
-        cid.post(event, status, param, None);
+        let mut ev = CmEvent::new(event, status, cid.clone(), None, param);
+        // The peer's last messages are polled before the program learns that it left (see
+        // `RecvHold`).
+        if event == CmEventType::Disconnected {
+            ev.hold = s.qp.as_ref().and_then(|q| RecvHold::of(q));
+        }
+        cid.post_ev(ev, None);
     }
 }
 

@@ -7,9 +7,10 @@
 use super::addrinfo::AddrInfo;
 use super::event::{CmEventType, ConnParam, EventInfo, UdParam};
 use super::{CmQpInitAttr, PortSpace};
-use crate::error::{DestroyError, Error, Result};
+use crate::error::{DestroyError, Error, ErrorKind, Result};
 use crate::provider::fd::EventFd;
 use crate::provider::Provider;
+use crate::verbs::cq::CqInner;
 use crate::{CompChannel, Context, Cq, Gid, Mtu, Pd, Qp, QpType, Srq};
 use softrdma_proto::cm::{ConnId, ReqInfo};
 use std::collections::VecDeque;
@@ -17,6 +18,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum IdState {
@@ -245,7 +247,7 @@ impl EventChannel {
     ///
     /// Fails with `EAGAIN` on a non-blocking descriptor with no event waiting.
     pub fn get_cm_event(&self) -> Result<CmEvent> {
-        self.take_event(|| self.inner.fd.wait())
+        self.take_event(None)
     }
 
     /// Takes the next event as [`EventChannel::get_cm_event`] does, waiting `timeout` at
@@ -262,15 +264,69 @@ impl EventChannel {
     /// assert_eq!(e.errno(), libc::ETIMEDOUT);
     /// ```
     pub fn get_cm_event_timeout(&self, timeout: std::time::Duration) -> Result<CmEvent> {
-        let deadline = std::time::Instant::now() + timeout;
-        self.take_event(|| self.inner.fd.wait_deadline(deadline))
+        self.take_event(Some(Instant::now() + timeout))
     }
 
-    fn take_event(&self, wait: impl Fn() -> Result<()>) -> Result<CmEvent> {
+    /// Takes the first event that may go: blocks (unless the descriptor is non-blocking)
+    /// until there is one, or until `deadline` when given. An event held back for its QP's
+    /// receive completions ([`RecvHold`]) lets those of other ids go first, not those of its
+    /// own id.
+    fn take_event(&self, deadline: Option<Instant>) -> Result<CmEvent> {
         loop {
-            wait()?;
+            match deadline {
+                None => self.inner.fd.wait()?,
+                Some(d) => self.inner.fd.wait_deadline(d)?,
+            }
             let mut q = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(mut ev) = q.pop_front() {
+            let now = Instant::now();
+            let mut held: Vec<CmId> = Vec::new();
+            let mut pick = None;
+            for (i, ev) in q.iter_mut().enumerate() {
+                if held.contains(&ev.id) {
+                    continue;
+                }
+                if ev.hold.as_mut().is_some_and(|h| h.waits(now)) {
+                    held.push(ev.id.clone());
+                    continue;
+                }
+                if let Some(h) = ev.hold.take().filter(|h| h.waited) {
+                    tracing::debug!(
+                        qp_num = h.qp_num,
+                        held = ?now.duration_since(h.posted),
+                        "DISCONNECTED went after its QP's last receive completions were polled \
+                         (or the hold ran out)"
+                    );
+                }
+                pick = Some(i);
+                break;
+            }
+            if pick.is_none() && !held.is_empty() {
+                // Every waiting event is held: the count taken goes back, and the caller
+                // looks again in a moment (or fails with EAGAIN, as on an empty channel).
+                drop(q);
+                drop(held);
+                self.inner.fd.signal();
+                if deadline.is_none() && self.inner.fd.is_nonblocking() {
+                    return Err(Error::new(
+                        ErrorKind::WouldBlock,
+                        "the next event waits until its QP's receive completions are polled",
+                    ));
+                }
+                let mut nap = HOLD_NAP;
+                if let Some(d) = deadline {
+                    let left = d.saturating_duration_since(now);
+                    if left.is_zero() {
+                        return Err(Error::new(
+                            ErrorKind::Os(libc::ETIMEDOUT),
+                            "no event came before the timeout",
+                        ));
+                    }
+                    nap = nap.min(left);
+                }
+                std::thread::sleep(nap);
+                continue;
+            }
+            if let Some(mut ev) = pick.and_then(|i| q.remove(i)) {
                 // Counted as reported while the queue is locked, so that destroy (which
                 // purges the queue under the same lock) never misses it.
                 ev.id.inner.reported.fetch_add(1, Ordering::AcqRel);
@@ -386,6 +442,72 @@ pub struct CmEvent {
     pub(super) group: Option<Arc<GroupCount>>,
     pub(super) delivered: bool,
     pub(super) acked: bool,
+    pub(super) hold: Option<RecvHold>,
+}
+
+/// How long a DISCONNECTED event waits at most for its QP's receive completions to be polled.
+const HOLD_MAX: Duration = Duration::from_secs(1);
+/// How long it waits for them while nobody polls the CQ that holds them.
+const HOLD_IDLE: Duration = Duration::from_millis(50);
+/// How often a thread waiting for a held event looks again.
+const HOLD_NAP: Duration = Duration::from_micros(500);
+
+/// Holds a DISCONNECTED event back while the receive CQ of its QP has completions of that QP
+/// that the program has not polled: the messages the peer sent before it disconnected.
+///
+/// A program commonly destroys its QP when it learns of the disconnection, and destroying a
+/// QP takes its unpolled receive completions out of its CQs (as a hardware provider cleans
+/// its CQs). One that polls its CQ and reads its events in turn (libfabric 1.17's rxm) could
+/// otherwise read the event in the moment between a poll that found the CQ empty and the
+/// arrival of the peer's last message, and lose it. The event waits while the CQ holds such
+/// completions and somebody polls it, for [`HOLD_MAX`] at most; when nobody has polled the CQ
+/// for [`HOLD_IDLE`] (a program waiting for the event before it polls), it goes.
+pub(super) struct RecvHold {
+    cq: Arc<CqInner>,
+    qp_num: u32,
+    posted: Instant,
+    polls: u64,
+    active: Instant,
+    /// Whether it has held the event back at least once.
+    waited: bool,
+}
+
+impl RecvHold {
+    /// A hold for the receive completions of `qp` (none for a QP on an SRQ, whose
+    /// completions stay when the QP goes).
+    pub(super) fn of(qp: &Qp) -> Option<RecvHold> {
+        if qp.inner.srq.is_some() {
+            return None;
+        }
+        let cq = qp.inner.recv_cq.arc().clone();
+        let (_, polls) = cq.recvs_unpolled(qp.inner.qp_num);
+        let now = Instant::now();
+        Some(RecvHold {
+            cq,
+            qp_num: qp.inner.qp_num,
+            posted: now,
+            polls,
+            active: now,
+            waited: false,
+        })
+    }
+
+    /// Whether the event still waits at `now` (noting whether the CQ was polled since the
+    /// last look).
+    fn waits(&mut self, now: Instant) -> bool {
+        let (unpolled, polls) = self.cq.recvs_unpolled(self.qp_num);
+        if !unpolled {
+            return false;
+        }
+        if polls != self.polls {
+            self.polls = polls;
+            self.active = now;
+        }
+        let waits = now.duration_since(self.active) < HOLD_IDLE
+            && now.duration_since(self.posted) < HOLD_MAX;
+        self.waited |= waits;
+        waits
+    }
 }
 
 impl CmEvent {
@@ -407,6 +529,7 @@ impl CmEvent {
             group: None,
             delivered: false,
             acked: false,
+            hold: None,
         }
     }
 

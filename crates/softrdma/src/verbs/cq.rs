@@ -297,6 +297,9 @@ struct CqState {
     entries: VecDeque<WorkCompletion>,
     armed: Armed,
     overrun: bool,
+    /// Calls of `poll` so far (wrapping): whether a program is polling the CQ at all, for
+    /// [`CqInner::recvs_unpolled`].
+    polls: u64,
 }
 
 pub(crate) struct CqInner {
@@ -385,6 +388,7 @@ impl Context {
                     entries: VecDeque::with_capacity((actual as usize).min(INITIAL_ROOM)),
                     armed: Armed::No,
                     overrun: false,
+                    polls: 0,
                 }),
                 users: AtomicUsize::new(0),
                 events_reported: AtomicU64::new(0),
@@ -468,6 +472,19 @@ impl CqInner {
         st.entries.retain(|wc| {
             wc.qp_num != qp_num || !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
         });
+    }
+
+    /// Whether the CQ holds a receive completion of QP `qp_num` that is not a flush (a
+    /// message the program has not seen yet), and how many times the CQ has been polled so
+    /// far (see `Cq::poll`; it wraps). Never fails.
+    pub(crate) fn recvs_unpolled(&self, qp_num: u32) -> (bool, u64) {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let held = st.entries.iter().any(|wc| {
+            wc.qp_num == qp_num
+                && wc.status != WcStatus::WrFlushErr
+                && matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
+        });
+        (held, st.polls)
     }
 }
 
@@ -555,6 +572,7 @@ impl Cq {
     /// Moves completions into `wc`; also says whether the CQ is armed for an event.
     fn poll_entries(&self, wc: &mut [WorkCompletion]) -> Result<(usize, bool)> {
         let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.polls = st.polls.wrapping_add(1);
         if st.overrun {
             return Err(Error::new(
                 ErrorKind::Os(libc::EIO),
