@@ -435,3 +435,27 @@ fn disconnected_reaches_a_program_that_waits_for_it_before_polling() {
     assert_eq!((r.wr_id, r.status, r.byte_len), (9, WcStatus::Success, 10));
     s.sid.destroy();
 }
+
+/// Two ids at a time binding and listening on one port of two addresses, over and over, in
+/// two threads: each checks the other's use of the port while it holds its own id, and
+/// neither waits for the other (they once could, for ever). A hang guard, not a speed check.
+#[test]
+fn binding_and_listening_on_one_port_of_two_addresses_at_once_never_deadlocks() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    for ip in [unique(), unique()] {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for _ in 0..500 {
+                let id = CmId::create(None, 0, PortSpace::Tcp).unwrap();
+                id.bind_addr(addr(&format!("{ip}:7480"))).unwrap();
+                id.listen(1).unwrap();
+                id.destroy();
+            }
+            tx.send(()).unwrap();
+        });
+    }
+    for _ in 0..2 {
+        rx.recv_timeout(Duration::from_secs(120))
+            .expect("the two threads wait for each other");
+    }
+}

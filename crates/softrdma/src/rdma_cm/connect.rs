@@ -4,7 +4,9 @@
 use super::event::{CmEventType, ConnParam, EventInfo};
 use super::objects::{CmId, IdState, McGroup};
 use super::qp_state::qp_to_err;
-use super::registry::{device_res, errno_err, ports, registry, resources, wildcards};
+use super::registry::{
+    device_res, errno_err, ports, registry, resources, update_port_use, wildcards,
+};
 use super::{max_backlog, RDMA_MAX_RESP_RES, RDMA_UDP_QKEY};
 use crate::error::{Error, ErrorKind, Result};
 use crate::provider::Provider;
@@ -14,7 +16,7 @@ use softrdma_wire::cm::{RejectReason, SidrStatus, TransportServiceType};
 use softrdma_wire::cma::{self, CmaHeader, CmaHeaderRepr};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 impl CmId {
     /// Resolves the destination and binds the id to the device of the local address that
@@ -64,7 +66,10 @@ impl CmId {
             let port = if s.state == IdState::Idle {
                 self.reserve_port(&s, ip, 0)?
             } else {
-                s.src.map_or(0, |a| a.port())
+                let port = s.src.map_or(0, |a| a.port());
+                // (An id bound to the wildcard now uses this device's address.)
+                update_port_use(&self.inner, port, |u| u.ip = ip);
+                port
             };
             s.src = Some(SocketAddr::new(ip, port));
             s.ctx = Some(ctx);
@@ -152,19 +157,17 @@ impl CmId {
         };
         {
             let t = ports().lock().unwrap_or_else(|p| p.into_inner());
+            // (From the table's records: another id's lock is never taken here.)
             let busy = t
                 .get(&(self.inner.ps.to_u16(), src.port()))
                 .is_some_and(|v| {
-                    v.iter().filter_map(Weak::upgrade).any(|o| {
-                        !Arc::ptr_eq(&o, &self.inner) && {
-                            let os = o.lock();
-                            os.state == IdState::Listen
-                                && os.src.is_some_and(|a| {
-                                    a.ip() == src.ip()
-                                        || a.ip().is_unspecified()
-                                        || src.ip().is_unspecified()
-                                })
-                        }
+                    v.iter().any(|u| {
+                        u.listening
+                            && u.id.strong_count() > 0
+                            && !u.is(&self.inner)
+                            && (u.ip == src.ip()
+                                || u.ip.is_unspecified()
+                                || src.ip().is_unspecified())
                     })
                 });
             if busy {
@@ -204,6 +207,7 @@ impl CmId {
             _ => max,
         };
         s.state = IdState::Listen;
+        update_port_use(&self.inner, src.port(), |u| u.listening = true);
         Ok(())
     }
 
@@ -605,7 +609,7 @@ impl CmId {
         if let Some(src) = g.src {
             let mut t = ports().lock().unwrap_or_else(|p| p.into_inner());
             if let Some(v) = t.get_mut(&(i.ps.to_u16(), src.port())) {
-                v.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(i)));
+                v.retain(|u| u.id.strong_count() > 0 && !u.is(i));
             }
         }
         if let Some(sid) = g.listening.take() {

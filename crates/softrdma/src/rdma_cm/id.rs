@@ -8,7 +8,7 @@ use super::objects::{ChanRef, CmEvent, CmId, EventChannel, IdData, IdInner, IdSt
 use super::qp_state::qp_to_err;
 use super::registry::{
     all_ids, device_res, engine_started, errno_err, orphans, ports, random_psn, registry_mutex,
-    PortTable,
+    PortTable, PortUse,
 };
 use super::{
     max_backlog, CmOption, PortSpace, RDMA_OPTION_IB, RDMA_OPTION_IB_PATH, RDMA_OPTION_ID,
@@ -19,7 +19,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::{CompChannel, Context, Cq, Mtu, Pd, Qp, QpType, Srq};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Registers this layer's entry points with the provider ([`crate::provider::CmHook`]),
 /// once: every id is created here first, so the hook is in place before any listener or
@@ -86,7 +86,7 @@ impl Drop for IdInner {
         if let (Some(src), Ok(mut t)) = (s.src, ports().try_lock()) {
             let key = (self.ps.to_u16(), src.port());
             if let Some(v) = t.get_mut(&key) {
-                v.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), me));
+                v.retain(|u| u.id.strong_count() > 0 && !std::ptr::eq(u.id.as_ptr(), me));
                 if v.is_empty() {
                     t.remove(&key);
                 }
@@ -552,18 +552,18 @@ impl CmId {
         let mut t = ports().lock().unwrap_or_else(|p| p.into_inner());
         let ps = self.inner.ps.to_u16();
         let my_reuse = me.reuseaddr;
+        // (From the table's records: another id's lock is never taken here.)
         let clash = |t: &PortTable, port: u16| {
             t.get(&(ps, port)).is_some_and(|v| {
-                v.iter().filter_map(Weak::upgrade).any(|o| {
-                    if Arc::ptr_eq(&o, &self.inner) {
+                v.iter().any(|u| {
+                    if u.id.strong_count() == 0 || u.is(&self.inner) {
                         return false;
                     }
-                    let s = o.lock();
-                    let Some(a) = s.src else { return false };
-                    let overlap = a.ip() == ip
-                        || (a.ip().is_unspecified() && (a.is_ipv4() == ip.is_ipv4() || !s.afonly))
+                    let a = u.ip;
+                    let overlap = a == ip
+                        || (a.is_unspecified() && (a.is_ipv4() == ip.is_ipv4() || !u.afonly))
                         || (ip.is_unspecified() && (a.is_ipv4() == ip.is_ipv4() || !me.afonly));
-                    let shared = my_reuse && s.reuseaddr && s.state != IdState::Listen;
+                    let shared = my_reuse && u.reuseaddr && !u.listening;
                     overlap && !shared
                 })
             })
@@ -594,8 +594,14 @@ impl CmId {
             port
         };
         let v = t.entry((ps, port)).or_default();
-        v.retain(|w| w.strong_count() > 0);
-        v.push(Arc::downgrade(&self.inner));
+        v.retain(|u| u.id.strong_count() > 0);
+        v.push(PortUse {
+            id: Arc::downgrade(&self.inner),
+            ip,
+            afonly: me.afonly,
+            reuseaddr: me.reuseaddr,
+            listening: false,
+        });
         Ok(port)
     }
 }

@@ -64,7 +64,38 @@ pub fn device_context(addr: IpAddr) -> Result<Arc<Context>> {
 }
 
 /// Bound ports per port space: (port space, port) → the ids bound there.
-pub(super) type PortTable = HashMap<(u16, u16), Vec<Weak<IdInner>>>;
+pub(super) type PortTable = HashMap<(u16, u16), Vec<PortUse>>;
+
+/// An id's use of a port, as the port checks need it: kept here, under the table's lock,
+/// so that checking a port never takes another id's lock (an id checking one holds its own:
+/// two ids checking each other's ports at once would wait for each other for ever).
+pub(super) struct PortUse {
+    pub(super) id: Weak<IdInner>,
+    /// The address the id is bound to (unspecified: every device).
+    pub(super) ip: IpAddr,
+    pub(super) afonly: bool,
+    pub(super) reuseaddr: bool,
+    /// Whether the id listens.
+    pub(super) listening: bool,
+}
+
+impl PortUse {
+    /// Whether this is the use of id `i` (and `i` is alive).
+    pub(super) fn is(&self, i: &Arc<IdInner>) -> bool {
+        std::ptr::eq(self.id.as_ptr(), Arc::as_ptr(i))
+    }
+}
+
+/// Runs `f` on id `i`'s use of port `port` of its port space, if it has one there.
+pub(super) fn update_port_use(i: &Arc<IdInner>, port: u16, f: impl FnOnce(&mut PortUse)) {
+    let mut t = ports().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(u) = t
+        .get_mut(&(i.ps.to_u16(), port))
+        .and_then(|v| v.iter_mut().find(|u| u.is(i)))
+    {
+        f(u);
+    }
+}
 
 pub(super) fn ports() -> &'static Mutex<PortTable> {
     static P: OnceLock<Mutex<PortTable>> = OnceLock::new();
