@@ -245,7 +245,13 @@ impl EventChannel {
     /// descriptor is non-blocking (then `EAGAIN`). Acknowledge it with [`CmEvent::ack`] (or
     /// drop it): destroying or migrating its id waits for that.
     ///
-    /// Fails with `EAGAIN` on a non-blocking descriptor with no event waiting.
+    /// A DISCONNECTED event caused by the peer waits while the receive CQ of the id's QP
+    /// holds completions of the peer's last messages that the program has not polled, as
+    /// long as somebody polls that CQ (1 s at most; 50 ms once nobody does): a program that
+    /// destroys its QP on the event would lose them (see `RecvHold`). Events of other ids go
+    /// meanwhile; the descriptor stays readable.
+    ///
+    /// Fails with `EAGAIN` on a non-blocking descriptor with no event that may go.
     pub fn get_cm_event(&self) -> Result<CmEvent> {
         self.take_event(None)
     }
