@@ -175,12 +175,20 @@ impl Responder {
     }
 
     /// Queues an ACK of the last PSN received carrying the credits (the count is filled in
-    /// when it is sent) if the last advertised count was low and `available` is more.
+    /// when it is sent) if the last advertised count was low and `available` is more, unless
+    /// a positive ACK waits already (it will carry the count). Returns whether it queued one.
     pub(super) fn credit_update(&mut self, available: u32) -> bool {
         let Some(left) = self.credits_left else {
             return false;
         };
         if left >= CREDIT_UPDATE_BELOW || available <= left {
+            return false;
+        }
+        // A positive ACK waiting already (held back by the owner until it next posts or
+        // polls) carries the count when it goes: no second ACK, and nothing to send now. (A
+        // program that reposts each receive as it takes it, before its answer, sent an ACK of
+        // its own ahead of every answer: ib_send_lat -r 2 over the wire, 7.0 -> 10.5 us.)
+        if self.lone_positive_ack() {
             return false;
         }
         // One update until the next ACK (which sets the count it advertises).

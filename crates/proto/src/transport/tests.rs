@@ -1200,3 +1200,60 @@ fn a_held_ack_tells_whether_it_acknowledges_a_one_sided_write() {
     assert_eq!(drain(&mut qp, &mut env, now).len(), 1);
     assert!(!qp.held_ack_is_one_sided());
 }
+
+/// Receives posted while the advertised credits run low queue a credit update (an ACK of
+/// its own, sent now), unless a positive ACK is held back already: that one carries the new
+/// count when it goes, and no second ACK is made (a program reposting each receive before
+/// its answer sent an extra ACK ahead of every answer).
+#[test]
+fn a_held_ack_carries_the_credits_of_receives_posted_meanwhile() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    env.credits = true;
+    let mut qp = Qp::new(cfg());
+    env.rq.push_back(recv_req(0, 1000));
+    env.rq.push_back(recv_req(1, 1100));
+    let send_only = |psn: u32| send_only_pkt(psn, b"abcd");
+    // One taken, its ACK sent: one credit advertised.
+    qp.handle_packet(now, &send_only(100), &META, &mut env);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(
+        p[0].0.aeth.unwrap().syndrome,
+        Syndrome::Ack {
+            credit: aeth::credit_code(Some(1))
+        }
+    );
+    // Reposted with no ACK waiting: an update goes at once.
+    env.rq.push_back(recv_req(2, 1200));
+    assert!(qp.recv_posted(env.rq.len() as u32));
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(p.len(), 1);
+    assert_eq!(
+        p[0].0.aeth.unwrap().syndrome,
+        Syndrome::Ack {
+            credit: aeth::credit_code(Some(2))
+        }
+    );
+    // Both taken while the owner holds ACKs back: one ACK waits, none goes.
+    qp.set_hold_acks(true);
+    qp.handle_packet(now, &send_only(101), &META, &mut env);
+    qp.handle_packet(now, &send_only(102), &META, &mut env);
+    assert!(drain(&mut qp, &mut env, now).is_empty());
+    assert!(qp.has_held_ack());
+    // Reposted meanwhile: no update of its own.
+    env.rq.push_back(recv_req(3, 1300));
+    env.rq.push_back(recv_req(4, 1400));
+    assert!(!qp.recv_posted(env.rq.len() as u32));
+    // The held ACK goes (one packet) with the count of now.
+    qp.set_hold_acks(false);
+    let p = drain(&mut qp, &mut env, now);
+    assert_eq!(p.len(), 1);
+    let aeth = p[0].0.aeth.unwrap();
+    assert_eq!(p[0].0.bth.psn, 102);
+    assert_eq!(
+        aeth.syndrome,
+        Syndrome::Ack {
+            credit: aeth::credit_code(Some(2))
+        }
+    );
+}
