@@ -590,3 +590,69 @@ impl std::fmt::Debug for CmEvent {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod recv_hold_tests {
+    use super::*;
+    use crate::verbs::cq::{WcOpcode, WcStatus, WorkCompletion};
+
+    fn recv(qp_num: u32, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            qp_num,
+            status,
+            opcode: WcOpcode::Recv,
+            ..WorkCompletion::default()
+        }
+    }
+
+    /// The rules of a held DISCONNECTED, on a CQ of a real device and a clock of the test's
+    /// own: it waits while the QP's message is unpolled and the CQ is being polled, goes at
+    /// once when the message is taken, after HOLD_IDLE without a poll, after HOLD_MAX
+    /// whatever; flushed receives and other QPs' messages never hold it.
+    #[test]
+    fn a_held_disconnected_waits_for_the_qps_unpolled_messages_within_its_bounds() {
+        let ip: IpAddr = crate::testing::unique_loopback_addr().into();
+        let ctx = super::super::registry::device_context(ip).unwrap();
+        let cq = ctx.create_cq(16, 0, None, 0).unwrap();
+        let t0 = Instant::now();
+        let hold = |cq: &Cq| RecvHold {
+            cq: cq.inner.clone(),
+            qp_num: 7,
+            posted: t0,
+            polls: cq.inner.recvs_unpolled(7).1,
+            active: t0,
+            waited: false,
+        };
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+
+        // Nothing of QP 7's to poll (a flush, another QP's message): it goes.
+        cq.inner.push(recv(7, WcStatus::WrFlushErr), false);
+        cq.inner.push(recv(8, WcStatus::Success), false);
+        let mut h = hold(&cq);
+        assert!(!h.waits(t0));
+        assert!(!h.waited);
+
+        // A message of QP 7's: it waits; it goes HOLD_IDLE after the last poll seen.
+        cq.inner.push(recv(7, WcStatus::Success), false);
+        let mut h = hold(&cq);
+        assert!(h.waits(t0) && h.waits(ms(49)));
+        assert!(!h.waits(ms(50)), "nobody polls: it goes");
+        assert!(h.waited);
+
+        // Polled (taking nothing) at each look: it waits up to HOLD_MAX, then goes.
+        let mut h = hold(&cq);
+        for t in [10, 300, 600, 999] {
+            cq.poll(&mut []).unwrap();
+            assert!(h.waits(ms(t)), "polled at {t} ms");
+        }
+        cq.poll(&mut []).unwrap();
+        assert!(!h.waits(ms(1000)), "HOLD_MAX");
+
+        // Taking the message lets it go at once.
+        let mut h = hold(&cq);
+        assert!(h.waits(ms(1)));
+        let mut wc = [WorkCompletion::default(); 4];
+        assert_eq!(cq.poll(&mut wc).unwrap(), 3);
+        assert!(!h.waits(ms(2)));
+    }
+}
