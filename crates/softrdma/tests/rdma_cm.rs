@@ -77,6 +77,49 @@ fn wait_wc(cq: &Cq) -> WorkCompletion {
     }
 }
 
+/// Registers a `len`-byte buffer in the default PD of `id` and posts it to `qp` as receive
+/// `wr_id`; returns the buffer and its region (keep them while the receive may complete).
+fn post_recv_buffer(id: &CmId, qp: &Qp, len: usize, wr_id: u64) -> (Arc<Buffer>, Mr) {
+    let buf = Arc::new(Buffer::new(len));
+    let mr = id
+        .pd()
+        .unwrap()
+        .reg_buffer(&buf, AccessFlags::LOCAL_WRITE.bits())
+        .unwrap();
+    let sge = [Sge {
+        addr: buf.addr(),
+        length: len as u32,
+        lkey: mr.lkey(),
+    }];
+    qp.post_recv(&[RecvWr {
+        wr_id,
+        sg_list: &sge,
+    }])
+    .unwrap();
+    (buf, mr)
+}
+
+/// Sends `data` on the QP of `id` (a signaled SEND, wr_id 1) and returns its completion.
+fn send_and_wait(id: &CmId, data: &[u8]) -> WorkCompletion {
+    let buf = Arc::new(Buffer::from_slice(data));
+    let mr = id.pd().unwrap().reg_buffer(&buf, 0).unwrap();
+    let sge = [Sge {
+        addr: buf.addr(),
+        length: data.len() as u32,
+        lkey: mr.lkey(),
+    }];
+    id.qp()
+        .unwrap()
+        .post_send(&[SendWr {
+            wr_id: 1,
+            sg_list: &sge,
+            send_flags: SendFlags::SIGNALED,
+            ..Default::default()
+        }])
+        .unwrap();
+    wait_wc(&id.send_cq().unwrap())
+}
+
 #[test]
 fn rdma_connect_accept_send_and_disconnect() {
     let ip_21 = unique();
@@ -97,22 +140,7 @@ fn rdma_connect_accept_send_and_disconnect() {
     let sqp = sid.create_qp(None, &mut c).unwrap();
     let scq = sid.recv_cq().unwrap();
     // A receive for the client's SEND, in the default PD the QP was created in.
-    let sbuf = Arc::new(Buffer::new(4096));
-    let smr = sid
-        .pd()
-        .unwrap()
-        .reg_buffer(&sbuf, AccessFlags::LOCAL_WRITE.bits())
-        .unwrap();
-    let sge = [Sge {
-        addr: sbuf.addr(),
-        length: 4096,
-        lkey: smr.lkey(),
-    }];
-    sqp.post_recv(&[RecvWr {
-        wr_id: 5,
-        sg_list: &sge,
-    }])
-    .unwrap();
+    let (sbuf, _smr) = post_recv_buffer(&sid, &sqp, 4096, 5);
     req.ack();
     sid.accept(&ConnParam {
         private_data: b"welcome".to_vec(),
@@ -130,24 +158,10 @@ fn rdma_connect_accept_send_and_disconnect() {
     assert_eq!(sqp.state(), QpState::Rts);
 
     // Data over the connection the CM set up.
-    let cbuf = Arc::new(Buffer::from_slice(b"over the CM's connection"));
-    let cmr = cid.pd().unwrap().reg_buffer(&cbuf, 0).unwrap();
-    let csge = [Sge {
-        addr: cbuf.addr(),
-        length: 24,
-        lkey: cmr.lkey(),
-    }];
-    cid.qp()
-        .unwrap()
-        .post_send(&[SendWr {
-            wr_id: 1,
-            sg_list: &csge,
-            send_flags: SendFlags::SIGNALED,
-            ..Default::default()
-        }])
-        .unwrap();
-    let ccq = cid.send_cq().unwrap();
-    assert_eq!(wait_wc(&ccq).status, WcStatus::Success);
+    assert_eq!(
+        send_and_wait(&cid, b"over the CM's connection").status,
+        WcStatus::Success
+    );
     let r = wait_wc(&scq);
     assert_eq!((r.wr_id, r.status, r.byte_len), (5, WcStatus::Success, 24));
     let mut got = [0u8; 24];
@@ -317,7 +331,7 @@ struct OneMessageThenGone {
     sid: CmId,
     sch: EventChannel,
     sbuf: Arc<Buffer>,
-    _keep: (CmId, CmId, EventChannel, Mr, Mr),
+    _keep: (CmId, CmId, EventChannel, Mr),
 }
 
 fn one_message_then_disconnect() -> OneMessageThenGone {
@@ -332,22 +346,7 @@ fn one_message_then_disconnect() -> OneMessageThenGone {
     let sid = req.id.clone();
     let mut c = cap();
     let sqp = sid.create_qp(None, &mut c).unwrap();
-    let sbuf = Arc::new(Buffer::new(64));
-    let smr = sid
-        .pd()
-        .unwrap()
-        .reg_buffer(&sbuf, AccessFlags::LOCAL_WRITE.bits())
-        .unwrap();
-    let sge = [Sge {
-        addr: sbuf.addr(),
-        length: 64,
-        lkey: smr.lkey(),
-    }];
-    sqp.post_recv(&[RecvWr {
-        wr_id: 9,
-        sg_list: &sge,
-    }])
-    .unwrap();
+    let (sbuf, smr) = post_recv_buffer(&sid, &sqp, 64, 9);
     req.ack();
     sid.accept(&ConnParam {
         responder_resources: 1,
@@ -358,31 +357,14 @@ fn one_message_then_disconnect() -> OneMessageThenGone {
     .unwrap();
     expect(&cch, CmEventType::Established).ack();
     expect(&sch, CmEventType::Established).ack();
-
-    let cbuf = Arc::new(Buffer::from_slice(b"last words"));
-    let cmr = cid.pd().unwrap().reg_buffer(&cbuf, 0).unwrap();
-    let csge = [Sge {
-        addr: cbuf.addr(),
-        length: 10,
-        lkey: cmr.lkey(),
-    }];
-    cid.qp()
-        .unwrap()
-        .post_send(&[SendWr {
-            wr_id: 1,
-            sg_list: &csge,
-            send_flags: SendFlags::SIGNALED,
-            ..Default::default()
-        }])
-        .unwrap();
-    assert_eq!(wait_wc(&cid.send_cq().unwrap()).status, WcStatus::Success);
+    assert_eq!(send_and_wait(&cid, b"last words").status, WcStatus::Success);
     cid.disconnect().unwrap();
     expect(&cch, CmEventType::Disconnected).ack();
     OneMessageThenGone {
         sid,
         sch,
         sbuf,
-        _keep: (cid, listen, cch, smr, cmr),
+        _keep: (cid, listen, cch, smr),
     }
 }
 

@@ -80,7 +80,7 @@ pub(super) struct PortUse {
 }
 
 impl PortUse {
-    /// Whether this is the use of id `i` (and `i` is alive).
+    /// Whether this is the use of id `i`.
     pub(super) fn is(&self, i: &Arc<IdInner>) -> bool {
         std::ptr::eq(self.id.as_ptr(), Arc::as_ptr(i))
     }

@@ -469,9 +469,7 @@ impl CqInner {
     /// a CQ that overran stays in error.
     pub(crate) fn purge_recvs(&self, qp_num: u32) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.entries.retain(|wc| {
-            wc.qp_num != qp_num || !matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
-        });
+        st.entries.retain(|wc| !is_recv_of(wc, qp_num));
     }
 
     /// Whether the CQ holds a receive completion of QP `qp_num` that is not a flush (a
@@ -479,13 +477,17 @@ impl CqInner {
     /// far (see `Cq::poll`; it wraps). Never fails.
     pub(crate) fn recvs_unpolled(&self, qp_num: u32) -> (bool, u64) {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let held = st.entries.iter().any(|wc| {
-            wc.qp_num == qp_num
-                && wc.status != WcStatus::WrFlushErr
-                && matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
-        });
+        let held = st
+            .entries
+            .iter()
+            .any(|wc| is_recv_of(wc, qp_num) && wc.status != WcStatus::WrFlushErr);
         (held, st.polls)
     }
+}
+
+/// Whether `wc` is a receive completion (successful or not) of QP `qp_num`.
+fn is_recv_of(wc: &WorkCompletion, qp_num: u32) -> bool {
+    wc.qp_num == qp_num && matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm)
 }
 
 impl Cq {
