@@ -13,7 +13,12 @@
 //! (`MSGS` sets the number of messages; without `--bench`, as `cargo test --benches` runs
 //! it, a few batches only.)
 //!
-//! Prints the messages, the time and ns per message.
+//! With `PINGPONG=1` the thread plays a ping-pong instead: one SEND from the first device,
+//! polled in by the second, which reposts its receive and answers with one SEND, polled in by
+//! the first; the figure is then per round trip (two messages, each with its ACK), the
+//! unbatched work a latency test puts on its critical path.
+//!
+//! Prints the messages, the time and ns per message (or per round trip).
 
 // The live tests' connected pair: two devices on loopback addresses of this run's own.
 #[path = "../tests/common/pair.rs"]
@@ -80,6 +85,10 @@ fn main() {
             sent += BATCH;
         }
     };
+    if std::env::var("PINGPONG").is_ok_and(|v| v == "1") {
+        pingpong(&a, &b, msgs);
+        return;
+    }
     run(BATCH * 100, &mut wc); // warm up (and let the lane come)
     let t = Instant::now();
     run(msgs, &mut wc);
@@ -89,5 +98,64 @@ fn main() {
         secs,
         secs * 1e9 / msgs as f64,
         msgs as f64 / secs / 1e6
+    );
+}
+
+/// Polls `side`'s CQ until its receive completes (taking the send completions on the way),
+/// then reposts that receive.
+fn take_one(side: &pair::Side, wc: &mut [WorkCompletion]) {
+    loop {
+        let k = side.cq.poll(wc).unwrap();
+        let mut got = false;
+        for w in &wc[..k] {
+            assert_eq!(w.status, WcStatus::Success, "{w:?}");
+            if w.opcode == WcOpcode::Recv {
+                side.post_recv(w.wr_id, 64, 8);
+                got = true;
+            }
+        }
+        if got {
+            return;
+        }
+    }
+}
+
+/// `n` round trips of one 8-byte SEND each way, one at a time (see the module's text).
+fn pingpong(a: &pair::Side, b: &pair::Side, n: u64) {
+    let mut wc = [WorkCompletion::default(); 16];
+    for side in [a, b] {
+        for i in 0..4 {
+            side.post_recv(i, 64, 8);
+        }
+    }
+    let send = |side: &pair::Side, wr_id: u64| {
+        let l = [side.sge(0, 8)];
+        side.qp
+            .post_send(&[SendWr {
+                wr_id,
+                sg_list: &l,
+                send_flags: SendFlags::SIGNALED,
+                ..Default::default()
+            }])
+            .unwrap();
+    };
+    let mut trip = |i: u64| {
+        send(a, i);
+        take_one(b, &mut wc);
+        send(b, i);
+        take_one(a, &mut wc);
+    };
+    for i in 0..1000 {
+        trip(i); // warm up (and let the lane come)
+    }
+    let t = Instant::now();
+    for i in 0..n {
+        trip(i);
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "{n} round trips of 8 B each way, one thread: {:.3} s, {:.1} ns per round trip",
+        secs,
+        secs * 1e9 / n as f64
     );
 }

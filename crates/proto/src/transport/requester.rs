@@ -165,9 +165,10 @@ pub(super) struct Requester {
     ssthresh: u32,
     /// PSNs acknowledged toward the next one-PSN growth above `ssthresh`.
     cwnd_acc: u32,
-    /// Smoothed round-trip time and its variation (RFC 6298), from ACKs of fresh packets.
-    srtt: Option<Duration>,
-    rttvar: Duration,
+    /// Smoothed round-trip time and its variation (RFC 6298), from ACKs of fresh packets, in
+    /// nanoseconds (shifts instead of the divisions of `Duration` on every ACK).
+    srtt: Option<u64>,
+    rttvar: u64,
     /// The packet being timed for the next round-trip sample: its last PSN and send time
     /// (cleared by any go-back-N restart: Karn's rule).
     rtt_sample: Option<(Psn, Instant)>,
@@ -245,7 +246,7 @@ impl Requester {
             ssthresh: WINDOW,
             cwnd_acc: 0,
             srtt: None,
-            rttvar: Duration::ZERO,
+            rttvar: 0,
             rtt_sample: None,
             rnr_deadline: None,
             rwqe_started: 0,
@@ -289,10 +290,11 @@ impl Requester {
         Ok(())
     }
 
-    /// Whether a request packet may be ready to go (the cursor is on a request and no RNR
-    /// wait holds it back); the QP's error state is the caller's to check.
+    /// Whether a request packet may be ready to go (the cursor is on a request, or a probe
+    /// waits, and no RNR wait holds it back); the QP's error state is the caller's to check.
     pub(super) fn may_transmit(&self) -> bool {
-        self.rnr_deadline.is_none() && self.cur < self.wqes.len()
+        self.rnr_deadline.is_none()
+            && (self.cur < self.wqes.len() || self.probe_psns.iter().any(Option::is_some))
     }
 
     /// Whether packets were sent and not all acknowledged yet.
@@ -947,11 +949,13 @@ impl Requester {
     fn probe_interval(&self, ctx: &QpCtx) -> Option<Duration> {
         let limit = local_ack_timeout(ctx.cfg.timeout)?;
         let base = match self.srtt {
-            Some(s) => (s * 2).max(s + self.rttvar * 4).max(PROBE_MIN),
-            None => PROBE_INITIAL,
+            Some(s) => (s * 2)
+                .max(s.saturating_add(self.rttvar * 4))
+                .max(PROBE_MIN.as_nanos() as u64),
+            None => PROBE_INITIAL.as_nanos() as u64,
         };
         let d = base.saturating_mul(1 << self.probes.min(PROBE_MAX_BACKOFF));
-        Some(d.min(PROBE_MAX).min(limit))
+        Some(Duration::from_nanos(d.min(PROBE_MAX.as_nanos() as u64)).min(limit))
     }
 
     /// Starts a retry (timeout, sequence NAK, missing response), consuming `retry_cnt`; when
@@ -1025,6 +1029,8 @@ impl Requester {
 
     /// Takes a round-trip sample (RFC 6298's smoothing).
     fn rtt_update(&mut self, r: Duration) {
+        // (Under 2^40 ns, about 18 minutes, so that the sums below cannot overflow.)
+        let r = u64::try_from(r.as_nanos()).unwrap_or(u64::MAX).min(1 << 40);
         match self.srtt {
             None => {
                 self.srtt = Some(r);

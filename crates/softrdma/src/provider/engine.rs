@@ -6,6 +6,7 @@
 use super::counters::DeviceCounters;
 use super::faults::FaultConfig;
 use super::gsi::{self, Gsi};
+use super::keymap::QpnMap;
 use super::mcast::{Mcast, RxMcast};
 use super::port::{cm_hook, Provider, QpPort};
 use super::rx::{Delivery, RxSink, RxState, Via};
@@ -14,7 +15,6 @@ use super::tx::{with_tx, TxBatch, Wire};
 use crate::error::Result;
 use crate::gid::Gid;
 use softrdma_proto::cm::CmEvent;
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
@@ -51,11 +51,11 @@ pub(crate) struct Engine {
     pub(super) local: SocketAddr,
     /// This process's membership of the device, which other processes may share.
     pub(super) share: Share,
-    qps: RwLock<HashMap<u32, Weak<dyn QpPort>>>,
+    qps: RwLock<QpnMap<Weak<dyn QpPort>>>,
     /// The deadline of each QP (QP 1: the CM's). (A HashMap rather than proto's
     /// `TimerTable`: setting a deadline, once per drive of a QP, costs a third of what a
     /// heap push costs, and the progress thread's scan is of a handful of QPs.)
-    pub(super) timers: Mutex<HashMap<u32, Instant>>,
+    pub(super) timers: Mutex<QpnMap<Instant>>,
     /// The earliest deadline set since the timers were last run ([`Engine::nanos`];
     /// `u64::MAX`: none), which may have moved later since: application threads polling the
     /// device run the timers once it has passed (see [`Engine::run_due_timers`]).
@@ -134,8 +134,8 @@ impl Engine {
             wire,
             local,
             share,
-            qps: RwLock::new(HashMap::new()),
-            timers: Mutex::new(HashMap::new()),
+            qps: RwLock::new(QpnMap::default()),
+            timers: Mutex::new(QpnMap::default()),
             earliest: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             sleep_until: AtomicU64::new(0),

@@ -61,6 +61,7 @@ mod engine;
 mod faults;
 pub(crate) mod fd;
 pub(crate) mod gsi;
+mod keymap;
 mod lanes;
 mod mcast;
 mod port;

@@ -494,6 +494,11 @@ pub(crate) fn drive(
         softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
     ) && engine.lanes_direct();
     loop {
+        // Nothing to send (a cheap check that never misses a packet): the call that would
+        // find nothing (both halves of the transport, and a ring reservation) is skipped.
+        if !t.has_pending_transmit() {
+            break;
+        }
         if direct && tx.is_empty() {
             let Some(mut lane) = engine.direct_lane(peer, attr.dest_qp_num) else {
                 direct = false;
@@ -541,6 +546,10 @@ pub(crate) fn drive(
                 // (An RC/UC packet never names a UD destination.)
                 if out.len <= room && out.ud_dest.is_none() {
                     lane.commit(out.len);
+                    if !t.has_pending_transmit() {
+                        idle = true;
+                        break;
+                    }
                 } else {
                     // Not sent: its room is reserved again for the next packet.
                     env.abandon_build();
