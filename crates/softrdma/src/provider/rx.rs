@@ -439,17 +439,16 @@ fn take_lanes(
                 // At most 4 batches from one lane per call: the others get their turn, and
                 // the producer gets room back after each batch.
                 for _ in 0..4 {
-                    let head = lane.cons.head();
-                    let mut pos = lane.cons.tail();
-                    if head == pos {
+                    if !lane.cons.pending() {
                         break;
                     }
+                    let mut pos = lane.cons.tail();
                     let now = Instant::now();
                     let mut run: [&[u8]; BATCH] = [&[]; BATCH];
                     let (mut n, mut taken) = (0, 0);
                     let mut run_qpn = None;
                     while taken < BATCH {
-                        let (pkt, next) = match lane.cons.record_at(pos, head) {
+                        let (pkt, next) = match lane.cons.record_at(pos) {
                             Ok(Some(r)) => r,
                             Ok(None) => break,
                             Err(super::lanes::ring::Corrupt) => {
