@@ -20,6 +20,7 @@ mod io;
 mod qp;
 mod requester;
 mod responder;
+mod sendq;
 mod sglist;
 mod stats;
 
@@ -144,6 +145,31 @@ pub struct SendRequest {
     pub fence: bool,
     /// UD destination (UD QPs only).
     pub ud: Option<UdDest>,
+}
+
+/// Why [`Qp::post_send_with`] queued nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostSendError<E> {
+    /// `max_send_wr` requests are outstanding (the fill function was not called).
+    QueueFull,
+    /// The fill function failed with this error.
+    Rejected(E),
+}
+
+impl Default for SendRequest {
+    /// A blank request: a SEND of nothing with `wr_id` 0, unsignaled, no flags.
+    fn default() -> SendRequest {
+        SendRequest {
+            wr_id: 0,
+            op: SendOp::Send,
+            sges: SgList::new(),
+            inline: None,
+            signaled: false,
+            solicited: false,
+            fence: false,
+            ud: None,
+        }
+    }
 }
 
 impl SendRequest {

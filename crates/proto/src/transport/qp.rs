@@ -107,6 +107,20 @@ impl Qp {
         self.requester.post(&mut self.ctx, req)
     }
 
+    /// Queues a send request that `fill` writes in place, as [`Qp::post_send`] queues one
+    /// given by value, without moving it: `fill` gets a blank request (a signal-less SEND of
+    /// nothing, `wr_id` 0) in the queue's own slot, and what it returns is returned.
+    ///
+    /// Fails with [`PostSendError::QueueFull`], without calling `fill`, when `max_send_wr`
+    /// requests are outstanding; with [`PostSendError::Rejected`] when `fill` fails (nothing
+    /// is queued). On a QP in ERR the request completes at once with `WR_FLUSH_ERR`.
+    pub fn post_send_with<T, E>(
+        &mut self,
+        fill: impl FnOnce(&mut SendRequest) -> Result<T, E>,
+    ) -> Result<T, PostSendError<E>> {
+        self.requester.post_with(&mut self.ctx, fill)
+    }
+
     /// Processes an arriving packet (BTH through ICRC, ICRC already verified).
     ///
     /// Never panics: packets that do not parse, are not for this QP (destination QP number,

@@ -16,6 +16,7 @@
 
 use super::ctx::{QpCtx, MAX_MSG};
 use super::io::{emit_headers, gather, make_bth, scatter, sge_total};
+use super::sendq::SendQueue;
 use super::*;
 use crate::psn::Psn;
 use crate::qp::QpType;
@@ -23,7 +24,6 @@ use crate::timer::{local_ack_timeout, rnr_timer};
 use softrdma_wire::aeth::{self, NakCode, Syndrome};
 use softrdma_wire::opcode::Opcode;
 use softrdma_wire::{atomic_eth, deth, ieth, immdt, reth, roce};
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// Most unacknowledged PSNs the requester lets out (`RXE_MAX_UNACKED_PSNS`).
@@ -85,8 +85,8 @@ fn wc_opcode(op: &SendOp) -> WcOpcode {
 
 /// A posted send request and its transmission state.
 #[derive(Debug)]
-struct Wqe {
-    req: SendRequest,
+pub(super) struct Wqe {
+    pub(super) req: SendRequest,
     kind: Kind,
     len: u64,
     /// PSNs the request takes (READ: one per response packet).
@@ -94,7 +94,7 @@ struct Wqe {
     first_psn: Psn,
     last_psn: Psn,
     /// PSNs assigned (first packet sent at least once).
-    started: bool,
+    pub(super) started: bool,
     /// Counted in `rd_outstanding`.
     rd_counted: bool,
     /// UC/UD: sent, waiting for in-order retirement.
@@ -107,6 +107,48 @@ struct Wqe {
 }
 
 impl Wqe {
+    /// An empty slot: a signal-less SEND of nothing, not started.
+    pub(super) fn blank() -> Wqe {
+        Wqe {
+            req: SendRequest::default(),
+            kind: Kind::Send,
+            len: 0,
+            npkts: 0,
+            first_psn: Psn::ZERO,
+            last_psn: Psn::ZERO,
+            started: false,
+            rd_counted: false,
+            done: false,
+            status: None,
+            rwqe_seq: 0,
+        }
+    }
+
+    /// Makes a used slot [`Wqe::blank`] again, in place: a long scatter/gather list keeps
+    /// its heap memory for the next request (inline data on the heap is freed).
+    #[inline]
+    pub(super) fn reset(&mut self) {
+        let r = &mut self.req;
+        r.wr_id = 0;
+        r.op = SendOp::Send;
+        r.sges.clear();
+        r.inline = None;
+        r.signaled = false;
+        r.solicited = false;
+        r.fence = false;
+        r.ud = None;
+        self.kind = Kind::Send;
+        self.len = 0;
+        self.npkts = 0;
+        self.first_psn = Psn::ZERO;
+        self.last_psn = Psn::ZERO;
+        self.started = false;
+        self.rd_counted = false;
+        self.done = false;
+        self.status = None;
+        self.rwqe_seq = 0;
+    }
+
     /// Whether the message consumes a receive request at the responder.
     fn consumes_recv(&self) -> bool {
         matches!(
@@ -122,7 +164,7 @@ impl Wqe {
 /// Send queue, requester and completer state.
 #[derive(Debug)]
 pub(super) struct Requester {
-    wqes: VecDeque<Wqe>,
+    wqes: SendQueue,
     /// Index in `wqes` of the request being sent.
     cur: usize,
     /// Bytes of `wqes[cur]` already covered by sent packets.
@@ -224,7 +266,7 @@ impl Requester {
     pub(super) fn new(cfg: &QpConfig) -> Requester {
         let psn = Psn::new(cfg.sq_psn);
         Requester {
-            wqes: VecDeque::with_capacity(cfg.max_send_wr.clamp(1, 4096) as usize),
+            wqes: SendQueue::new(cfg.max_send_wr as usize),
             cur: 0,
             offset: 0,
             next_psn: psn,
@@ -274,20 +316,69 @@ impl Requester {
     /// `WR_FLUSH_ERR`.
     #[allow(clippy::result_large_err)]
     pub(super) fn post(&mut self, ctx: &mut QpCtx, req: SendRequest) -> Result<(), SendRequest> {
-        if self.wqes.len() >= ctx.cfg.max_send_wr.max(1) as usize {
+        if self.is_full(ctx) {
             return Err(req);
         }
+        match self.post_with(ctx, |r| {
+            *r = req;
+            Ok::<(), std::convert::Infallible>(())
+        }) {
+            Ok(()) => Ok(()),
+            Err(PostSendError::QueueFull | PostSendError::Rejected(_)) => {
+                unreachable!("checked above; the fill cannot fail")
+            }
+        }
+    }
+
+    /// Whether `max_send_wr` requests are outstanding.
+    fn is_full(&self, ctx: &QpCtx) -> bool {
+        self.wqes.len() >= ctx.cfg.max_send_wr.max(1) as usize
+    }
+
+    /// Queues a send request that `fill` writes in place (see [`super::Qp::post_send_with`]).
+    pub(super) fn post_with<T, E>(
+        &mut self,
+        ctx: &mut QpCtx,
+        fill: impl FnOnce(&mut SendRequest) -> Result<T, E>,
+    ) -> Result<T, PostSendError<E>> {
+        if self.is_full(ctx) {
+            return Err(PostSendError::QueueFull);
+        }
+        let mtu = ctx.mtu;
+        let w = self.wqes.push();
+        let out = match fill(&mut w.req) {
+            Ok(out) => out,
+            Err(e) => {
+                self.wqes.pop_back();
+                return Err(PostSendError::Rejected(e));
+            }
+        };
         if ctx.error {
             ctx.completions.push_back(Completion {
-                wr_id: req.wr_id,
+                wr_id: w.req.wr_id,
                 status: WcStatus::WrFlushErr,
-                opcode: wc_opcode(&req.op),
+                opcode: wc_opcode(&w.req.op),
                 ..Completion::default()
             });
-            return Ok(());
+            self.wqes.pop_back();
+            return Ok(out);
         }
-        self.push(req, ctx.mtu);
-        Ok(())
+        let kind = Kind::of(&w.req.op);
+        let len = match kind {
+            Kind::Local => 0,
+            Kind::Atomic => 8,
+            // Scattered into the gather list; inline data has no meaning here.
+            Kind::Read => sge_total(&w.req.sges),
+            _ => w.req.length(),
+        };
+        w.kind = kind;
+        w.len = len;
+        w.npkts = match kind {
+            Kind::Local => 0,
+            Kind::Atomic => 1,
+            _ => npkts(len, u64::from(mtu)),
+        };
+        Ok(out)
     }
 
     /// Whether a request packet may be ready to go (the cursor is on a request, or a probe
@@ -330,35 +421,6 @@ impl Requester {
         .min()
     }
 
-    fn push(&mut self, req: SendRequest, mtu: u32) {
-        let kind = Kind::of(&req.op);
-        let len = match kind {
-            Kind::Local => 0,
-            Kind::Atomic => 8,
-            // Scattered into the gather list; inline data has no meaning here.
-            Kind::Read => sge_total(&req.sges),
-            _ => req.length(),
-        };
-        let n = match kind {
-            Kind::Local => 0,
-            Kind::Atomic => 1,
-            _ => npkts(len, u64::from(mtu)),
-        };
-        self.wqes.push_back(Wqe {
-            req,
-            kind,
-            len,
-            npkts: n,
-            first_psn: Psn::ZERO,
-            last_psn: Psn::ZERO,
-            started: false,
-            rd_counted: false,
-            done: false,
-            status: None,
-            rwqe_seq: 0,
-        });
-    }
-
     fn outstanding(&self) -> bool {
         self.sent_any && self.comp_psn.is_before(self.high_psn)
     }
@@ -368,7 +430,8 @@ impl Requester {
     /// Completes the oldest request with `status` (no completion for a successful
     /// unsignaled one).
     fn complete_front(&mut self, ctx: &mut QpCtx, status: WcStatus) {
-        let Some(w) = self.wqes.pop_front() else {
+        // Read where it lies, then dropped from the queue (never moved out).
+        let Some(w) = self.wqes.front() else {
             return;
         };
         if w.rd_counted {
@@ -377,7 +440,6 @@ impl Requester {
         if w.rwqe_seq != 0 {
             self.rwqe_retired = w.rwqe_seq;
         }
-        self.cur = self.cur.saturating_sub(1);
         if status != WcStatus::Success || w.req.signaled {
             ctx.completions.push_back(Completion {
                 wr_id: w.req.wr_id,
@@ -391,6 +453,8 @@ impl Requester {
                 ..Completion::default()
             });
         }
+        self.wqes.pop_front();
+        self.cur = self.cur.saturating_sub(1);
         // Local operations carried out already complete as soon as everything before them
         // has (they wait for no acknowledgement).
         if self
@@ -424,13 +488,14 @@ impl Requester {
     /// Completes every queued request: failed ones with their status, the rest with
     /// `WR_FLUSH_ERR`; stops the timers. Calling it again does nothing more.
     pub(super) fn flush_send_queue(&mut self, ctx: &mut QpCtx) {
-        while let Some(w) = self.wqes.pop_front() {
+        while let Some(w) = self.wqes.front() {
             ctx.completions.push_back(Completion {
                 wr_id: w.req.wr_id,
                 status: w.status.unwrap_or(WcStatus::WrFlushErr),
                 opcode: wc_opcode(&w.req.op),
                 ..Completion::default()
             });
+            self.wqes.pop_front();
         }
         self.cur = 0;
         self.offset = 0;
@@ -1178,7 +1243,7 @@ impl Requester {
             return;
         };
         let mut taken = self.rwqe_retired;
-        for w in &self.wqes {
+        for w in self.wqes.iter() {
             if !w.started || w.first_psn.is_after(psn) {
                 break;
             }

@@ -717,6 +717,61 @@ fn post_send_limits_and_error_flush() {
     );
 }
 
+/// A request written in place: a fill that fails queues nothing (the next request takes the
+/// slot, blank), a full queue does not call the fill, and on a QP in ERR the request
+/// completes at once with WR_FLUSH_ERR. What is queued goes out as filled.
+#[test]
+fn post_send_with_fills_in_place_and_rejects_cleanly() {
+    let mut c = cfg();
+    c.max_send_wr = 2;
+    let mut qp = Qp::new(c);
+    let mut env = FlatEnv::new();
+    let r: Result<(), PostSendError<&str>> = qp.post_send_with(|req| {
+        req.wr_id = 9;
+        req.sges.push(Sge {
+            addr: 0,
+            length: 300,
+            lkey: 1,
+        });
+        Err("refused")
+    });
+    assert_eq!(r, Err(PostSendError::Rejected("refused")));
+    assert_eq!(qp.unsent_requests(), 0);
+    let got = qp.post_send_with(|req| {
+        // A blank request, whatever the rejected one left in the slot.
+        assert_eq!(req.wr_id, 0);
+        assert!(req.sges.is_empty() && req.inline.is_none() && !req.signaled);
+        *req = send(1, SendOp::Send, 8);
+        Ok::<_, ()>(41)
+    });
+    assert_eq!(got, Ok(41));
+    qp.post_send(send(2, SendOp::Send, 8)).unwrap();
+    let full: Result<(), PostSendError<()>> =
+        qp.post_send_with(|_| panic!("the fill of a full queue must not run"));
+    assert_eq!(full, Err(PostSendError::QueueFull));
+    // (One SEND at a time until the first ACK tells the responder's receives.)
+    let out = drain(&mut qp, &mut env, Instant::now());
+    let sent: Vec<_> = out.iter().map(|(r, p)| (r.bth.opcode, p.len())).collect();
+    assert_eq!(sent, vec![(Opcode::RC_SEND_ONLY, 8)]);
+    qp.set_error();
+    let r: Result<(), PostSendError<()>> = qp.post_send_with(|req| {
+        *req = send(3, SendOp::Send, 8);
+        Ok(())
+    });
+    assert_eq!(r, Ok(()));
+    let st: Vec<_> = std::iter::from_fn(|| qp.poll_completion())
+        .map(|c| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        st,
+        vec![
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr)
+        ]
+    );
+}
+
 /// A responder on its own receive queue puts the receives it has left in every positive ACK
 /// (IBA's logarithmic credit code, rounded down); one without that information (an SRQ)
 /// says "invalid".

@@ -1,7 +1,7 @@
 //! `ibv_post_send` and `ibv_bind_mw`: the checks of a send work request, its transport
 //! form, and the doorbell that hands posted requests to the data path.
 
-use super::Qp;
+use super::{Qp, QpState_};
 use crate::error::{Error, Result};
 use crate::verbs::ah::AhInner;
 use crate::verbs::datapath::drive_and_send;
@@ -120,44 +120,55 @@ impl Qp {
                 ))));
                 break;
             }
-            let (mut req, ah) = match self.check_send(wr, raw_inline) {
-                Ok(x) => x,
-                Err(e) => {
+            if state == QpState::Err || st.transport.is_none() {
+                // Checked all the same (a bad request fails as on a live QP), then flushed.
+                if let Err(e) = self.fill_send(wr, raw_inline, &mut tp::SendRequest::default()) {
                     result = Err(fail(e));
                     break;
                 }
-            };
-            if state == QpState::Err || st.transport.is_none() {
                 inner
                     .send_cq
                     .arc()
                     .push(inner.flush_wc(wr.wr_id, wr.opcode.wc_opcode()), false);
                 continue;
             }
-            // A UD message longer than the path MTU completes without a packet (as rxe does,
-            // IBA C10-93.1.1): it needs no destination entry.
-            let oversize = inner.qp_type == QpType::Ud
-                && req.length() > u64::from(inner.pd.shared().device.active_mtu().bytes());
-            let ah = if oversize { None } else { ah };
-            let handle = ah.map(|ah| {
-                let h = st.next_ud_dest;
-                st.next_ud_dest += 1;
-                st.ud_dests.insert(h, ah);
-                h
-            });
-            if let (Some(h), Some(ud)) = (handle, req.ud.as_mut()) {
-                ud.dest = h;
-            }
-            let t = st.transport.as_mut().expect("checked above");
-            if t.post_send(req).is_err() {
-                if let Some(h) = handle {
-                    st.ud_dests.remove(&h);
+            let QpState_ {
+                transport,
+                ud_dests,
+                next_ud_dest,
+                ..
+            } = &mut *st;
+            let t = transport.as_mut().expect("checked above");
+            // The request is written straight into its slot in the send queue.
+            let queued = t.post_send_with(|req| {
+                let ah = self.fill_send(wr, raw_inline, req)?;
+                // A UD message longer than the path MTU completes without a packet (as rxe
+                // does, IBA C10-93.1.1): it needs no destination entry.
+                let oversize = inner.qp_type == QpType::Ud
+                    && req.length() > u64::from(inner.pd.shared().device.active_mtu().bytes());
+                if let (Some(ah), false) = (ah, oversize) {
+                    let h = *next_ud_dest;
+                    *next_ud_dest += 1;
+                    ud_dests.insert(h, ah);
+                    if let Some(ud) = req.ud.as_mut() {
+                        ud.dest = h;
+                    }
                 }
-                result = Err(fail(Error::no_memory(format!(
-                    "the send queue is full ({} requests)",
-                    inner.cap.max_send_wr
-                ))));
-                break;
+                Ok(())
+            });
+            match queued {
+                Ok(()) => {}
+                Err(tp::PostSendError::Rejected(e)) => {
+                    result = Err(fail(e));
+                    break;
+                }
+                Err(tp::PostSendError::QueueFull) => {
+                    result = Err(fail(Error::no_memory(format!(
+                        "the send queue is full ({} requests)",
+                        inner.cap.max_send_wr
+                    ))));
+                    break;
+                }
             }
             if let (WrOpcode::BindMw, Some(b)) = (wr.opcode, &wr.bind_mw) {
                 b.mw.set_posted_rkey((b.mw.inner.index << 8) | (b.rkey & 0xff));
@@ -201,11 +212,15 @@ impl Qp {
         result
     }
 
-    fn check_send(
+    /// Checks `wr` and writes it into `req` (a blank request, maybe the send queue's own
+    /// slot); returns the address handle of a UD send. Fails, with `req` partly written,
+    /// on a request rdma-core would refuse (`EINVAL`).
+    fn fill_send(
         &self,
         wr: &SendWr<'_>,
         raw_inline: bool,
-    ) -> Result<(tp::SendRequest, Option<Arc<AhInner>>)> {
+        req: &mut tp::SendRequest,
+    ) -> Result<Option<Arc<AhInner>>> {
         let inner = &self.inner;
         let qp_type = inner.qp_type;
         if !wr.opcode.allowed_on(qp_type) {
@@ -224,7 +239,7 @@ impl Qp {
         if wr.send_flags.contains(SendFlags::IP_CSUM) {
             return Err(Error::invalid("IP checksum offload is not supported"));
         }
-        let mut inline = None;
+        let mut inline = false;
         if wr.send_flags.contains(SendFlags::INLINE) {
             if wr.opcode == WrOpcode::RdmaRead || wr.opcode.is_atomic() {
                 return Err(Error::invalid(
@@ -237,11 +252,7 @@ impl Qp {
                     inner.cap.max_inline_data
                 )));
             }
-            inline = Some(if raw_inline {
-                raw_inline_copy(wr.sg_list, length as usize)
-            } else {
-                self.copy_inline(wr.sg_list, length as usize)?
-            });
+            inline = true;
         }
         if wr.opcode.is_atomic() {
             if wr.sg_list.len() != 1 || length != 8 {
@@ -319,34 +330,38 @@ impl Qp {
             other => return Err(Error::invalid(format!("opcode {other:?} is not supported"))),
         };
         let local = matches!(op, tp::SendOp::BindMw(_) | tp::SendOp::LocalInv(_));
-        let req = tp::SendRequest {
-            wr_id: wr.wr_id,
-            op,
-            sges: if local {
-                tp::SgList::new()
+        if inline && !local {
+            let data = req.inline.insert(tp::InlineData::zeroed(length as usize));
+            if raw_inline {
+                raw_inline_copy(wr.sg_list, data);
             } else {
-                wr.sg_list.iter().map(|s| s.to_transport()).collect()
-            },
-            inline: if local { None } else { inline },
-            signaled: inner.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED),
-            solicited: wr.send_flags.contains(SendFlags::SOLICITED),
-            fence: wr.send_flags.contains(SendFlags::FENCE),
-            ud: ah.as_ref().map(|_| tp::UdDest {
-                dest: 0,
-                remote_qpn,
-                remote_qkey: wr.remote_qkey,
-            }),
-        };
-        Ok((req, ah))
+                self.copy_inline(wr.sg_list, data)?;
+            }
+        }
+        if !local {
+            for s in wr.sg_list {
+                req.sges.push(s.to_transport());
+            }
+        }
+        req.wr_id = wr.wr_id;
+        req.op = op;
+        req.signaled = inner.sq_sig_all || wr.send_flags.contains(SendFlags::SIGNALED);
+        req.solicited = wr.send_flags.contains(SendFlags::SOLICITED);
+        req.fence = wr.send_flags.contains(SendFlags::FENCE);
+        req.ud = ah.as_ref().map(|_| tp::UdDest {
+            dest: 0,
+            remote_qpn,
+            remote_qkey: wr.remote_qkey,
+        });
+        Ok(ah)
     }
 
     /// Copies the data of an INLINE send out of registered memory. Unlike rdma-core, which
     /// reads any address it is given and ignores the lkey, softrdma requires inline entries
     /// to lie inside a memory region of the QP's PD: that is what keeps the faithful face
     /// memory-safe.
-    fn copy_inline(&self, sges: &[Sge], length: usize) -> Result<tp::InlineData> {
+    fn copy_inline(&self, sges: &[Sge], data: &mut [u8]) -> Result<()> {
         let res = &self.inner.pd.shared().resources;
-        let mut data = tp::InlineData::zeroed(length);
         let mut at = 0;
         for s in sges {
             let lease = res
@@ -369,13 +384,12 @@ impl Qp {
             lease.read(0, &mut data[at..at + n]);
             at += n;
         }
-        Ok(data)
+        Ok(())
     }
 }
 
 /// Copies inline data from the entries' addresses (see [`Qp::post_send_raw_inline`]).
-fn raw_inline_copy(sges: &[Sge], length: usize) -> tp::InlineData {
-    let mut data = tp::InlineData::zeroed(length);
+fn raw_inline_copy(sges: &[Sge], data: &mut [u8]) {
     let mut at = 0;
     for s in sges {
         let n = s.length as usize;
@@ -384,5 +398,4 @@ fn raw_inline_copy(sges: &[Sge], length: usize) -> tp::InlineData {
         data[at..at + n].copy_from_slice(src);
         at += n;
     }
-    data
 }
