@@ -495,6 +495,25 @@ impl Repr {
         self.write_header(buf, layout)
     }
 
+    /// Writes everything of the packet but its payload: the headers (as
+    /// [`Repr::emit_header`]) at the start of `buf`, then zeroes in the pad and ICRC bytes
+    /// after the `payload_len` bytes the caller fills. Returns the header length and the
+    /// packet length ([`Repr::buffer_len`]); the packet is `buf[..packet length]`. One pass:
+    /// the opcode's layout is looked up once for both lengths.
+    ///
+    /// Fails like [`Repr::check`], and with [`Error::Truncated`] (writing nothing) when `buf`
+    /// is shorter than the packet.
+    #[inline]
+    pub fn emit_around_payload(&self, buf: &mut [u8]) -> Result<(usize, usize)> {
+        let layout = self.layout()?;
+        let hlen = usize::from(layout.header_len);
+        let total = Self::packet_len(hlen, self.payload_len);
+        let buf = buf.get_mut(..total).ok_or(Error::Truncated)?;
+        self.write_header(buf, layout)?;
+        buf[hlen + self.payload_len..].fill(0);
+        Ok((hlen, total))
+    }
+
     /// [`Repr::emit_header`] after [`Repr::layout`] accepted `self`.
     #[inline]
     fn write_header(&self, buf: &mut [u8], layout: &Layout) -> Result<usize> {
@@ -1256,8 +1275,26 @@ mod tests {
                     );
                     prop_assert_eq!(&fast, &slow);
                 }
-                // emit with the right and wrong payload and buffer lengths.
+                // emit_around_payload: the headers and zero pad and ICRC, around a payload
+                // left as it was, in buffers around the packet length.
                 let need = r.buffer_len();
+                for len in need.saturating_sub(1)..=need + slack {
+                    let mut fast = vec![fill; len];
+                    let got = r.emit_around_payload(&mut fast);
+                    let mut slow = vec![fill; len];
+                    let want = match reference::check(&r) {
+                        Err(e) => Err(e),
+                        Ok(_) if len < need => Err(Error::Truncated),
+                        Ok(_) => {
+                            let h = reference::emit_header(&r, &mut slow).unwrap();
+                            slow[h + r.payload_len..need].fill(0);
+                            Ok((h, need))
+                        }
+                    };
+                    prop_assert_eq!(got, want);
+                    prop_assert_eq!(&fast, &slow);
+                }
+                // emit with the right and wrong payload and buffer lengths.
                 let data: Vec<u8> = (0..r.payload_len + 1).map(|i| i as u8 ^ fill).collect();
                 for plen in [r.payload_len, r.payload_len + 1] {
                     for len in need.saturating_sub(1)..=need + slack {

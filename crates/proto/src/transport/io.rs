@@ -30,14 +30,9 @@ pub(super) fn make_bth(
 
 /// Writes the headers of `repr` into `buf`, zeroes pad and ICRC, and returns the header
 /// length and the total length; `None` when `buf` is too short or `repr` inconsistent.
+#[inline]
 pub(super) fn emit_headers(buf: &mut [u8], repr: &roce::Repr) -> Option<(usize, usize)> {
-    let total = repr.buffer_len();
-    if buf.len() < total {
-        return None;
-    }
-    let hlen = repr.emit_header(buf).ok()?;
-    buf.get_mut(hlen + repr.payload_len..total)?.fill(0);
-    Some((hlen, total))
+    repr.emit_around_payload(buf).ok()
 }
 
 /// Total length of a scatter/gather list.
