@@ -951,6 +951,69 @@ fn lone_losses_recovered_by_probe_not_timeout() {
     }
 }
 
+/// On a path marked lossless (a same-host ring) the requester sends no tail-loss probes: a
+/// lost tail (the path closed with it) is resent by the local ACK timeout instead, and the
+/// data arrives intact. Marked lossy again with packets outstanding, it probes at once
+/// again. A dead peer on a lossless path still gets RETRY_EXC_ERR after exactly
+/// retry_cnt + 1 timeouts, with nothing resent but the timeouts' retries.
+#[test]
+fn a_lossless_path_is_not_probed_and_the_timeout_still_recovers() {
+    // The tail packet (#2 of the SEND's three) lost: recovered by one timeout, no probe.
+    let mut sim = simple_sim(QpType::Rc);
+    let now = sim.now;
+    sim.nodes[0].qp.set_lossless_path(true, now);
+    sim.drop_packets = vec![2];
+    post_recv(&mut sim, 1, 10, 4096);
+    let r = req(1, SendOp::Send, 3000, &sim);
+    sim.post(0, r);
+    assert!(
+        sim.run(Duration::from_secs(100), |s| s.nodes[0].comps.len() == 1
+            && s.nodes[1].comps.len() == 1)
+    );
+    assert_eq!(statuses(&sim, 0), vec![(1, WcStatus::Success)]);
+    let base = sim.nodes[1].env.base(RECV);
+    let got = sim.nodes[1].env.bytes(RECV, base, 3000);
+    assert!(got.iter().enumerate().all(|(i, &b)| b == i as u8));
+    let st = sim.nodes[0].qp.stats();
+    assert_eq!((st.probes, st.timeouts), (0, 1), "{st:?}");
+
+    // Lossy again while the tail is missing: a probe recovers it, long before a timeout.
+    let mut sim = simple_sim(QpType::Rc);
+    let now = sim.now;
+    sim.nodes[0].qp.set_lossless_path(true, now);
+    sim.drop_packets = vec![2];
+    post_recv(&mut sim, 1, 10, 4096);
+    let r = req(1, SendOp::Send, 3000, &sim);
+    sim.post(0, r);
+    // (Well before the local ACK timeout, 4.2 ms here.)
+    sim.run(Duration::from_millis(2), |_| false);
+    assert_eq!(sim.nodes[0].qp.stats().probes, 0);
+    let now = sim.now;
+    sim.nodes[0].qp.set_lossless_path(false, now);
+    let start = sim.now;
+    assert!(sim.run(Duration::from_secs(100), |s| s.nodes[0].comps.len() == 1));
+    assert_eq!(statuses(&sim, 0), vec![(1, WcStatus::Success)]);
+    let st = sim.nodes[0].qp.stats();
+    assert_eq!((st.probes, st.timeouts), (1, 0), "{st:?}");
+    assert!(sim.now - start < Duration::from_millis(2));
+
+    // A dead peer.
+    let mut sim = simple_sim(QpType::Rc);
+    sim.net.blackhole = true;
+    let now = sim.now;
+    sim.nodes[0].qp.set_lossless_path(true, now);
+    let r = req(1, SendOp::Send, 5000, &sim);
+    sim.post(0, r);
+    sim.run(Duration::from_secs(100), |_| false);
+    assert_eq!(statuses(&sim, 0), vec![(1, WcStatus::RetryExcErr)]);
+    let st = sim.nodes[0].qp.stats();
+    let retry_cnt = u64::from(sim.nodes[0].qp.config().retry_cnt);
+    assert_eq!(
+        (st.probes, st.timeouts, st.retransmitted_packets),
+        (0, retry_cnt + 1, 5 * retry_cnt)
+    );
+}
+
 /// A sequence NAK restarts the sending at the missing PSN, and that packet goes out twice
 /// (the responder NAKs a gap once; if the resent packet were lost too it would stay silent
 /// until a probe): one loss, one NAK, no probe, no timeout.

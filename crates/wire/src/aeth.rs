@@ -32,7 +32,8 @@ const CREDIT_COUNTS: [u32; 31] = [
 pub fn credit_code(available: Option<u32>) -> u8 {
     match available {
         None => CREDIT_INVALID,
-        Some(n) => CREDIT_COUNTS.iter().rposition(|&c| c <= n).unwrap_or(0) as u8,
+        // (The counts rise: the codes whose count is at most `n` come first.)
+        Some(n) => CREDIT_COUNTS.partition_point(|&c| c <= n).saturating_sub(1) as u8,
     }
 }
 
@@ -354,5 +355,14 @@ mod tests {
         }
         assert_eq!(credit_count(CREDIT_INVALID), None);
         assert_eq!(credit_count(0xff), None);
+        // Every count up to past the largest code, and each code's neighbours: the largest
+        // code whose count is at most n.
+        let slow = |n: u32| CREDIT_COUNTS.iter().rposition(|&c| c <= n).unwrap() as u8;
+        let edges = CREDIT_COUNTS
+            .iter()
+            .flat_map(|&c| [c.saturating_sub(1), c, c + 1]);
+        for n in (0..70_000).chain(edges).chain([u32::MAX]) {
+            assert_eq!(credit_code(Some(n)), slow(n), "{n}");
+        }
     }
 }

@@ -369,6 +369,28 @@ impl Repr {
     pub fn parse<T: AsRef<[u8]> + ?Sized>(packet: &Packet<&T>) -> Result<Repr> {
         let b = packet.buffer.as_ref();
         let (bth, layout, payload_len) = check_layout(b)?;
+        Self::parse_checked(b, bth, layout, payload_len)
+    }
+
+    /// Checks and reads a whole packet (BTH through ICRC) in one pass: what
+    /// [`Packet::new_checked`], [`Repr::parse`] and [`Packet::payload`] give together, with
+    /// the opcode's layout looked up once. Fails as they do.
+    #[inline]
+    pub fn parse_packet(b: &[u8]) -> Result<(Repr, &[u8])> {
+        let (bth, layout, payload_len) = check_layout(b)?;
+        let repr = Self::parse_checked(b, bth, layout, payload_len)?;
+        let start = usize::from(layout.header_len);
+        Ok((repr, &b[start..start + payload_len]))
+    }
+
+    /// [`Repr::parse`] after [`check_layout`] accepted `b`.
+    #[inline]
+    fn parse_checked(
+        b: &[u8],
+        bth: &[u8; bth::HEADER_LEN],
+        layout: &Layout,
+        payload_len: usize,
+    ) -> Result<Repr> {
         let bth = bth::Repr::from_bytes(bth)?;
         let pad = usize::from(bth.pad_count);
         if !layout.has_payload && (payload_len != 0 || pad != 0) {
@@ -1231,6 +1253,11 @@ mod tests {
                 prop_assert_eq!(p.check_len(), reference::check_len(b));
                 prop_assert_eq!(Packet::new_checked(b).map(|_| ()), reference::check_len(b));
                 prop_assert_eq!(Repr::parse(&p), reference::parse(b));
+                // The one-pass form: check, parse and payload together.
+                let want = reference::check_len(b)
+                    .and_then(|()| reference::parse(b))
+                    .map(|r| (r, reference::payload(b)));
+                prop_assert_eq!(Repr::parse_packet(b), want);
                 prop_assert_eq!(p.header_len(), reference::header_len(b));
                 prop_assert_eq!(p.payload(), reference::payload(b));
                 for h in ExtHeader::ALL {

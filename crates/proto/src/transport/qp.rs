@@ -133,11 +133,7 @@ impl Qp {
         if ctx.error {
             return;
         }
-        let Ok(view) = roce::Packet::new_checked(packet) else {
-            ctx.stats.malformed += 1;
-            return;
-        };
-        let Ok(repr) = roce::Repr::parse(&view) else {
+        let Ok((repr, payload)) = roce::Repr::parse_packet(packet) else {
             ctx.stats.malformed += 1;
             return;
         };
@@ -161,7 +157,6 @@ impl Qp {
             ctx.stats.malformed += 1;
             return;
         }
-        let payload = view.payload();
         match info.class {
             Class::Ack if ctx.cfg.qp_type == QpType::Rc => {
                 self.requester.handle_packet(ctx, now, &repr, payload, env)
@@ -213,6 +208,21 @@ impl Qp {
     /// check: `true` can still be followed by `None`).
     pub fn has_pending_transmit(&self) -> bool {
         self.responder.has_pending_transmit() || (!self.ctx.error && self.requester.may_transmit())
+    }
+
+    /// Tells an RC requester whether its packets (and the ACKs that answer them) now travel
+    /// a path that loses none, such as a ring in memory shared with a peer on the same host
+    /// (`false` at creation). On such a path it sends no tail-loss probes: an ACK that is
+    /// late comes from a peer that is slow (descheduled), not from a loss, and a probe would
+    /// only resend what the peer already has, or start a go-back-N of the whole window when
+    /// the probe's duplicate ACK comes back first. The retransmit timer stays: a path that
+    /// closes (its peer gone) loses what it held, and the local ACK timeout resends that on
+    /// the next path. Switched back off with packets outstanding, the probe timer starts
+    /// again from `now`. Never fails; does nothing on UC and UD.
+    pub fn set_lossless_path(&mut self, on: bool, now: Instant) {
+        if self.ctx.cfg.qp_type == QpType::Rc {
+            self.requester.set_lossless(&self.ctx, on, now);
+        }
     }
 
     /// Holds back (`true`) or lets go (`false`) a positive ACK that is the only response
@@ -361,6 +371,7 @@ impl Qp {
     /// rest with `WR_FLUSH_ERR`, in order), then completes a held receive request with
     /// `WR_FLUSH_ERR`, and stops the timers. Responses already queued (e.g. the NAK that
     /// reports the error) are still sent.
+    #[inline]
     fn settle(&mut self) {
         if self.ctx.error && !self.flushed {
             self.flushed = true;

@@ -236,6 +236,9 @@ pub(super) struct Requester {
     /// out of credits waits [`CREDIT_PROBE_DELAY`] before it probes a responder known to
     /// send none, [`CREDIT_PROBE_DELAY_UPDATES`] otherwise.
     peer_updates_credits: Option<bool>,
+    /// The owner's packets travel a path that loses none (see
+    /// [`super::Qp::set_lossless_path`]): no tail-loss probes.
+    lossless: bool,
 }
 
 /// How long a requester with no credit left and nothing outstanding waits before it sends
@@ -297,6 +300,7 @@ impl Requester {
             credit_psn: None,
             credit_probe_at: None,
             peer_updates_credits: None,
+            lossless: false,
         }
     }
 
@@ -386,6 +390,19 @@ impl Requester {
     pub(super) fn may_transmit(&self) -> bool {
         self.rnr_deadline.is_none()
             && (self.cur < self.wqes.len() || self.probe_psns.iter().any(Option::is_some))
+    }
+
+    /// See [`super::Qp::set_lossless_path`].
+    pub(super) fn set_lossless(&mut self, ctx: &QpCtx, on: bool, now: Instant) {
+        if on == self.lossless {
+            return;
+        }
+        self.lossless = on;
+        self.probe_deadline = if !on && self.outstanding() && self.rnr_deadline.is_none() {
+            self.probe_interval(ctx).map(|d| now + d)
+        } else {
+            None
+        };
     }
 
     /// Whether packets were sent and not all acknowledged yet.
@@ -1012,6 +1029,9 @@ impl Requester {
     /// the last progress, at most [`PROBE_MAX`] and never past the local ACK timeout
     /// (`None` when the QP has no timer, timeout 0, and so no probes either).
     fn probe_interval(&self, ctx: &QpCtx) -> Option<Duration> {
+        if self.lossless {
+            return None;
+        }
         let limit = local_ack_timeout(ctx.cfg.timeout)?;
         let base = match self.srtt {
             Some(s) => (s * 2)

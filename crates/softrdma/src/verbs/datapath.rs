@@ -502,8 +502,15 @@ pub(crate) fn drive(
         if direct && tx.is_empty() {
             let Some(mut lane) = engine.direct_lane(peer, attr.dest_qp_num) else {
                 direct = false;
+                t.set_lossless_path(false, now);
                 continue;
             };
+            // A same-host ring loses nothing: a late ACK is a peer descheduled for a moment,
+            // and tail-loss probes only resent what it had (a go-back-N of the window when
+            // the probe's duplicate ACK came first). Measured, 8-byte SENDs over a lane, 2
+            // cores: one run in eight lost a third of its rate that way (927 probes, 6,921
+            // packets resent).
+            t.set_lossless_path(true, now);
             t.set_hold_acks(hold && t.held_ack_is_one_sided());
             let room = t.segment() as usize + 128;
             // The payload copies of the run are made together (spread over the copy
@@ -532,7 +539,9 @@ pub(crate) fn drive(
                         }
                         idle = true;
                     } else {
+                        // (The rest may take the wire.)
                         direct = false;
+                        t.set_lossless_path(false, now);
                     }
                     break;
                 };
