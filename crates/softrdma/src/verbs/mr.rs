@@ -606,11 +606,8 @@ pub(crate) struct MrLease {
 }
 
 impl Resources {
-    /// The one check of every access to registered memory: `key` must name a live region of
-    /// the right kind, in `pd`, covering `va..va + len`, registered with every flag of
-    /// `needed` (for a local key, only LOCAL_WRITE is ever needed; local reads are always
-    /// allowed). Atomic operations additionally pass `atomic = true` for the 8-byte alignment
-    /// rule.
+    /// [`Resources::check_access_cached`] with no cache (tests).
+    #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn check_access(
         &self,
@@ -634,10 +631,16 @@ impl Resources {
         )
     }
 
-    /// [`Resources::check_access`] through a per-QP cache of the last region of each kind:
-    /// the data path finds the region of the next packet of a message without the key
-    /// table's lock. A cached region that was deregistered fails its lease and is looked up
-    /// again, so the cache never extends a region's life as far as accesses go.
+    /// The one check of every access to registered memory: `key` must name a live region of
+    /// the right kind, in `pd`, covering `va..va + len`, registered with every flag of
+    /// `needed` (for a local key, only LOCAL_WRITE is ever needed; local reads are always
+    /// allowed). Atomic operations additionally pass `atomic = true` for the 8-byte alignment
+    /// rule.
+    ///
+    /// Through a cache of the last region of each kind (per QP, `cache`): the data path and
+    /// inline sends find the region of the next access without the key table's lock. A
+    /// cached region that was deregistered fails its lease and is looked up again, so the
+    /// cache never extends a region's life as far as accesses go.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn check_access_cached(
         &self,

@@ -5,7 +5,7 @@ use super::{Qp, QpState_};
 use crate::error::{Error, Result};
 use crate::verbs::ah::AhInner;
 use crate::verbs::datapath::drive_and_send;
-use crate::verbs::mr::{AccessFlags, KeyKind};
+use crate::verbs::mr::{AccessFlags, KeyKind, MrCache};
 use crate::verbs::mw::{inc_rkey, BindMwWr, Mw, MwBind, MwType};
 use crate::verbs::requests::SendWr;
 use crate::verbs::resources::MULTICAST_QPN;
@@ -122,7 +122,8 @@ impl Qp {
             }
             if state == QpState::Err || st.transport.is_none() {
                 // Checked all the same (a bad request fails as on a live QP), then flushed.
-                if let Err(e) = self.fill_send(wr, raw_inline, &mut tp::SendRequest::default()) {
+                let scratch = &mut tp::SendRequest::default();
+                if let Err(e) = self.fill_send(wr, raw_inline, scratch, &mut st.mrs) {
                     result = Err(fail(e));
                     break;
                 }
@@ -136,12 +137,13 @@ impl Qp {
                 transport,
                 ud_dests,
                 next_ud_dest,
+                mrs,
                 ..
             } = &mut *st;
             let t = transport.as_mut().expect("checked above");
             // The request is written straight into its slot in the send queue.
             let queued = t.post_send_with(|req| {
-                let ah = self.fill_send(wr, raw_inline, req)?;
+                let ah = self.fill_send(wr, raw_inline, req, mrs)?;
                 // A UD message longer than the path MTU completes without a packet (as rxe
                 // does, IBA C10-93.1.1): it needs no destination entry.
                 let oversize = inner.qp_type == QpType::Ud
@@ -220,6 +222,7 @@ impl Qp {
         wr: &SendWr<'_>,
         raw_inline: bool,
         req: &mut tp::SendRequest,
+        mrs: &mut MrCache,
     ) -> Result<Option<Arc<AhInner>>> {
         let inner = &self.inner;
         let qp_type = inner.qp_type;
@@ -335,7 +338,7 @@ impl Qp {
             if raw_inline {
                 raw_inline_copy(wr.sg_list, data);
             } else {
-                self.copy_inline(wr.sg_list, data)?;
+                self.copy_inline(wr.sg_list, data, mrs)?;
             }
         }
         if !local {
@@ -360,12 +363,15 @@ impl Qp {
     /// reads any address it is given and ignores the lkey, softrdma requires inline entries
     /// to lie inside a memory region of the QP's PD: that is what keeps the faithful face
     /// memory-safe.
-    fn copy_inline(&self, sges: &[Sge], data: &mut [u8]) -> Result<()> {
+    /// The region of each entry is looked up through the QP's cache of the last one found
+    /// (`mrs`, as the data path does), not the device's table each time.
+    fn copy_inline(&self, sges: &[Sge], data: &mut [u8], mrs: &mut MrCache) -> Result<()> {
         let res = &self.inner.pd.shared().resources;
         let mut at = 0;
         for s in sges {
             let lease = res
-                .check_access(
+                .check_access_cached(
+                    mrs,
                     s.lkey,
                     KeyKind::Local,
                     self.inner.pd.arc(),
