@@ -407,6 +407,38 @@ fn disconnected_waits_until_the_peers_last_message_is_polled() {
     s.sid.destroy();
 }
 
+/// A program that polls the non-blocking descriptor of its channel (poll(2), an async
+/// runtime) while a DISCONNECTED is held for its QP's unpolled message does not spin: the
+/// descriptor is readable again only when a CQ gives up completions or a few ms later, so
+/// the program wakes a bounded number of times (a few hundred at most in the 1 s the hold may
+/// last; with the descriptor left readable it woke without a pause, hundreds of thousands of
+/// times), then gets the event, and the message is still there.
+#[test]
+fn a_held_disconnected_does_not_keep_a_polled_descriptor_readable() {
+    let s = one_message_then_disconnect();
+    s.sch.set_nonblocking(true).unwrap();
+    let scq = s.sid.recv_cq().unwrap();
+    let mut wakes = 0u32;
+    let ev = loop {
+        // The program polls its CQ (taking nothing: it keeps the hold on) and its channel.
+        assert_eq!(scq.poll(&mut []).unwrap(), 0);
+        assert!(readable_soon(s.sch.fd()), "the held event never came");
+        match s.sch.get_cm_event() {
+            Ok(ev) => break ev,
+            Err(e) => {
+                assert_eq!(e.errno(), libc::EAGAIN, "{e}");
+                wakes += 1;
+            }
+        }
+    };
+    assert_eq!(ev.event, CmEventType::Disconnected);
+    ev.ack();
+    assert!(wakes < 2000, "{wakes} wake-ups for one held event");
+    let r = wait_wc(&scq);
+    assert_eq!((r.wr_id, r.status, r.byte_len), (9, WcStatus::Success, 10));
+    s.sid.destroy();
+}
+
 /// A program that waits for the event before it polls its CQ gets it all the same (once
 /// nobody has polled the CQ for a while), and the message is still there to poll.
 #[test]

@@ -103,6 +103,7 @@ mod objects;
 mod qp;
 mod qp_state;
 mod registry;
+mod rewake;
 mod timeout;
 
 pub use addrinfo::*;

@@ -6,6 +6,7 @@
 
 use super::addrinfo::AddrInfo;
 use super::event::{CmEventType, ConnParam, EventInfo, UdParam};
+use super::rewake;
 use super::{CmQpInitAttr, PortSpace};
 use crate::error::{DestroyError, Error, ErrorKind, Result};
 use crate::provider::fd::EventFd;
@@ -16,7 +17,7 @@ use softrdma_proto::cm::{ConnId, ReqInfo};
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -249,7 +250,9 @@ impl EventChannel {
     /// holds completions of the peer's last messages that the program has not polled, as
     /// long as somebody polls that CQ (1 s at most; 50 ms once nobody does): a program that
     /// destroys its QP on the event would lose them (see `RecvHold`). Events of other ids go
-    /// meanwhile; the descriptor stays readable.
+    /// meanwhile. On a non-blocking descriptor the call then fails with `EAGAIN` and the
+    /// descriptor is not readable until the next poll of that CQ that takes completions, or
+    /// 5 ms later (so a program polling the descriptor does not spin).
     ///
     /// Fails with `EAGAIN` on a non-blocking descriptor with no event that may go.
     pub fn get_cm_event(&self) -> Result<CmEvent> {
@@ -271,6 +274,21 @@ impl EventChannel {
     /// ```
     pub fn get_cm_event_timeout(&self, timeout: std::time::Duration) -> Result<CmEvent> {
         self.take_event(Some(Instant::now() + timeout))
+    }
+
+    /// A function that signals the channel's descriptor the first time any clone of it is
+    /// called (and does nothing after, nor once the channel is gone): the one count a held
+    /// event took, given back exactly once.
+    fn give_back_once(&self) -> Arc<dyn Fn() + Send + Sync> {
+        let chan = Arc::downgrade(&self.inner);
+        let done = AtomicBool::new(false);
+        Arc::new(move || {
+            if !done.swap(true, Ordering::AcqRel) {
+                if let Some(c) = chan.upgrade() {
+                    c.fd.signal();
+                }
+            }
+        })
     }
 
     /// Takes the first event that may go: blocks (unless the descriptor is non-blocking)
@@ -308,16 +326,36 @@ impl EventChannel {
             }
             if pick.is_none() && !held.is_empty() {
                 // Every waiting event is held: the count taken goes back, and the caller
-                // looks again in a moment (or fails with EAGAIN, as on an empty channel).
-                drop(q);
-                drop(held);
-                self.inner.fd.signal();
+                // looks again in a moment, or fails with EAGAIN as on an empty channel.
                 if deadline.is_none() && self.inner.fd.is_nonblocking() {
+                    // Not at once: a descriptor left readable would make a program that
+                    // polls it spin until the hold ends. It goes back when a CQ of a held
+                    // event next gives up completions (maybe the held ones), or after
+                    // REWAKE_AFTER (the hold may have run out, the QP gone).
+                    let back = self.give_back_once();
+                    for ev in q.iter() {
+                        if let Some(h) = &ev.hold {
+                            let back = back.clone();
+                            h.cq.on_next_take(Box::new(move || back()));
+                        }
+                    }
+                    // Taken meanwhile (before the CQ knew whom to tell)? Then at once.
+                    if !q
+                        .iter_mut()
+                        .filter_map(|ev| ev.hold.as_mut())
+                        .all(|h| h.waits(now))
+                    {
+                        back();
+                    }
+                    rewake::after(now + REWAKE_AFTER, Box::new(move || back()));
                     return Err(Error::new(
                         ErrorKind::WouldBlock,
                         "the next event waits until its QP's receive completions are polled",
                     ));
                 }
+                drop(q);
+                drop(held);
+                self.inner.fd.signal();
                 let mut nap = HOLD_NAP;
                 if let Some(d) = deadline {
                     let left = d.saturating_duration_since(now);
@@ -457,6 +495,9 @@ const HOLD_MAX: Duration = Duration::from_secs(1);
 const HOLD_IDLE: Duration = Duration::from_millis(50);
 /// How often a thread waiting for a held event looks again.
 const HOLD_NAP: Duration = Duration::from_micros(500);
+/// How long a non-blocking channel whose every event is held stays unreadable at most (unless
+/// a CQ of a held event gives up completions first).
+const REWAKE_AFTER: Duration = Duration::from_millis(5);
 
 /// Holds a DISCONNECTED event back while the receive CQ of its QP has completions of that QP
 /// that the program has not polled: the messages the peer sent before it disconnected.

@@ -323,6 +323,10 @@ pub(crate) struct CqInner {
     /// takes no lock for them.
     more_engines: Mutex<Vec<Arc<dyn crate::provider::Provider>>>,
     has_more: std::sync::atomic::AtomicBool,
+    /// Run once by the next poll that takes completions ([`CqInner::on_next_take`]);
+    /// `has_wakers` says whether there are any, so that a poll takes no lock for them.
+    wakers: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+    has_wakers: std::sync::atomic::AtomicBool,
     _count: CountGuard,
 }
 
@@ -397,6 +401,8 @@ impl Context {
                 engine: std::sync::OnceLock::new(),
                 more_engines: Mutex::new(Vec::new()),
                 has_more: std::sync::atomic::AtomicBool::new(false),
+                wakers: Mutex::new(Vec::new()),
+                has_wakers: std::sync::atomic::AtomicBool::new(false),
                 _count: count,
             }),
         })
@@ -482,6 +488,27 @@ impl CqInner {
             .iter()
             .any(|wc| is_recv_of(wc, qp_num) && wc.status != WcStatus::WrFlushErr);
         (held, st.polls)
+    }
+
+    /// Runs `f` once, on the thread of the next poll of the CQ that takes completions (after
+    /// it has taken them): how a held CM event learns that its QP's messages may have been
+    /// taken. Never fails; `f` is dropped unrun with the CQ.
+    pub(crate) fn on_next_take(&self, f: Box<dyn FnOnce() + Send>) {
+        let mut w = self.wakers.lock().unwrap_or_else(|p| p.into_inner());
+        w.push(f);
+        self.has_wakers.store(true, Ordering::Release);
+    }
+
+    /// Runs (and forgets) the functions given to [`CqInner::on_next_take`].
+    fn run_wakers(&self) {
+        let taken = {
+            let mut w = self.wakers.lock().unwrap_or_else(|p| p.into_inner());
+            self.has_wakers.store(false, Ordering::Release);
+            std::mem::take(&mut *w)
+        };
+        for f in taken {
+            f();
+        }
     }
 }
 
@@ -585,7 +612,12 @@ impl Cq {
         for (slot, e) in wc.iter_mut().zip(st.entries.drain(..n)) {
             *slot = e;
         }
-        Ok((n, st.armed != Armed::No))
+        let armed = st.armed != Armed::No;
+        drop(st);
+        if n > 0 && self.inner.has_wakers.load(Ordering::Acquire) {
+            self.inner.run_wakers();
+        }
+        Ok((n, armed))
     }
 
     /// Arms the CQ for one completion event on its channel (`ibv_req_notify_cq`): the next
