@@ -16,7 +16,7 @@
 
 use super::ctx::{QpCtx, MAX_MSG};
 use super::io::{emit_headers, gather, make_bth, scatter, sge_total};
-use super::sendq::SendQueue;
+use super::sendq::{SendQueue, Slot};
 use super::*;
 use crate::psn::Psn;
 use crate::qp::QpType;
@@ -85,8 +85,8 @@ fn wc_opcode(op: &SendOp) -> WcOpcode {
 
 /// A posted send request and its transmission state.
 #[derive(Debug)]
-pub(super) struct Wqe {
-    pub(super) req: SendRequest,
+struct Wqe {
+    req: SendRequest,
     kind: Kind,
     len: u64,
     /// PSNs the request takes (READ: one per response packet).
@@ -94,7 +94,7 @@ pub(super) struct Wqe {
     first_psn: Psn,
     last_psn: Psn,
     /// PSNs assigned (first packet sent at least once).
-    pub(super) started: bool,
+    started: bool,
     /// Counted in `rd_outstanding`.
     rd_counted: bool,
     /// UC/UD: sent, waiting for in-order retirement.
@@ -106,9 +106,9 @@ pub(super) struct Wqe {
     rwqe_seq: u32,
 }
 
-impl Wqe {
+impl Slot for Wqe {
     /// An empty slot: a signal-less SEND of nothing, not started.
-    pub(super) fn blank() -> Wqe {
+    fn blank() -> Wqe {
         Wqe {
             req: SendRequest::default(),
             kind: Kind::Send,
@@ -124,10 +124,10 @@ impl Wqe {
         }
     }
 
-    /// Makes a used slot [`Wqe::blank`] again, in place: a long scatter/gather list keeps
+    /// Makes a used slot [`Slot::blank`] again, in place: a long scatter/gather list keeps
     /// its heap memory for the next request (inline data on the heap is freed).
     #[inline]
-    pub(super) fn reset(&mut self) {
+    fn reset(&mut self) {
         let r = &mut self.req;
         r.wr_id = 0;
         r.op = SendOp::Send;
@@ -148,7 +148,9 @@ impl Wqe {
         self.status = None;
         self.rwqe_seq = 0;
     }
+}
 
+impl Wqe {
     /// Whether the message consumes a receive request at the responder.
     fn consumes_recv(&self) -> bool {
         matches!(
@@ -164,7 +166,7 @@ impl Wqe {
 /// Send queue, requester and completer state.
 #[derive(Debug)]
 pub(super) struct Requester {
-    wqes: SendQueue,
+    wqes: SendQueue<Wqe>,
     /// Index in `wqes` of the request being sent.
     cur: usize,
     /// Bytes of `wqes[cur]` already covered by sent packets.

@@ -9,27 +9,36 @@
 //! ([`SendQueue::pop_front`] only moves the head). A slot keeps the heap memory of a long
 //! scatter/gather list for the next request that lands in it.
 
-use super::requester::Wqe;
 use std::fmt;
 use std::ops::{Index, IndexMut};
 
-/// A ring of [`Wqe`] slots (a power of two of them) that grows by doubling when full.
-pub(super) struct SendQueue {
-    slots: Vec<Wqe>,
+/// What a [`SendQueue`] holds: an entry that can be made blank in place.
+pub(super) trait Slot {
+    /// A blank entry (what a new slot holds).
+    fn blank() -> Self;
+    /// Makes a used entry blank again, in place, keeping any memory it can reuse.
+    fn reset(&mut self);
+}
+
+/// A ring of slots (a power of two of them) that grows by doubling when full.
+pub(super) struct SendQueue<T> {
+    slots: Vec<T>,
     head: usize,
     len: usize,
 }
 
 /// Slots a new queue starts with at most (it grows as needed, up to what the QP allows).
-const INITIAL_SLOTS: usize = 64;
+/// Few: the slots are written when made (a blank request each, ~300 bytes), and a host with
+/// ten thousand connections should not hold megabytes of empty send queues.
+const INITIAL_SLOTS: usize = 8;
 
-impl SendQueue {
+impl<T: Slot> SendQueue<T> {
     /// An empty queue sized for `expected` requests at a time (at most [`INITIAL_SLOTS`]
     /// slots to start with).
-    pub(super) fn new(expected: usize) -> SendQueue {
+    pub(super) fn new(expected: usize) -> SendQueue<T> {
         let n = expected.clamp(1, INITIAL_SLOTS).next_power_of_two();
         SendQueue {
-            slots: (0..n).map(|_| Wqe::blank()).collect(),
+            slots: (0..n).map(|_| T::blank()).collect(),
             head: 0,
             len: 0,
         }
@@ -48,7 +57,7 @@ impl SendQueue {
 
     /// The `i`-th request from the oldest.
     #[inline]
-    pub(super) fn get(&self, i: usize) -> Option<&Wqe> {
+    pub(super) fn get(&self, i: usize) -> Option<&T> {
         if i < self.len {
             Some(&self.slots[self.slot(i)])
         } else {
@@ -58,7 +67,7 @@ impl SendQueue {
 
     /// The `i`-th request from the oldest.
     #[inline]
-    pub(super) fn get_mut(&mut self, i: usize) -> Option<&mut Wqe> {
+    pub(super) fn get_mut(&mut self, i: usize) -> Option<&mut T> {
         if i < self.len {
             let s = self.slot(i);
             Some(&mut self.slots[s])
@@ -69,19 +78,19 @@ impl SendQueue {
 
     /// The oldest request.
     #[inline]
-    pub(super) fn front(&self) -> Option<&Wqe> {
+    pub(super) fn front(&self) -> Option<&T> {
         self.get(0)
     }
 
     /// The requests, oldest first.
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Wqe> + '_ {
+    pub(super) fn iter(&self) -> impl Iterator<Item = &T> + '_ {
         (0..self.len).map(move |i| &self.slots[self.slot(i)])
     }
 
-    /// Appends a request and returns its slot, reset to a blank request ([`Wqe::reset`])
-    /// for the caller to fill in place. Grows the ring when it is full (never fails).
+    /// Appends a request and returns its slot, made blank ([`Slot::reset`]) for the caller
+    /// to fill in place. Grows the ring when it is full (never fails).
     #[inline]
-    pub(super) fn push(&mut self) -> &mut Wqe {
+    pub(super) fn push(&mut self) -> &mut T {
         if self.len == self.slots.len() {
             self.grow();
         }
@@ -113,26 +122,26 @@ impl SendQueue {
         let n = self.slots.len();
         let mut slots = std::mem::take(&mut self.slots);
         slots.rotate_left(self.head);
-        slots.extend((0..n).map(|_| Wqe::blank()));
+        slots.extend((0..n).map(|_| T::blank()));
         self.slots = slots;
         self.head = 0;
     }
 }
 
-impl Index<usize> for SendQueue {
-    type Output = Wqe;
-    fn index(&self, i: usize) -> &Wqe {
+impl<T: Slot> Index<usize> for SendQueue<T> {
+    type Output = T;
+    fn index(&self, i: usize) -> &T {
         self.get(i).expect("send queue index out of range")
     }
 }
 
-impl IndexMut<usize> for SendQueue {
-    fn index_mut(&mut self, i: usize) -> &mut Wqe {
+impl<T: Slot> IndexMut<usize> for SendQueue<T> {
+    fn index_mut(&mut self, i: usize) -> &mut T {
         self.get_mut(i).expect("send queue index out of range")
     }
 }
 
-impl fmt::Debug for SendQueue {
+impl<T: Slot + fmt::Debug> fmt::Debug for SendQueue<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list().entries(self.iter()).finish()
     }
@@ -142,19 +151,42 @@ impl fmt::Debug for SendQueue {
 mod tests {
     use super::*;
 
-    fn ids(q: &SendQueue) -> Vec<u64> {
-        q.iter().map(|w| w.req.wr_id).collect()
+    /// A stand-in request: an id, and heap memory a reset keeps.
+    #[derive(Debug)]
+    struct Req {
+        wr_id: u64,
+        started: bool,
+        list: Vec<u32>,
+    }
+
+    impl Slot for Req {
+        fn blank() -> Req {
+            Req {
+                wr_id: 0,
+                started: false,
+                list: Vec::new(),
+            }
+        }
+        fn reset(&mut self) {
+            self.wr_id = 0;
+            self.started = false;
+            self.list.clear();
+        }
+    }
+
+    fn ids(q: &SendQueue<Req>) -> Vec<u64> {
+        q.iter().map(|w| w.wr_id).collect()
     }
 
     #[test]
     fn keeps_order_across_wrap_and_growth() {
-        let mut q = SendQueue::new(2);
+        let mut q = SendQueue::<Req>::new(2);
         let mut next = 0u64;
         let mut want = std::collections::VecDeque::new();
         // Push and pop in an uneven rhythm so the head wraps, then grow while wrapped.
         for round in 0..200u64 {
             for _ in 0..(round % 5) {
-                q.push().req.wr_id = next;
+                q.push().wr_id = next;
                 want.push_back(next);
                 next += 1;
             }
@@ -164,9 +196,9 @@ mod tests {
             }
             assert_eq!(q.len(), want.len());
             assert_eq!(ids(&q), want.iter().copied().collect::<Vec<_>>());
-            assert_eq!(q.front().map(|w| w.req.wr_id), want.front().copied());
+            assert_eq!(q.front().map(|w| w.wr_id), want.front().copied());
             for (i, id) in want.iter().enumerate() {
-                assert_eq!(q[i].req.wr_id, *id);
+                assert_eq!(q[i].wr_id, *id);
             }
             assert!(q.get(want.len()).is_none());
         }
@@ -174,23 +206,17 @@ mod tests {
     }
 
     #[test]
-    fn a_reused_slot_starts_blank() {
-        let mut q = SendQueue::new(1);
+    fn a_reused_slot_starts_blank_and_keeps_its_memory() {
+        let mut q = SendQueue::<Req>::new(1);
         let w = q.push();
-        w.req.wr_id = 7;
-        w.req.signaled = true;
-        w.req.sges.push(super::super::Sge {
-            addr: 1,
-            length: 2,
-            lkey: 3,
-        });
-        w.req.inline = Some(super::super::InlineData::from_slice(&[1, 2, 3]));
+        w.wr_id = 7;
         w.started = true;
+        w.list.extend([1, 2, 3]);
+        let cap = w.list.capacity();
         q.pop_front();
         let w = q.push();
-        assert_eq!(w.req.wr_id, 0);
-        assert!(!w.req.signaled && w.req.sges.is_empty() && w.req.inline.is_none());
-        assert!(!w.started);
+        assert_eq!((w.wr_id, w.started, w.list.len()), (0, false, 0));
+        assert_eq!(w.list.capacity(), cap);
         q.pop_back();
         assert_eq!(q.len(), 0);
         q.pop_front();
