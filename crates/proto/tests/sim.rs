@@ -958,14 +958,20 @@ fn lone_losses_recovered_by_probe_not_timeout() {
 /// retry_cnt + 1 timeouts, with nothing resent but the timeouts' retries.
 #[test]
 fn a_lossless_path_is_not_probed_and_the_timeout_still_recovers() {
-    // The tail packet (#2 of the SEND's three) lost: recovered by one timeout, no probe.
-    let mut sim = simple_sim(QpType::Rc);
-    let now = sim.now;
-    sim.nodes[0].qp.set_lossless_path(true, now);
-    sim.drop_packets = vec![2];
-    post_recv(&mut sim, 1, 10, 4096);
-    let r = req(1, SendOp::Send, 3000, &sim);
-    sim.post(0, r);
+    /// A SEND of three packets from a QP on a lossless path, its tail (#2) lost.
+    fn lossless_send_losing_its_tail() -> Sim {
+        let mut sim = simple_sim(QpType::Rc);
+        let now = sim.now;
+        sim.nodes[0].qp.set_lossless_path(true, now);
+        sim.drop_packets = vec![2];
+        post_recv(&mut sim, 1, 10, 4096);
+        let r = req(1, SendOp::Send, 3000, &sim);
+        sim.post(0, r);
+        sim
+    }
+
+    // The tail lost: recovered by one timeout, no probe.
+    let mut sim = lossless_send_losing_its_tail();
     assert!(
         sim.run(Duration::from_secs(100), |s| s.nodes[0].comps.len() == 1
             && s.nodes[1].comps.len() == 1)
@@ -978,13 +984,7 @@ fn a_lossless_path_is_not_probed_and_the_timeout_still_recovers() {
     assert_eq!((st.probes, st.timeouts), (0, 1), "{st:?}");
 
     // Lossy again while the tail is missing: a probe recovers it, long before a timeout.
-    let mut sim = simple_sim(QpType::Rc);
-    let now = sim.now;
-    sim.nodes[0].qp.set_lossless_path(true, now);
-    sim.drop_packets = vec![2];
-    post_recv(&mut sim, 1, 10, 4096);
-    let r = req(1, SendOp::Send, 3000, &sim);
-    sim.post(0, r);
+    let mut sim = lossless_send_losing_its_tail();
     // (Well before the local ACK timeout, 4.2 ms here.)
     sim.run(Duration::from_millis(2), |_| false);
     assert_eq!(sim.nodes[0].qp.stats().probes, 0);

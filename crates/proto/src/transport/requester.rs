@@ -128,25 +128,48 @@ impl Slot for Wqe {
     /// its heap memory for the next request (inline data on the heap is freed).
     #[inline]
     fn reset(&mut self) {
-        let r = &mut self.req;
-        r.wr_id = 0;
-        r.op = SendOp::Send;
-        r.sges.clear();
-        r.inline = None;
-        r.signaled = false;
-        r.solicited = false;
-        r.fence = false;
-        r.ud = None;
-        self.kind = Kind::Send;
-        self.len = 0;
-        self.npkts = 0;
-        self.first_psn = Psn::ZERO;
-        self.last_psn = Psn::ZERO;
-        self.started = false;
-        self.rd_counted = false;
-        self.done = false;
-        self.status = None;
-        self.rwqe_seq = 0;
+        // Every field named (no `..`): a field added to either struct must be reset here.
+        let Wqe {
+            req:
+                SendRequest {
+                    wr_id,
+                    op,
+                    sges,
+                    inline,
+                    signaled,
+                    solicited,
+                    fence,
+                    ud,
+                },
+            kind,
+            len,
+            npkts,
+            first_psn,
+            last_psn,
+            started,
+            rd_counted,
+            done,
+            status,
+            rwqe_seq,
+        } = self;
+        *wr_id = 0;
+        *op = SendOp::Send;
+        sges.clear();
+        *inline = None;
+        *signaled = false;
+        *solicited = false;
+        *fence = false;
+        *ud = None;
+        *kind = Kind::Send;
+        *len = 0;
+        *npkts = 0;
+        *first_psn = Psn::ZERO;
+        *last_psn = Psn::ZERO;
+        *started = false;
+        *rd_counted = false;
+        *done = false;
+        *status = None;
+        *rwqe_seq = 0;
     }
 }
 
