@@ -844,6 +844,41 @@ fn rc_ack_held_for_a_polling_receiver_still_reaches_the_sender() {
     done(&a, 3);
 }
 
+/// A receiver that polls its CQ holds the ACK of what it received for its answer; when it
+/// calls into connection management instead (here it looks for a CM event), no answer is
+/// coming, and the ACK goes before that call returns rather than when the progress thread
+/// next looks (up to 0.5 ms later). perftest's rdma_cm mode relies on it: its client, done
+/// with the handshake message it received, goes on to connect its test QPs at once, while
+/// its server waits for the completion of that message before it listens for them.
+/// (Over a same-host lane the ACK of a SEND goes at once anyway; this file's run with the
+/// wire forced is the one that holds it.)
+#[test]
+fn a_held_ack_goes_when_the_receiver_calls_into_connection_management() {
+    let (a, b) = pair(QpType::Rc, 4096, &Opts::default());
+    let channel = softrdma::rdma_cm::EventChannel::new().unwrap();
+    let sges = [a.sge(0, 32)];
+    let mut wc = [WorkCompletion::default(); 4];
+    for id in 1..=20u64 {
+        b.post_recv(id, 0, 64);
+        // b polls (its own thread takes what arrives, and holds the ACK).
+        for _ in 0..1000 {
+            assert_eq!(b.cq.poll(&mut wc).unwrap(), 0);
+        }
+        send(&a, id, WrOpcode::Send, &sges, |_| {});
+        let got = b.wait(1);
+        assert_eq!((got[0].status, got[0].wr_id), (WcStatus::Success, id));
+        // Instead of answering or polling again, b looks for a CM event.
+        let e = channel.get_cm_event_timeout(Duration::ZERO).unwrap_err();
+        assert_eq!(e.errno(), libc::ETIMEDOUT);
+        // By then every message b took is acknowledged (each came after the one before
+        // completed: an ACK apiece).
+        let c = b.qp.counters();
+        assert!(c.acks_sent >= id, "message {id}: {c:?}");
+        let done = a.wait(1);
+        assert_eq!((done[0].status, done[0].wr_id), (WcStatus::Success, id));
+    }
+}
+
 /// A pair with the retransmit timer off (timeout 0) in which a sent SEND 0 (acknowledged: a
 /// knows b's credits) and SEND 1, whose ACK b has sent and lost: b drops every packet it sends
 /// until the caller turns that off, and a awaits that ACK for good. b has `b_recvs` receives

@@ -75,7 +75,9 @@ mod tx;
 pub(crate) mod unix_names;
 
 pub use counters::{DeviceCounters, PROBE_INTERVAL};
-pub(crate) use devices::{all_open, default_queues, if_open, open, open_queue, MAX_QUEUES};
+pub(crate) use devices::{
+    all_open, default_queues, if_open, open, open_queue, release_held_acks, MAX_QUEUES,
+};
 pub use faults::FaultConfig;
 pub use lanes::same_host_lanes;
 pub(crate) use lanes::same_host_segment;

@@ -33,6 +33,7 @@ impl CmId {
         dst: SocketAddr,
         _timeout_ms: u32,
     ) -> Result<()> {
+        leave_datapath();
         {
             let s = self.inner.lock();
             if !matches!(s.state, IdState::Idle | IdState::AddrBound) {
@@ -94,6 +95,7 @@ impl CmId {
     ///
     /// Fails with `EINVAL` unless the address is resolved.
     pub fn resolve_route(&self, _timeout_ms: u32) -> Result<()> {
+        leave_datapath();
         let mut s = self.inner.lock();
         if s.state != IdState::AddrResolved {
             return Err(Error::invalid("rdma_resolve_route before ADDR_RESOLVED"));
@@ -122,6 +124,7 @@ impl CmId {
     /// listens on the same address and port, in this process or in another one that shares
     /// the device (a wildcard listener skips a device where another process listens).
     pub fn listen(&self, backlog: i32) -> Result<()> {
+        leave_datapath();
         if self.inner.lock().state == IdState::Idle {
             self.bind_addr(SocketAddr::from(([0, 0, 0, 0], 0)))?;
         }
@@ -133,23 +136,11 @@ impl CmId {
         let sid = cma::service_id(self.inner.ps, src.port());
         let wildcard = s.engine.is_none();
         if wildcard {
-            // Every device of this machine listens, as the kernel's wildcard listen does:
-            // start the engines of the local addresses (one owned by another process is
-            // left to it), and remember the service ID for engines started later.
-            drop(s);
+            // Engines that start from now on listen too (see below).
             wildcards()
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push((sid, Arc::downgrade(&self.inner)));
-            for d in crate::get_device_list().unwrap_or_default() {
-                if d.addr().is_ipv4() == src.is_ipv4() || !self.inner.lock().afonly {
-                    if let Err(e) = device_res(d.addr()).and_then(|(c, _)| c.inner.shared.engine())
-                    {
-                        tracing::debug!(addr = %d.addr(), error = %e, "wildcard listen skips a device");
-                    }
-                }
-            }
-            s = self.inner.lock();
         }
         let engines: Vec<Arc<dyn Provider>> = match &s.engine {
             Some(e) => vec![e.clone()],
@@ -171,6 +162,7 @@ impl CmId {
                     })
                 });
             if busy {
+                forget_wildcard(&self.inner);
                 return Err(Error::new(
                     ErrorKind::AddrInUse,
                     format!("something already listens on {src}"),
@@ -189,6 +181,7 @@ impl CmId {
                     for c in claimed {
                         c.cm_unlisten(sid);
                     }
+                    forget_wildcard(&self.inner);
                     return Err(err);
                 }
             }
@@ -208,6 +201,28 @@ impl CmId {
         };
         s.state = IdState::Listen;
         update_port_use(&self.inner, src.port(), |u| u.listening = true);
+        if wildcard {
+            // Every device of this machine listens, as the kernel's wildcard listen does:
+            // the devices open in this process listen from here on (above); now the engines
+            // of the other local addresses start, and each listens as it starts
+            // (`engine_started`: a device where another process listens on the service is
+            // skipped). In this order because finding the local addresses takes a while
+            // (netlink, sysfs: ~0.2 ms): a request that arrives meanwhile on an open device
+            // finds the listener (perftest's rdma_cm mode connects its test QPs right after
+            // the server's rdma_listen; refused, its client gives up).
+            drop(s);
+            for d in crate::get_device_list().unwrap_or_default() {
+                if crate::provider::if_open(d.addr()).is_some() {
+                    continue;
+                }
+                if d.addr().is_ipv4() == src.is_ipv4() || !self.inner.lock().afonly {
+                    if let Err(e) = device_res(d.addr()).and_then(|(c, _)| c.inner.shared.engine())
+                    {
+                        tracing::debug!(addr = %d.addr(), error = %e, "wildcard listen skips a device");
+                    }
+                }
+            }
+        }
         Ok(())
     }
 
@@ -232,6 +247,7 @@ impl CmId {
         param: &ConnParam,
         deadline: Option<std::time::Instant>,
     ) -> Result<()> {
+        leave_datapath();
         let mut s = self.inner.lock();
         if s.state != IdState::RouteResolved {
             return Err(Error::invalid("rdma_connect before ROUTE_RESOLVED"));
@@ -355,6 +371,7 @@ impl CmId {
     /// `param.qp_num`, private data above 196 bytes (UD: 136), or resources above the
     /// device's limits.
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
+        leave_datapath();
         let mut s = self.inner.lock();
         let (Some(conn), Some(engine)) = (s.conn, s.engine.clone()) else {
             return Err(Error::invalid(
@@ -488,6 +505,7 @@ impl CmId {
     ///
     /// Fails with `EINVAL` when the id never connected (UD ids never do).
     pub fn disconnect(&self) -> Result<()> {
+        leave_datapath();
         let mut s = self.inner.lock();
         if self.inner.qp_type == QpType::Ud {
             return Err(Error::invalid("rdma_disconnect on a UD id"));
@@ -613,10 +631,7 @@ impl CmId {
             }
         }
         if let Some(sid) = g.listening.take() {
-            wildcards()
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .retain(|(_, w)| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(i)));
+            forget_wildcard(i);
             let mut r = registry();
             let mut idle = Vec::new();
             for ((ip, s2), v) in r.listeners.iter_mut() {
@@ -714,4 +729,21 @@ pub(super) fn route_source(dst: IpAddr) -> Result<IpAddr> {
     Ok(s.local_addr()
         .map_err(|e| Error::from_io(e, "route lookup"))?
         .ip())
+}
+
+/// The program called into connection management (resolving, connecting, listening,
+/// accepting, disconnecting, taking an event) rather than answering on a QP: the positive
+/// ACKs held back for its answer go now ([`crate::provider::release_held_acks`]), so that a
+/// peer waiting for the completion of what it sent is not kept waiting while this side sets
+/// up another connection.
+pub(super) fn leave_datapath() {
+    crate::provider::release_held_acks();
+}
+
+/// Takes `id` off the wildcard listeners (it stopped listening, or never started).
+fn forget_wildcard(id: &Arc<super::objects::IdInner>) {
+    wildcards()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|(_, w)| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(id)));
 }

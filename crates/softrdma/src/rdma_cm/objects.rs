@@ -296,6 +296,7 @@ impl EventChannel {
     /// receive completions ([`RecvHold`]) lets those of other ids go first, not those of its
     /// own id.
     fn take_event(&self, deadline: Option<Instant>) -> Result<CmEvent> {
+        super::connect::leave_datapath();
         loop {
             match deadline {
                 None => self.inner.fd.wait()?,
