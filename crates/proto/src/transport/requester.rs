@@ -912,7 +912,9 @@ impl Requester {
             self.noack = if ack_req { 0 } else { noack };
             if self.sent_any && psn.is_before(self.high_psn) {
                 ctx.stats.retransmitted_packets += 1;
-            } else if rc && ack_req && self.rtt_sample.is_none() {
+            } else if rc && ack_req && !self.lossless && self.rtt_sample.is_none() {
+                // (A lossless path sends no probes, the round trip's only use: none is
+                // timed, and the estimate of the lossy path stays for when it comes back.)
                 self.rtt_sample = Some((psn.add(consumed - 1), now));
             }
             self.next_psn = psn.add(consumed);

@@ -297,9 +297,13 @@ struct CqState {
     entries: VecDeque<WorkCompletion>,
     armed: Armed,
     overrun: bool,
-    /// Calls of `poll` so far (wrapping): whether a program is polling the CQ at all, for
-    /// [`CqInner::recvs_unpolled`].
-    polls: u64,
+}
+
+impl CqState {
+    /// What [`CqInner::quick`] mirrors: the completions waiting, one more once overrun.
+    fn quick(&self) -> usize {
+        self.entries.len() + usize::from(self.overrun)
+    }
 }
 
 pub(crate) struct CqInner {
@@ -309,6 +313,16 @@ pub(crate) struct CqInner {
     cq_context: u64,
     comp_vector: u32,
     state: Mutex<CqState>,
+    /// A copy of `state`'s [`CqState::quick`], stored under its lock after each change, so
+    /// that a poll of an empty CQ (most polls of a program that busy-polls) returns without
+    /// the lock (0: nothing waits, not overrun).
+    quick: AtomicUsize,
+    /// Whether the CQ is armed for an event (a copy of `state.armed != No`, as `quick`).
+    armed: std::sync::atomic::AtomicBool,
+    /// Calls of `poll` so far (wrapping; an increment racing another poll's may be lost,
+    /// which is all right: it tells whether a program is polling the CQ at all, for
+    /// [`CqInner::recvs_unpolled`]).
+    polls: AtomicU64,
     /// QPs that use the CQ.
     users: AtomicUsize,
     events_reported: AtomicU64,
@@ -392,8 +406,10 @@ impl Context {
                     entries: VecDeque::with_capacity((actual as usize).min(INITIAL_ROOM)),
                     armed: Armed::No,
                     overrun: false,
-                    polls: 0,
                 }),
+                quick: AtomicUsize::new(0),
+                armed: std::sync::atomic::AtomicBool::new(false),
+                polls: AtomicU64::new(0),
                 users: AtomicUsize::new(0),
                 events_reported: AtomicU64::new(0),
                 events_acked: AtomicU64::new(0),
@@ -439,6 +455,7 @@ impl CqInner {
             }
             if st.entries.len() >= self.cqe as usize {
                 st.overrun = true;
+                self.quick.store(st.quick(), Ordering::Release);
                 drop(st);
                 self.ctx.async_events.raise(
                     EventType::CqErr,
@@ -457,7 +474,9 @@ impl CqInner {
             };
             if fire {
                 st.armed = Armed::No;
+                self.armed.store(false, Ordering::Relaxed);
             }
+            self.quick.store(st.quick(), Ordering::Release);
             fire
         };
         if notify {
@@ -476,6 +495,7 @@ impl CqInner {
     pub(crate) fn purge_recvs(&self, qp_num: u32) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.entries.retain(|wc| !is_recv_of(wc, qp_num));
+        self.quick.store(st.quick(), Ordering::Release);
     }
 
     /// Whether the CQ holds a receive completion of QP `qp_num` that is not a flush (a
@@ -487,7 +507,7 @@ impl CqInner {
             .entries
             .iter()
             .any(|wc| is_recv_of(wc, qp_num) && wc.status != WcStatus::WrFlushErr);
-        (held, st.polls)
+        (held, self.polls.load(Ordering::Relaxed))
     }
 
     /// Runs `f` once, on the thread of the next poll of the CQ that takes completions (after
@@ -600,8 +620,15 @@ impl Cq {
 
     /// Moves completions into `wc`; also says whether the CQ is armed for an event.
     fn poll_entries(&self, wc: &mut [WorkCompletion]) -> Result<(usize, bool)> {
-        let mut st = self.inner.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.polls = st.polls.wrapping_add(1);
+        let inner = &*self.inner;
+        // (A plain load and store: see `CqInner::polls`.)
+        let polls = inner.polls.load(Ordering::Relaxed);
+        inner.polls.store(polls.wrapping_add(1), Ordering::Relaxed);
+        if inner.quick.load(Ordering::Acquire) == 0 {
+            // Nothing waits (a completion being pushed now is taken by the next poll).
+            return Ok((0, inner.armed.load(Ordering::Relaxed)));
+        }
+        let mut st = inner.state.lock().unwrap_or_else(|p| p.into_inner());
         if st.overrun {
             return Err(Error::new(
                 ErrorKind::Os(libc::EIO),
@@ -612,6 +639,7 @@ impl Cq {
         for (slot, e) in wc.iter_mut().zip(st.entries.drain(..n)) {
             *slot = e;
         }
+        inner.quick.store(st.quick(), Ordering::Release);
         let armed = st.armed != Armed::No;
         drop(st);
         if n > 0 && self.inner.has_wakers.load(Ordering::Acquire) {
@@ -636,6 +664,7 @@ impl Cq {
                 (true, Armed::Any) => Armed::Any,
                 (true, _) => Armed::Solicited,
             };
+            self.inner.armed.store(true, Ordering::Relaxed);
         }
         // The program is about to sleep on the channel: the device's progress thread, which
         // leaves the socket to threads that poll, must take it back now.
@@ -776,6 +805,51 @@ mod tests {
         let mut wc = [WorkCompletion::default(); 8];
         assert_eq!(cq.poll(&mut wc).unwrap(), 5);
         assert_eq!(wc.map(|w| w.wr_id)[..5], [1, 2, 3, 4, 5]);
+    }
+
+    /// A poll of an empty CQ takes no lock: it reads `quick`, which must follow every change
+    /// of the queue (push, poll, purge, overrun) or a completion would be missed or an
+    /// overrun hidden; and `armed`, which follows `req_notify_cq` and the event it fires.
+    #[test]
+    fn an_empty_poll_sees_every_change_of_the_queue() {
+        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
+            .unwrap()
+            .open()
+            .unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        let cq = ctx.create_cq(4, 0, Some(&ch), 0).unwrap();
+        let mut wc = [WorkCompletion::default(); 1];
+        assert_eq!(cq.poll_entries(&mut wc).unwrap(), (0, false));
+        cq.req_notify_cq(false).unwrap();
+        assert_eq!(cq.poll_entries(&mut wc).unwrap(), (0, true));
+        // Two completions (the first fires the event and disarms), taken one at a time.
+        assert!(cq.inner.push(ok_wc(1), false));
+        assert!(cq.inner.push(ok_wc(2), false));
+        assert_eq!(cq.poll_entries(&mut wc).unwrap(), (1, false));
+        assert_eq!(wc[0].wr_id, 1);
+        assert_eq!(cq.poll_entries(&mut wc).unwrap(), (1, false));
+        assert_eq!(wc[0].wr_id, 2);
+        assert_eq!(cq.poll_entries(&mut wc).unwrap(), (0, false));
+        // A receive of a destroyed QP taken out again: empty.
+        let recv = WorkCompletion {
+            wr_id: 3,
+            qp_num: 7,
+            opcode: WcOpcode::Recv,
+            ..Default::default()
+        };
+        assert!(cq.inner.push(recv, false));
+        cq.inner.purge_recvs(7);
+        assert_eq!(cq.poll_entries(&mut wc).unwrap().0, 0);
+        // Overrun: polls fail from then on, even once nothing is left to take.
+        for i in 0..u64::from(cq.cqe()) {
+            assert!(cq.inner.push(ok_wc(i), false));
+        }
+        assert!(!cq.inner.push(ok_wc(99), false));
+        for _ in 0..2 {
+            assert_eq!(cq.poll(&mut wc).unwrap_err().errno(), libc::EIO);
+        }
+        let polls = cq.inner.polls.load(Ordering::Relaxed);
+        assert_eq!(polls, 8, "every poll counts");
     }
 
     /// A CQ takes room as it fills: one of the device's largest size starts small, and one
