@@ -30,21 +30,83 @@ pub(crate) fn holding_acks() -> bool {
     HOLD_ACKS.with(std::cell::Cell::get)
 }
 
-/// The progress thread polls the lanes (for `SOFTRDMA_LANE_SPIN_US`, 50 µs, after their last
-/// packet) only while they stream: when a look finds more than one packet, or finds one again
-/// within this gap. After a lone packet it sleeps on the bells. A program that waits for an RDMA WRITE by spinning on
-/// its memory (ib_write_lat, WRITE-based RPC) leaves the lanes to this thread; on a machine
-/// with fewer cores than busy threads, a polling progress thread took the core from it, and
-/// each packet waited for the scheduler: UC `ib_write_lat` over lanes 42-80 µs one way on 2
-/// cores, against 9-13 µs over the wire and 11-20 µs with no polling at all. A stream (a
-/// bandwidth test: packets microseconds apart) keeps the polling, which saves a wake-up a
-/// packet (1 MiB WRITEs: 22-23 GB/s against 15-19 GB/s without it, this 2-core machine).
-const LANE_STREAM_GAP: Duration = Duration::from_micros(10);
+/// When the progress thread polls the same-host lanes rather than sleeping on their bells.
+///
+/// After the lanes bring packets, the thread polls them for `SOFTRDMA_LANE_SPIN_US` (50 µs; a
+/// *window*) when that pays: polling costs less than a wake-up through the bell while traffic
+/// flows (1 MiB WRITEs: 22-23 GB/s against 15-19 without, this 2-core machine), and a READ
+/// target, whose program does not poll, answers without a wake-up. But a program that waits
+/// for an RDMA WRITE by spinning on its own memory (ib_write_lat, WRITE-based RPC) leaves every
+/// packet to this thread, and where busy threads outnumber cores a polling progress thread
+/// takes the core that program spins on: UC `ib_write_lat` over lanes took 42-80 µs one way
+/// on 2 cores, against 9-19 over the wire, each packet waiting for the scheduler. So a window
+/// is judged: it paid when the next packet came before it ended. After one that did not, a
+/// lone packet opens no window (the thread sleeps on the bells), except every
+/// [`LaneSpin::PROBE_EVERY`]-th, which tries again; a look that finds several packets (a
+/// stream) always opens one.
+struct LaneSpin {
+    /// The end of the window (in the past: none).
+    until: Instant,
+    /// Whether a window was opened and not judged yet.
+    open: bool,
+    /// Whether the last window judged paid.
+    pays: bool,
+    /// Lone packets that opened no window since the last one.
+    lone: u32,
+}
 
-/// Whether the lanes stream (see [`LANE_STREAM_GAP`]): a look took `taken` packets, `since`
-/// after the look before that took any.
-fn lanes_stream(taken: usize, since: Duration) -> bool {
-    taken > 1 || since < LANE_STREAM_GAP
+impl LaneSpin {
+    /// How often a lone packet opens a window again while windows do not pay.
+    const PROBE_EVERY: u32 = 16;
+
+    fn new(now: Instant) -> LaneSpin {
+        LaneSpin {
+            until: now,
+            open: false,
+            pays: true,
+            lone: 0,
+        }
+    }
+
+    /// A look at `now` took `n` packets (at least one): judges the window open, and opens
+    /// one of `spin` when it pays, for a run of packets, or to probe.
+    fn took(&mut self, n: usize, now: Instant, spin: Duration) {
+        if self.open {
+            self.pays = now <= self.until;
+        }
+        let probe = if n > 1 || self.pays {
+            false
+        } else {
+            self.lone += 1;
+            self.lone >= Self::PROBE_EVERY
+        };
+        if n > 1 || self.pays || probe {
+            self.lone = 0;
+            self.until = now + spin;
+            self.open = true;
+        } else {
+            self.open = false;
+        }
+    }
+
+    /// Whether to poll the lanes at `now` instead of sleeping; a window that ended with no
+    /// packet did not pay.
+    fn polls(&mut self, now: Instant) -> bool {
+        if now < self.until {
+            return true;
+        }
+        if self.open {
+            self.open = false;
+            self.pays = false;
+        }
+        false
+    }
+
+    /// Application threads poll (they take what the lanes bring): the window open is not
+    /// judged.
+    fn stand_down(&mut self) {
+        self.open = false;
+    }
 }
 
 /// How often an application thread polling a CQ reads the device socket while the same-host
@@ -224,10 +286,8 @@ pub(super) fn progress(weak: Weak<Engine>) {
     // The bells of the same-host lanes (kept open while polled) and their generation.
     let mut bells: Vec<lanes::Bell> = Vec::new();
     let mut bells_gen = u64::MAX;
-    // When the lanes last brought packets, and until when this thread polls them rather than
-    // sleeping on their bells (see `LANE_STREAM_GAP`).
-    let mut last_lane = Instant::now() - Duration::from_secs(1);
-    let mut spin_until = last_lane;
+    // Whether this thread polls the lanes rather than sleeping on their bells.
+    let mut spin = LaneSpin::new(Instant::now());
     loop {
         let Some(engine) = weak.upgrade() else {
             return;
@@ -237,6 +297,9 @@ pub(super) fn progress(weak: Weak<Engine>) {
         let now = Instant::now();
         let mut next = now + Duration::from_millis(200);
         let handoff = engine.handoff_until(now, &mut seen_polls);
+        if handoff.is_some() {
+            spin.stand_down();
+        }
         if handoff.is_none() {
             // About to sleep (before the deadline is read: a timer set meanwhile either is
             // seen here or wakes this thread), until the earliest deadline, which the timer
@@ -304,7 +367,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
         // Asleep, the lanes' producers ring the bells (while application threads poll, they
         // take what the lanes bring).
         if !timeout.is_zero() && handoff.is_none() {
-            if now < spin_until {
+            if spin.polls(now) {
                 // Lane traffic a moment ago: more is coming; polling the rings costs less
                 // than a wake-up through the bell.
                 timeout = Duration::ZERO;
@@ -374,11 +437,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
             // (A producer that hung up leaves no second look: take all it left.)
             let n = rx.rx.receive_lanes(&e.wire, &e.share, e, &mut tx, hung);
             if n > 0 {
-                let t = Instant::now();
-                if lanes_stream(n, t.duration_since(last_lane)) {
-                    spin_until = t + engine.lane_spin;
-                }
-                last_lane = t;
+                spin.took(n, Instant::now(), engine.lane_spin);
             }
         }
         if hung {
@@ -420,14 +479,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_progress_thread_polls_the_lanes_only_while_they_stream() {
-        // A run of packets, or packets microseconds apart: a stream.
-        assert!(lanes_stream(2, Duration::from_secs(1)));
-        assert!(lanes_stream(64, Duration::ZERO));
-        assert!(lanes_stream(1, Duration::from_micros(3)));
-        // A lone packet a round trip after the last one (a ping-pong the program waits for
-        // on its memory, a message now and then): sleep on the bells.
-        assert!(!lanes_stream(1, LANE_STREAM_GAP));
-        assert!(!lanes_stream(1, Duration::from_millis(2)));
+    fn the_progress_thread_polls_the_lanes_while_it_pays() {
+        let us = Duration::from_micros;
+        let spin = us(50);
+        let t0 = Instant::now();
+        let mut l = LaneSpin::new(t0);
+        // A lone packet opens a window at first; the next within it: it paid, go on.
+        l.took(1, t0, spin);
+        assert!(l.polls(t0 + us(10)));
+        l.took(1, t0 + us(20), spin);
+        assert!(l.polls(t0 + us(60)));
+        // The window ends with no packet: it did not pay; the next lone packet opens none.
+        assert!(!l.polls(t0 + us(71)));
+        l.took(1, t0 + us(200), spin);
+        assert!(!l.polls(t0 + us(201)));
+        // ... until the PROBE_EVERY-th, which tries again.
+        let mut t = t0 + us(200);
+        for _ in 1..LaneSpin::PROBE_EVERY - 1 {
+            t += us(100);
+            l.took(1, t, spin);
+            assert!(!l.polls(t + us(1)));
+        }
+        t += us(100);
+        l.took(1, t, spin);
+        assert!(l.polls(t + us(1)));
+        // A packet late for that window (the thread was not polling, say it slept): did not
+        // pay either.
+        t += us(80);
+        l.took(1, t, spin);
+        assert!(!l.polls(t + us(1)));
+        // A run of packets opens a window whatever the last one did.
+        t += us(500);
+        l.took(5, t, spin);
+        assert!(l.polls(t + us(49)));
+        // A packet within it: it paid; lone packets open windows again.
+        l.took(1, t + us(30), spin);
+        assert!(l.polls(t + us(79)));
+        // While application threads poll, an open window is not judged.
+        l.stand_down();
+        assert!(!l.polls(t + us(200)));
+        l.took(1, t + us(300), spin);
+        assert!(l.polls(t + us(301)), "the last judged window paid");
     }
 }
