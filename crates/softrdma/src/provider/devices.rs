@@ -115,8 +115,10 @@ pub(crate) fn if_open(addr: IpAddr) -> Option<Arc<dyn Provider>> {
 }
 
 /// Sends now the positive ACKs that QPs of every device of this process hold back for an
-/// answer of their program (see `verbs::datapath::drive`): the program called into
-/// connection management instead of answering, so no answer is coming soon, and a peer may
+/// answer of their program (see `verbs::datapath::drive`). The connection manager calls it
+/// at the start of each call that means the program is not answering on a QP now
+/// (resolving, connecting, listening, accepting, disconnecting, taking an event): no answer
+/// is coming soon, and a peer may
 /// be waiting for the completion of what it sent (perftest's rdma_cm handshake: the peer
 /// waits for its send completion while this side, which has the message, goes on to
 /// resolve and connect its next id; held, the ACK waited for the progress thread, up to the

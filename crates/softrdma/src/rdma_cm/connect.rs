@@ -33,7 +33,7 @@ impl CmId {
         dst: SocketAddr,
         _timeout_ms: u32,
     ) -> Result<()> {
-        leave_datapath();
+        crate::provider::release_held_acks();
         {
             let s = self.inner.lock();
             if !matches!(s.state, IdState::Idle | IdState::AddrBound) {
@@ -95,7 +95,7 @@ impl CmId {
     ///
     /// Fails with `EINVAL` unless the address is resolved.
     pub fn resolve_route(&self, _timeout_ms: u32) -> Result<()> {
-        leave_datapath();
+        crate::provider::release_held_acks();
         let mut s = self.inner.lock();
         if s.state != IdState::AddrResolved {
             return Err(Error::invalid("rdma_resolve_route before ADDR_RESOLVED"));
@@ -124,7 +124,7 @@ impl CmId {
     /// listens on the same address and port, in this process or in another one that shares
     /// the device (a wildcard listener skips a device where another process listens).
     pub fn listen(&self, backlog: i32) -> Result<()> {
-        leave_datapath();
+        crate::provider::release_held_acks();
         if self.inner.lock().state == IdState::Idle {
             self.bind_addr(SocketAddr::from(([0, 0, 0, 0], 0)))?;
         }
@@ -247,7 +247,7 @@ impl CmId {
         param: &ConnParam,
         deadline: Option<std::time::Instant>,
     ) -> Result<()> {
-        leave_datapath();
+        crate::provider::release_held_acks();
         let mut s = self.inner.lock();
         if s.state != IdState::RouteResolved {
             return Err(Error::invalid("rdma_connect before ROUTE_RESOLVED"));
@@ -371,7 +371,7 @@ impl CmId {
     /// `param.qp_num`, private data above 196 bytes (UD: 136), or resources above the
     /// device's limits.
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
-        leave_datapath();
+        crate::provider::release_held_acks();
         let mut s = self.inner.lock();
         let (Some(conn), Some(engine)) = (s.conn, s.engine.clone()) else {
             return Err(Error::invalid(
@@ -505,7 +505,7 @@ impl CmId {
     ///
     /// Fails with `EINVAL` when the id never connected (UD ids never do).
     pub fn disconnect(&self) -> Result<()> {
-        leave_datapath();
+        crate::provider::release_held_acks();
         let mut s = self.inner.lock();
         if self.inner.qp_type == QpType::Ud {
             return Err(Error::invalid("rdma_disconnect on a UD id"));
@@ -729,15 +729,6 @@ pub(super) fn route_source(dst: IpAddr) -> Result<IpAddr> {
     Ok(s.local_addr()
         .map_err(|e| Error::from_io(e, "route lookup"))?
         .ip())
-}
-
-/// The program called into connection management (resolving, connecting, listening,
-/// accepting, disconnecting, taking an event) rather than answering on a QP: the positive
-/// ACKs held back for its answer go now ([`crate::provider::release_held_acks`]), so that a
-/// peer waiting for the completion of what it sent is not kept waiting while this side sets
-/// up another connection.
-pub(super) fn leave_datapath() {
-    crate::provider::release_held_acks();
 }
 
 /// Takes `id` off the wildcard listeners (it stopped listening, or never started).

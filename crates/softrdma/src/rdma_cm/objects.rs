@@ -296,8 +296,7 @@ impl EventChannel {
     /// receive completions ([`RecvHold`]) lets those of other ids go first, not those of its
     /// own id.
     fn take_event(&self, deadline: Option<Instant>) -> Result<CmEvent> {
-        // The program takes CM events rather than answering on a QP: the ACKs held for its
-        // answer go now (as in `connect::leave_datapath`).
+        // The program takes CM events rather than answering on a QP.
         crate::provider::release_held_acks();
         loop {
             match deadline {

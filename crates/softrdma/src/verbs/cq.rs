@@ -765,6 +765,14 @@ mod tests {
     use super::*;
     use crate::Device;
 
+    /// A context on a device of this run's own address.
+    fn open_ctx() -> Context {
+        Device::from_addr(crate::testing::unique_loopback_addr().into())
+            .unwrap()
+            .open()
+            .unwrap()
+    }
+
     fn ok_wc(wr_id: u64) -> WorkCompletion {
         WorkCompletion {
             wr_id,
@@ -774,10 +782,7 @@ mod tests {
 
     #[test]
     fn solicited_only_fires_on_solicited_or_error_completions() {
-        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
-            .unwrap()
-            .open()
-            .unwrap();
+        let ctx = open_ctx();
         let ch = ctx.create_comp_channel().unwrap();
         ch.set_nonblocking(true).unwrap();
         let cq = ctx.create_cq(16, 1, Some(&ch), 0).unwrap();
@@ -812,10 +817,7 @@ mod tests {
     /// overrun hidden; and `armed`, which follows `req_notify_cq` and the event it fires.
     #[test]
     fn an_empty_poll_sees_every_change_of_the_queue() {
-        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
-            .unwrap()
-            .open()
-            .unwrap();
+        let ctx = open_ctx();
         let ch = ctx.create_comp_channel().unwrap();
         let cq = ctx.create_cq(4, 0, Some(&ch), 0).unwrap();
         let mut wc = [WorkCompletion::default(); 1];
@@ -856,10 +858,7 @@ mod tests {
     /// past its first room still holds exactly `cqe` completions, in order, then overruns.
     #[test]
     fn a_large_cq_grows_as_it_fills_and_overruns_at_its_size() {
-        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
-            .unwrap()
-            .open()
-            .unwrap();
+        let ctx = open_ctx();
         let max = ctx.query_device().unwrap().max_cqe;
         let huge = ctx.create_cq(max, 0, None, 0).unwrap();
         assert_eq!(huge.cqe(), max);
@@ -899,10 +898,7 @@ mod tests {
     #[test]
     fn polling_a_cq_drives_the_receive_queue_of_every_qp_that_uses_it() {
         use crate::{QpCap, QpInitAttr, QpType};
-        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
-            .unwrap()
-            .open()
-            .unwrap();
+        let ctx = open_ctx();
         ctx.set_receive_queues(3).unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let shared = ctx.create_cq(64, 0, None, 0).unwrap();
@@ -942,10 +938,7 @@ mod tests {
 
     #[test]
     fn destroying_a_cq_removes_its_pending_events_from_the_channel() {
-        let ctx = Device::from_addr(crate::testing::unique_loopback_addr().into())
-            .unwrap()
-            .open()
-            .unwrap();
+        let ctx = open_ctx();
         let ch = ctx.create_comp_channel().unwrap();
         ch.set_nonblocking(true).unwrap();
         let cq = ctx.create_cq(4, 0, Some(&ch), 0).unwrap();
