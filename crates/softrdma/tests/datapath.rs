@@ -635,6 +635,157 @@ fn ud_send_has_the_grh_and_source_qp() {
     assert!(b.wait_none());
 }
 
+/// Posts one 8-byte SEND from `a` to `b` carrying `value` at `off` of `a`'s buffer (a UD
+/// request gets an address handle to `b` and its Q_Key).
+fn post_unreliable(a: &Side, b: &Side, ah: Option<&Ah>, wr_id: u64, off: usize, value: u64) {
+    a.buf.write(off, &value.to_le_bytes()).unwrap();
+    send(a, wr_id, WrOpcode::Send, &[a.sge(off, 8)], |w| {
+        if let Some(ah) = ah {
+            w.ah = Some(ah);
+            w.remote_qpn = b.qp.qp_num();
+            w.remote_qkey = 0x1111;
+        }
+    });
+}
+
+/// A UC or UD pair whose traffic from `a` to `b` takes a same-host lane (unless the wire is
+/// forced), with `a`'s program polling: one message at a time until `a`'s packets take the
+/// lane (when a lane comes up, UC may lose the message in flight, as UC may). Returns the
+/// pair and, for UD, `a`'s address handle to `b`.
+fn unreliable_pair(qp_type: QpType) -> (Side, Side, Option<Ah>) {
+    let (a, b) = pair(qp_type, 1 << 20, &Opts::default());
+    let ah = (qp_type == QpType::Ud).then(|| a.pd.create_ah(&AhAttr::for_ip(b.addr)).unwrap());
+    let wire = std::env::var("SOFTRDMA_TRANSPORT").is_ok_and(|v| v == "wire");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // One receive posted at a time: a message lost when the lane comes up leaves it posted
+    // for the next (a hang guard, no timing).
+    let mut posted = false;
+    for i in 0.. {
+        if !posted {
+            b.post_recv(900_000 + i, 0, 128);
+            posted = true;
+        }
+        post_unreliable(&a, &b, ah.as_ref(), 900_000 + i, 0, i);
+        a.wait(1);
+        let until = Instant::now() + Duration::from_millis(200);
+        while posted && Instant::now() < until {
+            if b.cq.poll(&mut [WorkCompletion::default()]).unwrap() > 0 {
+                posted = false;
+            } else {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        if !posted && (wire || a.ctx.counters().same_host_packets > 0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no lane came up");
+    }
+    (a, b, ah)
+}
+
+/// UC and UD SENDs posted one call at a time by a program that polls its CQ now and then (as
+/// perftest's bandwidth tests do) are held for a batch and leave together (`post_send`):
+/// every one still arrives, in order, byte-exact, and completes successfully.
+#[test]
+fn unreliable_sends_posted_one_at_a_time_all_arrive_in_order() {
+    for qp_type in [QpType::Uc, QpType::Ud] {
+        let (a, b, ah) = unreliable_pair(qp_type);
+        let grh = if qp_type == QpType::Ud { 40 } else { 0 };
+        let n = 600u64;
+        // (A few more receives than messages: a message of `unreliable_pair` that went on
+        // the wire as the lane came up may still arrive, after the lane's.)
+        for i in 0..n + 16 {
+            b.post_recv(i, 4096 + i as usize * 64, 64);
+        }
+        let mut wc = [WorkCompletion::default(); 16];
+        let mut sent = Vec::new();
+        for i in 0..n {
+            post_unreliable(&a, &b, ah.as_ref(), i, 16 * i as usize, 1000 + i);
+            if i % 8 == 7 {
+                let k = a.cq.poll(&mut wc).unwrap();
+                sent.extend_from_slice(&wc[..k]);
+            }
+        }
+        sent.extend(a.wait(n as usize - sent.len()));
+        assert!(
+            sent.iter().all(|w| w.status == WcStatus::Success),
+            "{qp_type:?}: {sent:?}"
+        );
+        assert_eq!(
+            sent.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+            (0..n).collect::<Vec<_>>(),
+            "{qp_type:?}: send completions in order"
+        );
+        let mut got = Vec::new();
+        while got.last() != Some(&(1000 + n - 1)) {
+            for w in b.wait(1) {
+                assert_eq!(
+                    (w.status, w.byte_len),
+                    (WcStatus::Success, 8 + grh),
+                    "{qp_type:?}: {w:?}"
+                );
+                let mut v = [0u8; 8];
+                b.buf
+                    .read(4096 + w.wr_id as usize * 64 + grh as usize, &mut v)
+                    .unwrap();
+                let v = u64::from_le_bytes(v);
+                if v >= 1000 {
+                    got.push(v);
+                }
+            }
+        }
+        assert_eq!(
+            got,
+            (1000..1000 + n).collect::<Vec<_>>(),
+            "{qp_type:?}: every message, in order"
+        );
+    }
+}
+
+/// A send held for a batch goes within the hand-off even when its program never polls
+/// again (the progress thread sends it), and before the QP changes state or is destroyed:
+/// a program that posts and then moves its QP to ERR, or destroys it, expects its message
+/// sent, not flushed.
+#[test]
+fn a_held_send_leaves_without_another_poll_and_before_err_or_destroy() {
+    for qp_type in [QpType::Uc, QpType::Ud] {
+        // Held (its program polled just before), then no poll of `a` at all: `b` gets it.
+        let (a, b, ah) = unreliable_pair(qp_type);
+        b.post_recv(1, 0, 128);
+        post_unreliable(&a, &b, ah.as_ref(), 1, 0, 77);
+        let r = b.wait(1);
+        assert_eq!(r[0].status, WcStatus::Success, "{qp_type:?}");
+        assert_eq!(a.wait(1)[0].status, WcStatus::Success, "{qp_type:?}");
+
+        // Posted, then the QP goes to ERR at once: sent first, completed successfully.
+        b.post_recv(2, 0, 128);
+        post_unreliable(&a, &b, ah.as_ref(), 2, 0, 78);
+        a.qp.modify_qp(
+            &QpAttr {
+                qp_state: QpState::Err,
+                ..Default::default()
+            },
+            QpAttrMask::STATE.bits(),
+        )
+        .unwrap();
+        assert_eq!(b.wait(1)[0].status, WcStatus::Success, "{qp_type:?}");
+        let c = a.wait(1);
+        assert_eq!(
+            (c[0].wr_id, c[0].status),
+            (2, WcStatus::Success),
+            "{qp_type:?}"
+        );
+
+        // Posted, then the QP is destroyed at once: the message still arrives.
+        let (a, b, ah) = unreliable_pair(qp_type);
+        b.post_recv(3, 0, 128);
+        post_unreliable(&a, &b, ah.as_ref(), 3, 0, 79);
+        let Side { qp, .. } = a;
+        qp.destroy().map_err(|e| e.error).unwrap();
+        assert_eq!(b.wait(1)[0].status, WcStatus::Success, "{qp_type:?}");
+    }
+}
+
 #[test]
 fn srq_feeds_receives_to_a_qp() {
     let (x, y) = pair_addrs();

@@ -122,10 +122,13 @@ pub(crate) fn if_open(addr: IpAddr) -> Option<Arc<dyn Provider>> {
 /// be waiting for the completion of what it sent (perftest's rdma_cm handshake: the peer
 /// waits for its send completion while this side, which has the message, goes on to
 /// resolve and connect its next id; held, the ACK waited for the progress thread, up to the
-/// end of the hand-off, 0.5 ms). One atomic load per device when none is held. Never fails.
+/// end of the hand-off, 0.5 ms). Sends held for a batch by UC and UD QPs go too, and
+/// [`crate::verbs`] calls it before a program blocks for a completion event. Two atomic loads
+/// per device when nothing is held. Never fails.
 pub(crate) fn release_held_acks() {
     for e in all_engines() {
         e.flush_held_acks();
+        e.flush_held_sends();
     }
 }
 
@@ -289,6 +292,13 @@ impl Provider for Engine {
     }
     fn note_held_ack(&self, qpn: u32) {
         Engine::note_held_ack(self, qpn)
+    }
+    fn note_held_send(&self, qpn: u32) -> bool {
+        Engine::note_held_send(self, qpn)
+    }
+    #[inline]
+    fn flush_held_sends(&self) {
+        Engine::flush_held_sends(self)
     }
     #[inline]
     fn poll_progress(&self, busy: bool) {

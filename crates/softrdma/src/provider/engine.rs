@@ -88,6 +88,18 @@ pub(crate) struct Engine {
     /// QPs whose transport holds a positive ACK back, and whether the list may be non-empty.
     held_acks: Mutex<Vec<u32>>,
     any_held_acks: AtomicBool,
+    /// UC and UD QPs whose transport holds single posted sends back for one batch (see
+    /// [`Engine::note_held_send`]), and whether the list may be non-empty.
+    held_sends: Mutex<Vec<u32>>,
+    pub(super) any_held_sends: AtomicBool,
+    /// Notes made by [`Engine::note_held_send`] (the progress thread watches whether it
+    /// changes).
+    pub(super) held_notes: AtomicU64,
+    /// The progress thread sleeps no longer than [`Engine::handoff`] now, because sends
+    /// were held since its last look.
+    pub(super) send_cap: AtomicBool,
+    /// A held send woke the progress thread, which has not looked yet.
+    pub(super) send_wake_asked: AtomicBool,
     /// QP 1: the connection manager's MADs.
     pub(super) gsi: Mutex<Gsi>,
     /// This engine, for the connection-manager layer's ids.
@@ -151,6 +163,11 @@ impl Engine {
             lanes_hot: AtomicBool::new(false),
             held_acks: Mutex::new(Vec::new()),
             any_held_acks: AtomicBool::new(false),
+            held_sends: Mutex::new(Vec::new()),
+            any_held_sends: AtomicBool::new(false),
+            held_notes: AtomicU64::new(0),
+            send_cap: AtomicBool::new(false),
+            send_wake_asked: AtomicBool::new(false),
             handoff: env_us("SOFTRDMA_POLL_HANDOFF_US").unwrap_or(POLL_HANDOFF),
             me: OnceLock::new(),
             first: OnceLock::new(),
@@ -365,6 +382,62 @@ impl Engine {
             l.push(qpn);
         }
         self.any_held_acks.store(true, Ordering::Release);
+    }
+
+    /// Records that the transport of the UC or UD QP `qpn` holds sends just posted back, to
+    /// send them with the ones posted next in one system call; says whether it may (`false`:
+    /// the caller sends now): not when the hand-off is off (`SOFTRDMA_POLL_HANDOFF_US=0`) or
+    /// the program sleeps on completion events (it armed a CQ and has not polled since: what
+    /// it waits for must not wait). What is held goes at the program's next CQ poll of the
+    /// device, when it arms a CQ or takes a completion event, from the connection manager's
+    /// calls, when the QP changes state, is destroyed or dropped, and otherwise within
+    /// [`Engine::handoff`] (0.5 ms): while sends are held the progress thread sleeps no
+    /// longer, and sends them when it wakes (a note that finds it asleep for longer wakes it).
+    pub(super) fn note_held_send(&self, qpn: u32) -> bool {
+        if self.handoff.is_zero() || self.app_asleep.load(Ordering::Relaxed) {
+            return false;
+        }
+
+        {
+            let mut l = self.held_sends.lock().unwrap_or_else(|p| p.into_inner());
+            if !l.contains(&qpn) {
+                l.push(qpn);
+            }
+        }
+        self.held_notes.fetch_add(1, Ordering::Relaxed);
+        // Against the progress thread, which stores `send_cap` before it reads
+        // `any_held_sends` to choose how long to sleep: either it sees the note (and sleeps
+        // no longer than the hand-off), or this thread sees whether it capped its sleep (if
+        // not, it is woken once).
+        self.any_held_sends.store(true, Ordering::SeqCst);
+        if !self.send_cap.load(Ordering::SeqCst)
+            && !self.send_wake_asked.swap(true, Ordering::SeqCst)
+        {
+            self.wire.wake.signal();
+        }
+        true
+    }
+
+    /// Sends what QPs hold back with [`Engine::note_held_send`] (one atomic load when
+    /// nothing is held).
+    pub(crate) fn flush_held_sends(&self) {
+        if !self.any_held_sends.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut qpns = {
+            let mut l = self.held_sends.lock().unwrap_or_else(|p| p.into_inner());
+            self.any_held_sends.store(false, Ordering::SeqCst);
+            std::mem::take(&mut *l)
+        };
+        for qpn in qpns.drain(..) {
+            if let Some(qp) = self.lookup(qpn) {
+                qp.release_held_ack();
+            }
+        }
+        let mut l = self.held_sends.lock().unwrap_or_else(|p| p.into_inner());
+        if l.is_empty() {
+            *l = qpns;
+        }
     }
 
     /// Sends the ACKs that QPs hold back (costs one atomic load when there are none).

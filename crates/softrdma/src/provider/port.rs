@@ -38,7 +38,8 @@ pub(crate) trait QpPort: Send + Sync {
     /// The QP's deadline has passed: runs its transport's timers and drives it.
     fn on_timeout(self: Arc<Self>, engine: &dyn Provider, now: Instant, tx: &mut TxBatch);
 
-    /// Sends the positive ACK the QP's transport holds back, if any.
+    /// Sends the positive ACK the QP's transport holds back, if any, and the sends of a UC
+    /// or UD QP held for a batch.
     fn release_held_ack(self: Arc<Self>);
 }
 
@@ -75,6 +76,13 @@ pub(crate) trait Provider: Send + Sync {
     fn direct_lane(&self, peer: IpAddr, dest_qpn: u32) -> Option<DirectTx<'_>>;
     /// Records that the transport of QP `qpn` holds a positive ACK back.
     fn note_held_ack(&self, qpn: u32);
+    /// Records that the transport of the UC or UD QP `qpn` holds sends just posted back for
+    /// a batch; says whether the device will send them soon without the caller (an
+    /// application thread polls it). `false`: the caller sends now.
+    fn note_held_send(&self, qpn: u32) -> bool;
+    /// Sends what QPs hold back after [`Provider::note_held_send`] (one atomic load when
+    /// nothing is held).
+    fn flush_held_sends(&self);
     /// Progress from an application thread that found its CQ empty (`busy`: not armed).
     fn poll_progress(&self, busy: bool);
     /// Receives on the calling thread what waits for this device (this receive queue) now,

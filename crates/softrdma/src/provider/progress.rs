@@ -238,6 +238,8 @@ impl Engine {
     /// An application thread is about to sleep rather than poll (it armed a CQ): the
     /// progress thread takes the socket back now instead of after the hand-off period.
     pub(super) fn app_sleeps(&self) {
+        // (What it posted and this device holds for a batch goes before it sleeps.)
+        self.flush_held_sends();
         // With `standing_down` (stored before the progress thread reads `app_asleep`): one of
         // the two threads sees the other's store.
         self.app_asleep.store(true, Ordering::SeqCst);
@@ -281,6 +283,8 @@ pub(super) fn progress(weak: Weak<Engine>) {
     let mut fds: Vec<libc::pollfd> = Vec::with_capacity(3);
     // The application threads' busy polls counted when last looked at.
     let mut seen_polls = 0u64;
+    // The sends held for a batch counted when last looked at.
+    let mut seen_notes = 0u64;
     // The QPs whose deadline passed (reused).
     let mut due: Vec<u32> = Vec::new();
     // The bells of the same-host lanes (kept open while polled) and their generation.
@@ -311,6 +315,15 @@ pub(super) fn progress(weak: Weak<Engine>) {
         }
         if let Some(d) = engine.wire.release_delayed(now) {
             next = next.min(d);
+        }
+        // Sends held for a batch (`Engine::note_held_send`) since the last look, or still
+        // held: this thread sends them within the hand-off period.
+        let notes = engine.held_notes.load(Ordering::Relaxed);
+        let cap = notes != seen_notes;
+        seen_notes = notes;
+        engine.send_cap.store(cap, Ordering::SeqCst);
+        if cap || engine.any_held_sends.load(Ordering::SeqCst) {
+            next = next.min(now + engine.handoff);
         }
         engine
             .sleep_until
@@ -400,9 +413,12 @@ pub(super) fn progress(weak: Weak<Engine>) {
             while engine.wire.wake.try_wait() {}
         }
         engine.sleep_until.store(0, Ordering::Release);
+        engine.send_wake_asked.store(false, Ordering::SeqCst);
         engine.standing_down.store(false, Ordering::SeqCst);
-        // ACKs an application thread held and has not sent since (it stopped polling).
+        // ACKs an application thread held and has not sent since (it stopped polling), and
+        // sends held for a batch (see `Engine::note_held_send`).
         engine.flush_held_acks();
+        engine.flush_held_sends();
         // Receive everything waiting, in batches (unless an application thread is at it).
         if fds[0].revents & libc::POLLERR != 0 {
             // ICMP errors wait in the socket's error queue (IP_RECVERR); it stays POLLERR

@@ -231,6 +231,9 @@ impl CompChannel {
     }
 
     fn take_event(&self, wait: impl Fn() -> Result<()>) -> Result<CqEvent> {
+        // About to wait: what the devices hold back (a held ACK, sends held for a batch) goes
+        // first.
+        crate::provider::release_held_acks();
         loop {
             wait()?;
             let cq = self
@@ -559,6 +562,9 @@ impl Cq {
     /// Fails with `EIO` once the CQ has overrun (completions were lost; an
     /// `IBV_EVENT_CQ_ERR` was raised) — the CQ is then unusable, as in verbs.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        // Sends that UC/UD QPs of the device hold for a batch go now (`post_send`): their
+        // program is looking for completions.
+        self.for_each_engine(false, |e| e.flush_held_sends());
         let (n, armed) = self.poll_entries(wc)?;
         if n > 0 || wc.is_empty() {
             return Ok(n);

@@ -780,14 +780,23 @@ fn feed(
     }
 }
 
-/// Sends the positive ACK the transport of `qp` holds back, if it holds one (with the QP's
-/// lock `st` held); returns the events to raise once the lock is released.
+/// Sends the positive ACK the transport of `qp` holds back, if it holds one, and the sends a
+/// UC or UD QP holds for a batch (`post_send`), with the QP's lock `st` held; returns the
+/// events to raise once the lock is released.
 pub(crate) fn send_held_ack(
     engine: &dyn Provider,
     qp: &Arc<QpInner>,
     st: &mut QpState_,
 ) -> Vec<EventType> {
-    if !st.transport.as_ref().is_some_and(|t| t.has_held_ack()) {
+    let unreliable = matches!(
+        qp.qp_type,
+        softrdma_proto::QpType::Uc | softrdma_proto::QpType::Ud
+    );
+    if !st
+        .transport
+        .as_ref()
+        .is_some_and(|t| t.has_held_ack() || (unreliable && t.unsent_requests() > 0))
+    {
         return Vec::new();
     }
     drive_and_send(engine, qp, st)
@@ -808,7 +817,8 @@ pub(crate) fn drive_and_send(
 }
 
 impl QpInner {
-    /// Sends the positive ACK this QP's transport holds back, if any (see [`drive`]).
+    /// Sends the positive ACK this QP's transport holds back, if any (see [`drive`]), and
+    /// the sends it holds for a batch.
     pub(crate) fn release_held_ack(self: &Arc<Self>) {
         let events = {
             let mut st = self.lock();

@@ -92,6 +92,11 @@ impl Qp {
             )));
         };
         let inner = &self.inner;
+        // Sends a UC/UD QP holds for a batch go before any change of state (a program that
+        // moves its QP to ERR after posting expects them sent, not flushed).
+        if matches!(inner.qp_type, QpType::Uc | QpType::Ud) {
+            inner.release_held_ack();
+        }
         let shared = inner.pd.shared();
         let dev = &shared.attr;
         let mut st = inner.lock();

@@ -22,6 +22,10 @@ const DOORBELL_BATCH: usize = 16;
 /// transmits at once: a full UDP GSO super-datagram of single-packet messages.
 const DOORBELL_FLUSH: usize = 64;
 
+/// Sends a UC or UD QP holds back for a batch (see `post_send_impl`) at most: the next post
+/// transmits them all.
+const UNRELIABLE_BATCH: usize = 64;
+
 impl Qp {
     /// Posts send work requests (`ibv_post_send`), in order, stopping at the first that
     /// cannot be posted. In ERR, requests are accepted and completed at once with
@@ -111,6 +115,8 @@ impl Qp {
         let mut st = inner.lock();
         let mut result = Ok(());
         let mut posted = 0;
+        // Whether every request posted is a SEND (see the UC/UD batching below).
+        let mut only_sends = true;
         for (i, wr) in wrs.iter().enumerate() {
             let fail = |error| PostError { bad_wr: i, error };
             let state = st.attr.qp_state;
@@ -175,6 +181,7 @@ impl Qp {
             if let (WrOpcode::BindMw, Some(b)) = (wr.opcode, &wr.bind_mw) {
                 b.mw.set_posted_rkey((b.mw.inner.index << 8) | (b.rkey & 0xff));
             }
+            only_sends &= matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm);
             posted += 1;
         }
         // Doorbell batching: while an RC QP waits for the ACK of packets in flight, the ACK's
@@ -202,7 +209,29 @@ impl Qp {
             let answer = unsent == posted && t.sent_requests() <= 1 && t.received_since_sent();
             t.awaiting_ack() && !answer && posted < DOORBELL_BATCH && !flush
         });
-        if posted > 0 && !defer {
+        // UC and UD have no ACK to wait for, so without this each post went out alone: one
+        // `sendmmsg` a message, whose system call on loopback also runs the receiver's side of
+        // the network stack (`ib_send_bw -c UD -s 8` over the wire, one post at a time: 0.21 M
+        // msg/s, RC 1.15 with its ACK-paced batches). While an application thread polls the
+        // device (the progress thread's hand-off, which ends within 0.5 ms and then sends
+        // what is held), SENDs posted one call at a time are held for the next post, up to
+        // UNRELIABLE_BATCH, and go together at the program's next CQ poll (any, empty or
+        // not), when it arms a CQ or waits for an event, or when the QP goes; a program that
+        // does not poll (or set SOFTRDMA_POLL_HANDOFF_US=0) sends each at once. Not RDMA
+        // WRITEs: a program may wait for one by spinning on memory, polling nothing.
+        let hold_unreliable = !defer
+            && posted > 0
+            && only_sends
+            && matches!(inner.qp_type, QpType::Uc | QpType::Ud)
+            && st
+                .transport
+                .as_ref()
+                .is_some_and(|t| !t.is_error() && t.unsent_requests() < UNRELIABLE_BATCH)
+            && st
+                .engine
+                .as_ref()
+                .is_some_and(|e| e.note_held_send(inner.qp_num));
+        if posted > 0 && !defer && !hold_unreliable {
             if let Some(engine) = st.engine.clone() {
                 let events = drive_and_send(&*engine, inner, &mut st);
                 drop(st);
