@@ -126,7 +126,15 @@ pub(crate) fn if_open(addr: IpAddr) -> Option<Arc<dyn Provider>> {
 /// [`crate::verbs`] calls it before a program blocks for a completion event. Two atomic loads
 /// per device when nothing is held. Never fails.
 pub(crate) fn release_held_acks() {
-    for e in all_engines() {
+    // Every receive queue's engine: a QP on a further queue holds its ACK in that engine.
+    let further = QUEUES.get().map_or_else(Vec::new, |m| {
+        m.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect::<Vec<_>>()
+    });
+    for e in all_engines().into_iter().chain(further) {
         e.flush_held_acks();
         e.flush_held_sends();
     }
