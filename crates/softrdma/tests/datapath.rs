@@ -742,6 +742,56 @@ fn unreliable_sends_posted_one_at_a_time_all_arrive_in_order() {
     }
 }
 
+/// UC and UD messages that arrive while their QP's receive queue is empty (a sender that
+/// outran its receiver for a moment) are kept and take the receives posted next, in order;
+/// none is dropped.
+#[test]
+fn unreliable_messages_that_find_no_receive_wait_for_one() {
+    for qp_type in [QpType::Uc, QpType::Ud] {
+        let (a, b, ah) = unreliable_pair(qp_type);
+        let grh = if qp_type == QpType::Ud { 40 } else { 0 };
+        let n = 50u64;
+        let rx0 = b.ctx.counters().rx_packets;
+        for i in 0..n {
+            post_unreliable(&a, &b, ah.as_ref(), i, 16 * i as usize, 2000 + i);
+        }
+        a.wait(n as usize);
+        // Until `b`'s device has taken them all in (a hang guard, no timing).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while b.ctx.counters().rx_packets < rx0 + n {
+            assert_eq!(b.cq.poll(&mut [WorkCompletion::default()]).unwrap(), 0);
+            std::thread::sleep(Duration::from_millis(1));
+            assert!(Instant::now() < deadline, "{:?}", b.ctx.counters());
+        }
+        assert!(
+            b.wait_none(),
+            "{qp_type:?}: no receive posted, no completion"
+        );
+        for i in 0..n {
+            b.post_recv(i, 4096 + i as usize * 64, 64);
+        }
+        let mut got = Vec::new();
+        for w in b.wait(n as usize) {
+            assert_eq!(
+                (w.status, w.byte_len),
+                (WcStatus::Success, 8 + grh),
+                "{qp_type:?}: {w:?}"
+            );
+            let mut v = [0u8; 8];
+            b.buf
+                .read(4096 + w.wr_id as usize * 64 + grh as usize, &mut v)
+                .unwrap();
+            got.push((w.wr_id, u64::from_le_bytes(v)));
+        }
+        assert_eq!(
+            got,
+            (0..n).map(|i| (i, 2000 + i)).collect::<Vec<_>>(),
+            "{qp_type:?}: every message kept, in order"
+        );
+        assert_eq!(b.qp.counters().no_recv_drops, 0, "{qp_type:?}");
+    }
+}
+
 /// A send held for a batch goes within the hand-off even when its program never polls
 /// again (the progress thread sends it), and before the QP changes state or is destroyed:
 /// a program that posts and then moves its QP to ERR, or destroys it, expects its message

@@ -10,6 +10,7 @@ use crate::verbs::cq::WorkCompletion;
 use crate::verbs::event::{AsyncElement, EventTarget, EventType};
 use crate::verbs::mr::{AccessError as MrAccessError, AccessFlags, KeyKind};
 use crate::verbs::pd::PdInner;
+use crate::verbs::qp::parked::needs_receive;
 use crate::verbs::qp::{QpInner, QpState_};
 use crate::verbs::requests::RecvWqe;
 use crate::verbs::resources::Resources;
@@ -454,6 +455,7 @@ pub(crate) fn drive(
         attr,
         mrs,
         timer_at,
+        parked,
         ..
     } = st;
     let Some(t) = transport.as_mut() else {
@@ -628,7 +630,9 @@ pub(crate) fn drive(
     if t.is_error() && attr.qp_state != softrdma_proto::QpState::Err {
         attr.qp_state = softrdma_proto::QpState::Err;
         attr.cur_qp_state = softrdma_proto::QpState::Err;
-        // The transport flushed the send queue; flush our receive queue too.
+        // The transport flushed the send queue; flush our receive queue too (packets kept
+        // for it are dropped, as the transport drops what comes now).
+        parked.clear();
         for w in rq.drain(..) {
             qp.recv_cq.arc().push(
                 WorkCompletion {
@@ -743,12 +747,23 @@ fn feed(
     let events = {
         {
             let QpState_ {
-                transport, rq, mrs, ..
+                transport,
+                rq,
+                mrs,
+                parked,
+                ..
             } = &mut *st;
             let mut env = QpEnv::of(qp, rq, mrs);
             if let Some(t) = transport.as_mut() {
                 // Only a UD receive gets the GRH (its first 40 bytes): built for UD only.
                 let ud = qp.qp_type == softrdma_proto::QpType::Ud;
+                // A UC or UD QP with its own receive queue keeps what needs a receive while
+                // the queue is empty, and what comes behind it, until receives are posted
+                // (`verbs::qp::parked`).
+                let keeps = matches!(
+                    qp.qp_type,
+                    softrdma_proto::QpType::Uc | softrdma_proto::QpType::Ud
+                ) && qp.srq.is_none();
                 let mut meta = RxMeta { grh: [0; 40] };
                 // The payload copies of the run are made together, spread over the copy
                 // engines when large, before anything else sees the memory (`drive`'s
@@ -757,6 +772,13 @@ fn feed(
                     env.start_deferring();
                 }
                 for pkt in pkts {
+                    if keeps
+                        && !t.is_error()
+                        && (!parked.is_empty() || (env.rq.is_empty() && needs_receive(pkt)))
+                        && parked.push(pkt, src.ip(), dst)
+                    {
+                        continue;
+                    }
                     if ud {
                         meta.grh = grh_for(src.ip(), dst, pkt.len());
                     }
@@ -778,6 +800,55 @@ fn feed(
     for e in events {
         qp.raise(e);
     }
+}
+
+/// Hands the packets `qp` keeps (`verbs::qp::parked`) to its transport while its receive
+/// queue has requests for them (or they need none), in order; drives the QP if any went.
+/// Called with the QP's lock `st` held, after receives were posted; returns the events to
+/// raise once the lock is released.
+pub(crate) fn take_parked(
+    engine: &dyn Provider,
+    qp: &Arc<QpInner>,
+    st: &mut QpState_,
+) -> Vec<EventType> {
+    let now = Instant::now();
+    let mut taken = 0;
+    {
+        let QpState_ {
+            transport,
+            rq,
+            mrs,
+            parked,
+            ..
+        } = &mut *st;
+        let Some(t) = transport.as_mut() else {
+            return Vec::new();
+        };
+        let ud = qp.qp_type == softrdma_proto::QpType::Ud;
+        let mut env = QpEnv::of(qp, rq, mrs);
+        let mut meta = RxMeta { grh: [0; 40] };
+        while let Some(p) = parked.front() {
+            if env.rq.is_empty() && needs_receive(&p.data) {
+                break;
+            }
+            let Some(p) = parked.pop() else { break };
+            if ud {
+                meta.grh = grh_for(p.src, p.dst, p.data.len());
+            }
+            let at = p.data.as_ptr() as usize;
+            env.packet = (at, at + p.data.len());
+            t.handle_packet(now, &p.data, &meta, &mut env);
+            taken += 1;
+        }
+    }
+    if taken == 0 {
+        return Vec::new();
+    }
+    with_tx(|tx| {
+        let ev = drive(engine, qp, st, now, tx);
+        engine.send(tx);
+        ev
+    })
 }
 
 /// Sends the positive ACK the transport of `qp` holds back, if it holds one, and the sends a

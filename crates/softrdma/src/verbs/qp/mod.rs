@@ -11,6 +11,7 @@
 mod attr;
 mod mcast;
 mod modify;
+pub(crate) mod parked;
 mod recv;
 mod send;
 
@@ -59,6 +60,8 @@ pub(crate) struct QpState_ {
     /// `set_timer`, `None` after RESET (which unregisters the QP and so drops its entry). The
     /// engine otherwise drops the entry only once the QP is gone.
     pub(crate) timer_at: Option<std::time::Instant>,
+    /// Packets of a UC or UD QP kept while its receive queue was empty.
+    pub(crate) parked: parked::Parked,
 }
 
 pub(crate) struct QpInner {
@@ -242,6 +245,7 @@ impl Pd {
                     mcast: Vec::new(),
                     mrs: Default::default(),
                     timer_at: None,
+                    parked: Default::default(),
                 }),
                 async_unacked: AtomicUsize::new(0),
                 _count: count,

@@ -35,6 +35,7 @@ impl QpInner {
             }
         }
         st.ud_dests.clear();
+        st.parked.clear();
         for w in st.rq.drain(..) {
             self.recv_cq
                 .arc()
@@ -206,6 +207,7 @@ impl Qp {
             st.timer_at = None;
             st.ud_dests.clear();
             st.rq.clear();
+            st.parked.clear();
             st.attr = QpAttr {
                 cap: inner.cap,
                 ..Default::default()

@@ -3,7 +3,7 @@
 use super::Qp;
 use crate::error::Error;
 use crate::verbs::cq::WcOpcode;
-use crate::verbs::datapath::drive_and_send;
+use crate::verbs::datapath::{drive_and_send, take_parked};
 use crate::verbs::requests::{recv_wqe, RecvWr};
 use crate::verbs::wr::{check_sges, PostError};
 use softrdma_proto::QpState;
@@ -47,6 +47,17 @@ impl Qp {
                 ))));
             }
             st.rq.push_back(recv_wqe(wr));
+        }
+        // Packets a UC or UD QP kept while its queue was empty take these receives first.
+        if !st.parked.is_empty() {
+            if let Some(engine) = st.engine.clone() {
+                let events = take_parked(&*engine, inner, &mut st);
+                drop(st);
+                for e in events {
+                    inner.raise(e);
+                }
+                return Ok(());
+            }
         }
         // An RC requester may be waiting for the credits these receives make: tell it.
         let available = st.rq.len() as u32;
