@@ -685,7 +685,8 @@ fn unreliable_pair(qp_type: QpType) -> (Side, Side, Option<Ah>) {
 
 /// UC and UD SENDs posted one call at a time by a program that polls its CQ now and then (as
 /// perftest's bandwidth tests do) are held for a batch and leave together (`post_send`):
-/// every one still arrives, in order, byte-exact, and completes successfully.
+/// every one still arrives, in order, byte-exact, and completes successfully. (Over a
+/// same-host lane a send goes at once: this file's run with the wire forced holds them.)
 #[test]
 fn unreliable_sends_posted_one_at_a_time_all_arrive_in_order() {
     for qp_type in [QpType::Uc, QpType::Ud] {
@@ -795,7 +796,7 @@ fn unreliable_messages_that_find_no_receive_wait_for_one() {
 /// A send held for a batch goes within the hand-off even when its program never polls
 /// again (the progress thread sends it), and before the QP changes state or is destroyed:
 /// a program that posts and then moves its QP to ERR, or destroys it, expects its message
-/// sent, not flushed.
+/// sent, not flushed. (Held over the wire only: see the test above.)
 #[test]
 fn a_held_send_leaves_without_another_poll_and_before_err_or_destroy() {
     for qp_type in [QpType::Uc, QpType::Ud] {

@@ -301,6 +301,9 @@ impl Provider for Engine {
     fn note_held_ack(&self, qpn: u32) {
         Engine::note_held_ack(self, qpn)
     }
+    fn lane_is_up(&self, peer: IpAddr, dest_qpn: u32) -> bool {
+        self.wire.lane_is_up(peer, dest_qpn)
+    }
     fn note_held_send(&self, qpn: u32) -> bool {
         Engine::note_held_send(self, qpn)
     }

@@ -74,6 +74,9 @@ pub(crate) trait Provider: Send + Sync {
     /// a run of packets: other senders to the device's lanes wait). `None` when no lane is
     /// up there (one is offered: send through a batch meanwhile).
     fn direct_lane(&self, peer: IpAddr, dest_qpn: u32) -> Option<DirectTx<'_>>;
+    /// Whether a same-host lane to QP `dest_qpn` of the device at `peer` is up now (its
+    /// packets cost no system call).
+    fn lane_is_up(&self, peer: IpAddr, dest_qpn: u32) -> bool;
     /// Records that the transport of QP `qpn` holds a positive ACK back.
     fn note_held_ack(&self, qpn: u32);
     /// Records that the transport of the UC or UD QP `qpn` holds sends just posted back for

@@ -306,6 +306,16 @@ impl Lanes {
         (kept, laned)
     }
 
+    /// Whether a lane to (`dst`, `slot`) is up now (no side effect: nothing is offered).
+    pub(crate) fn is_up(&self, dst: SocketAddr, slot: u8) -> bool {
+        if !self.on || slot == 0 || slot == 0xff {
+            return false;
+        }
+        let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        out.iter()
+            .any(|o| o.ip == dst && o.slot == slot && matches!(o.state, OutState::Up(_)))
+    }
+
     /// The ring of the lane to (`dst`, `slot`) when one is up, for a sender that writes its
     /// packets straight into it ([`LaneWriter::reserve`]); what it queued is published
     /// (waking the receiver when it sleeps) when the writer is dropped. Other senders to any
