@@ -26,6 +26,12 @@ const DOORBELL_FLUSH: usize = 64;
 /// transmits them all.
 const UNRELIABLE_BATCH: usize = 64;
 
+/// The longest UC or UD message held for a batch. Batched, larger messages outran a
+/// receiver that the scheduler stopped for a few ms on 2 cores and overflowed its socket
+/// (`ib_send_bw -c UD` over the wire, 8 bytes / 256 / 1 KiB / 2 KiB: messages lost in 0 / 0
+/// / 4 / 7 runs of 10), where one system call a message paced the sender below that.
+const UNRELIABLE_BATCH_MAX_LEN: u64 = 256;
+
 impl Qp {
     /// Posts send work requests (`ibv_post_send`), in order, stopping at the first that
     /// cannot be posted. In ERR, requests are accepted and completed at once with
@@ -115,8 +121,8 @@ impl Qp {
         let mut st = inner.lock();
         let mut result = Ok(());
         let mut posted = 0;
-        // Whether every request posted is a SEND, and where the last one goes (see the UC/UD
-        // batching below).
+        // Whether every request posted is a short SEND, and where the last one goes (see the
+        // UC/UD batching below).
         let mut only_sends = true;
         let mut last_dest = None;
         for (i, wr) in wrs.iter().enumerate() {
@@ -183,7 +189,9 @@ impl Qp {
             if let (WrOpcode::BindMw, Some(b)) = (wr.opcode, &wr.bind_mw) {
                 b.mw.set_posted_rkey((b.mw.inner.index << 8) | (b.rkey & 0xff));
             }
-            only_sends &= matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm);
+            only_sends &= matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm)
+                && wr.sg_list.iter().map(|s| u64::from(s.length)).sum::<u64>()
+                    <= UNRELIABLE_BATCH_MAX_LEN;
             last_dest = match inner.qp_type {
                 QpType::Ud => wr
                     .ah
@@ -222,7 +230,7 @@ impl Qp {
         // the network stack (`ib_send_bw -c UD -s 8` over the wire, one post at a time: 0.21 M
         // msg/s, RC 1.15 with its ACK-paced batches). While an application thread polls the
         // device (the progress thread's hand-off, which ends within 0.5 ms and then sends
-        // what is held), SENDs posted one call at a time are held for the next post, up to
+        // what is held), short SENDs posted one call at a time are held for the next post, up to
         // UNRELIABLE_BATCH, and go together at the program's next CQ poll (any, empty or
         // not), when it arms a CQ or waits for an event, or when the QP goes; a program that
         // does not poll (or set SOFTRDMA_POLL_HANDOFF_US=0) sends each at once. Not RDMA
