@@ -228,13 +228,14 @@ impl Qp {
         // UC and UD have no ACK to wait for, so without this each post went out alone: one
         // `sendmmsg` a message, whose system call on loopback also runs the receiver's side of
         // the network stack (`ib_send_bw -c UD -s 8` over the wire, one post at a time: 0.21 M
-        // msg/s, RC 1.15 with its ACK-paced batches). While an application thread polls the
-        // device (the progress thread's hand-off, which ends within 0.5 ms and then sends
-        // what is held), short SENDs posted one call at a time are held for the next post, up to
-        // UNRELIABLE_BATCH, and go together at the program's next CQ poll (any, empty or
-        // not), when it arms a CQ or waits for an event, or when the QP goes; a program that
-        // does not poll (or set SOFTRDMA_POLL_HANDOFF_US=0) sends each at once. Not RDMA
-        // WRITEs: a program may wait for one by spinning on memory, polling nothing. Not to a
+        // msg/s, RC 1.15 with its ACK-paced batches). Now SENDs of up to
+        // UNRELIABLE_BATCH_MAX_LEN bytes posted one call at a time are held for the next post,
+        // up to UNRELIABLE_BATCH, and go together at the program's next CQ poll (any, empty
+        // or not), when it arms a CQ or waits for an event, at a CM call, when the QP changes
+        // state or goes, or else within the hand-off period (0.5 ms), from the progress thread
+        // (`Provider::note_held_send`). A program that sleeps on completion events (it armed
+        // a CQ and has not polled since), or SOFTRDMA_POLL_HANDOFF_US=0, sends each at once.
+        // Not RDMA WRITEs: a program may wait for one by spinning on memory, polling nothing. Not to a
         // peer reached by a same-host lane, where a packet costs no system call: holding only
         // adds the note and the flush (`ib_send_lat -c UD` over a lane, 8 bytes: 0.9 -> 1.4
         // us one way when held).
