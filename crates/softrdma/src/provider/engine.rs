@@ -435,36 +435,26 @@ impl Engine {
     /// Sends what QPs hold back with [`Engine::note_held_send`] (one atomic load when
     /// nothing is held).
     pub(crate) fn flush_held_sends(&self) {
-        if !self.any_held_sends.load(Ordering::SeqCst) {
-            return;
-        }
-        let mut qpns = {
-            let mut l = self.held_sends.lock().unwrap_or_else(|p| p.into_inner());
-            self.any_held_sends.store(false, Ordering::SeqCst);
-            std::mem::take(&mut *l)
-        };
-        for qpn in qpns.drain(..) {
-            if let Some(qp) = self.lookup(qpn) {
-                qp.release_held_ack();
-            }
-        }
-        let mut l = self.held_sends.lock().unwrap_or_else(|p| p.into_inner());
-        if l.is_empty() {
-            *l = qpns;
-        }
+        self.release_listed(&self.held_sends, &self.any_held_sends);
     }
 
     /// Sends the ACKs that QPs hold back (costs one atomic load when there are none).
     pub(crate) fn flush_held_acks(&self) {
-        if !self.any_held_acks.load(Ordering::Acquire) {
+        self.release_listed(&self.held_acks, &self.any_held_acks);
+    }
+
+    /// Releases what the QPs of `list` hold back (`QpPort::release_held_ack`: a held ACK, or
+    /// sends held for a batch), when `any` says the list may be non-empty.
+    fn release_listed(&self, list: &Mutex<Vec<u32>>, any: &AtomicBool) {
+        if !any.load(Ordering::SeqCst) {
             return;
         }
         // Taken out of the lock (releasing locks each QP, and a QP's drive notes into the
         // list under the QP lock), then given back empty so that its room is reused: a
         // ping-pong notes and flushes a held ACK every round trip.
         let mut qpns = {
-            let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
-            self.any_held_acks.store(false, Ordering::Release);
+            let mut l = list.lock().unwrap_or_else(|p| p.into_inner());
+            any.store(false, Ordering::SeqCst);
             std::mem::take(&mut *l)
         };
         for qpn in qpns.drain(..) {
@@ -472,7 +462,7 @@ impl Engine {
                 qp.release_held_ack();
             }
         }
-        let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut l = list.lock().unwrap_or_else(|p| p.into_inner());
         if l.is_empty() {
             *l = qpns;
         }
