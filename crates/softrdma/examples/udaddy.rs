@@ -87,6 +87,10 @@ struct Node {
     ah: Option<Ah>,
     remote_qpn: u32,
     remote_qkey: u32,
+    /// Send and receive completions taken so far (a poll for one kind counts the other
+    /// too: a reply can complete while the client still waits for its sends).
+    sends_done: usize,
+    recvs_done: usize,
 }
 
 fn create_node(id: CmId, o: &Opts) -> Res<Node> {
@@ -124,6 +128,8 @@ fn create_node(id: CmId, o: &Opts) -> Res<Node> {
         ah: None,
         remote_qpn: 0,
         remote_qkey: 0,
+        sends_done: 0,
+        recvs_done: 0,
     };
     for i in 0..o.count {
         post_recv(&node, o, i as u64)?;
@@ -170,14 +176,15 @@ fn post_sends(n: &Node, o: &Opts) -> Res<()> {
     Ok(())
 }
 
-/// Polls every node's CQ until each has `want` completions of `opcode`; the server makes
-/// its reply address handle from the first receive.
+/// Polls every node's CQ until each has `want` completions of sends (`recv` false) or of
+/// receives (`recv` true) in all; completions of the other kind met on the way are counted
+/// for the poll that waits for them, not lost. The server makes its reply address handle
+/// from the first receive.
 fn poll_cqs(nodes: &mut [Node], want: usize, recv: bool) -> Res<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     for n in nodes.iter_mut() {
-        let mut done = 0;
         let mut wc = [WorkCompletion::default(); 8];
-        while done < want {
+        while if recv { n.recvs_done } else { n.sends_done } < want {
             let k =
                 n.cq.poll(&mut wc)
                     .map_err(|e| format!("ibv_poll_cq: {e}"))?;
@@ -185,7 +192,7 @@ fn poll_cqs(nodes: &mut [Node], want: usize, recv: bool) -> Res<()> {
                 if w.status != WcStatus::Success {
                     return Err(format!("completion failed: {}", w.status.as_str()).into());
                 }
-                if recv && w.opcode == WcOpcode::Recv {
+                if w.opcode == WcOpcode::Recv {
                     if n.ah.is_none() {
                         let mut grh = [0u8; GRH];
                         n.buf.read(0, &mut grh).map_err(|e| e.to_string())?;
@@ -203,9 +210,9 @@ fn poll_cqs(nodes: &mut [Node], want: usize, recv: bool) -> Res<()> {
                         };
                         n.remote_qkey = RDMA_UDP_QKEY;
                     }
-                    done += 1;
-                } else if !recv && w.opcode == WcOpcode::Send {
-                    done += 1;
+                    n.recvs_done += 1;
+                } else if w.opcode == WcOpcode::Send {
+                    n.sends_done += 1;
                 }
             }
             if k == 0 {
