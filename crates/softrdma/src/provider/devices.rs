@@ -126,7 +126,15 @@ pub(crate) fn if_open(addr: IpAddr) -> Option<Arc<dyn Provider>> {
 /// [`crate::verbs`] calls it before a program blocks for a completion event. Two atomic loads
 /// per device when nothing is held. Never fails.
 pub(crate) fn release_held_acks() {
-    // Every receive queue's engine: a QP on a further queue holds its ACK in that engine.
+    for e in every_queue_engine() {
+        e.flush_held_acks();
+        e.flush_held_sends();
+    }
+}
+
+/// The engines of every device and of each device's further receive queues (a QP on a
+/// further queue holds its ACK and its sends in that queue's engine).
+fn every_queue_engine() -> Vec<Arc<Engine>> {
     let further = QUEUES.get().map_or_else(Vec::new, |m| {
         m.lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -134,10 +142,9 @@ pub(crate) fn release_held_acks() {
             .cloned()
             .collect::<Vec<_>>()
     });
-    for e in all_engines().into_iter().chain(further) {
-        e.flush_held_acks();
-        e.flush_held_sends();
-    }
+    let mut all = all_engines();
+    all.extend(further);
+    all
 }
 
 /// The providers of every device this process started.
@@ -146,6 +153,36 @@ pub(crate) fn all_open() -> Vec<Arc<dyn Provider>> {
         .into_iter()
         .map(|e| e as Arc<dyn Provider>)
         .collect()
+}
+
+/// Once per process, when its first device starts: an `atexit` hook that sends what QPs
+/// still hold back (sends held for a batch, held ACKs: [`release_held_acks`]), so that a
+/// program that posts and then exits (returns from `main`, calls `exit`) before it polls,
+/// arms a CQ or destroys the QP loses nothing, as with a NIC whose doorbell was rung. A
+/// process killed by a signal can still take them with it.
+fn send_held_at_exit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registering a plain extern "C" function, which takes only this library's
+        // locks, with atexit.
+        unsafe {
+            libc::atexit(release_held_at_exit);
+        }
+    });
+}
+
+extern "C" fn release_held_at_exit() {
+    if !every_queue_engine().iter().any(|e| e.holds_back()) {
+        return;
+    }
+    // On a thread of its own: by now `exit` has destroyed the exiting thread's thread-locals,
+    // which the send path uses (its transmit batch and scratch buffers).
+    if let Ok(t) = std::thread::Builder::new()
+        .name("softrdma-exit".into())
+        .spawn(release_held_acks)
+    {
+        let _ = t.join();
+    }
 }
 
 /// The engines started in this process.
@@ -173,6 +210,7 @@ impl Engine {
             return Ok(e.clone());
         }
         let started = Engine::start(addr, ifindex)?;
+        send_held_at_exit();
         map.insert(addr, started.clone());
         drop(map);
         // Steerable before anything is created on it: until discovery has put this process

@@ -121,11 +121,11 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// Whether UC/UD sends may be held for a batch (`SOFTRDMA_UNRELIABLE_BATCH=1`; see
+/// Whether UC/UD sends may be held for a batch (on unless `SOFTRDMA_UNRELIABLE_BATCH=0`; see
 /// [`Engine::note_held_send`]).
 fn unreliable_batch_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SOFTRDMA_UNRELIABLE_BATCH").is_ok_and(|v| v.trim() == "1"))
+    *ON.get_or_init(|| std::env::var("SOFTRDMA_UNRELIABLE_BATCH").map_or(true, |v| v.trim() != "0"))
 }
 
 /// Tells the connection-manager layer, if one registered, that `engine` started.
@@ -401,9 +401,7 @@ impl Engine {
     /// [`Engine::handoff`] (0.5 ms): while sends are held the progress thread sleeps no
     /// longer, and sends them when it wakes (a note that finds it asleep for longer wakes it).
     ///
-    /// Off unless `SOFTRDMA_UNRELIABLE_BATCH=1`: with it on, udaddy's client lost the server's
-    /// replies in about 1 run of 20 on a loaded 2-core machine (over the wire too; never with
-    /// it off), for a reason not found yet.
+    /// `SOFTRDMA_UNRELIABLE_BATCH=0` turns holding off (every send leaves at once).
     pub(super) fn note_held_send(&self, qpn: u32) -> bool {
         if !unreliable_batch_on()
             || self.handoff.is_zero()
@@ -430,6 +428,12 @@ impl Engine {
             self.wire.wake.signal();
         }
         true
+    }
+
+    /// Whether a QP of this engine may hold back an ACK or sends (what
+    /// [`Engine::flush_held_acks`] and [`Engine::flush_held_sends`] release).
+    pub(crate) fn holds_back(&self) -> bool {
+        self.any_held_acks.load(Ordering::SeqCst) || self.any_held_sends.load(Ordering::SeqCst)
     }
 
     /// Sends what QPs hold back with [`Engine::note_held_send`] (one atomic load when

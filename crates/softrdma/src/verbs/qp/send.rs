@@ -228,8 +228,8 @@ impl Qp {
         // UC and UD have no ACK to wait for, so without this each post went out alone: one
         // `sendmmsg` a message, whose system call on loopback also runs the receiver's side of
         // the network stack (`ib_send_bw -c UD -s 8` over the wire, one post at a time: 0.21 M
-        // msg/s, RC 1.15 with its ACK-paced batches). With SOFTRDMA_UNRELIABLE_BATCH=1
-        // (off by default: see `Engine::note_held_send`), SENDs of up to
+        // msg/s, RC 1.15 with its ACK-paced batches). Unless SOFTRDMA_UNRELIABLE_BATCH=0
+        // (see `Engine::note_held_send`), SENDs of up to
         // UNRELIABLE_BATCH_MAX_LEN bytes posted one call at a time are held for the next post,
         // up to UNRELIABLE_BATCH, and go together at the program's next CQ poll (any, empty
         // or not), when it arms a CQ or waits for an event, at a CM call, when the QP changes
