@@ -516,10 +516,13 @@ impl Engine {
             None => evs,
         };
         if !rest.is_empty() {
-            self.gsi
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .requeue(rest);
+            // Not `with_cm`: what goes back to the queue must not be dispatched again now.
+            let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
+            g.requeue(Instant::now(), rest);
+            with_tx(|tx| {
+                self.gsi_drive(&mut g, tx);
+                self.send(tx);
+            });
         }
     }
 

@@ -11,6 +11,7 @@ use super::tx::{TxBatch, Wire};
 use crate::error::Result;
 use softrdma_proto::cm::{Cm, CmConfig, CmEvent, CmStats};
 use softrdma_proto::device;
+use softrdma_wire::cm::{RejectReason, SidrStatus};
 use softrdma_wire::{mad, roce};
 use std::collections::HashMap;
 use std::collections::VecDeque;
@@ -24,6 +25,8 @@ use std::time::Instant;
 pub(crate) struct GsiCounters {
     /// MAD packets dropped before the CM saw them (wrong opcode, Q_Key or length).
     pub(crate) dropped: u64,
+    /// See [`GsiStats::refused_unclaimed`].
+    pub(crate) refused_unclaimed: u64,
 }
 
 /// A snapshot of a device's general services interface (QP 1) and its connection manager,
@@ -51,6 +54,10 @@ pub struct GsiStats {
     /// The bound on `pending_reqs`: beyond it incoming REQs are rejected (reason 3) and
     /// SIDR_REQs dropped.
     pub max_pending_reqs: usize,
+    /// Connection requests (REQ, SIDR_REQ) that the CM took for a service listened on but
+    /// that found no listening id when handed up, because the listener was destroyed
+    /// meanwhile: refused as if nobody listened (REJ reason 8, SIDR status unsupported).
+    pub refused_unclaimed: u64,
 }
 
 /// `SOFTRDMA_CM_MAX_CONNECTIONS`: the default [`GsiStats::max_connections`] of every device
@@ -120,6 +127,7 @@ impl Gsi {
         GsiStats {
             cm: self.cm.stats(),
             dropped: self.counters.dropped,
+            refused_unclaimed: self.counters.refused_unclaimed,
             connections: self.cm.connection_count(),
             pending_reqs: self.cm.pending_count(),
             max_connections: cfg.max_connections,
@@ -134,9 +142,28 @@ impl Gsi {
 
     /// Puts back events nobody handled (no rdma_cm id is behind their communication) when
     /// the CM is driven directly ([`Gsi::keep_unhandled`]); otherwise they are dropped (an
-    /// event for an id destroyed meanwhile).
-    pub(crate) fn requeue(&mut self, evs: Vec<CmEvent>) {
+    /// event for an id destroyed meanwhile), except a connection request (REQ or SIDR REQ)
+    /// whose listener went between the CM taking it and now: it is refused as one nobody
+    /// listens for (REJ reason 8, invalid service ID; SIDR status 1, unsupported), as the
+    /// kernel does. Dropped, it stayed half-taken and the peer's retransmits were ignored
+    /// as duplicates until its CM gave up.
+    pub(crate) fn requeue(&mut self, now: Instant, evs: Vec<CmEvent>) {
         if !self.keep_unhandled {
+            for e in evs {
+                match e {
+                    CmEvent::ReqReceived { id, .. } => {
+                        self.counters.refused_unclaimed += 1;
+                        let _ = self.cm.reject(now, id, RejectReason::InvalidServiceId, &[]);
+                    }
+                    CmEvent::SidrReqReceived { id, .. } => {
+                        self.counters.refused_unclaimed += 1;
+                        let _ = self
+                            .cm
+                            .sidr_reply(now, id, SidrStatus::Unsupported, 0, 0, &[]);
+                    }
+                    _ => {}
+                }
+            }
             return;
         }
         for e in evs.into_iter().rev() {
@@ -469,6 +496,36 @@ mod tests {
             limits_from(bad),
             (DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PENDING_REQS)
         );
+    }
+
+    /// A request that the CM takes for a service it listens on but that no rdma_cm id
+    /// claims when handed up (its listener went in between, or, here, none was ever made)
+    /// is refused at once with REJ reason 8. Dropped, it stayed half-taken and the peer's
+    /// retransmits were ignored as duplicates: perftest's rdma_cm client hung.
+    #[test]
+    fn a_request_taken_but_claimed_by_no_listener_is_refused_with_reason_8() {
+        let (ca, sa) = (unique(), unique());
+        let (_c1, client) = engine(&ca);
+        let ctx = Device::from_addr(sa.parse().unwrap())
+            .unwrap()
+            .open()
+            .unwrap();
+        let dev = ctx.inner.shared.device.clone();
+        let server = Engine::get_or_start(dev.addr(), dev.ifindex()).unwrap();
+        assert!(server.cm_listen(service_id(PortSpace::Tcp, 9998)).unwrap());
+        let id = client
+            .with_cm(|g, now| g.cm.connect(now, request(&sa, 9998)))
+            .unwrap();
+        match next_event(&client) {
+            CmEvent::Rejected { id: x, reason, .. } => {
+                assert_eq!(x, id);
+                assert_eq!(reason, RejectReason::InvalidServiceId);
+            }
+            other => panic!("expected REJ 8, got {other:?}"),
+        }
+        let stats = server.with_cm(|g, _| g.stats());
+        assert_eq!(stats.refused_unclaimed, 1);
+        assert_eq!(stats.pending_reqs, 0);
     }
 
     #[test]

@@ -169,7 +169,18 @@ impl CmId {
                 ));
             }
         }
-        // Claim the service on every device first: another process listening on it on a
+        // Registered before the devices' CMs take requests for the service: a request that
+        // a CM takes in between must find its listener (dropped, it left the peer's REQ
+        // retransmits answered by nothing: perftest's rdma_cm client connects right after
+        // its server's rdma_listen, and hung 1 run in 16-80).
+        let mut r = registry();
+        for e in &engines {
+            let list = r.listeners.entry((e.local().ip(), sid)).or_default();
+            list.retain(|w| w.strong_count() > 0);
+            list.push(Arc::downgrade(&self.inner));
+        }
+        drop(r);
+        // Then claim the service on every device: another process listening on it on a
         // device this id would listen on makes the port busy (EADDRINUSE), and then this id
         // listens nowhere.
         let mut claimed = Vec::new();
@@ -181,18 +192,25 @@ impl CmId {
                     for c in claimed {
                         c.cm_unlisten(sid);
                     }
+                    let mut r = registry();
+                    for e in &engines {
+                        let key = (e.local().ip(), sid);
+                        if let Some(list) = r.listeners.get_mut(&key) {
+                            list.retain(|w| {
+                                w.strong_count() > 0
+                                    && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.inner))
+                            });
+                            if list.is_empty() {
+                                r.listeners.remove(&key);
+                            }
+                        }
+                    }
+                    drop(r);
                     forget_wildcard(&self.inner);
                     return Err(err);
                 }
             }
         }
-        let mut r = registry();
-        for e in &engines {
-            let list = r.listeners.entry((e.local().ip(), sid)).or_default();
-            list.retain(|w| w.strong_count() > 0);
-            list.push(Arc::downgrade(&self.inner));
-        }
-        drop(r);
         s.listening = Some(sid);
         let max = max_backlog();
         s.backlog = match usize::try_from(backlog) {
