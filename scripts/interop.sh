@@ -491,7 +491,8 @@ xx_pingpong_from_kernel() {
 garbage_requests_to_kernel() {
   local name=$1
   vmsh "(setsid sh -c 'rping -s -a $VMIP -C 1; echo rc=\$?' </dev/null >/tmp/rs.log 2>&1 &);
-    (setsid sh -c 'udaddy -b $VMIP; echo rc=\$?' </dev/null >/tmp/ud.log 2>&1 &); sleep 1" >/dev/null
+    (setsid sh -c 'udaddy -b $VMIP; echo rc=\$?' </dev/null >/tmp/ud.log 2>&1 &);
+    for i in \$(seq 50); do pidof rping >/dev/null && pidof udaddy >/dev/null && break; sleep 0.2; done; sleep 3" >/dev/null
   PROBE_SELF=$HOST PROBE_PEER=$VMIP PROBE_PORT=7174 timeout 120 $NSX "$HOSTILE" --ignored \
     a_linux_peer_answers_garbage_requests_as_softrdma_does >"$OUT/$name.log" 2>&1
   local rc=$?
