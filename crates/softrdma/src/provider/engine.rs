@@ -519,10 +519,7 @@ impl Engine {
             // Not `with_cm`: what goes back to the queue must not be dispatched again now.
             let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
             g.requeue(Instant::now(), rest);
-            with_tx(|tx| {
-                self.gsi_drive(&mut g, tx);
-                self.send(tx);
-            });
+            self.gsi_drive_and_send(&mut g);
         }
     }
 
@@ -533,16 +530,21 @@ impl Engine {
         self.set_timer(softrdma_wire::mad::GSI_QPN, deadline);
     }
 
+    /// [`Engine::gsi_drive`], then sends at once what it queued (GSI lock held).
+    fn gsi_drive_and_send(&self, g: &mut Gsi) {
+        with_tx(|tx| {
+            self.gsi_drive(g, tx);
+            self.send(tx);
+        });
+    }
+
     /// Runs `f` on the connection manager of this device, sends what it wants sent, then
     /// dispatches its events.
     pub(super) fn with_cm<R>(&self, f: impl FnOnce(&mut Gsi, Instant) -> R) -> R {
         let (r, evs) = {
             let mut g = self.gsi.lock().unwrap_or_else(|p| p.into_inner());
             let r = f(&mut g, Instant::now());
-            with_tx(|tx| {
-                self.gsi_drive(&mut g, tx);
-                self.send(tx);
-            });
+            self.gsi_drive_and_send(&mut g);
             let evs = if self.me.get().is_some() {
                 g.take_events()
             } else {

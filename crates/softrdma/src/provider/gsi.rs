@@ -372,6 +372,20 @@ mod tests {
         }
     }
 
+    /// Sends a request from `client` to port `port` of the device at `sa` and expects REJ 8.
+    fn connect_is_rejected_with_reason_8(client: &Engine, sa: &str, port: u16) {
+        let id = client
+            .with_cm(|g, now| g.cm.connect(now, request(sa, port)))
+            .unwrap();
+        match next_event(client) {
+            CmEvent::Rejected { id: x, reason, .. } => {
+                assert_eq!(x, id);
+                assert_eq!(reason, RejectReason::InvalidServiceId);
+            }
+            other => panic!("expected REJ 8, got {other:?}"),
+        }
+    }
+
     fn request(dst: &str, port: u16) -> ConnectRequest {
         ConnectRequest {
             dst: dst.parse().unwrap(),
@@ -513,16 +527,7 @@ mod tests {
         let dev = ctx.inner.shared.device.clone();
         let server = Engine::get_or_start(dev.addr(), dev.ifindex()).unwrap();
         assert!(server.cm_listen(service_id(PortSpace::Tcp, 9998)).unwrap());
-        let id = client
-            .with_cm(|g, now| g.cm.connect(now, request(&sa, 9998)))
-            .unwrap();
-        match next_event(&client) {
-            CmEvent::Rejected { id: x, reason, .. } => {
-                assert_eq!(x, id);
-                assert_eq!(reason, RejectReason::InvalidServiceId);
-            }
-            other => panic!("expected REJ 8, got {other:?}"),
-        }
+        connect_is_rejected_with_reason_8(&client, &sa, 9998);
         let stats = server.with_cm(|g, _| g.stats());
         assert_eq!(stats.refused_unclaimed, 1);
         assert_eq!(stats.pending_reqs, 0);
@@ -533,15 +538,6 @@ mod tests {
         let (ca, sa) = (unique(), unique());
         let (_c1, client) = engine(&ca);
         let (_c2, _server) = engine(&sa);
-        let id = client
-            .with_cm(|g, now| g.cm.connect(now, request(&sa, 9999)))
-            .unwrap();
-        match next_event(&client) {
-            CmEvent::Rejected { id: x, reason, .. } => {
-                assert_eq!(x, id);
-                assert_eq!(reason, RejectReason::InvalidServiceId);
-            }
-            other => panic!("expected REJ 8, got {other:?}"),
-        }
+        connect_is_rejected_with_reason_8(&client, &sa, 9999);
     }
 }

@@ -192,20 +192,7 @@ impl CmId {
                     for c in claimed {
                         c.cm_unlisten(sid);
                     }
-                    let mut r = registry();
-                    for e in &engines {
-                        let key = (e.local().ip(), sid);
-                        if let Some(list) = r.listeners.get_mut(&key) {
-                            list.retain(|w| {
-                                w.strong_count() > 0
-                                    && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(&self.inner))
-                            });
-                            if list.is_empty() {
-                                r.listeners.remove(&key);
-                            }
-                        }
-                    }
-                    drop(r);
+                    registry().forget_listener(sid, &self.inner);
                     forget_wildcard(&self.inner);
                     return Err(err);
                 }
@@ -650,21 +637,7 @@ impl CmId {
         }
         if let Some(sid) = g.listening.take() {
             forget_wildcard(i);
-            let mut r = registry();
-            let mut idle = Vec::new();
-            for ((ip, s2), v) in r.listeners.iter_mut() {
-                if *s2 != sid {
-                    continue;
-                }
-                v.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(i)));
-                if v.is_empty() {
-                    idle.push(*ip);
-                }
-            }
-            for ip in &idle {
-                r.listeners.remove(&(*ip, sid));
-            }
-            drop(r);
+            let idle = registry().forget_listener(sid, i);
             for e in crate::provider::all_open() {
                 if idle.contains(&e.local().ip()) {
                     e.cm_unlisten(sid);

@@ -220,6 +220,27 @@ pub(super) struct Registry {
     pub(super) listeners: HashMap<(IpAddr, u64), Vec<Weak<IdInner>>>,
 }
 
+impl Registry {
+    /// Takes the listening id `inner` off the listeners of service `sid` (and the ids gone
+    /// meanwhile); returns the device addresses where nobody listens on it any more.
+    pub(super) fn forget_listener(&mut self, sid: u64, inner: &Arc<IdInner>) -> Vec<IpAddr> {
+        let mut idle = Vec::new();
+        for ((ip, s2), v) in self.listeners.iter_mut() {
+            if *s2 != sid {
+                continue;
+            }
+            v.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), Arc::as_ptr(inner)));
+            if v.is_empty() {
+                idle.push(*ip);
+            }
+        }
+        for ip in &idle {
+            self.listeners.remove(&(*ip, sid));
+        }
+        idle
+    }
+}
+
 pub(super) fn registry_mutex() -> &'static Mutex<Registry> {
     static R: OnceLock<Mutex<Registry>> = OnceLock::new();
     R.get_or_init(|| Mutex::new(Registry::default()))
