@@ -345,12 +345,19 @@ impl Qp {
     }
 
     /// The requester half of [`Qp::poll_transmit`], then [`Qp::settle`].
+    #[inline]
     fn requester_transmit(
         &mut self,
         now: Instant,
         buf: &mut [u8],
         env: &mut dyn Env,
     ) -> Option<Transmit> {
+        // (Nothing to look at: the call would return `None` and change nothing. A lone ACK
+        // asks the requester first, nearly always in vain.)
+        if !self.requester.has_work() {
+            self.settle();
+            return None;
+        }
         let t = self.requester.poll_transmit(&mut self.ctx, now, buf, env);
         if t.is_some() {
             self.msn_at_send = self.responder.msn();
@@ -360,6 +367,7 @@ impl Qp {
     }
 
     /// The responder half of [`Qp::poll_transmit`], then [`Qp::settle`].
+    #[inline]
     fn responder_transmit(&mut self, buf: &mut [u8], env: &mut dyn Env) -> Option<Transmit> {
         let t = self.responder.poll_transmit(&mut self.ctx, buf, env);
         self.settle();

@@ -412,6 +412,13 @@ impl Requester {
 
     /// Whether a request packet may be ready to go (the cursor is on a request, or a probe
     /// waits, and no RNR wait holds it back); the QP's error state is the caller's to check.
+    /// Whether [`Requester::poll_transmit`] would look at anything: a probe, or a request at
+    /// the cursor. When not, it returns `None` and changes nothing.
+    #[inline]
+    pub(super) fn has_work(&self) -> bool {
+        self.cur < self.wqes.len() || self.probe_psns.iter().any(Option::is_some)
+    }
+
     pub(super) fn may_transmit(&self) -> bool {
         self.rnr_deadline.is_none()
             && (self.cur < self.wqes.len() || self.probe_psns.iter().any(Option::is_some))
@@ -452,15 +459,15 @@ impl Requester {
 
     /// The earliest of the requester's timers (retransmit, probe, RNR, credit probe).
     pub(super) fn next_timeout(&self) -> Option<Instant> {
-        [
-            self.retrans_deadline,
-            self.probe_deadline,
-            self.rnr_deadline,
-            self.credit_probe_at,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        // (The earliest of four; asked after every drive of the QP.)
+        let mut next = self.retrans_deadline;
+        for d in [self.probe_deadline, self.rnr_deadline, self.credit_probe_at]
+            .into_iter()
+            .flatten()
+        {
+            next = Some(next.map_or(d, |n| n.min(d)));
+        }
+        next
     }
 
     fn outstanding(&self) -> bool {

@@ -200,6 +200,7 @@ pub(crate) fn flush_idle() {
 }
 
 /// Whether a capture runs (cheap; checked per batch).
+#[inline]
 pub(crate) fn active() -> bool {
     if CAPTURE.get().is_none() {
         return slot().lock().map(|g| g.is_some()).unwrap_or(false);

@@ -449,10 +449,16 @@ impl Engine {
 
     /// Releases what the QPs of `list` hold back (`QpPort::release_held_ack`: a held ACK, or
     /// sends held for a batch), when `any` says the list may be non-empty.
+    #[inline]
     fn release_listed(&self, list: &Mutex<Vec<u32>>, any: &AtomicBool) {
-        if !any.load(Ordering::SeqCst) {
-            return;
+        // (Called at every poll, nearly always with nothing listed: the check stays here.)
+        if any.load(Ordering::SeqCst) {
+            self.release_listed_now(list, any);
         }
+    }
+
+    #[inline(never)]
+    fn release_listed_now(&self, list: &Mutex<Vec<u32>>, any: &AtomicBool) {
         // Taken out of the lock (releasing locks each QP, and a QP's drive notes into the
         // list under the QP lock), then given back empty so that its room is reused: a
         // ping-pong notes and flushes a held ACK every round trip.

@@ -108,14 +108,18 @@ impl QpEnv<'_> {
 }
 
 impl Drop for QpEnv<'_> {
+    #[inline]
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            // (The ring's room may be published or gone by now: nothing is copied late.)
-            if let Some(b) = self.defer.as_mut() {
-                b.forget();
+        // (Nearly always nothing deferred: the check stays inline.)
+        if self.defer.is_some() {
+            if std::thread::panicking() {
+                // (The ring's room may be published or gone by now: nothing is copied late.)
+                if let Some(b) = self.defer.as_mut() {
+                    b.forget();
+                }
             }
+            self.stop_deferring();
         }
-        self.stop_deferring();
     }
 }
 

@@ -113,6 +113,8 @@ pub(crate) struct Lanes {
     /// Changes whenever the set of bells changes (the progress thread's poll set).
     gen: AtomicU64,
     nonces: AtomicU64,
+    /// The index in `out` of the destination last written to (a hint, checked).
+    last_out: std::sync::atomic::AtomicUsize,
 }
 
 /// A destination (device socket address, slot) and its lane.
@@ -249,6 +251,7 @@ impl Lanes {
             paused: AtomicBool::new(false),
             gen: AtomicU64::new(0),
             nonces: AtomicU64::new(u64::from(crate::gid::random_u32()) << 32),
+            last_out: std::sync::atomic::AtomicUsize::new(usize::MAX),
         }
     }
 
@@ -325,12 +328,32 @@ impl Lanes {
         if slot == 0 || slot == 0xff {
             return None;
         }
-        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        // Nearly always the destination written to last, up: no search, no state to move.
+        let hint = self.last_out.load(Ordering::Relaxed);
+        if out
+            .get(hint)
+            .is_some_and(|o| o.ip == dst && o.slot == slot && matches!(o.state, OutState::Up(_)))
+        {
+            return Some(LaneWriter { out, i: hint });
+        }
+        self.writer_slow(out, dst, slot)
+    }
+
+    /// [`Lanes::writer`] for a destination other than the last one, or not up.
+    #[inline(never)]
+    fn writer_slow<'a>(
+        &'a self,
+        mut out: MutexGuard<'a, Vec<Out>>,
+        dst: SocketAddr,
+        slot: u8,
+    ) -> Option<LaneWriter<'a>> {
         let mut last = usize::MAX;
         let i = self.up(&mut out, &mut last, dst, slot)?;
         if !matches!(out[i].state, OutState::Up(_)) {
             return None;
         }
+        self.last_out.store(i, Ordering::Relaxed);
         Some(LaneWriter { out, i })
     }
 
