@@ -31,6 +31,10 @@ pub(crate) const POLL_HANDOFF: Duration = Duration::from_micros(500);
 /// `SOFTRDMA_LANE_SPIN_US` says otherwise.
 pub(crate) const LANE_SPIN: Duration = Duration::from_micros(50);
 
+/// How long a progress thread polls its socket after a lone packet before it sleeps, while
+/// that pays (see `progress::Spin`), unless `SOFTRDMA_SOCKET_SPIN_US` says otherwise.
+pub(crate) const SOCKET_SPIN: Duration = Duration::from_micros(50);
+
 /// What the receiving thread holds: the receive state of the device socket and of the
 /// multicast group sockets.
 pub(crate) struct Receiving {
@@ -69,6 +73,9 @@ pub(crate) struct Engine {
     /// How long the progress thread polls the same-host lanes after their last packet before
     /// it sleeps (`SOFTRDMA_LANE_SPIN_US`, default [`LANE_SPIN`]).
     pub(super) lane_spin: Duration,
+    /// How long the progress thread polls the socket after a lone packet before it sleeps,
+    /// while that pays (`SOFTRDMA_SOCKET_SPIN_US`, default [`SOCKET_SPIN`]; 0: never).
+    pub(super) socket_spin: Duration,
     /// The receive buffers, held by the thread that is receiving.
     pub(super) rx: Mutex<Receiving>,
     /// How many times application threads polled an empty, unarmed CQ of this device (the
@@ -187,6 +194,7 @@ impl Engine {
             )),
             busy_poll: env_us("SOFTRDMA_BUSY_POLL_US").unwrap_or(Duration::ZERO),
             lane_spin: env_us("SOFTRDMA_LANE_SPIN_US").unwrap_or(LANE_SPIN),
+            socket_spin: env_us("SOFTRDMA_SOCKET_SPIN_US").unwrap_or(SOCKET_SPIN),
         })
     }
 

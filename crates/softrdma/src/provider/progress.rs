@@ -43,7 +43,8 @@ pub(crate) fn holding_acks() -> bool {
 /// is judged: it paid when the next packet came before it ended. After one that did not, a
 /// lone packet opens no window (the thread sleeps on the bells), except every
 /// [`LaneSpin::PROBE_EVERY`]-th, which tries again; a look that finds several packets (a
-/// stream) always opens one.
+/// stream) always opens one. The device socket is judged alike, except that a stream opens
+/// no window there ([`LaneSpin::took_with`]).
 struct LaneSpin {
     /// The end of the window (in the past: none).
     until: Instant,
@@ -71,8 +72,19 @@ impl LaneSpin {
     /// A look at `now` took `n` packets (at least one): judges the window open, and opens
     /// one of `spin` when it pays, for a run of packets, or to probe.
     fn took(&mut self, n: usize, now: Instant, spin: Duration) {
+        self.took_with(n, now, spin, true);
+    }
+
+    /// [`LaneSpin::took`], where a run of packets opens a window only if `runs` (the socket
+    /// opens none for a stream: see `progress`).
+    fn took_with(&mut self, n: usize, now: Instant, spin: Duration, runs: bool) {
         if self.open {
             self.pays = now <= self.until;
+        }
+        if n > 1 && !runs {
+            self.open = false;
+            self.until = now;
+            return;
         }
         let probe = if n > 1 || self.pays {
             false
@@ -292,6 +304,14 @@ pub(super) fn progress(weak: Weak<Engine>) {
     let mut bells_gen = u64::MAX;
     // Whether this thread polls the lanes rather than sleeping on their bells.
     let mut spin = LaneSpin::new(Instant::now());
+    // Whether this thread polls the socket rather than sleeping on it: after a lone packet
+    // (a request it answers for a program that does not poll, an RDMA READ or atomic, or a
+    // message for a program asleep on its completion channel) another is likely within a
+    // round trip, and polling costs less than a wake-up. Judged as the lanes' windows are;
+    // a stream (several datagrams at a look) opens none: the thread has work anyway, and
+    // where busy threads outnumber cores its polling took the core from the programs
+    // (`ib_send_bw -s 8` over the wire on 2 cores, a fixed 50 µs: 1.17 -> 0.35 M msg/s).
+    let mut sock_spin = LaneSpin::new(Instant::now());
     loop {
         let Some(engine) = weak.upgrade() else {
             return;
@@ -303,6 +323,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
         let handoff = engine.handoff_until(now, &mut seen_polls);
         if handoff.is_some() {
             spin.stand_down();
+            sock_spin.stand_down();
         }
         if handoff.is_none() {
             // About to sleep (before the deadline is read: a timer set meanwhile either is
@@ -377,6 +398,13 @@ pub(super) fn progress(weak: Weak<Engine>) {
         {
             timeout = Duration::ZERO;
         }
+        if !timeout.is_zero()
+            && handoff.is_none()
+            && !engine.socket_spin.is_zero()
+            && sock_spin.polls(now)
+        {
+            timeout = Duration::ZERO;
+        }
         // Asleep, the lanes' producers ring the bells (while application threads poll, they
         // take what the lanes bring).
         if !timeout.is_zero() && handoff.is_none() {
@@ -428,8 +456,12 @@ pub(super) fn progress(weak: Weak<Engine>) {
         if fds[0].revents & libc::POLLIN != 0 {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
             let e = &*engine;
-            if rx.rx.receive_rounds(&e.wire, &e.share, e, &mut tx, 64) > 0 {
+            let n = rx.rx.receive_rounds(&e.wire, &e.share, e, &mut tx, 64);
+            if n > 0 {
                 last_rx = Instant::now();
+                if !e.socket_spin.is_zero() {
+                    sock_spin.took_with(n, last_rx, e.socket_spin, false);
+                }
             }
         }
         if fds[2].revents & libc::POLLIN != 0 {
@@ -536,5 +568,28 @@ mod tests {
         assert!(!l.polls(t + us(200)));
         l.took(1, t + us(300), spin);
         assert!(l.polls(t + us(301)), "the last judged window paid");
+    }
+
+    #[test]
+    fn the_progress_thread_polls_its_socket_after_lone_packets_only() {
+        let us = Duration::from_micros;
+        let spin = us(50);
+        let t0 = Instant::now();
+        let mut s = LaneSpin::new(t0);
+        // A lone packet (a READ request, say) opens a window; the next within it paid.
+        s.took_with(1, t0, spin, false);
+        assert!(s.polls(t0 + us(10)));
+        s.took_with(1, t0 + us(12), spin, false);
+        assert!(s.polls(t0 + us(50)));
+        // A stream (several datagrams at a look) closes it and opens none.
+        s.took_with(8, t0 + us(55), spin, false);
+        assert!(!s.polls(t0 + us(56)));
+        // It was not judged a failure: the next lone packet opens a window again.
+        s.took_with(1, t0 + us(300), spin, false);
+        assert!(s.polls(t0 + us(301)));
+        // A window that ends without a packet did not pay: lone packets then open none.
+        assert!(!s.polls(t0 + us(360)));
+        s.took_with(1, t0 + us(500), spin, false);
+        assert!(!s.polls(t0 + us(501)));
     }
 }
