@@ -1420,3 +1420,170 @@ fn destroying_a_qp_takes_its_unpolled_receive_completions_out_of_its_cqs() {
     );
     drop(q1);
 }
+
+/// One end of an event-driven connection: a CQ with a completion channel for both queues.
+struct EventSide {
+    _ctx: Context,
+    pd: Pd,
+    ch: CompChannel,
+    cq: Cq,
+    qp: Qp,
+    buf: std::sync::Arc<Buffer>,
+    mr: Mr,
+}
+
+impl EventSide {
+    fn new(addr: &str) -> EventSide {
+        let ctx = Device::from_addr(ip(addr)).unwrap().open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        let cq = ctx.create_cq(256, 0, Some(&ch), 0).unwrap();
+        let cap = QpCap {
+            max_send_wr: 64,
+            max_recv_wr: 64,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let qp = pd
+            .create_qp(&mut QpInitAttr::new(QpType::Rc, &cq, cap))
+            .unwrap();
+        let buf = std::sync::Arc::new(Buffer::new(4096));
+        let mr = pd.reg_buffer(&buf, ALL).unwrap();
+        EventSide {
+            _ctx: ctx,
+            pd,
+            ch,
+            cq,
+            qp,
+            buf,
+            mr,
+        }
+    }
+
+    fn sge(&self, off: usize) -> Sge {
+        Sge {
+            addr: self.buf.addr() + off as u64,
+            length: 8,
+            lkey: self.mr.lkey(),
+        }
+    }
+
+    fn post_recv(&self, slot: u64) {
+        let s = [self.sge(64 + slot as usize * 8)];
+        self.qp
+            .post_recv(&[RecvWr {
+                wr_id: slot,
+                sg_list: &s,
+            }])
+            .unwrap();
+    }
+
+    /// Sends `value` (8 bytes) from the first bytes of the buffer.
+    fn send(&self, value: u64) {
+        self.buf.write(0, &value.to_le_bytes()).unwrap();
+        self.qp
+            .post_send(&[SendWr {
+                wr_id: value,
+                sg_list: &[self.sge(0)],
+                opcode: WrOpcode::Send,
+                send_flags: SendFlags::SIGNALED,
+                ..Default::default()
+            }])
+            .unwrap();
+    }
+
+    /// Waits, sleeping on the completion channel, for the next receive completion (send
+    /// completions are taken on the way) and returns the value received and its slot.
+    fn wait_recv(&self, sends_done: &mut u64) -> (u64, u64) {
+        let mut wc = [WorkCompletion::default(); 8];
+        loop {
+            // Polled, armed, polled again (what completed before the arming), then asleep.
+            for arm in [false, true] {
+                if arm {
+                    self.cq.req_notify_cq(false).unwrap();
+                }
+                let n = self.cq.poll(&mut wc).unwrap();
+                let mut got = None;
+                for w in &wc[..n] {
+                    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                    if w.opcode == WcOpcode::Recv {
+                        assert!(got.is_none(), "one message at a time");
+                        let mut v = [0u8; 8];
+                        self.buf.read(64 + w.wr_id as usize * 8, &mut v).unwrap();
+                        got = Some((u64::from_le_bytes(v), w.wr_id));
+                    } else {
+                        *sends_done += 1;
+                    }
+                }
+                if let Some(g) = got {
+                    return g;
+                }
+            }
+            // A wake-up lost between the device and this thread shows as a timeout here.
+            let ev = self
+                .ch
+                .get_cq_event_timeout(Duration::from_secs(20))
+                .expect("the completion's event came");
+            assert!(ev.is_for(&self.cq));
+            self.cq.ack_cq_events(1);
+        }
+    }
+}
+
+#[test]
+fn an_event_driven_ping_pong_loses_no_wake_up() {
+    // Both ends sleep on their completion channels for every message: the thread that waits
+    // receives for the devices itself, beside their progress threads, over a new lane (its
+    // first records wait one look) and then a busy one.
+    let (x, y) = pair_addrs();
+    let o = Opts::default();
+    let a = EventSide::new(x);
+    let b = EventSide::new(y);
+    for (me, peer, addr) in [(&a, &b, y), (&b, &a, x)] {
+        qp_to_rtr(&me.qp, ip(addr), peer.qp.qp_num(), &o);
+    }
+    qp_to_rts(&a.qp, &o);
+    qp_to_rts(&b.qp, &o);
+    const N: u64 = 2000;
+    for s in 0..4 {
+        a.post_recv(s);
+        b.post_recv(s);
+    }
+    let server = std::thread::scope(|sc| {
+        let server = sc.spawn(|| {
+            let mut sends = 0;
+            for i in 0..N {
+                let (v, slot) = b.wait_recv(&mut sends);
+                assert_eq!(v, i);
+                b.post_recv(slot);
+                b.send(v + 1_000_000);
+            }
+            sends
+        });
+        let mut sends = 0;
+        for i in 0..N {
+            a.send(i);
+            let (v, slot) = a.wait_recv(&mut sends);
+            assert_eq!(v, i + 1_000_000);
+            a.post_recv(slot);
+        }
+        let server_sends = server.join().unwrap();
+        (sends, server_sends)
+    });
+    // Every send completed too (the last ones may still be on their way to the CQ).
+    let mut wc = [WorkCompletion::default(); 8];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut a_sends, mut b_sends) = server;
+    while (a_sends < N || b_sends < N) && Instant::now() < deadline {
+        for (side, count) in [(&a, &mut a_sends), (&b, &mut b_sends)] {
+            let n = side.cq.poll(&mut wc).unwrap();
+            *count += wc[..n]
+                .iter()
+                .filter(|w| w.opcode == WcOpcode::Send && w.status == WcStatus::Success)
+                .count() as u64;
+        }
+    }
+    assert_eq!((a_sends, b_sends), (N, N));
+    let _ = &a.pd;
+}

@@ -15,6 +15,7 @@ use crate::error::Result;
 use crate::gid::Gid;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Weak;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -130,6 +131,104 @@ pub(crate) fn release_held_acks() {
         e.flush_held_acks();
         e.flush_held_sends();
     }
+}
+
+/// Whether a thread waiting for a completion event receives for the devices itself
+/// ([`receive_while_waiting`]): yes unless `SOFTRDMA_WAIT_RECEIVES=0` (read once).
+pub(crate) fn waiters_receive() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SOFTRDMA_WAIT_RECEIVES").map_or(true, |v| v != "0"))
+}
+
+/// Sleeps until `fd` (a completion channel's) is readable, `timeout_ms` passed (-1: never),
+/// or a packet waits for one of this process's devices, on its socket or on a same-host lane;
+/// receives such packets on the calling thread (after the round of a thread receiving for the
+/// device, if one is at it), so that a completion for `fd` is signalled without a hop
+/// through the device's progress thread, which watches the same descriptors and takes what
+/// this thread leaves. Returns when `fd` may be readable, or early (a signal, a packet for
+/// another channel): the caller looks and waits again.
+///
+/// The lanes' rings are armed here as the progress thread arms them before it sleeps (their
+/// producers then ring the bells); records already waiting are taken instead of sleeping.
+/// Either thread may find the flags cleared by the other: the progress thread is then awake
+/// and takes the records itself (within the hand-off period, if an application thread polled
+/// busy a moment ago), and the completion wakes this one through `fd`.
+pub(crate) fn receive_while_waiting(fd: RawFd, timeout_ms: i32) {
+    let engines = every_queue_engine();
+    // Records waiting (a new lane's first look leaves them for a second one): taken now.
+    let mut waiting = false;
+    for e in &engines {
+        if !e.wire.lanes.arm() {
+            waiting = true;
+            e.drain_receive();
+        }
+    }
+    if waiting {
+        return;
+    }
+    WAIT_SCRATCH.with(|cell| {
+        let mut scratch = cell.borrow_mut();
+        let WaitScratch { fds, owners, bells } = &mut *scratch;
+        fds.clear();
+        owners.clear();
+        fds.push(libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let mut held = Vec::new();
+        for (i, e) in engines.iter().enumerate() {
+            fds.push(libc::pollfd {
+                fd: e.wire.sock.raw(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+            owners.push((i, false));
+            e.wire.lanes.bells(bells);
+            for b in bells.drain(..).filter(|b| b.inbound) {
+                fds.push(libc::pollfd {
+                    fd: b.fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                owners.push((i, true));
+                // (Kept open while polled.)
+                held.push(b.fd);
+            }
+        }
+        // SAFETY: polls valid pollfds, whose descriptors `engines` and `held` keep open.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        if n <= 0 {
+            return;
+        }
+        let mut ready = vec![false; engines.len()];
+        for (f, &(i, bell)) in fds[1..].iter().zip(owners.iter()) {
+            if f.revents & libc::POLLIN != 0 {
+                if bell {
+                    super::lanes::drain_bell(f.fd);
+                }
+                ready[i] = true;
+            }
+        }
+        for (e, r) in engines.iter().zip(ready) {
+            if r {
+                e.drain_receive();
+            }
+        }
+    })
+}
+
+/// The room [`receive_while_waiting`] reuses.
+#[derive(Default)]
+struct WaitScratch {
+    fds: Vec<libc::pollfd>,
+    /// For each descriptor after the channel's: its engine, and whether it is a lane's bell.
+    owners: Vec<(usize, bool)>,
+    bells: Vec<super::lanes::Bell>,
+}
+
+thread_local! {
+    static WAIT_SCRATCH: std::cell::RefCell<WaitScratch> = std::cell::RefCell::new(WaitScratch::default());
 }
 
 /// The engines of every device and of each device's further receive queues (a QP on a

@@ -115,7 +115,7 @@ impl EventFd {
 
     /// Takes one event if the counter is not zero, without ever blocking: `Ok(false)` when
     /// it is zero.
-    fn read_nowait(&self) -> Result<bool> {
+    pub(crate) fn read_nowait(&self) -> Result<bool> {
         let mut val: u64 = 0;
         let iov = libc::iovec {
             iov_base: (&mut val as *mut u64).cast(),
