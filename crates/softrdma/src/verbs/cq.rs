@@ -227,7 +227,9 @@ impl CompChannel {
                 if self.inner.fd.is_nonblocking() {
                     return Err(Error::new(ErrorKind::WouldBlock, "no event is waiting"));
                 }
-                crate::provider::receive_while_waiting(self.inner.fd.as_raw_fd(), -1);
+                // (A round at most every 100 ms: the devices it watches, and its hold on them,
+                // are renewed, so a device closed meanwhile is let go.)
+                crate::provider::receive_while_waiting(self.inner.fd.as_raw_fd(), 100);
             }
         })
     }
