@@ -1273,15 +1273,17 @@ fn rc_sender_facing_a_full_lane_waits_for_acks_instead_of_overtaking_it_on_the_w
     b.buf.read(LEN, &mut got).unwrap();
     assert!(got == data, "the WRITEs' bytes");
     let (ca, qa) = (a.ctx.counters(), a.qp.counters());
-    assert_eq!(
-        (
-            qa.seq_naks_received - q0.seq_naks_received,
-            qa.retries - q0.retries
-        ),
-        (0, 0),
-        "packets overtook the ring: {qa:?}"
-    );
     if !wire {
+        // (Over the wire there is no ring to overtake, and a receiver starved of the CPU
+        // by a busy machine can make the sender's tail-loss probes resend: no claim there.)
+        assert_eq!(
+            (
+                qa.seq_naks_received - q0.seq_naks_received,
+                qa.retries - q0.retries
+            ),
+            (0, 0),
+            "packets overtook the ring: {qa:?}"
+        );
         // Nothing went on the wire but the liveness probes (one per peer and interval).
         let sent = ca.tx_packets - a0.tx_packets;
         let laned = ca.same_host_packets - a0.same_host_packets;

@@ -4,6 +4,7 @@ use super::capture;
 use super::counters::DeviceCounters;
 use super::engine::{engine_started, Engine};
 use super::faults::FaultConfig;
+use super::fd::EventFd;
 use super::gsi::Gsi;
 use super::port::{Provider, QpPort};
 use super::progress;
@@ -11,7 +12,7 @@ use super::share::Share;
 use super::sock::{UdpSock, ROCE_PORT};
 use super::tx::Wire;
 use super::tx::{DirectTx, TxBatch};
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::gid::Gid;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -138,6 +139,48 @@ pub(crate) fn release_held_acks() {
 pub(crate) fn waiters_receive() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("SOFTRDMA_WAIT_RECEIVES").map_or(true, |v| v != "0"))
+}
+
+/// Takes one event from `fd` as [`EventFd::wait`] does (no `deadline`: blocking unless the
+/// descriptor is non-blocking) or [`EventFd::wait_deadline`] does, while the calling thread
+/// receives for this process's devices itself ([`receive_while_waiting`]): the event it waits
+/// for, signalled from what it receives, wakes it once, not after a wake-up of a device's
+/// progress thread. With `SOFTRDMA_WAIT_RECEIVES=0`, exactly [`EventFd::wait`] or
+/// [`EventFd::wait_deadline`]. Fails as they do.
+pub(crate) fn wait_receiving(fd: &EventFd, deadline: Option<std::time::Instant>) -> Result<()> {
+    if !waiters_receive() {
+        return match deadline {
+            None => fd.wait(),
+            Some(d) => fd.wait_deadline(d),
+        };
+    }
+    loop {
+        if fd.read_nowait()? {
+            return Ok(());
+        }
+        let ms = match deadline {
+            None => {
+                if fd.is_nonblocking() {
+                    return Err(Error::new(ErrorKind::WouldBlock, "no event is waiting"));
+                }
+                // (A round at most every 100 ms: the devices watched, and the hold on them,
+                // are renewed, so a device closed meanwhile is let go.)
+                100
+            }
+            Some(d) => {
+                let left = d.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return Err(Error::new(
+                        ErrorKind::Os(libc::ETIMEDOUT),
+                        "no event came before the timeout",
+                    ));
+                }
+                // Round up, so that a sub-millisecond rest is not a busy loop.
+                left.as_nanos().div_ceil(1_000_000).min(100) as i32
+            }
+        };
+        receive_while_waiting(fd.as_raw_fd(), ms);
+    }
 }
 
 /// Sleeps until `fd` (a completion channel's) is readable, `timeout_ms` passed (-1: never),

@@ -76,8 +76,8 @@ pub(crate) mod unix_names;
 
 pub use counters::{DeviceCounters, PROBE_INTERVAL};
 pub(crate) use devices::{
-    all_open, default_queues, if_open, open, open_queue, receive_while_waiting, release_held_acks,
-    waiters_receive, MAX_QUEUES,
+    all_open, default_queues, if_open, open, open_queue, release_held_acks, wait_receiving,
+    MAX_QUEUES,
 };
 pub use faults::FaultConfig;
 pub use lanes::same_host_lanes;

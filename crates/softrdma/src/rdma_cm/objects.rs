@@ -254,6 +254,10 @@ impl EventChannel {
     /// descriptor is not readable until the next poll of that CQ that takes completions, or
     /// 5 ms later (so a program polling the descriptor does not spin).
     ///
+    /// While it waits, the calling thread receives what arrives for this process's devices
+    /// itself (as [`crate::CompChannel::get_cq_event`] does; `SOFTRDMA_WAIT_RECEIVES=0` leaves
+    /// it to their progress threads): the CM message behind the event wakes it once.
+    ///
     /// Fails with `EAGAIN` on a non-blocking descriptor with no event that may go.
     pub fn get_cm_event(&self) -> Result<CmEvent> {
         self.take_event(None)
@@ -299,10 +303,7 @@ impl EventChannel {
         // The program takes CM events rather than answering on a QP.
         crate::provider::release_held_acks();
         loop {
-            match deadline {
-                None => self.inner.fd.wait()?,
-                Some(d) => self.inner.fd.wait_deadline(d)?,
-            }
+            crate::provider::wait_receiving(&self.inner.fd, deadline)?;
             let mut q = self.inner.queue.lock().unwrap_or_else(|p| p.into_inner());
             let now = Instant::now();
             let mut held: Vec<CmId> = Vec::new();

@@ -216,22 +216,7 @@ impl CompChannel {
     /// to the progress threads. A program that polls [`CompChannel::fd`] itself is served by
     /// the progress threads as before.
     pub fn get_cq_event(&self) -> Result<CqEvent> {
-        self.take_event(|| {
-            if !crate::provider::waiters_receive() {
-                return self.inner.fd.wait();
-            }
-            loop {
-                if self.inner.fd.read_nowait()? {
-                    return Ok(());
-                }
-                if self.inner.fd.is_nonblocking() {
-                    return Err(Error::new(ErrorKind::WouldBlock, "no event is waiting"));
-                }
-                // (A round at most every 100 ms: the devices it watches, and its hold on them,
-                // are renewed, so a device closed meanwhile is let go.)
-                crate::provider::receive_while_waiting(self.inner.fd.as_raw_fd(), 100);
-            }
-        })
+        self.take_event(|| crate::provider::wait_receiving(&self.inner.fd, None))
     }
 
     /// Takes the next completion event as [`CompChannel::get_cq_event`] does, waiting
@@ -249,26 +234,7 @@ impl CompChannel {
     /// ```
     pub fn get_cq_event_timeout(&self, timeout: std::time::Duration) -> Result<CqEvent> {
         let deadline = std::time::Instant::now() + timeout;
-        self.take_event(|| {
-            if !crate::provider::waiters_receive() {
-                return self.inner.fd.wait_deadline(deadline);
-            }
-            loop {
-                if self.inner.fd.read_nowait()? {
-                    return Ok(());
-                }
-                let left = deadline.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    return Err(Error::new(
-                        ErrorKind::Os(libc::ETIMEDOUT),
-                        "no event came before the timeout",
-                    ));
-                }
-                // Round up, so that a sub-millisecond rest is not a busy loop.
-                let ms = left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
-                crate::provider::receive_while_waiting(self.inner.fd.as_raw_fd(), ms);
-            }
-        })
+        self.take_event(|| crate::provider::wait_receiving(&self.inner.fd, Some(deadline)))
     }
 
     fn take_event(&self, wait: impl Fn() -> Result<()>) -> Result<CqEvent> {
