@@ -1426,7 +1426,7 @@ fn destroying_a_qp_takes_its_unpolled_receive_completions_out_of_its_cqs() {
 /// One end of an event-driven connection: a CQ with a completion channel for both queues.
 struct EventSide {
     _ctx: Context,
-    pd: Pd,
+    _pd: Pd,
     ch: CompChannel,
     cq: Cq,
     qp: Qp,
@@ -1454,7 +1454,7 @@ impl EventSide {
         let mr = pd.reg_buffer(&buf, ALL).unwrap();
         EventSide {
             _ctx: ctx,
-            pd,
+            _pd: pd,
             ch,
             cq,
             qp,
@@ -1587,5 +1587,4 @@ fn an_event_driven_ping_pong_loses_no_wake_up() {
         }
     }
     assert_eq!((a_sends, b_sends), (N, N));
-    let _ = &a.pd;
 }

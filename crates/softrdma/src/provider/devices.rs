@@ -209,7 +209,8 @@ pub(crate) fn receive_while_waiting(fd: RawFd, timeout_ms: i32) {
     if waiting {
         return;
     }
-    WAIT_SCRATCH.with(|cell| {
+    // The devices with something to take (the scratch room is let go before they take it).
+    let ready = WAIT_SCRATCH.with(|cell| {
         let mut scratch = cell.borrow_mut();
         let WaitScratch { fds, owners, bells } = &mut *scratch;
         fds.clear();
@@ -239,26 +240,26 @@ pub(crate) fn receive_while_waiting(fd: RawFd, timeout_ms: i32) {
                 held.push(b.fd);
             }
         }
+        let mut ready = vec![false; engines.len()];
         // SAFETY: polls valid pollfds, whose descriptors `engines` and `held` keep open.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
-        if n <= 0 {
-            return;
-        }
-        let mut ready = vec![false; engines.len()];
-        for (f, &(i, bell)) in fds[1..].iter().zip(owners.iter()) {
-            if f.revents & libc::POLLIN != 0 {
-                if bell {
-                    super::lanes::drain_bell(f.fd);
+        if n > 0 {
+            for (f, &(i, bell)) in fds[1..].iter().zip(owners.iter()) {
+                if f.revents & libc::POLLIN != 0 {
+                    if bell {
+                        super::lanes::drain_bell(f.fd);
+                    }
+                    ready[i] = true;
                 }
-                ready[i] = true;
             }
         }
-        for (e, r) in engines.iter().zip(ready) {
-            if r {
-                e.drain_receive();
-            }
+        ready
+    });
+    for (e, r) in engines.iter().zip(ready) {
+        if r {
+            e.drain_receive();
         }
-    })
+    }
 }
 
 /// The room [`receive_while_waiting`] reuses.

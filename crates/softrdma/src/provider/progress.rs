@@ -30,7 +30,7 @@ pub(crate) fn holding_acks() -> bool {
     HOLD_ACKS.with(std::cell::Cell::get)
 }
 
-/// When the progress thread polls the same-host lanes rather than sleeping on their bells.
+/// When the progress thread polls the same-host lanes (or its socket) rather than sleeping.
 ///
 /// After the lanes bring packets, the thread polls them for `SOFTRDMA_LANE_SPIN_US` (50 µs; a
 /// *window*) when that pays: polling costs less than a wake-up through the bell while traffic
@@ -42,10 +42,10 @@ pub(crate) fn holding_acks() -> bool {
 /// on 2 cores, against 9-19 over the wire, each packet waiting for the scheduler. So a window
 /// is judged: it paid when the next packet came before it ended. After one that did not, a
 /// lone packet opens no window (the thread sleeps on the bells), except every
-/// [`LaneSpin::PROBE_EVERY`]-th, which tries again; a look that finds several packets (a
+/// [`PollWindow::PROBE_EVERY`]-th, which tries again; a look that finds several packets (a
 /// stream) always opens one. The device socket is judged alike, except that a stream opens
-/// no window there ([`LaneSpin::took_with`]).
-struct LaneSpin {
+/// no window there ([`PollWindow::took_with`]).
+struct PollWindow {
     /// The end of the window (in the past: none).
     until: Instant,
     /// Whether a window was opened and not judged yet.
@@ -56,12 +56,12 @@ struct LaneSpin {
     lone: u32,
 }
 
-impl LaneSpin {
+impl PollWindow {
     /// How often a lone packet opens a window again while windows do not pay.
     const PROBE_EVERY: u32 = 16;
 
-    fn new(now: Instant) -> LaneSpin {
-        LaneSpin {
+    fn new(now: Instant) -> PollWindow {
+        PollWindow {
             until: now,
             open: false,
             pays: true,
@@ -75,7 +75,7 @@ impl LaneSpin {
         self.took_with(n, now, spin, true);
     }
 
-    /// [`LaneSpin::took`], where a run of packets opens a window only if `runs` (the socket
+    /// [`PollWindow::took`], where a run of packets opens a window only if `runs` (the socket
     /// opens none for a stream: see `progress`).
     fn took_with(&mut self, n: usize, now: Instant, spin: Duration, runs: bool) {
         if self.open {
@@ -303,7 +303,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
     let mut bells: Vec<lanes::Bell> = Vec::new();
     let mut bells_gen = u64::MAX;
     // Whether this thread polls the lanes rather than sleeping on their bells.
-    let mut spin = LaneSpin::new(Instant::now());
+    let mut spin = PollWindow::new(Instant::now());
     // Whether this thread polls the socket rather than sleeping on it: after a lone packet
     // (a request it answers for a program that does not poll, an RDMA READ or atomic, or a
     // message for a program asleep on its completion channel) another is likely within a
@@ -311,7 +311,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
     // a stream (several datagrams at a look) opens none: the thread has work anyway, and
     // where busy threads outnumber cores its polling took the core from the programs
     // (`ib_send_bw -s 8` over the wire on 2 cores, a fixed 50 µs: 1.17 -> 0.35 M msg/s).
-    let mut sock_spin = LaneSpin::new(Instant::now());
+    let mut sock_spin = PollWindow::new(Instant::now());
     loop {
         let Some(engine) = weak.upgrade() else {
             return;
@@ -531,7 +531,7 @@ mod tests {
         let us = Duration::from_micros;
         let spin = us(50);
         let t0 = Instant::now();
-        let mut l = LaneSpin::new(t0);
+        let mut l = PollWindow::new(t0);
         // A lone packet opens a window at first; the next within it: it paid, go on.
         l.took(1, t0, spin);
         assert!(l.polls(t0 + us(10)));
@@ -543,7 +543,7 @@ mod tests {
         assert!(!l.polls(t0 + us(201)));
         // ... until the PROBE_EVERY-th, which tries again.
         let mut t = t0 + us(200);
-        for _ in 1..LaneSpin::PROBE_EVERY - 1 {
+        for _ in 1..PollWindow::PROBE_EVERY - 1 {
             t += us(100);
             l.took(1, t, spin);
             assert!(!l.polls(t + us(1)));
@@ -575,7 +575,7 @@ mod tests {
         let us = Duration::from_micros;
         let spin = us(50);
         let t0 = Instant::now();
-        let mut s = LaneSpin::new(t0);
+        let mut s = PollWindow::new(t0);
         // A lone packet (a READ request, say) opens a window; the next within it paid.
         s.took_with(1, t0, spin, false);
         assert!(s.polls(t0 + us(10)));
