@@ -167,17 +167,7 @@ pub(crate) fn wait_receiving(fd: &EventFd, deadline: Option<std::time::Instant>)
                 // are renewed, so a device closed meanwhile is let go.)
                 100
             }
-            Some(d) => {
-                let left = d.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    return Err(Error::new(
-                        ErrorKind::Os(libc::ETIMEDOUT),
-                        "no event came before the timeout",
-                    ));
-                }
-                // Round up, so that a sub-millisecond rest is not a busy loop.
-                left.as_nanos().div_ceil(1_000_000).min(100) as i32
-            }
+            Some(d) => super::fd::ms_until(d)?.min(100),
         };
         receive_while_waiting(fd.as_raw_fd(), ms);
     }
@@ -212,7 +202,12 @@ pub(crate) fn receive_while_waiting(fd: RawFd, timeout_ms: i32) {
     // The devices with something to take (the scratch room is let go before they take it).
     let ready = WAIT_SCRATCH.with(|cell| {
         let mut scratch = cell.borrow_mut();
-        let WaitScratch { fds, owners, bells } = &mut *scratch;
+        let WaitScratch {
+            fds,
+            owners,
+            bells,
+            held,
+        } = &mut *scratch;
         fds.clear();
         owners.clear();
         fds.push(libc::pollfd {
@@ -220,7 +215,6 @@ pub(crate) fn receive_while_waiting(fd: RawFd, timeout_ms: i32) {
             events: libc::POLLIN,
             revents: 0,
         });
-        let mut held = Vec::new();
         for (i, e) in engines.iter().enumerate() {
             fds.push(libc::pollfd {
                 fd: e.wire.sock.raw(),
@@ -236,7 +230,6 @@ pub(crate) fn receive_while_waiting(fd: RawFd, timeout_ms: i32) {
                     revents: 0,
                 });
                 owners.push((i, true));
-                // (Kept open while polled.)
                 held.push(b.fd);
             }
         }
@@ -253,6 +246,7 @@ pub(crate) fn receive_while_waiting(fd: RawFd, timeout_ms: i32) {
                 }
             }
         }
+        held.clear();
         ready
     });
     for (e, r) in engines.iter().zip(ready) {
@@ -269,6 +263,8 @@ struct WaitScratch {
     /// For each descriptor after the channel's: its engine, and whether it is a lane's bell.
     owners: Vec<(usize, bool)>,
     bells: Vec<super::lanes::Bell>,
+    /// The bells polled, kept open while polled.
+    held: Vec<Arc<std::os::fd::OwnedFd>>,
 }
 
 thread_local! {

@@ -32,7 +32,7 @@ pub(crate) const POLL_HANDOFF: Duration = Duration::from_micros(500);
 pub(crate) const LANE_SPIN: Duration = Duration::from_micros(50);
 
 /// How long a progress thread polls its socket after a lone packet before it sleeps, while
-/// that pays (see `progress::Spin`), unless `SOFTRDMA_SOCKET_SPIN_US` says otherwise.
+/// that pays (see `progress::PollWindow`), unless `SOFTRDMA_SOCKET_SPIN_US` says otherwise.
 pub(crate) const SOCKET_SPIN: Duration = Duration::from_micros(50);
 
 /// What the receiving thread holds: the receive state of the device socket and of the

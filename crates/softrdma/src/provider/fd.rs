@@ -15,6 +15,19 @@ pub(crate) struct EventFd {
     fd: OwnedFd,
 }
 
+/// The milliseconds left until `deadline` for `poll(2)`, rounded up (a sub-millisecond rest
+/// is not a busy loop); fails with `ETIMEDOUT` once it has passed.
+pub(crate) fn ms_until(deadline: std::time::Instant) -> Result<i32> {
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    if left.is_zero() {
+        return Err(Error::new(
+            ErrorKind::Os(libc::ETIMEDOUT),
+            "no event came before the timeout",
+        ));
+    }
+    Ok(left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32)
+}
+
 impl EventFd {
     /// Creates a blocking descriptor with a zero counter.
     pub(crate) fn new() -> Result<Self> {
@@ -88,20 +101,12 @@ impl EventFd {
                 Ok(false) => {}
                 Err(e) => return Err(e),
             }
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if left.is_zero() {
-                return Err(Error::new(
-                    ErrorKind::Os(libc::ETIMEDOUT),
-                    "no event came before the timeout",
-                ));
-            }
+            let ms = ms_until(deadline)?;
             let mut pfd = libc::pollfd {
                 fd: self.fd.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             };
-            // Round up, so that a sub-millisecond rest is not a busy loop.
-            let ms = left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32;
             // SAFETY: polls one valid pollfd.
             let n = unsafe { libc::poll(&mut pfd, 1, ms) };
             if n < 0 {

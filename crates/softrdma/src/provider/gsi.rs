@@ -350,14 +350,21 @@ mod tests {
         crate::testing::unique_loopback_addr().to_string()
     }
 
+    /// The engine of a device opened at `addr`, which hands unclaimed requests up to the test.
     fn engine(addr: &str) -> (crate::Context, Arc<Engine>) {
+        let (ctx, e) = start(addr);
+        e.with_cm(|g, _| g.keep_unhandled = true);
+        (ctx, e)
+    }
+
+    /// The engine of a device opened at `addr`, as rdma_cm finds it.
+    fn start(addr: &str) -> (crate::Context, Arc<Engine>) {
         let ctx = Device::from_addr(addr.parse().unwrap())
             .unwrap()
             .open()
             .unwrap();
         let dev = ctx.inner.shared.device.clone();
         let e = Engine::get_or_start(dev.addr(), dev.ifindex()).unwrap();
-        e.with_cm(|g, _| g.keep_unhandled = true);
         (ctx, e)
     }
 
@@ -520,12 +527,7 @@ mod tests {
     fn a_request_taken_but_claimed_by_no_listener_is_refused_with_reason_8() {
         let (ca, sa) = (unique(), unique());
         let (_c1, client) = engine(&ca);
-        let ctx = Device::from_addr(sa.parse().unwrap())
-            .unwrap()
-            .open()
-            .unwrap();
-        let dev = ctx.inner.shared.device.clone();
-        let server = Engine::get_or_start(dev.addr(), dev.ifindex()).unwrap();
+        let (_c2, server) = start(&sa);
         assert!(server.cm_listen(service_id(PortSpace::Tcp, 9998)).unwrap());
         connect_is_rejected_with_reason_8(&client, &sa, 9998);
         let stats = server.with_cm(|g, _| g.stats());
