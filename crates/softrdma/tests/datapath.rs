@@ -1588,3 +1588,307 @@ fn an_event_driven_ping_pong_loses_no_wake_up() {
     }
     assert_eq!((a_sends, b_sends), (N, N));
 }
+
+/// Whether this binary forces the wire (`datapath_wire`): no lanes, no records.
+fn wire_forced() -> bool {
+    std::env::var("SOFTRDMA_TRANSPORT").is_ok_and(|v| v == "wire")
+}
+
+/// SEND rounds both ways until short requests cross as work-request records (their devices'
+/// `wr_records` counts grow: the pair must have devices of its own). Returns whether they
+/// do: `false` at once where the wire is forced. A hang guard, no timing.
+fn records_up(a: &Side, b: &Side) -> bool {
+    if wire_forced() {
+        return false;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (ra, rb) = (a.ctx.counters().wr_records, b.ctx.counters().wr_records);
+        for (x, y) in [(a, b), (b, a)] {
+            y.post_recv(900, 60_000, 64);
+            send(x, 901, WrOpcode::Send, &[x.sge(60_000, 8)], |_| {});
+            assert_eq!(x.wait(1)[0].status, WcStatus::Success);
+            assert_eq!(y.wait(1)[0].status, WcStatus::Success);
+        }
+        if a.ctx.counters().wr_records > ra && b.ctx.counters().wr_records > rb {
+            return true;
+        }
+        assert!(Instant::now() < deadline, "no work-request record went");
+    }
+}
+
+/// Short RC SENDs and WRITEs between two QPs of this host cross as work-request records
+/// (not packets), with exactly the results of the wire: every byte (several entries on
+/// both sides, inline data), completions with their opcodes, lengths, immediate data and
+/// flags; a message over the record limit goes as packets, in order with them.
+#[test]
+fn short_rc_requests_cross_as_records_with_the_results_of_the_wire() {
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &Opts::default());
+    let records = records_up(&a, &b);
+    let r0 = a.ctx.counters().wr_records;
+    let mut wr_id = 10u64;
+    for len in [0usize, 1, 8, 100, 4096, 4097] {
+        for op in [
+            WrOpcode::Send,
+            WrOpcode::SendWithImm,
+            WrOpcode::RdmaWrite,
+            WrOpcode::RdmaWriteWithImm,
+        ] {
+            wr_id += 1;
+            let data = pattern(len, wr_id as u8);
+            a.buf.write(0, &data).unwrap();
+            b.buf.write(8192, &vec![0xee; len + 16]).unwrap();
+            let write = matches!(op, WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm);
+            let imm = matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
+            if op != WrOpcode::RdmaWrite {
+                // A SEND lands in three entries (the last only partly used).
+                let sges = [b.sge(8192, 10), b.sge(8202, 7), b.sge(8209, 8192)];
+                b.qp.post_recv(&[RecvWr {
+                    wr_id: wr_id + 1000,
+                    sg_list: &sges,
+                }])
+                .unwrap();
+            }
+            let half = len / 2;
+            let sges = [a.sge(0, half), a.sge(half, len - half)];
+            send(&a, wr_id, op, &sges, |w| {
+                w.imm_data = 0x1234_0000 + wr_id as u32;
+                w.remote_addr = b.buf.addr() + 8192;
+                w.rkey = b.mr.rkey();
+            });
+            let s = a.wait(1)[0];
+            let sent_op = if write {
+                WcOpcode::RdmaWrite
+            } else {
+                WcOpcode::Send
+            };
+            assert_eq!(
+                (s.wr_id, s.status, s.opcode, s.qp_num),
+                (wr_id, WcStatus::Success, sent_op, a.qp.qp_num()),
+                "{op:?} {len}"
+            );
+            if op != WrOpcode::RdmaWrite {
+                let r = b.wait(1)[0];
+                let recv_op = if write {
+                    WcOpcode::RecvRdmaWithImm
+                } else {
+                    WcOpcode::Recv
+                };
+                assert_eq!(
+                    (r.wr_id, r.status, r.opcode, r.byte_len as usize, r.qp_num),
+                    (wr_id + 1000, WcStatus::Success, recv_op, len, b.qp.qp_num()),
+                    "{op:?} {len}"
+                );
+                assert_eq!(r.wc_flags.contains(WcFlags::WITH_IMM), imm, "{op:?} {len}");
+                if imm {
+                    assert_eq!(r.imm_data, 0x1234_0000 + wr_id as u32);
+                }
+            }
+            let mut got = vec![0; len + 16];
+            b.buf.read(8192, &mut got).unwrap();
+            assert!(got[..len] == data[..], "{op:?} {len}: the bytes");
+            assert!(
+                got[len..].iter().all(|&x| x == 0xee),
+                "{op:?} {len}: past the end"
+            );
+        }
+    }
+    // Inline data (copied at post time: the buffer may change at once).
+    a.buf.write(0, b"inline!!").unwrap();
+    b.post_recv(7000, 8192, 64);
+    send(&a, 7001, WrOpcode::Send, &[a.sge(0, 8)], |w| {
+        w.send_flags |= SendFlags::INLINE;
+    });
+    a.buf.write(0, b"changed!").unwrap();
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    assert_eq!(b.wait(1)[0].byte_len, 8);
+    let mut got = [0u8; 8];
+    b.buf.read(8192, &mut got).unwrap();
+    assert_eq!(&got, b"inline!!");
+    let sent = a.ctx.counters().wr_records - r0;
+    if records {
+        // Every request up to the record limit went as one (20 of them, and the inline one).
+        assert!(sent >= 21, "{sent} records: {:?}", a.ctx.counters());
+    } else {
+        assert_eq!(sent, 0);
+    }
+    let (ca, cb) = (a.qp.counters(), b.qp.counters());
+    assert!(
+        ca.tx_bytes > 3 * 4096 && cb.rx_bytes > 3 * 4096,
+        "{ca:?} {cb:?}"
+    );
+    assert!(ca.acks_received > 0 && cb.acks_sent > 0, "{ca:?} {cb:?}");
+}
+
+/// SENDs that find no receive request (sent as records) are not lost and keep their order:
+/// the receiving side refuses them, and the transport takes them over (waiting for credits,
+/// or with its RNR NAKs and retries, rnr_retry 7: for ever) until the receives come.
+#[test]
+fn records_that_find_no_receive_arrive_in_order_once_receives_come() {
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &Opts::default());
+    records_up(&a, &b);
+    for i in 0..5u64 {
+        a.buf.write(i as usize * 8, &[i as u8 + 1; 8]).unwrap();
+        send(
+            &a,
+            100 + i,
+            WrOpcode::Send,
+            &[a.sge(i as usize * 8, 8)],
+            |_| {},
+        );
+    }
+    assert!(a.wait_none(), "a SEND completed with no receive posted");
+    for i in 0..5u64 {
+        b.post_recv(200 + i, 1024 + i as usize * 8, 8);
+    }
+    let s = a.wait(5);
+    let r = b.wait(5);
+    for i in 0..5u64 {
+        assert_eq!(
+            (s[i as usize].wr_id, s[i as usize].status),
+            (100 + i, WcStatus::Success)
+        );
+        assert_eq!(
+            (r[i as usize].wr_id, r[i as usize].status),
+            (200 + i, WcStatus::Success)
+        );
+        let mut got = [0u8; 8];
+        b.buf.read(1024 + i as usize * 8, &mut got).unwrap();
+        assert_eq!(got, [i as u8 + 1; 8], "message {i}");
+    }
+}
+
+/// What a record cannot do is refused to the transport, whose statuses are the wire's: a
+/// WRITE with a bad rkey completes with REM_ACCESS_ERR (the SEND after it with WR_FLUSH_ERR),
+/// a SEND longer than its receive with REM_INV_REQ_ERR there and LOC_LEN_ERR here.
+#[test]
+fn records_refused_for_their_rkey_or_length_fail_as_on_the_wire() {
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &Opts::default());
+    records_up(&a, &b);
+    send(&a, 1, WrOpcode::RdmaWrite, &[a.sge(0, 64)], |w| {
+        w.remote_addr = b.buf.addr();
+        w.rkey = b.mr.rkey() ^ 0x55;
+    });
+    send(&a, 2, WrOpcode::Send, &[a.sge(0, 1)], |_| {});
+    let c = a.wait(2);
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[1].wr_id, c[1].status),
+        (1, WcStatus::RemAccessErr, 2, WcStatus::WrFlushErr)
+    );
+    assert_eq!(a.qp.state(), QpState::Err);
+
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &Opts::default());
+    records_up(&a, &b);
+    b.post_recv(9, 0, 10);
+    send(&a, 1, WrOpcode::Send, &[a.sge(0, 100)], |_| {});
+    assert_eq!(a.wait(1)[0].status, WcStatus::RemInvReqErr);
+    assert_eq!(b.wait(1)[0].status, WcStatus::LocLenErr);
+}
+
+/// Requests a record cannot carry (READ, atomics, a message over the record limit), posted
+/// among ones it can in one list, wait for the records before them and go as packets: every
+/// request completes in the order posted, and each sees what the ones before it did (the
+/// READ reads what the WRITE before it wrote).
+#[test]
+fn requests_behind_records_keep_their_order() {
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &Opts::default());
+    records_up(&a, &b);
+    for round in 0..20u64 {
+        let v = 0x0101_0101_0101_0101u64 * (round + 1);
+        a.buf.write(0, &v.to_le_bytes()).unwrap();
+        a.buf.write(16, &pattern(5000, round as u8)).unwrap();
+        b.buf.write(128, &round.to_le_bytes()).unwrap();
+        for i in 0..4 {
+            b.post_recv(11 + i, 8192 + i as usize * 8192, 8192);
+        }
+        let (s8, s5000, read_into, fadd_into) = (
+            [a.sge(0, 8)],
+            [a.sge(16, 5000)],
+            [a.sge(64, 8)],
+            [a.sge(96, 8)],
+        );
+        let remote = b.buf.addr();
+        let rkey = b.mr.rkey();
+        let wr = |wr_id, opcode, sg_list| SendWr {
+            wr_id,
+            opcode,
+            sg_list,
+            send_flags: SendFlags::SIGNALED,
+            remote_addr: remote,
+            rkey,
+            ..Default::default()
+        };
+        let mut fadd = wr(5, WrOpcode::AtomicFetchAndAdd, &fadd_into);
+        fadd.remote_addr = remote + 128;
+        fadd.compare_add = 1;
+        a.qp.post_send(&[
+            wr(1, WrOpcode::Send, &s8),
+            wr(2, WrOpcode::RdmaWrite, &s8),
+            wr(3, WrOpcode::RdmaRead, &read_into),
+            wr(4, WrOpcode::Send, &s8),
+            fadd,
+            wr(6, WrOpcode::Send, &s5000),
+            wr(7, WrOpcode::Send, &s8),
+        ])
+        .unwrap();
+        let c = a.wait(7);
+        let ids: Vec<_> = c.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(
+            ids,
+            (1..=7).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>(),
+            "round {round}"
+        );
+        let mut got = [0u8; 8];
+        a.buf.read(64, &mut got).unwrap();
+        assert_eq!(
+            u64::from_le_bytes(got),
+            v,
+            "round {round}: the READ after the WRITE"
+        );
+        a.buf.read(96, &mut got).unwrap();
+        assert_eq!(
+            u64::from_le_bytes(got),
+            round,
+            "round {round}: the atomic's original"
+        );
+        let r = b.wait(4);
+        let lens: Vec<_> = r.iter().map(|w| (w.wr_id, w.byte_len)).collect();
+        assert_eq!(
+            lens,
+            [(11, 8), (12, 8), (13, 5000), (14, 8)],
+            "round {round}"
+        );
+        let mut big = vec![0u8; 5000];
+        b.buf.read(8192 + 2 * 8192, &mut big).unwrap();
+        assert!(
+            big == pattern(5000, round as u8),
+            "round {round}: the long SEND"
+        );
+    }
+}
+
+/// A peer whose device goes away while a record waits in its lane (nobody takes it) is a
+/// peer that sends no ACK: the request completes with RETRY_EXC_ERR after the local ACK
+/// timeout's retries, as over the wire, and the QP goes to ERR.
+#[test]
+fn a_record_to_a_peer_that_went_away_ends_in_retry_exc_err() {
+    // (A local ACK timeout of 16.8 ms and one retry: a busy machine's delays are not losses
+    // while the records come up, and the end comes within a tenth of a second.)
+    let o = Opts {
+        timeout: 12,
+        retry_cnt: 1,
+        ..Opts::default()
+    };
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &o);
+    let records = records_up(&a, &b);
+    let r0 = a.ctx.counters().wr_records;
+    b.ctx.pause_same_host_receive(true).unwrap();
+    send(&a, 1, WrOpcode::Send, &[a.sge(0, 8)], |_| {});
+    if records {
+        assert_eq!(a.ctx.counters().wr_records, r0 + 1, "not sent as a record");
+    }
+    drop(b);
+    let c = a.wait(1);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::RetryExcErr));
+    assert_eq!(a.qp.state(), QpState::Err);
+}

@@ -124,6 +124,22 @@ pub struct UdDest {
     pub remote_qkey: u32,
 }
 
+impl SendOp {
+    /// The opcode of the work completion of a request with this operation
+    /// (`IBV_WC_SEND` for every SEND, `IBV_WC_RDMA_WRITE` for every WRITE, ...). Never fails.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
+            SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
+            SendOp::CmpAndSwp { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAndAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::BindMw(_) => WcOpcode::BindMw,
+            SendOp::LocalInv(_) => WcOpcode::LocalInv,
+        }
+    }
+}
+
 /// A posted send work request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendRequest {

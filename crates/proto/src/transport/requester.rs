@@ -72,15 +72,7 @@ impl Kind {
 
 /// The completion opcode of a send operation.
 fn wc_opcode(op: &SendOp) -> WcOpcode {
-    match op {
-        SendOp::Send | SendOp::SendWithImm(_) | SendOp::SendWithInv(_) => WcOpcode::Send,
-        SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
-        SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
-        SendOp::CmpAndSwp { .. } => WcOpcode::CompSwap,
-        SendOp::FetchAndAdd { .. } => WcOpcode::FetchAdd,
-        SendOp::BindMw(_) => WcOpcode::BindMw,
-        SendOp::LocalInv(_) => WcOpcode::LocalInv,
-    }
+    op.wc_opcode()
 }
 
 /// A posted send request and its transmission state.

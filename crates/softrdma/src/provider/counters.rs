@@ -27,6 +27,7 @@ pub(crate) struct Counters {
     pub(crate) probes_received: AtomicU64,
     pub(crate) misrouted: AtomicU64,
     pub(crate) same_host_packets: AtomicU64,
+    pub(crate) wr_records: AtomicU64,
 }
 
 /// A snapshot of a device's packet counters.
@@ -88,6 +89,10 @@ pub struct DeviceCounters {
     /// this host, through shared memory instead of the network stack (see the provider's
     /// notes; `SOFTRDMA_TRANSPORT=wire` turns lanes off).
     pub same_host_packets: u64,
+    /// Work-request records sent through a same-host lane (also counted in `tx_packets` and
+    /// `same_host_packets`): short RC requests, and their acknowledgements, carried between
+    /// two QPs of this host without RoCE packets (`SOFTRDMA_WR_RECORDS=0` turns them off).
+    pub wr_records: u64,
 }
 
 /// How often a device probes the peers it has connections with (see
@@ -118,6 +123,7 @@ impl DeviceCounters {
         self.probes_received += other.probes_received;
         self.misrouted += other.misrouted;
         self.same_host_packets += other.same_host_packets;
+        self.wr_records += other.wr_records;
     }
 }
 
@@ -147,6 +153,7 @@ impl Counters {
             probes_received: g(&self.probes_received),
             misrouted: g(&self.misrouted),
             same_host_packets: g(&self.same_host_packets),
+            wr_records: g(&self.wr_records),
         }
     }
 }

@@ -481,6 +481,13 @@ impl Provider for Engine {
     fn lane_is_up(&self, peer: IpAddr, dest_qpn: u32) -> bool {
         self.wire.lane_is_up(peer, dest_qpn)
     }
+    fn records_ready(&self, peer: IpAddr, dest_qpn: u32) -> bool {
+        self.wire.records_ready(peer, dest_qpn)
+    }
+    #[inline]
+    fn records_generation(&self) -> u64 {
+        self.wire.records_generation()
+    }
     fn note_held_send(&self, qpn: u32) -> bool {
         Engine::note_held_send(self, qpn)
     }

@@ -80,8 +80,9 @@ pub(crate) use devices::{
     MAX_QUEUES,
 };
 pub use faults::FaultConfig;
+pub(crate) use lanes::records as wr_records;
 pub use lanes::same_host_lanes;
-pub(crate) use lanes::same_host_segment;
+pub(crate) use lanes::{same_host_segment, WR_RECORD};
 pub(crate) use port::{set_cm_hook, CmHook, Provider, QpPort};
 pub(crate) use progress::holding_acks;
 pub(crate) use rx::{Delivery, Via, MULTICAST_QPN};

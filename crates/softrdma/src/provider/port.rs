@@ -77,6 +77,15 @@ pub(crate) trait Provider: Send + Sync {
     /// Whether a same-host lane to QP `dest_qpn` of the device at `peer` is up now (its
     /// packets cost no system call).
     fn lane_is_up(&self, peer: IpAddr, dest_qpn: u32) -> bool;
+    /// Whether short RC work requests to QP `dest_qpn` of the device at `peer` may go as
+    /// records through a same-host lane ([`direct_lane`](Provider::direct_lane)) instead of
+    /// packets: lanes both ways are up, the peer process takes such records, and neither a
+    /// capture nor fault injection needs packets. Never fails; offers nothing.
+    fn records_ready(&self, peer: IpAddr, dest_qpn: u32) -> bool;
+    /// A number that changes whenever [`Provider::records_ready`] may have changed its
+    /// answer for some peer (one atomic load): a QP that found records not ready looks
+    /// again only once it changed.
+    fn records_generation(&self) -> u64;
     /// Records that the transport of QP `qpn` holds a positive ACK back.
     fn note_held_ack(&self, qpn: u32);
     /// Records that the transport of the UC or UD QP `qpn` holds sends just posted back for

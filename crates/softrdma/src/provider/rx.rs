@@ -3,6 +3,7 @@
 
 use super::capture;
 use super::counters::Counters;
+use super::lanes::{records, WR_RECORD};
 use super::share::{self, Share};
 use super::sock::{RecvScratch, RxMsg};
 use super::tx::{TxBatch, Wire, BATCH};
@@ -448,6 +449,59 @@ impl<'a> PacketRun<'a> {
     }
 }
 
+/// Hands a run from a lane (packets, or work-request `records`) to QP `qpn` as [`deliver`]
+/// does. Records that find no QP to take them are refused to their senders, who send them
+/// again as packets (and get what the wire would give).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn deliver_lane_run(
+    wire: &Wire,
+    sink: &impl RxSink,
+    qpn: u32,
+    pkts: &[&[u8]],
+    records: bool,
+    src: SocketAddr,
+    now: Instant,
+    tx: &mut TxBatch,
+) {
+    if !records {
+        return deliver(wire, sink, qpn, pkts, src, now, tx);
+    }
+    let c = &wire.counters;
+    let n = pkts.len() as u64;
+    match sink.deliver(qpn, pkts, src, wire.local.ip(), Via::Unicast, now, tx) {
+        Some(Delivery::Delivered) => {}
+        None | Some(Delivery::NotReady) => {
+            c.unknown_qp.fetch_add(n, Ordering::Relaxed);
+            refuse_records(wire, pkts, src);
+        }
+        Some(Delivery::WrongSource) => {
+            c.wrong_source.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Answers each work request among the records `pkts` (from the device at `src`) with a
+/// refusal ([`records::Kind::Refuse`]): no QP here takes records for its destination.
+#[cold]
+fn refuse_records(wire: &Wire, pkts: &[&[u8]], src: SocketAddr) {
+    for p in pkts {
+        let Some((r, _)) = records::Record::parse(p) else {
+            continue;
+        };
+        if !r.kind.is_request() {
+            continue;
+        }
+        let a = records::Record::answer(records::Kind::Refuse, &r);
+        if let Some(mut lane) = wire.direct_lane(src.ip(), a.dest_qpn) {
+            if let Some(buf) = lane.reserve(records::HEADER) {
+                a.emit(buf);
+                lane.commit_record(records::HEADER);
+            }
+        }
+    }
+}
+
 /// What [`RxState::receive_lanes`] does, with the receive side's counts.
 ///
 /// Also called before a MAD from the socket goes to the CM (`skip_fresh` false): what the peer
@@ -465,6 +519,8 @@ fn take_lanes(
     {
         let got = wire.lanes.with_inbound(|inb| {
             let mut total = 0;
+            // Whether a lane brought its first records (see `Lanes::note_inbound`).
+            let mut now_used = false;
             for lane in inb.iter_mut() {
                 if lane.fresh {
                     // A new lane's first records wait one look: the packets its sender put on
@@ -476,6 +532,7 @@ fn take_lanes(
                         continue;
                     }
                     lane.fresh = false;
+                    now_used = true;
                     if skip_fresh {
                         continue;
                     }
@@ -492,6 +549,7 @@ fn take_lanes(
                     let mut run = PacketRun::new();
                     let mut taken = 0;
                     let mut run_qpn = None;
+                    let mut run_records = false;
                     while taken < BATCH {
                         let (pkt, next) = match lane.cons.record_at(pos) {
                             Ok(Some(r)) => r,
@@ -503,27 +561,56 @@ fn take_lanes(
                         };
                         pos = next;
                         taken += 1;
-                        let Some(qpn) = check_lane_packet(wire, counts, pkt, src) else {
-                            continue;
+                        // A work-request record (not a packet: no checks of a packet's
+                        // layout, and no capture) or a packet.
+                        let is_record = pkt.first() == Some(&WR_RECORD);
+                        let qpn = if is_record {
+                            let Some(q) = records::dest_qpn(pkt) else {
+                                counts.count_drop(softrdma_proto::device::DropReason::Malformed, 1);
+                                continue;
+                            };
+                            counts.rx_packets += 1;
+                            counts.rx_bytes += pkt.len() as u64;
+                            q
+                        } else {
+                            let Some(q) = check_lane_packet(wire, counts, pkt, src) else {
+                                continue;
+                            };
+                            q
                         };
                         if qpn == softrdma_wire::mad::GSI_QPN || !owns_qpn(share, qpn) {
                             // Lanes carry packets for this process's QPs only.
                             wire.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
+                            if is_record {
+                                refuse_records(wire, &[pkt], src);
+                            }
                             continue;
                         }
-                        if run_qpn != Some(qpn) || run.is_full() {
+                        // A run is packets or records, never both: a QP takes the packets
+                        // before a record before it takes the record.
+                        if run_qpn != Some(qpn) || run_records != is_record || run.is_full() {
                             if let Some(q) = run_qpn {
                                 add_counts(counts, &wire.counters);
-                                deliver(wire, sink, q, run.as_slice(), src, now, tx);
+                                deliver_lane_run(
+                                    wire,
+                                    sink,
+                                    q,
+                                    run.as_slice(),
+                                    run_records,
+                                    src,
+                                    now,
+                                    tx,
+                                );
                             }
                             run.clear();
                             run_qpn = Some(qpn);
+                            run_records = is_record;
                         }
                         run.push(pkt);
                     }
                     add_counts(counts, &wire.counters);
                     if let Some(q) = run_qpn {
-                        deliver(wire, sink, q, run.as_slice(), src, now, tx);
+                        deliver_lane_run(wire, sink, q, run.as_slice(), run_records, src, now, tx);
                     }
                     total += taken;
                     lane.cons.release(pos);
@@ -531,6 +618,9 @@ fn take_lanes(
                         break;
                     }
                 }
+            }
+            if now_used {
+                wire.lanes.note_inbound(inb);
             }
             total
         });

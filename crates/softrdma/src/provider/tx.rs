@@ -48,6 +48,7 @@ pub(crate) struct DirectTx<'a> {
     wire: &'a Wire,
     packets: usize,
     bytes: usize,
+    records: usize,
 }
 
 impl DirectTx<'_> {
@@ -75,10 +76,26 @@ impl DirectTx<'_> {
     }
 }
 
+impl DirectTx<'_> {
+    /// Queues the work-request record built in the reserved room, `len` bytes (see
+    /// [`DirectTx::commit`]), counting it as a record too.
+    #[inline]
+    pub(crate) fn commit_record(&mut self, len: usize) {
+        self.commit(len);
+        self.records += 1;
+    }
+}
+
 impl Drop for DirectTx<'_> {
     fn drop(&mut self) {
         if self.packets > 0 {
             self.wire.count_sent(0, self.packets, self.bytes, 0);
+        }
+        if self.records > 0 {
+            self.wire
+                .counters
+                .wr_records
+                .fetch_add(self.records as u64, Ordering::Relaxed);
         }
     }
 }
@@ -350,6 +367,23 @@ impl Wire {
         )
     }
 
+    /// Whether work-request records may go to QP `dest_qpn` of the device at `peer` (see
+    /// [`super::Provider::records_ready`]).
+    pub(crate) fn records_ready(&self, peer: IpAddr, dest_qpn: u32) -> bool {
+        self.lanes_direct()
+            && super::lanes::wr_records()
+            && self.lanes.records_ready(
+                SocketAddr::new(peer, ROCE_PORT),
+                super::share::slot_of_qpn(dest_qpn),
+            )
+    }
+
+    /// A number that changes whenever [`Wire::records_ready`] may have changed its answer.
+    #[inline]
+    pub(crate) fn records_generation(&self) -> u64 {
+        self.lanes.records_generation()
+    }
+
     pub(crate) fn direct_lane(&self, peer: IpAddr, dest_qpn: u32) -> Option<DirectTx<'_>> {
         let dst = SocketAddr::new(peer, ROCE_PORT);
         let lane = self
@@ -360,6 +394,7 @@ impl Wire {
             wire: self,
             packets: 0,
             bytes: 0,
+            records: 0,
         })
     }
 

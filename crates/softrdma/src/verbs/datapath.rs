@@ -1,440 +1,22 @@
-//! The data path of one QP, between its sans-IO transport and the provider: the transport's
-//! view of memory and receive queue ([`QpEnv`]); [`drive`], which runs the transport and hands
+//! The data path of one QP, between its sans-IO transport and the provider: [`drive`], which
+//! runs the transport (in the view of memory and receive queue of `verbs::env`) and hands
 //! its packets to the provider's transmit batch, its completions to the CQs and its events
 //! to the QP; and the QP's face to the provider ([`QpPort`]: packets, timeouts, held ACKs).
 
 use crate::provider::Provider;
-use crate::provider::{holding_acks, with_tx, Delivery, QpPort, TxBatch, Via, PKT_BUF};
-use crate::verbs::copy::Batch;
+use crate::provider::{holding_acks, with_tx, Delivery, QpPort, TxBatch, Via, PKT_BUF, WR_RECORD};
 use crate::verbs::cq::WorkCompletion;
+pub(crate) use crate::verbs::env::to_wc;
+use crate::verbs::env::QpEnv;
 use crate::verbs::event::{AsyncElement, EventTarget, EventType};
-use crate::verbs::mr::{AccessError as MrAccessError, AccessFlags, KeyKind};
-use crate::verbs::pd::PdInner;
 use crate::verbs::qp::parked::needs_receive;
 use crate::verbs::qp::{QpInner, QpState_};
-use crate::verbs::requests::RecvWqe;
-use crate::verbs::resources::Resources;
-use crate::verbs::srq::SrqInner;
+use crate::verbs::records;
 use softrdma_proto::device::grh_for;
-use softrdma_proto::transport::{
-    AccessError, AtomicOp, Completion, Env, MwBind, QpEvent, RecvRequest, RxMeta, Sge, WcStatus,
-};
-use std::collections::VecDeque;
+use softrdma_proto::transport::{QpEvent, RxMeta};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// The memory and receive queue of one QP, as its transport sees them.
-pub(crate) struct QpEnv<'a> {
-    pub(crate) res: &'a Resources,
-    pub(crate) pd: &'a Arc<PdInner>,
-    pub(crate) rq: &'a mut VecDeque<RecvWqe>,
-    pub(crate) srq: Option<&'a SrqInner>,
-    /// SRQ limit event to raise once the QP lock is released.
-    pub(crate) srq_limit_hit: bool,
-    /// The QP's cache of memory regions.
-    pub(crate) mrs: &'a mut crate::verbs::mr::MrCache,
-    /// The QP's `uid` (type 2 memory windows are bound to it).
-    pub(crate) qp_uid: u64,
-    /// Payload copies deferred to be made together ([`crate::verbs::copy`]), while a run of
-    /// packets is received or built into a same-host lane's ring.
-    pub(crate) defer: Option<Batch>,
-    /// Whether reads of memory are deferred (building packets into a lane's ring) rather
-    /// than writes (receiving).
-    pub(crate) defer_reads: bool,
-    /// The packet being received (its address range): only copies from its bytes are
-    /// deferred (the transport also writes bytes of its own, an atomic's original value or
-    /// a GRH, which do not outlive the call).
-    pub(crate) packet: (usize, usize),
-    /// The number of deferred copies before the packet being built ([`QpEnv::mark_build`]).
-    build_mark: usize,
-}
-
-thread_local! {
-    /// The deferred copies' batch of this thread, kept between runs for its room.
-    static BATCH: std::cell::Cell<Batch> = std::cell::Cell::new(Batch::default());
-}
-
-impl QpEnv<'_> {
-    /// Starts deferring payload copies (when copy engines are on).
-    fn start_deferring(&mut self) {
-        if self.defer.is_none() && crate::verbs::copy::deferring() {
-            self.defer = Some(BATCH.take());
-        }
-    }
-
-    /// Makes the deferred writes (receiving; all done on return), before an access that may
-    /// read what they write; deferring goes on. (Deferred reads into a ring's room need no
-    /// such care: nothing reads the room before publication.)
-    #[inline]
-    fn run_deferred(&mut self) {
-        if let Some(b) = self.defer.as_mut().filter(|_| !self.defer_reads) {
-            b.run();
-        }
-    }
-
-    /// Makes every deferred copy now (before a ring's room is published); deferring goes on.
-    #[inline]
-    fn make_deferred(&mut self) {
-        if let Some(b) = self.defer.as_mut() {
-            b.run();
-        }
-        self.build_mark = 0;
-    }
-
-    /// Makes the deferred copies and stops deferring.
-    fn stop_deferring(&mut self) {
-        if let Some(mut b) = self.defer.take() {
-            b.run();
-            BATCH.set(b);
-        }
-    }
-
-    /// A packet is being built from here on: the copies it defers come after this mark.
-    #[inline]
-    fn mark_build(&mut self) {
-        self.build_mark = self.defer.as_ref().map_or(0, Batch::len);
-    }
-
-    /// The packet being built is abandoned (an access refused midway, or not sent): forgets
-    /// the copies it deferred into its room, which the next packet takes.
-    #[inline]
-    fn abandon_build(&mut self) {
-        if let Some(b) = self.defer.as_mut().filter(|_| self.defer_reads) {
-            b.truncate(self.build_mark);
-        }
-    }
-}
-
-impl Drop for QpEnv<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        // (Nearly always nothing deferred: the check stays inline.)
-        if self.defer.is_some() {
-            if std::thread::panicking() {
-                // (The ring's room may be published or gone by now: nothing is copied late.)
-                if let Some(b) = self.defer.as_mut() {
-                    b.forget();
-                }
-            }
-            self.stop_deferring();
-        }
-    }
-}
-
-fn map_err(e: MrAccessError) -> AccessError {
-    match e {
-        MrAccessError::InvalidKey | MrAccessError::WrongPd => AccessError::InvalidKey,
-        MrAccessError::OutOfBounds => AccessError::OutOfBounds,
-        MrAccessError::AccessDenied => AccessError::AccessDenied,
-        MrAccessError::Misaligned => AccessError::Misaligned,
-    }
-}
-
-impl<'a> QpEnv<'a> {
-    /// The environment of `qp`'s transport: its receive queue `rq` and memory-region cache
-    /// `mrs` (both under the QP's lock), its PD's memory and its SRQ.
-    pub(crate) fn of(
-        qp: &'a QpInner,
-        rq: &'a mut VecDeque<RecvWqe>,
-        mrs: &'a mut crate::verbs::mr::MrCache,
-    ) -> QpEnv<'a> {
-        QpEnv {
-            res: &qp.pd.shared().resources,
-            pd: qp.pd.arc(),
-            rq,
-            srq: qp.srq.as_deref(),
-            srq_limit_hit: false,
-            mrs,
-            qp_uid: qp.uid,
-            defer: None,
-            defer_reads: false,
-            packet: (0, 0),
-            build_mark: 0,
-        }
-    }
-
-    pub(super) fn lease(
-        &mut self,
-        key: u32,
-        kind: KeyKind,
-        va: u64,
-        len: usize,
-        need: AccessFlags,
-        atomic: bool,
-    ) -> std::result::Result<crate::verbs::mr::MrLease, AccessError> {
-        let r = self
-            .res
-            .check_access_cached(self.mrs, key, kind, self.pd, va, len as u64, need, atomic);
-        match r {
-            // Not a region's rkey: perhaps a memory window's (never cached: a window can be
-            // rebound or invalidated under the same region).
-            Err(MrAccessError::InvalidKey) if kind == KeyKind::Remote => self
-                .res
-                .check_window(key, self.pd, self.qp_uid, va, len as u64, need, atomic)
-                .map_err(map_err),
-            r => r.map_err(map_err),
-        }
-    }
-}
-
-/// Copies shorter than this are made on the spot even while deferring: handing a few bytes
-/// to a batch costs more than copying them. (A short read into a packet's room needs no
-/// order with the deferred reads; a short write is made at once only while no write waits
-/// before it, which might cover the same bytes.)
-const DEFER_MIN: usize = 256;
-
-impl QpEnv<'_> {
-    /// Copies the leased memory into `dst` (bytes of a packet being built), or defers the
-    /// copy ([`QpEnv::defer`]).
-    #[inline]
-    fn read_into(&mut self, l: crate::verbs::mr::MrLease, dst: &mut [u8]) {
-        match &mut self.defer {
-            // SAFETY: `dst` is in the room of a lane's ring reserved for the packet being
-            // built, which stays reserved (unpublished, untouched by others) until the batch
-            // runs, before publication; `drive` forgets the copies of a packet it drops.
-            Some(b) if self.defer_reads && dst.len() >= DEFER_MIN => unsafe {
-                b.push(dst.as_mut_ptr(), l.as_ptr(), dst.len(), l)
-            },
-            _ => {
-                // (Writes deferred before are made first: this may read what they write.)
-                self.run_deferred();
-                l.read(0, dst);
-            }
-        }
-    }
-
-    /// Copies `src` (bytes of an arriving packet) into the leased memory, or defers the copy
-    /// ([`QpEnv::defer`]).
-    #[inline]
-    fn write_from(&mut self, l: crate::verbs::mr::MrLease, src: &[u8]) {
-        match &mut self.defer {
-            // SAFETY: `src` is a packet of the run being fed, which stays valid until `feed`
-            // returns (it runs the batch first); the leased range stays registered with the
-            // lease, and other accesses of this QP to memory run the batch first.
-            Some(b)
-                if !self.defer_reads
-                    && (src.len() >= DEFER_MIN || b.len() > 0)
-                    && (src.as_ptr() as usize) >= self.packet.0
-                    && (src.as_ptr() as usize) + src.len() <= self.packet.1 =>
-            unsafe { b.push(l.as_ptr(), src.as_ptr(), src.len(), l) },
-            _ => {
-                self.run_deferred();
-                l.write(0, src);
-            }
-        }
-    }
-}
-
-impl Env for QpEnv<'_> {
-    fn read_local(
-        &mut self,
-        sge: &Sge,
-        offset: u32,
-        dst: &mut [u8],
-    ) -> std::result::Result<(), AccessError> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let va = sge.addr.wrapping_add(u64::from(offset));
-        let l = self
-            .lease(
-                sge.lkey,
-                KeyKind::Local,
-                va,
-                dst.len(),
-                AccessFlags::empty(),
-                false,
-            )
-            .inspect_err(|_| self.abandon_build())?;
-        self.read_into(l, dst);
-        Ok(())
-    }
-
-    fn write_local(
-        &mut self,
-        sge: &Sge,
-        offset: u32,
-        src: &[u8],
-    ) -> std::result::Result<(), AccessError> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        let va = sge.addr.wrapping_add(u64::from(offset));
-        let l = self.lease(
-            sge.lkey,
-            KeyKind::Local,
-            va,
-            src.len(),
-            AccessFlags::LOCAL_WRITE,
-            false,
-        )?;
-        self.write_from(l, src);
-        Ok(())
-    }
-
-    fn check_remote(
-        &mut self,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        write: bool,
-    ) -> std::result::Result<(), AccessError> {
-        if len == 0 {
-            return Ok(());
-        }
-        let need = if write {
-            AccessFlags::REMOTE_WRITE
-        } else {
-            AccessFlags::REMOTE_READ
-        };
-        self.lease(rkey, KeyKind::Remote, va, len as usize, need, false)
-            .map(drop)
-    }
-
-    fn write_remote(
-        &mut self,
-        rkey: u32,
-        va: u64,
-        src: &[u8],
-    ) -> std::result::Result<(), AccessError> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        let l = self.lease(
-            rkey,
-            KeyKind::Remote,
-            va,
-            src.len(),
-            AccessFlags::REMOTE_WRITE,
-            false,
-        )?;
-        self.write_from(l, src);
-        Ok(())
-    }
-
-    fn read_remote(
-        &mut self,
-        rkey: u32,
-        va: u64,
-        dst: &mut [u8],
-    ) -> std::result::Result<(), AccessError> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let l = self
-            .lease(
-                rkey,
-                KeyKind::Remote,
-                va,
-                dst.len(),
-                AccessFlags::REMOTE_READ,
-                false,
-            )
-            .inspect_err(|_| self.abandon_build())?;
-        self.read_into(l, dst);
-        Ok(())
-    }
-
-    fn atomic_remote(
-        &mut self,
-        rkey: u32,
-        va: u64,
-        op: AtomicOp,
-    ) -> std::result::Result<u64, AccessError> {
-        self.run_deferred();
-        let l = self.lease(
-            rkey,
-            KeyKind::Remote,
-            va,
-            8,
-            AccessFlags::REMOTE_ATOMIC,
-            true,
-        )?;
-        let w = l.atomic_word();
-        Ok(match op {
-            AtomicOp::CmpAndSwp { compare, swap } => {
-                match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
-                    Ok(v) | Err(v) => v,
-                }
-            }
-            AtomicOp::FetchAndAdd { add } => w.fetch_add(add, Ordering::SeqCst),
-        })
-    }
-
-    fn bind_mw(&mut self, bind: &MwBind) -> std::result::Result<(), WcStatus> {
-        self.run_deferred();
-        self.res.execute_bind(bind, self.pd, self.qp_uid)
-    }
-
-    fn local_invalidate(&mut self, rkey: u32) -> std::result::Result<(), WcStatus> {
-        self.run_deferred();
-        self.res
-            .invalidate(rkey, self.pd, None)
-            .map_err(|()| WcStatus::LocQpOpErr)
-    }
-
-    fn remote_invalidate(&mut self, rkey: u32) -> std::result::Result<(), AccessError> {
-        self.run_deferred();
-        self.res
-            .invalidate(rkey, self.pd, Some(self.qp_uid))
-            .map_err(|()| AccessError::InvalidKey)
-    }
-
-    fn take_recv(&mut self) -> Option<RecvRequest> {
-        // The queued request is already in the transport's form: a move, no allocation.
-        match self.srq {
-            Some(srq) => {
-                let mut st = srq.state.lock().unwrap_or_else(|p| p.into_inner());
-                let w = st.queue.pop_front();
-                if w.is_some()
-                    && st.attr.srq_limit != 0
-                    && (st.queue.len() as u32) < st.attr.srq_limit
-                {
-                    st.attr.srq_limit = 0;
-                    self.srq_limit_hit = true;
-                }
-                w
-            }
-            None => self.rq.pop_front(),
-        }
-    }
-
-    fn recv_available(&self) -> Option<u32> {
-        match self.srq {
-            Some(_) => None,
-            None => Some(self.rq.len().min(u32::MAX as usize) as u32),
-        }
-    }
-}
-
-pub(crate) fn to_wc(c: &Completion, qp_num: u32, ud: bool) -> WorkCompletion {
-    use crate::verbs::cq::WcFlags;
-    let mut flags = WcFlags::empty();
-    if c.imm_data.is_some() {
-        flags |= WcFlags::WITH_IMM;
-    }
-    if c.invalidated_rkey.is_some() {
-        flags |= WcFlags::WITH_INV;
-    }
-    if ud && c.is_recv && c.status == softrdma_proto::transport::WcStatus::Success {
-        flags |= WcFlags::GRH;
-    }
-    WorkCompletion {
-        wr_id: c.wr_id,
-        status: c.status,
-        opcode: c.opcode,
-        vendor_err: 0,
-        byte_len: c.byte_len,
-        imm_data: c.imm_data.unwrap_or(0),
-        invalidated_rkey: c.invalidated_rkey.unwrap_or(0),
-        qp_num,
-        src_qp: c.src_qp,
-        wc_flags: flags,
-        ..Default::default()
-    }
-}
 
 /// How long an RC QP that finds its same-host lane's ring full waits for room before it
 /// leaves the rest to the ACKs of what the ring holds (see [`drive`]).
@@ -460,6 +42,7 @@ pub(crate) fn drive(
         mrs,
         timer_at,
         parked,
+        records,
         ..
     } = st;
     let Some(t) = transport.as_mut() else {
@@ -635,7 +218,9 @@ pub(crate) fn drive(
         attr.qp_state = softrdma_proto::QpState::Err;
         attr.cur_qp_state = softrdma_proto::QpState::Err;
         // The transport flushed the send queue; flush our receive queue too (packets kept
-        // for it are dropped, as the transport drops what comes now).
+        // for it are dropped, as the transport drops what comes now), and the requests sent
+        // as records or waiting behind them.
+        records::flush(qp, records);
         parked.clear();
         for w in rq.drain(..) {
             qp.recv_cq.arc().push(
@@ -655,7 +240,10 @@ pub(crate) fn drive(
     // (nearly every packet moves the retransmit or probe deadline on) waits until the one
     // held comes, when the QP finds nothing due and hands over its real deadline. A timer
     // early is harmless (every deadline is checked against `now`); one late would not be.
-    let want = t.poll_timeout();
+    let want = match (t.poll_timeout(), records.deadline()) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
     let keep = match *timer_at {
         Some(held) => held > now && want.is_none_or(|w| held <= w),
         None => want.is_none(),
@@ -702,7 +290,12 @@ impl QpPort for QpInner {
                 }
             }
         }
-        feed(engine, qp, st, pkts, src, dst, now, tx);
+        if pkts.first().is_some_and(|p| p.first() == Some(&WR_RECORD)) {
+            // (A run from a lane is records only, or packets only.)
+            receive_records(engine, qp, st, pkts, now, tx);
+        } else {
+            feed(engine, qp, st, pkts, src, dst, now, tx);
+        }
         Delivery::Delivered
     }
 
@@ -710,6 +303,7 @@ impl QpPort for QpInner {
         let qp = &self;
         let events = {
             let mut st = qp.lock();
+            records::on_timer(engine, qp, &mut st, now);
             {
                 let QpState_ {
                     transport, rq, mrs, ..
@@ -731,6 +325,32 @@ impl QpPort for QpInner {
 
     fn release_held_ack(self: Arc<Self>) {
         QpInner::release_held_ack(&self);
+    }
+}
+
+/// Hands a run of work-request records to QP `qp` (whose lock `st` is, checked for a
+/// transport and the source) ([`records::receive`]), drives the QP when
+/// requests went to its transport, releases the lock and raises the resulting events.
+fn receive_records(
+    engine: &dyn Provider,
+    qp: &Arc<QpInner>,
+    mut st: std::sync::MutexGuard<'_, QpState_>,
+    recs: &[&[u8]],
+    now: Instant,
+    tx: &mut TxBatch,
+) {
+    let got = records::receive(engine, qp, &mut st, recs);
+    let events = if got.drive {
+        drive(engine, qp, &mut st, now, tx)
+    } else {
+        Vec::new()
+    };
+    drop(st);
+    for e in events {
+        qp.raise(e);
+    }
+    if got.srq_limit_hit {
+        raise_srq_limit(qp);
     }
 }
 

@@ -26,6 +26,7 @@
 //! - `SOFTRDMA_TRANSPORT=wire` turns lanes off (for packet capture and interop tests);
 //!   fault injection sends every packet on the wire.
 
+pub(crate) mod records;
 pub(crate) mod ring;
 mod setup;
 
@@ -37,6 +38,12 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// The first byte of a record that is not a RoCE packet but a work request, its
+/// acknowledgement or its refusal between two QPs of this host (`verbs::qp::direct`): an
+/// opcode of the manufacturer-specific range, never sent on a network. Its bytes 5..8 name
+/// the destination QP as a BTH does.
+pub(crate) const WR_RECORD: u8 = 0xe7;
 
 /// Bytes of records in each ring: a send window of 128 packets of 32 KiB (same-host segments)
 /// nearly fills it; an RC QP that finds it full waits for its ACKs (`verbs::datapath::drive`).
@@ -88,6 +95,14 @@ pub(crate) fn same_host_segment(connected: bool, peer: IpAddr, dest_qpn: u32) ->
     unix_names::slot_is_held(peer, slot).then_some(seg.clamp(256, 32 << 10))
 }
 
+/// Whether this process moves short RC work requests between two QPs of this host as records
+/// in a lane's ring (see `verbs::qp::direct`) rather than as packets through the transport:
+/// `false` when the environment says `SOFTRDMA_WR_RECORDS=0` (read once). Never fails.
+pub(crate) fn wr_records() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("SOFTRDMA_WR_RECORDS").map_or(true, |v| v != "0"))
+}
+
 /// Whether `SOFTRDMA_TRANSPORT=wire` forces every packet on the wire (read once).
 pub(crate) fn wire_forced() -> bool {
     static FORCED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -108,6 +123,13 @@ pub(crate) struct Lanes {
     inbound: Mutex<Vec<InLane>>,
     /// Whether `inbound` may be non-empty (saves its lock on every poll when it is not).
     any_inbound: AtomicBool,
+    /// The senders (device address, slot) of the inbound lanes, under a lock of its own that
+    /// is taken with nothing else after it: a sender asks it under its QP's lock, while the
+    /// receive side takes QP locks under `inbound`'s.
+    inbound_from: Mutex<Vec<(IpAddr, u8)>>,
+    /// Changes whenever [`Lanes::records_ready`] may have changed its answer (a lane came
+    /// up, brought its first records, or went).
+    records_gen: AtomicU64,
     /// Nothing is taken from the inbound lanes while set ([`Lanes::set_paused`]).
     paused: AtomicBool,
     /// Changes whenever the set of bells changes (the progress thread's poll set).
@@ -143,6 +165,8 @@ struct OutLane {
     bell: Arc<OwnedFd>,
     /// Pushed to since the last publication.
     dirty: bool,
+    /// The receiving process said it takes work-request records ([`WR_RECORD`]).
+    records: bool,
 }
 
 /// Direct access to the ring of one lane that is up ([`Lanes::writer`]), holding the
@@ -221,6 +245,8 @@ impl OutLane {
 pub(crate) struct InLane {
     /// The sending device (its packets' source, for the checks).
     pub(crate) src: SocketAddr,
+    /// The sending process's slot on that device.
+    pub(crate) slot: u8,
     pub(crate) cons: Consumer,
     bell: Arc<OwnedFd>,
     /// The producer wrote nonsense: the lane is closed at the next look.
@@ -248,6 +274,8 @@ impl Lanes {
             out: Mutex::new(Vec::new()),
             inbound: Mutex::new(Vec::new()),
             any_inbound: AtomicBool::new(false),
+            inbound_from: Mutex::new(Vec::new()),
+            records_gen: AtomicU64::new(0),
             paused: AtomicBool::new(false),
             gen: AtomicU64::new(0),
             nonces: AtomicU64::new(u64::from(crate::gid::random_u32()) << 32),
@@ -317,6 +345,43 @@ impl Lanes {
         let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         out.iter()
             .any(|o| o.ip == dst && o.slot == slot && matches!(o.state, OutState::Up(_)))
+    }
+
+    /// Whether work-request records may go to the process holding `slot` of the device at
+    /// `dst`: a lane to it is up, it said it takes such records, and a lane from it to this
+    /// process is up too (for their acknowledgements). Never fails; offers nothing.
+    pub(crate) fn records_ready(&self, dst: SocketAddr, slot: u8) -> bool {
+        if !self.on {
+            return false;
+        }
+        let out_ok = {
+            let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+            out.iter().any(|o| {
+                o.ip == dst && o.slot == slot && matches!(&o.state, OutState::Up(l) if l.records)
+            })
+        };
+        out_ok
+            && self
+                .inbound_from
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(&(dst.ip(), slot))
+    }
+
+    /// Records the senders of the inbound lanes `inb` that brought something (see
+    /// `inbound_from`).
+    pub(crate) fn note_inbound(&self, inb: &[InLane]) {
+        self.records_gen.fetch_add(1, Ordering::Release);
+        let mut from = self.inbound_from.lock().unwrap_or_else(|p| p.into_inner());
+        from.clear();
+        // Only lanes that brought something: their producer's lane is up on its side (it
+        // wrote into it), so answers can come back through it. A lane just accepted may
+        // still be an offer there, waiting for its answer to be read.
+        from.extend(
+            inb.iter()
+                .filter(|l| !l.fresh)
+                .map(|l| (l.src.ip(), l.slot)),
+        );
     }
 
     /// The ring of the lane to (`dst`, `slot`) when one is up, for a sender that writes its
@@ -459,6 +524,12 @@ impl Lanes {
         self.gen.fetch_add(1, Ordering::Release);
     }
 
+    /// A number that changes whenever [`Lanes::records_ready`] may have changed its answer.
+    #[inline]
+    pub(crate) fn records_generation(&self) -> u64 {
+        self.records_gen.load(Ordering::Acquire)
+    }
+
     /// The generation of the set of bells (changes when a lane comes or goes).
     #[inline]
     pub(crate) fn generation(&self) -> u64 {
@@ -496,6 +567,7 @@ impl Lanes {
             let mut inb = self.inbound.lock().unwrap_or_else(|p| p.into_inner());
             inb.retain(|l| l.bell.as_raw_fd() != fd);
             self.any_inbound.store(!inb.is_empty(), Ordering::Release);
+            self.note_inbound(&inb);
         } else {
             let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
             for o in out.iter_mut() {
@@ -506,6 +578,7 @@ impl Lanes {
                     };
                 }
             }
+            self.records_gen.fetch_add(1, Ordering::Release);
         }
         self.gen.fetch_add(1, Ordering::Release);
     }
@@ -522,6 +595,7 @@ impl Lanes {
             tracing::warn!("a same-host lane's ring is corrupt: closed");
             inb.retain(|l| !l.corrupt);
             self.any_inbound.store(!inb.is_empty(), Ordering::Release);
+            self.note_inbound(&inb);
             self.gen.fetch_add(1, Ordering::Release);
         }
         Some(r)

@@ -55,6 +55,7 @@ impl Lanes {
                 prod,
                 bell: Arc::new(mine),
                 dirty: false,
+                records: false,
             },
         }
     }
@@ -83,18 +84,23 @@ impl Lanes {
                     let mut inb = self.inbound.lock().unwrap_or_else(|p| p.into_inner());
                     inb.push(InLane {
                         src,
+                        slot: src_slot,
                         cons,
                         bell: Arc::new(theirs),
                         corrupt: false,
                         fresh: true,
                     });
                     self.any_inbound.store(true, Ordering::Release);
+                    self.note_inbound(&inb);
                     self.gen.fetch_add(1, Ordering::Release);
                 }
-                let mut a = [0u8; 10];
+                let mut a = [0u8; 11];
                 a[0] = MSG_LANE_ACCEPT;
                 a[1..9].copy_from_slice(&m[21..29]);
                 a[9] = u8::from(accepted);
+                // This process takes work-request records (`super::WR_RECORD`) unless
+                // SOFTRDMA_WR_RECORDS=0.
+                a[10] = u8::from(super::wr_records());
                 if let Ok(sock) = unix_names::connect_slot(src.ip(), src_slot) {
                     let _ = send_with_fds(&sock, &a, &[]);
                 }
@@ -114,8 +120,10 @@ impl Lanes {
                             },
                         );
                         match (old, m[9]) {
-                            (OutState::Offered { lane, .. }, 1) => {
+                            (OutState::Offered { mut lane, .. }, 1) => {
+                                lane.records = m.get(10) == Some(&1);
                                 o.state = OutState::Up(lane);
+                                self.records_gen.fetch_add(1, Ordering::Release);
                                 self.gen.fetch_add(1, Ordering::Release);
                                 tracing::debug!(ip = %o.ip, slot = o.slot, "a same-host lane is up");
                             }

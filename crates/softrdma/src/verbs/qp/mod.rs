@@ -12,6 +12,7 @@ mod attr;
 mod mcast;
 mod modify;
 pub(crate) mod parked;
+pub(crate) mod records;
 mod recv;
 mod send;
 
@@ -62,6 +63,8 @@ pub(crate) struct QpState_ {
     pub(crate) timer_at: Option<std::time::Instant>,
     /// Packets of a UC or UD QP kept while its receive queue was empty.
     pub(crate) parked: parked::Parked,
+    /// Short RC requests to and from a QP of this host as work-request records.
+    pub(crate) records: records::Records,
 }
 
 pub(crate) struct QpInner {
@@ -246,6 +249,7 @@ impl Pd {
                     mrs: Default::default(),
                     timer_at: None,
                     parked: Default::default(),
+                    records: Default::default(),
                 }),
                 async_unacked: AtomicUsize::new(0),
                 _count: count,

@@ -34,6 +34,7 @@ impl QpInner {
                     .push(to_wc(&c, self.qp_num, self.qp_type == QpType::Ud), false);
             }
         }
+        crate::verbs::records::flush(self, &mut st.records);
         st.ud_dests.clear();
         st.parked.clear();
         for w in st.rq.drain(..) {
@@ -208,6 +209,7 @@ impl Qp {
             st.ud_dests.clear();
             st.rq.clear();
             st.parked.clear();
+            st.records.reset();
             st.attr = QpAttr {
                 cap: inner.cap,
                 ..Default::default()

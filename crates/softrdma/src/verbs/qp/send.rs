@@ -7,6 +7,7 @@ use crate::verbs::ah::AhInner;
 use crate::verbs::datapath::drive_and_send;
 use crate::verbs::mr::{AccessFlags, KeyKind, MrCache};
 use crate::verbs::mw::{inc_rkey, BindMwWr, Mw, MwBind, MwType};
+use crate::verbs::records;
 use crate::verbs::requests::SendWr;
 use crate::verbs::resources::MULTICAST_QPN;
 use crate::verbs::wr::{check_sges, PostError, SendFlags, Sge, WrOpcode};
@@ -120,7 +121,8 @@ impl Qp {
         let inner = &self.inner;
         let mut st = inner.lock();
         let mut result = Ok(());
-        let mut posted = 0;
+        // Requests handed to the transport by this call (not those sent as records).
+        let mut posted_transport = 0;
         // Whether every request posted is a short SEND, and where the last one goes (see the
         // UC/UD batching below).
         let mut only_sends = true;
@@ -146,6 +148,56 @@ impl Qp {
                     .arc()
                     .push(inner.flush_wc(wr.wr_id, wr.opcode.wc_opcode()), false);
                 continue;
+            }
+            // An RC request to a QP of this host may go as a work-request record; while
+            // records are outstanding, every request waits behind them (see `records`).
+            if inner.qp_type == QpType::Rc {
+                let holding = st.records.holding();
+                let len: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+                let candidate = matches!(
+                    wr.opcode,
+                    WrOpcode::Send
+                        | WrOpcode::SendWithImm
+                        | WrOpcode::RdmaWrite
+                        | WrOpcode::RdmaWriteWithImm
+                ) && len <= u64::from(crate::verbs::qp::records::RECORD_MAX);
+                let may_try = candidate
+                    && st
+                        .records
+                        .may_try(|| st.engine.as_ref().map_or(0, |e| e.records_generation()));
+                if holding || may_try {
+                    if holding && st.records.outstanding() >= inner.cap.max_send_wr as usize {
+                        result = Err(fail(Error::no_memory(format!(
+                            "the send queue is full ({} requests)",
+                            inner.cap.max_send_wr
+                        ))));
+                        break;
+                    }
+                    let mut req = tp::SendRequest::default();
+                    if let Err(e) = self.fill_send(wr, raw_inline, &mut req, &mut st.mrs) {
+                        result = Err(fail(e));
+                        break;
+                    }
+                    if candidate && records::try_send(inner, &mut st, &req, len as u32) {
+                        st.records.sent(req, len as u32);
+                    } else if st.records.holding() {
+                        st.records.wait(req);
+                    } else {
+                        let t = st.transport.as_mut().expect("checked above");
+                        if t.post_send(req).is_err() {
+                            result = Err(fail(Error::no_memory(format!(
+                                "the send queue is full ({} requests)",
+                                inner.cap.max_send_wr
+                            ))));
+                            break;
+                        }
+                        posted_transport += 1;
+                    }
+                    if let (WrOpcode::BindMw, Some(b)) = (wr.opcode, &wr.bind_mw) {
+                        b.mw.set_posted_rkey((b.mw.inner.index << 8) | (b.rkey & 0xff));
+                    }
+                    continue;
+                }
             }
             let QpState_ {
                 transport,
@@ -198,7 +250,7 @@ impl Qp {
                     .map(|ah| (ah.inner.attr.grh.dgid.to_ip(), wr.remote_qpn)),
                 _ => Some((st.attr.ah_attr.grh.dgid.to_ip(), st.attr.dest_qp_num)),
             };
-            posted += 1;
+            posted_transport += 1;
         }
         // Doorbell batching: while an RC QP waits for the ACK of packets in flight, the ACK's
         // arrival (or the retransmit timer) transmits what was queued, in one batch with it;
@@ -218,12 +270,17 @@ impl Qp {
         // one way, 5.44 -> 5.27 us (medians of ten interleaved runs). A burst posted one at a
         // time, or a stream both ways (several requests in flight), is batched as before
         // (`benches/msg_cost` over the wire: 870 ns a message either way).
+        // (A request that came as a same-host record is not in the transport's count.)
+        let received_record = st.records.take_received();
         let defer = st.transport.as_ref().is_some_and(|t| {
             let unsent = t.unsent_requests();
             let flush = t.knows_credits()
-                && unsent / DOORBELL_FLUSH != unsent.saturating_sub(posted) / DOORBELL_FLUSH;
-            let answer = unsent == posted && t.sent_requests() <= 1 && t.received_since_sent();
-            t.awaiting_ack() && !answer && posted < DOORBELL_BATCH && !flush
+                && unsent / DOORBELL_FLUSH
+                    != unsent.saturating_sub(posted_transport) / DOORBELL_FLUSH;
+            let answer = unsent == posted_transport
+                && t.sent_requests() <= 1
+                && (t.received_since_sent() || received_record);
+            t.awaiting_ack() && !answer && posted_transport < DOORBELL_BATCH && !flush
         });
         // UC and UD have no ACK to wait for, so without this each post went out alone: one
         // `sendmmsg` a message, whose system call on loopback also runs the receiver's side of
@@ -241,7 +298,7 @@ impl Qp {
         // adds the note and the flush (`ib_send_lat -c UD` over a lane, 8 bytes: 0.9 -> 1.4
         // us one way when held).
         let hold_unreliable = !defer
-            && posted > 0
+            && posted_transport > 0
             && only_sends
             && matches!(inner.qp_type, QpType::Uc | QpType::Ud)
             && last_dest.is_some_and(|(ip, qpn)| {
@@ -255,7 +312,7 @@ impl Qp {
                 .engine
                 .as_ref()
                 .is_some_and(|e| e.note_held_send(inner.qp_num));
-        if posted > 0 && !defer && !hold_unreliable {
+        if posted_transport > 0 && !defer && !hold_unreliable {
             if let Some(engine) = st.engine.clone() {
                 let events = drive_and_send(&*engine, inner, &mut st);
                 drop(st);

@@ -1,0 +1,532 @@
+//! Short RC work requests between two QPs of this host as records in a same-host lane's ring,
+//! not as packets through the transport.
+//!
+//! Between two processes of one host a lane carries RoCE packets: every message is built into
+//! a packet by the sending transport, taken apart by the receiving one, and answered by an ACK
+//! packet built and taken apart in turn. For a short SEND or RDMA WRITE that is most of the
+//! time a message takes (an 8-byte ping-pong spent about 7,500 instructions a round trip on
+//! each side). Here such a request crosses the ring as a *record*
+//! ([`crate::provider::wr_records`]): the work request and its payload, carried out by the
+//! receiving side itself (the receive request consumed and completed, or the WRITE made), and
+//! acknowledged by a record back, from which the sender completes it.
+//!
+//! The transport stays the authority for everything else, so no verbs semantic is built
+//! twice:
+//! - **Only the plain case goes as a record.** A request goes as a record only when the QP is
+//!   in RTS, its transport has nothing in flight, nothing waits before it, and the peer's
+//!   process said it takes records (and a lane back is up for the answers). READs, atomics,
+//!   binds, invalidations, messages over [`RECORD_MAX`] bytes, and whatever is posted while
+//!   records are outstanding wait for those records (in order) and go to the transport.
+//! - **Anything but the plain case is refused, not handled.** The receiving side takes a
+//!   record only when it has a receive request that holds the message, the keys and access
+//!   rights allow the WRITE, and its QP is in RTS; otherwise it answers with a *bounce*, and
+//!   the sender gives that request and everything after it to its transport, as packets.
+//!   The packet path then gives exactly what it always gives: RNR and its retries, remote
+//!   access and length errors, their completion statuses, ERR and flush. Once a record of an
+//!   epoch bounced, the receiver takes none of that epoch after it (they come again as
+//!   packets); the sender starts a new epoch.
+//! - **Order** holds because the ring is in order and the two paths never overlap: records
+//!   go only while the transport is idle, and nothing reaches the transport while records
+//!   are outstanding.
+//! - **A peer that stops answering** (its process died with the ring) is treated as the
+//!   transport treats a peer that sends no ACK: once the local ACK timeout times
+//!   `retry_cnt + 1` has passed (checked by the QP's timer), the oldest request completes with
+//!   `RETRY_EXC_ERR` and the QP goes to ERR. A request is never sent twice (as a record and
+//!   again as packets) unless its record was bounced, so nothing is delivered twice.
+//! - `SOFTRDMA_WR_RECORDS=0` turns records off (in the receiving process: it says so when a
+//!   lane comes up); so do `SOFTRDMA_TRANSPORT=wire`, a packet capture and fault injection.
+
+use crate::provider::wr_records::{Kind, Record, HEADER};
+use crate::provider::Provider;
+use crate::verbs::env::{to_wc, QpEnv};
+use crate::verbs::qp::records::{Records, REMOTE_WRITE};
+use crate::verbs::qp::{QpInner, QpState_};
+use softrdma_proto::transport::{self as tp, Completion, Env, WcOpcode, WcStatus};
+use softrdma_proto::QpState;
+use std::time::{Duration, Instant};
+
+/// How long the peer may leave records unanswered before the oldest completes with
+/// `RETRY_EXC_ERR`: the local ACK timeout times `retry_cnt + 1`, as the transport would wait
+/// for an ACK (`None`: timeout 0, no limit).
+fn patience(st: &QpState_) -> Option<Duration> {
+    softrdma_proto::timer::local_ack_timeout(st.attr.timeout)
+        .map(|t| t * (u32::from(st.attr.retry_cnt) + 1))
+}
+
+/// Sends `req` (checked and filled, `len` bytes) as a record when it may go as one (see the
+/// module's notes) and returns `true`: the caller then hands it to [`Records::sent`].
+/// `false`: it did not go, and the caller queues it (behind the records, or to the
+/// transport).
+pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, len: u32) -> bool {
+    let kind = match req.op {
+        tp::SendOp::Send => Kind::Send,
+        tp::SendOp::SendWithImm(_) => Kind::SendWithImm,
+        tp::SendOp::RdmaWrite { .. } => Kind::Write,
+        tp::SendOp::RdmaWriteWithImm { .. } => Kind::WriteWithImm,
+        _ => return false,
+    };
+    let (imm, remote_addr, rkey) = match req.op {
+        tp::SendOp::SendWithImm(imm) => (imm, 0, 0),
+        tp::SendOp::RdmaWrite { remote_addr, rkey } => (0, remote_addr, rkey),
+        tp::SendOp::RdmaWriteWithImm {
+            remote_addr,
+            rkey,
+            imm,
+        } => (imm, remote_addr, rkey),
+        _ => (0, 0, 0),
+    };
+    let patience = patience(st);
+    let QpState_ {
+        attr,
+        transport,
+        engine,
+        rq,
+        mrs,
+        records: r,
+        timer_at,
+        ..
+    } = st;
+    if !r.waiting.is_empty() || r.refused || attr.qp_state != QpState::Rts {
+        return false;
+    }
+    let (Some(t), Some(engine)) = (transport.as_ref(), engine.as_ref()) else {
+        return false;
+    };
+    // (While records are outstanding nothing reaches the transport: it is idle then.)
+    if r.sent.is_empty()
+        && (t.is_error()
+            || t.unsent_requests() != 0
+            || t.sent_requests() != 0
+            || t.has_pending_completion())
+    {
+        return false;
+    }
+    let peer = attr.ah_attr.grh.dgid.to_ip();
+    let dest = attr.dest_qp_num;
+    // (While a capture or fault injection runs: packets only.)
+    if !engine.lanes_direct() {
+        return false;
+    }
+    if !r.ready {
+        // (The generation first: a change after it is seen at the next post.)
+        let generation = engine.records_generation();
+        if !engine.records_ready(peer, dest) {
+            r.looked_at = Some(generation);
+            return false;
+        }
+        r.ready = true;
+    }
+    let Some(mut lane) = engine.direct_lane(peer, dest) else {
+        r.ready = false;
+        r.looked_at = Some(engine.records_generation());
+        return false;
+    };
+    let n = len as usize;
+    let Some(buf) = lane.reserve(HEADER + n) else {
+        // A full ring: the receiver is behind; the transport waits for room its own way.
+        return false;
+    };
+    let payload = &mut buf[HEADER..HEADER + n];
+    match &req.inline {
+        Some(data) => payload.copy_from_slice(&data[..n]),
+        None => {
+            let mut env = QpEnv::of(qp, rq, mrs);
+            let mut at = 0;
+            for sge in req.sges.iter() {
+                let k = sge.length as usize;
+                if env.read_local(sge, 0, &mut payload[at..at + k]).is_err() {
+                    // (The transport completes it with the status the wire gives.)
+                    return false;
+                }
+                at += k;
+            }
+        }
+    }
+    let seq = r.next_seq;
+    Record {
+        kind,
+        solicited: req.solicited,
+        dest_qpn: dest,
+        seq,
+        epoch: r.epoch,
+        src_qpn: qp.qp_num,
+        imm,
+        remote_addr,
+        rkey,
+        len,
+    }
+    .emit(buf);
+    lane.commit_record(HEADER + n);
+    drop(lane);
+    if let Some(t) = transport.as_mut() {
+        t.count_bypass(true, HEADER + n, false);
+    }
+    r.next_seq = seq.wrapping_add(1);
+    // The QP's timer looks at the records from time to time while they are in use (see
+    // `on_timer`).
+    if r.deadline.is_none() {
+        if let Some(p) = patience {
+            let now = Instant::now();
+            let d = now + p;
+            r.deadline = Some(d);
+            // (A deadline held that has passed was taken by the engine already.)
+            if timer_at.is_none_or(|held| held > d || held <= now) {
+                engine.set_timer(qp.qp_num, Some(d));
+                *timer_at = Some(d);
+            }
+        }
+    }
+    true
+}
+
+/// The QP's timer came (`now`): when the oldest record was outstanding at the last look too
+/// (a whole period of patience), it completes with `RETRY_EXC_ERR` and the QP goes to ERR
+/// (`drive` then flushes the rest); answers owed are written. Returns whether it failed the
+/// QP.
+pub(crate) fn on_timer(
+    engine: &dyn Provider,
+    qp: &QpInner,
+    st: &mut QpState_,
+    now: Instant,
+) -> bool {
+    if !st.records.owed.is_empty() {
+        write_answers(engine, qp.qp_num, st);
+    }
+    let Some(d) = st.records.deadline else {
+        return false;
+    };
+    if d > now {
+        return false;
+    }
+    let front = st.records.sent.front().map(|s| s.seq);
+    let expired = front.is_some() && front == st.records.watched;
+    st.records.watched = front;
+    st.records.deadline = if front.is_some() || st.records.ready {
+        patience(st).map(|p| now + p)
+    } else {
+        None
+    };
+    if !st.records.owed.is_empty() {
+        // (Try again soon.)
+        st.records.deadline = Some(now + Duration::from_millis(1));
+    }
+    if !expired {
+        return false;
+    }
+    if let Some(s) = st.records.sent.pop_front() {
+        tracing::debug!(
+            qpn = qp.qp_num,
+            seq = s.seq,
+            "a work-request record went unanswered"
+        );
+        let c = Completion {
+            wr_id: s.req.wr_id,
+            status: WcStatus::RetryExcErr,
+            opcode: s.req.op.wc_opcode(),
+            ..Completion::default()
+        };
+        qp.send_cq.arc().push(to_wc(&c, qp.qp_num, false), false);
+    }
+    flush(qp, &mut st.records);
+    if let Some(t) = st.transport.as_mut() {
+        t.set_error();
+    }
+    true
+}
+
+/// Completes every request sent as a record or waiting behind them with `WR_FLUSH_ERR`, in
+/// order (the QP went to ERR).
+pub(crate) fn flush(qp: &QpInner, r: &mut Records) {
+    let reqs = r
+        .sent
+        .drain(..)
+        .map(|s| s.req)
+        .chain(r.waiting.drain(..))
+        .collect::<Vec<_>>();
+    r.deadline = None;
+    r.watched = None;
+    for req in reqs {
+        let c = Completion {
+            wr_id: req.wr_id,
+            status: WcStatus::WrFlushErr,
+            opcode: req.op.wc_opcode(),
+            ..Completion::default()
+        };
+        qp.send_cq.arc().push(to_wc(&c, qp.qp_num, false), false);
+    }
+}
+
+/// What [`receive`] leaves for its caller to do once it has run.
+#[derive(Default)]
+pub(crate) struct Received {
+    /// Requests went to the transport: drive the QP.
+    pub(crate) drive: bool,
+    /// A receive from the SRQ took it below its limit.
+    pub(crate) srq_limit_hit: bool,
+}
+
+/// Takes a run of records `recs` from the QP's peer (under the QP's lock `st`): requests are
+/// carried out or bounced, answers complete or give back what this side sent. Writes the
+/// answers it owes into the lane back.
+pub(crate) fn receive(
+    engine: &dyn Provider,
+    qp: &QpInner,
+    st: &mut QpState_,
+    recs: &[&[u8]],
+) -> Received {
+    let mut out = Received::default();
+    for p in recs {
+        let Some((rec, payload)) = Record::parse(p) else {
+            continue;
+        };
+        if let Some(t) = st.transport.as_mut() {
+            t.count_bypass(false, p.len(), rec.kind == Kind::Ack);
+        }
+        match rec.kind {
+            Kind::Ack => out.drive |= on_ack(qp, st, &rec),
+            Kind::Bounce | Kind::Refuse => out.drive |= on_bounce(st, &rec),
+            _ => {
+                if st.records.bounced_epoch == Some(rec.epoch) {
+                    // (Its sender sends it again, as packets, with the one bounced.)
+                    continue;
+                }
+                let answer = if take(qp, st, &rec, payload, &mut out.srq_limit_hit) {
+                    st.records.received = true;
+                    Kind::Ack
+                } else {
+                    tracing::debug!(
+                        qpn = qp.qp_num,
+                        seq = rec.seq,
+                        "a work-request record bounced"
+                    );
+                    st.records.bounced_epoch = Some(rec.epoch);
+                    Kind::Bounce
+                };
+                // (One ACK for a run of requests: the last one's.)
+                let owed = &mut st.records.owed;
+                match owed.last_mut() {
+                    Some(a)
+                        if answer == Kind::Ack && a.kind == Kind::Ack && a.epoch == rec.epoch =>
+                    {
+                        a.seq = rec.seq;
+                    }
+                    _ => owed.push(Record::answer(answer, &rec)),
+                }
+            }
+        }
+    }
+    if !st.records.owed.is_empty() {
+        write_answers(engine, qp.qp_num, st);
+    }
+    out
+}
+
+/// Writes the answers owed into the lane back to the peer, in order; what does not fit waits
+/// for the QP's timer.
+fn write_answers(engine: &dyn Provider, qpn: u32, st: &mut QpState_) {
+    let peer = st.attr.ah_attr.grh.dgid.to_ip();
+    let dest = st.attr.dest_qp_num;
+    let mut done = 0;
+    if let Some(mut lane) = engine.direct_lane(peer, dest) {
+        for a in &st.records.owed {
+            if lane.reserve(HEADER).is_none()
+                && !lane.wait_for_room(HEADER, Duration::from_millis(1))
+            {
+                break;
+            }
+            let Some(buf) = lane.reserve(HEADER) else {
+                break;
+            };
+            a.emit(buf);
+            lane.commit_record(HEADER);
+            done += 1;
+            if let Some(t) = st.transport.as_mut() {
+                t.count_bypass(true, HEADER, a.kind == Kind::Ack);
+            }
+        }
+    }
+    let r = &mut st.records;
+    r.owed.drain(..done);
+    if !r.owed.is_empty() {
+        tracing::debug!(
+            qpn,
+            owed = r.owed.len(),
+            "work-request answers wait for the lane back"
+        );
+        let now = Instant::now();
+        let soon = now + Duration::from_millis(1);
+        if r.deadline.is_none_or(|d| d > soon) {
+            r.deadline = Some(soon);
+        }
+        if st.timer_at.is_none_or(|held| held > soon || held <= now) {
+            engine.set_timer(qpn, Some(soon));
+            st.timer_at = Some(soon);
+        }
+    }
+}
+
+/// Carries out the request `rec` (its payload `payload`) when it is the plain case: the QP in
+/// RTS, from its peer, a receive request that holds the message (SEND, WRITE with immediate),
+/// the rkey and the QP's access rights allowing the WRITE. Returns whether it did; otherwise
+/// nothing was changed (a receive request taken is put back).
+fn take(
+    qp: &QpInner,
+    st: &mut QpState_,
+    rec: &Record,
+    payload: &[u8],
+    srq_limit_hit: &mut bool,
+) -> bool {
+    let QpState_ {
+        attr,
+        transport,
+        rq,
+        mrs,
+        ..
+    } = st;
+    let ok_state = attr.qp_state == QpState::Rts
+        && rec.src_qpn == attr.dest_qp_num
+        && transport.as_ref().is_some_and(|t| !t.is_error());
+    if !ok_state {
+        return false;
+    }
+    let write = matches!(rec.kind, Kind::Write | Kind::WriteWithImm);
+    if write && attr.qp_access_flags & REMOTE_WRITE == 0 {
+        return false;
+    }
+    let mut env = QpEnv::of(qp, rq, mrs);
+    let needs_recv = rec.kind != Kind::Write;
+    let wqe = if needs_recv {
+        let Some(w) = env.take_recv() else {
+            return false;
+        };
+        if w.sges.total_length() < u64::from(rec.len) && rec.kind != Kind::WriteWithImm {
+            env.put_back_recv(w);
+            return false;
+        }
+        Some(w)
+    } else {
+        None
+    };
+    let done = if write {
+        env.write_remote(rec.rkey, rec.remote_addr, payload).is_ok()
+    } else {
+        let w = wqe.as_ref().expect("a SEND took a receive request");
+        let mut at = 0;
+        let mut ok = true;
+        for sge in w.sges.iter() {
+            if at == payload.len() {
+                break;
+            }
+            let k = (sge.length as usize).min(payload.len() - at);
+            if env.write_local(sge, 0, &payload[at..at + k]).is_err() {
+                ok = false;
+                break;
+            }
+            at += k;
+        }
+        ok
+    };
+    *srq_limit_hit |= env.srq_limit_hit;
+    if !done {
+        if let Some(w) = wqe {
+            env.put_back_recv(w);
+        }
+        return false;
+    }
+    drop(env);
+    if let Some(w) = wqe {
+        let c = Completion {
+            wr_id: w.wr_id,
+            status: WcStatus::Success,
+            opcode: if write {
+                WcOpcode::RecvRdmaWithImm
+            } else {
+                WcOpcode::Recv
+            },
+            byte_len: rec.len,
+            imm_data: matches!(rec.kind, Kind::SendWithImm | Kind::WriteWithImm).then_some(rec.imm),
+            invalidated_rkey: None,
+            src_qp: 0,
+            is_recv: true,
+            solicited: rec.solicited,
+        };
+        qp.recv_cq
+            .arc()
+            .push(to_wc(&c, qp.qp_num, false), rec.solicited);
+    }
+    true
+}
+
+/// The peer carried out this side's records of the epoch up to `rec.seq`: they complete (the
+/// signaled ones on the send CQ). When none is left, what waited behind them goes to the
+/// transport; returns whether anything did.
+fn on_ack(qp: &QpInner, st: &mut QpState_, rec: &Record) -> bool {
+    let r = &mut st.records;
+    if rec.epoch != r.epoch {
+        return false;
+    }
+    while let Some(s) = r.sent.front() {
+        // (Sequence numbers wrap: "at or before" in the usual serial arithmetic.)
+        if rec.seq.wrapping_sub(s.seq) as i32 >= 0 {
+            let s = r.sent.pop_front().expect("a front");
+            if s.req.signaled {
+                let c = Completion {
+                    wr_id: s.req.wr_id,
+                    status: WcStatus::Success,
+                    opcode: s.req.op.wc_opcode(),
+                    byte_len: s.len,
+                    ..Completion::default()
+                };
+                qp.send_cq.arc().push(to_wc(&c, qp.qp_num, false), false);
+            }
+        } else {
+            break;
+        }
+    }
+    r.watched = None;
+    if r.sent.is_empty() && !r.waiting.is_empty() {
+        release(st);
+        return true;
+    }
+    false
+}
+
+/// The peer bounced (or refused) this side's record `rec.seq` and everything after it in the
+/// epoch: a new epoch starts, and they all (with what waited behind them) go to the
+/// transport, in order. Returns whether anything did.
+fn on_bounce(st: &mut QpState_, rec: &Record) -> bool {
+    let r = &mut st.records;
+    if rec.epoch != r.epoch {
+        return false;
+    }
+    r.epoch = r.epoch.wrapping_add(1);
+    if rec.kind == Kind::Refuse {
+        r.refused = true;
+        r.ready = false;
+    }
+    let sent = std::mem::take(&mut r.sent);
+    for (i, s) in sent.into_iter().enumerate() {
+        r.waiting.insert(i, s.req);
+    }
+    r.watched = None;
+    if r.waiting.is_empty() {
+        return false;
+    }
+    release(st);
+    true
+}
+
+/// Hands what waits behind the records to the transport, in order (nothing is outstanding as a
+/// record now).
+fn release(st: &mut QpState_) {
+    let Some(t) = st.transport.as_mut() else {
+        return;
+    };
+    while let Some(req) = st.records.waiting.pop_front() {
+        if let Err(req) = t.post_send(req) {
+            // (Cannot happen: the records counted against the same limit.)
+            st.records.waiting.push_front(req);
+            break;
+        }
+    }
+}
