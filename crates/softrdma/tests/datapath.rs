@@ -1892,3 +1892,52 @@ fn a_record_to_a_peer_that_went_away_ends_in_retry_exc_err() {
     assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::RetryExcErr));
     assert_eq!(a.qp.state(), QpState::Err);
 }
+
+/// The receives that SENDs sent as records took count against the end-to-end credits the
+/// transport learned from the peer's ACKs: a list of SENDs posted after some records does not
+/// outrun the receives left (with rnr_retry 0 a single RNR NAK would end it in
+/// RNR_RETRY_EXC_ERR); the rest waits for the credit update of the receives posted later.
+#[test]
+fn sends_as_records_count_against_the_transports_credits() {
+    let o = Opts {
+        rnr_retry: 0,
+        ..Opts::default()
+    };
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &o);
+    records_up(&a, &b);
+    for round in 0..3u64 {
+        for i in 0..4 {
+            b.post_recv(100 * round + i, 4096 + i as usize * 64, 64);
+        }
+        // Two SENDs one at a time (records where they go), then four in one list.
+        for i in 0..2 {
+            send(&a, 1000 * round + i, WrOpcode::Send, &[a.sge(0, 8)], |_| {});
+            assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+            assert_eq!(b.wait(1)[0].status, WcStatus::Success);
+        }
+        let s = [a.sge(0, 8)];
+        let wrs: Vec<_> = (2..6)
+            .map(|i| SendWr {
+                wr_id: 1000 * round + i,
+                opcode: WrOpcode::Send,
+                sg_list: &s,
+                send_flags: SendFlags::SIGNALED,
+                ..Default::default()
+            })
+            .collect();
+        a.qp.post_send(&wrs).unwrap();
+        // Two of them find receives; the other two wait for these.
+        std::thread::sleep(Duration::from_millis(20));
+        for i in 4..6 {
+            b.post_recv(100 * round + i, 4096 + i as usize * 64, 64);
+        }
+        let c = a.wait(4);
+        assert!(
+            c.iter().all(|w| w.status == WcStatus::Success),
+            "round {round}: {c:?}"
+        );
+        let r = b.wait(4);
+        assert!(r.iter().all(|w| w.status == WcStatus::Success), "{r:?}");
+    }
+    assert_eq!(a.qp.counters().rnr_naks_received, 0);
+}

@@ -265,6 +265,17 @@ impl Qp {
         }
     }
 
+    /// Tells an RC requester that a message which consumed a receive request at the
+    /// responder (a SEND, a WRITE with immediate) went to the peer past the transport and
+    /// completed (see [`Qp::count_bypass`]): the end-to-end credits the responder advertised
+    /// count it, so the requester starts one message fewer on them than it would have.
+    /// Never fails; does nothing on UC and UD.
+    pub fn bypass_consumed_receive(&mut self) {
+        if self.ctx.cfg.qp_type == QpType::Rc {
+            self.requester.bypass_consumed_receive();
+        }
+    }
+
     /// Whether a completion is waiting for [`Qp::poll_completion`].
     pub fn has_pending_completion(&self) -> bool {
         !self.ctx.completions.is_empty()

@@ -445,6 +445,14 @@ impl Requester {
     }
 
     /// Whether the last ACK told how many receives the responder has.
+    /// A message that consumed a receive request at the responder went past the transport
+    /// and completed (see [`super::Qp::bypass_consumed_receive`]): counted as started and
+    /// retired, so that the credits the responder advertised last cover one message fewer.
+    pub(super) fn bypass_consumed_receive(&mut self) {
+        self.rwqe_started = self.rwqe_started.wrapping_add(1);
+        self.rwqe_retired = self.rwqe_retired.wrapping_add(1);
+    }
+
     pub(super) fn knows_credits(&self) -> bool {
         self.credit_limit.is_some()
     }

@@ -161,7 +161,11 @@ impl Qp {
                         | WrOpcode::RdmaWrite
                         | WrOpcode::RdmaWriteWithImm
                 ) && len <= u64::from(crate::verbs::qp::records::RECORD_MAX);
+                // (Checked before the request is filled apart from the send queue: a stream,
+                // whose transport is busy, posts in place.)
                 let may_try = candidate
+                    && !holding
+                    && st.transport.as_ref().is_some_and(records::transport_idle)
                     && st
                         .records
                         .may_try(|| st.engine.as_ref().map_or(0, |e| e.records_generation()));
