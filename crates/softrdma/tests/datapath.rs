@@ -1941,3 +1941,77 @@ fn sends_as_records_count_against_the_transports_credits() {
     }
     assert_eq!(a.qp.counters().rnr_naks_received, 0);
 }
+
+/// A WRITE ping-pong in the manner of `ib_write_lat` (each side waits for the peer's value in
+/// its memory, WRITEs its own into the peer's, then polls for the WRITE's completion): every
+/// round completes (the acknowledgement of a WRITE that the polling thread takes is held for
+/// the answer, then goes right behind it). Then a WRITE taken by a thread that polls its CQ
+/// and never answers: its acknowledgement is held, and still goes (at that thread's next empty
+/// poll), so the WRITE completes.
+#[test]
+fn a_write_ping_pong_completes_and_a_held_write_ack_goes_without_an_answer() {
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &Opts::default());
+    records_up(&a, &b);
+    const N: u64 = 2000;
+    let play = |me: &Side, peer: &Side, first: bool| {
+        let sge = [me.sge(64, 8)];
+        let mut wc = [WorkCompletion::default(); 4];
+        for i in 1..=N {
+            if !(first && i == 1) {
+                // The peer's value for this round, in this side's memory.
+                let want = if first { i - 1 } else { i };
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    let mut got = [0u8; 8];
+                    me.buf.read(0, &mut got).unwrap();
+                    if u64::from_le_bytes(got) == want {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "round {i}: no WRITE came");
+                    std::hint::spin_loop();
+                }
+            }
+            me.buf.write(64, &i.to_le_bytes()).unwrap();
+            send(me, i, WrOpcode::RdmaWrite, &sge, |w| {
+                w.remote_addr = peer.buf.addr();
+                w.rkey = peer.mr.rkey();
+            });
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let n = me.cq.poll(&mut wc).unwrap();
+                if n > 0 {
+                    assert_eq!((wc[0].wr_id, wc[0].status), (i, WcStatus::Success));
+                    break;
+                }
+                assert!(Instant::now() < deadline, "round {i}: no completion");
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| play(&b, &a, false));
+        play(&a, &b, true);
+    });
+    // The last value each side wrote is in the other's memory.
+    let mut got = [0u8; 8];
+    b.buf.read(0, &mut got).unwrap();
+    assert_eq!(u64::from_le_bytes(got), N);
+    // b polls its (empty) CQ and never answers a's WRITE.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut wc = [WorkCompletion::default(); 4];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert_eq!(b.cq.poll(&mut wc).unwrap(), 0);
+            }
+        });
+        for i in 0..20u64 {
+            send(&a, 5000 + i, WrOpcode::RdmaWrite, &[a.sge(64, 8)], |w| {
+                w.remote_addr = b.buf.addr() + 128;
+                w.rkey = b.mr.rkey();
+            });
+            let c = a.wait(1);
+            assert_eq!((c[0].wr_id, c[0].status), (5000 + i, WcStatus::Success));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+}

@@ -487,6 +487,9 @@ pub(crate) fn send_held_ack(
         qp.qp_type,
         softrdma_proto::QpType::Uc | softrdma_proto::QpType::Ud
     );
+    if !st.records.owed.is_empty() {
+        records::write_answers(engine, qp.qp_num, st);
+    }
     if !st
         .transport
         .as_ref()
