@@ -499,3 +499,26 @@ fn rdmacm_connection_events() {
     assert!(ok(st), "rdmacm_events failed:\n{out}\n{err}");
     assert!(out.contains("all checks passed"), "{out}");
 }
+
+/// Event channels destroyed while a thread of the program still waits on them, as rping does
+/// at exit (tests/c/channel_destroyed_while_waiting.c): the waiting threads stay blocked, as
+/// with rdma-core, and the program ends normally (a waiter that touched the freed channel
+/// crashed it, or got EBADF, on which rping's CM thread exits with -1).
+#[test]
+fn channels_destroyed_while_a_thread_waits_leave_it_waiting() {
+    if !have_headers() {
+        return;
+    }
+    let exe = compile_c(
+        "channel_destroyed_while_waiting",
+        &["channel_destroyed_while_waiting.c"],
+    );
+    let mut c = command(&exe);
+    c.arg(unique_addr().to_string());
+    let (st, out, err) = run_bounded(c, LIMIT);
+    assert!(
+        ok(st),
+        "channel_destroyed_while_waiting failed ({st:?}):\n{out}\n{err}"
+    );
+    assert!(out.contains("channel_destroyed_while_waiting: ok"), "{out}");
+}

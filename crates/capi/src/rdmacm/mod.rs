@@ -421,9 +421,14 @@ pub unsafe extern "C" fn rdma_get_cm_event(
         if channel.is_null() || event.is_null() {
             return Err(libc::EINVAL);
         }
-        let ch = &*(channel as *mut CChannel);
+        // The channel is held for the wait, not borrowed from its wrapper: a program may
+        // destroy the channel while a thread of its own waits on it (rping does, at exit).
+        // With librdmacm that thread stays blocked in read(2) on the closed descriptor; here
+        // it stays blocked on the channel, which lives as long as the wait, and never touches
+        // the freed wrapper (a borrow crashed, or returned EBADF into rping's exit(-1)).
+        let chan = (*(channel as *mut CChannel)).chan.clone();
         loop {
-            let ev = ch.chan.get_cm_event().map_err(err)?;
+            let ev = chan.get_cm_event().map_err(err)?;
             let listen = ev.listen_id.as_ref().map_or(std::ptr::null_mut(), lookup);
             let mut c = lookup(&ev.id);
             if c.is_null() {

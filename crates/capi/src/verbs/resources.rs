@@ -439,7 +439,10 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         if cq.is_null() || cq_context.is_null() {
             return Err(EINVAL);
         }
-        let ev = ch.ch.get_cq_event().map_err(|e| e.errno())?;
+        // Held for the wait (not borrowed from the wrapper), as rdma_get_cm_event holds its
+        // channel: a channel destroyed while a thread waits on it leaves that thread waiting.
+        let chan = Arc::clone(&ch.ch);
+        let ev = chan.get_cq_event().map_err(|e| e.errno())?;
         let w = ev.cq_context() as usize as *mut CCq;
         // SAFETY: the event's CQ is live until its events are acknowledged (destroy fails
         // before); out pointers are the caller's.

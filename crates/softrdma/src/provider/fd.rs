@@ -138,14 +138,24 @@ impl EventFd {
                 Some(libc::EAGAIN) => return Ok(false),
                 // A kernel whose eventfd lacks RWF_NOWAIT (before 5.x): read only when poll
                 // says an event waits (another thread may still take it first).
-                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => return Ok(self.try_wait()),
+                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) => return Ok(self.poll_then_read()),
                 _ => return Err(Error::from_io(err, "reading the event descriptor")),
             }
         }
     }
 
-    /// Takes one event if one is waiting, whatever the descriptor's blocking mode.
+    /// Takes one event if one is waiting, whatever the descriptor's blocking mode, never
+    /// blocking: another thread may take the event between a look and the read (a waiter in
+    /// `get_cm_event` while the program destroys an id), and a blocking read then slept for
+    /// good (rping's `rdma_destroy_id` hung that way).
     pub(crate) fn try_wait(&self) -> bool {
+        self.read_nowait().unwrap_or(false)
+    }
+
+    /// [`EventFd::try_wait`] on a kernel whose eventfd lacks `RWF_NOWAIT`: reads only when
+    /// `poll` says an event waits (a blocking descriptor can still block if another thread
+    /// takes it first).
+    fn poll_then_read(&self) -> bool {
         let mut pfd = libc::pollfd {
             fd: self.fd.as_raw_fd(),
             events: libc::POLLIN,
