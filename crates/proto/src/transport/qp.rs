@@ -251,8 +251,13 @@ impl Qp {
     /// Counts, in [`Qp::stats`], a message that the owner carried to or from the peer QP
     /// past the transport (`sent`, or received), `bytes` long, as the packet it stands for
     /// would be counted: an acknowledgement (`ack`) or a request. softrdma's verbs layer
-    /// carries short requests between two QPs of one host that way. Never fails.
+    /// carries short requests between two QPs of one host that way. A request sent counts
+    /// for [`Qp::received_since_sent`] as one the transport sent. Never fails.
     pub fn count_bypass(&mut self, sent: bool, bytes: usize, ack: bool) {
+        if sent && !ack {
+            // (A request went: what the responder took so far is answered.)
+            self.msn_at_send = self.responder.msn();
+        }
         let s = &mut self.ctx.stats;
         if sent {
             s.tx_packets += 1;

@@ -188,6 +188,8 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
     }
     r.owed.drain(..answered);
     r.next_seq = seq.wrapping_add(1);
+    // (What came from the peer is answered.)
+    r.received = false;
     // The QP's timer looks at the records from time to time while they are in use (see
     // `on_timer`).
     if r.deadline.is_none() {

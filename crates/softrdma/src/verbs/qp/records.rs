@@ -47,6 +47,8 @@ pub(crate) struct Records {
     /// A request came as a record since the last post (what is posted now is likely an
     /// answer to it; the transport's own sign of that, its MSN, does not see records).
     pub(crate) received: bool,
+    /// Whether the last post of an RC request found nothing outstanding (see `post_send`).
+    pub(crate) last_post_idle: bool,
 }
 
 /// Whether a request with `op` consumes a receive request of the peer.

@@ -163,9 +163,23 @@ impl Qp {
                 ) && len <= u64::from(crate::verbs::qp::records::RECORD_MAX);
                 // (Checked before the request is filled apart from the send queue: a stream,
                 // whose transport is busy, posts in place.)
+                // Only a request that waits for its answer goes as a record: one that answers
+                // what came from the peer since this QP last sent (a ping-pong, an RPC), or
+                // one posted, like the one before it, with nothing else outstanding (post,
+                // wait for the completion, post again). A stream stays with the transport,
+                // whose runs and coalesced ACKs it needs (a record held it up until its
+                // acknowledgement came: 8-byte WRITE streams lost a sixth of their rate).
+                let idle = !holding && st.transport.as_ref().is_some_and(records::transport_idle);
+                let in_turn = std::mem::replace(&mut st.records.last_post_idle, idle);
+                let answer = st.records.received
+                    || in_turn
+                    || st
+                        .transport
+                        .as_ref()
+                        .is_some_and(|t| t.received_since_sent());
                 let may_try = candidate
-                    && !holding
-                    && st.transport.as_ref().is_some_and(records::transport_idle)
+                    && idle
+                    && answer
                     && st
                         .records
                         .may_try(|| st.engine.as_ref().map_or(0, |e| e.records_generation()));
