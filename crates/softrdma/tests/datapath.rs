@@ -2015,3 +2015,76 @@ fn a_write_ping_pong_completes_and_a_held_write_ack_goes_without_an_answer() {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
 }
+
+/// A QP that takes its receives from an SRQ takes records too: each SEND lands in the SRQ's
+/// next receive request, byte-exact and in order, and the SRQ's limit fires (disarms) when a
+/// record takes it below, as a packet would.
+#[test]
+fn records_take_their_receives_from_an_srq() {
+    let (a, _) = Side::new(&unique(), QpType::Rc, 1 << 16, false);
+    let (b, srq) = Side::new(&unique(), QpType::Rc, 1 << 16, true);
+    connect(&a, &b, &Opts::default());
+    let srq = srq.unwrap();
+    let post = |wr_id: u64| {
+        let sge = [b.sge((wr_id % 64) as usize * 256, 256)];
+        srq.post_srq_recv(&[RecvWr {
+            wr_id,
+            sg_list: &sge,
+        }])
+        .unwrap();
+    };
+    let ping = |wr_id: u64| {
+        let data = pattern(100, wr_id as u8);
+        a.buf.write(0, &data).unwrap();
+        send(&a, wr_id, WrOpcode::Send, &[a.sge(0, 100)], |_| {});
+        assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+        let r = b.wait(1)[0];
+        assert_eq!(
+            (r.wr_id, r.status, r.byte_len),
+            (wr_id, WcStatus::Success, 100)
+        );
+        let mut got = vec![0; 100];
+        b.buf.read((wr_id % 64) as usize * 256, &mut got).unwrap();
+        assert!(got == data, "message {wr_id}");
+    };
+    // One at a time until they go as records (a hang guard, no timing).
+    let mut id = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !wire_forced() {
+        let r0 = a.ctx.counters().wr_records;
+        post(id);
+        ping(id);
+        id += 1;
+        if a.ctx.counters().wr_records > r0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no work-request record went");
+    }
+    // Ten receives ahead, the limit armed at 5: five records later it fires.
+    for i in 0..10 {
+        post(id + i);
+    }
+    srq.modify_srq(
+        &SrqAttr {
+            max_wr: 0,
+            max_sge: 0,
+            srq_limit: 5,
+        },
+        SrqAttrMask::LIMIT.bits(),
+    )
+    .unwrap();
+    let r0 = a.ctx.counters().wr_records;
+    for i in 0..10 {
+        ping(id + i);
+        let limit = srq.query_srq().unwrap().srq_limit;
+        // Receives left after this message: 9 - i; the limit disarms once they are below 5.
+        assert_eq!(limit == 0, 9 - i < 5, "after message {i}: limit {limit}");
+    }
+    if !wire_forced() {
+        assert!(
+            a.ctx.counters().wr_records - r0 >= 10,
+            "{:?}",
+            a.ctx.counters()
+        );
+    }
+}
