@@ -13,10 +13,16 @@
 //! The transport stays the authority for everything else, so no verbs semantic is built
 //! twice:
 //! - **Only the plain case goes as a record.** A request goes as a record only when the QP is
-//!   in RTS, its transport has nothing in flight, nothing waits before it, and the peer's
-//!   process said it takes records (and a lane back is up for the answers). READs, atomics,
-//!   binds, invalidations, messages over [`RECORD_MAX`] bytes, and whatever is posted while
-//!   records are outstanding wait for those records (in order) and go to the transport.
+//!   in RTS, nothing of it is in flight (no packet, no other record), the request waits for
+//!   its answer (it answers what came from the peer, or it was posted, like the one before
+//!   it, with nothing outstanding: see `post_send`), and the peer's process said it takes
+//!   records (and a lane back is up for the answers). READs, atomics, binds, invalidations,
+//!   messages over `RECORD_MAX` (4 KiB), streams, and whatever is posted while a record is
+//!   outstanding wait for it (in order) and go to the transport.
+//! - **Credits and held acknowledgements as the transport's.** The receives that records
+//!   take count against the transport's end-to-end credits; the acknowledgement of a WRITE
+//!   that a polling application thread took waits for what the program answers, as the
+//!   transport's ACK of such a WRITE does.
 //! - **Anything but the plain case is refused, not handled.** The receiving side takes a
 //!   record only when it has a receive request that holds the message, the keys and access
 //!   rights allow the WRITE, and its QP is in RTS; otherwise it answers with a *bounce*, and
@@ -242,7 +248,6 @@ pub(crate) fn on_timer(
         return false;
     }
     if let Some(s) = st.records.sent.pop_front() {
-        st.records.sent_consuming -= usize::from(consumes_receive(&s.req.op));
         tracing::debug!(
             qpn = qp.qp_num,
             seq = s.seq,
@@ -266,7 +271,6 @@ pub(crate) fn on_timer(
 /// Completes every request sent as a record or waiting behind them with `WR_FLUSH_ERR`, in
 /// order (the QP went to ERR).
 pub(crate) fn flush(qp: &QpInner, r: &mut Records) {
-    r.sent_consuming = 0;
     let reqs = r
         .sent
         .drain(..)
@@ -516,7 +520,6 @@ fn on_ack(qp: &QpInner, st: &mut QpState_, rec: &Record) -> bool {
         if rec.seq.wrapping_sub(s.seq) as i32 >= 0 {
             let s = r.sent.pop_front().expect("a front");
             if consumes_receive(&s.req.op) {
-                r.sent_consuming -= 1;
                 // (The transport's end-to-end credits count the receive it took.)
                 if let Some(t) = st.transport.as_mut() {
                     t.bypass_consumed_receive();
@@ -558,7 +561,6 @@ fn on_bounce(st: &mut QpState_, rec: &Record) -> bool {
         r.ready = false;
     }
     let sent = std::mem::take(&mut r.sent);
-    r.sent_consuming = 0;
     for (i, s) in sent.into_iter().enumerate() {
         r.waiting.insert(i, s.req);
     }

@@ -30,9 +30,6 @@ pub(crate) struct Records {
     pub(crate) epoch: u32,
     /// Requests sent as records and not yet acknowledged, in order.
     pub(crate) sent: VecDeque<Sent>,
-    /// How many of `sent` consume a receive request (SEND, WRITE with immediate): at most
-    /// one at a time (see `verbs::records::try_send`).
-    pub(crate) sent_consuming: usize,
     /// Requests posted while records were outstanding: they go to the transport, in order,
     /// once those are acknowledged (or bounced, after them).
     pub(crate) waiting: VecDeque<tp::SendRequest>,
@@ -91,7 +88,6 @@ impl Records {
     /// Records `req` (`len` bytes) as sent: [`try_send`] sent it just now.
     pub(crate) fn sent(&mut self, req: tp::SendRequest, len: u32) {
         let seq = self.next_seq.wrapping_sub(1);
-        self.sent_consuming += usize::from(consumes_receive(&req.op));
         self.sent.push_back(Sent { seq, req, len });
     }
 
