@@ -2088,3 +2088,25 @@ fn records_take_their_receives_from_an_srq() {
         );
     }
 }
+
+/// A SEND that finds no receive, with rnr_retry 0: the record is refused, and the transport
+/// gives what the wire gives, RNR_RETRY_EXC_ERR (then ERR and a flush of what followed).
+#[test]
+fn a_record_that_finds_no_receive_with_no_rnr_retries_ends_in_rnr_retry_exc_err() {
+    let o = Opts {
+        rnr_retry: 0,
+        ..Opts::default()
+    };
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &o);
+    records_up(&a, &b);
+    send(&a, 1, WrOpcode::Send, &[a.sge(0, 8)], |_| {});
+    send(&a, 2, WrOpcode::Send, &[a.sge(0, 8)], |_| {});
+    let c = a.wait(2);
+    assert_eq!(
+        (c[0].wr_id, c[0].status, c[1].wr_id, c[1].status),
+        (1, WcStatus::RnrRetryExcErr, 2, WcStatus::WrFlushErr)
+    );
+    assert_eq!(a.qp.state(), QpState::Err);
+    // Nothing reached b.
+    assert!(b.wait_none());
+}
