@@ -70,11 +70,6 @@ impl Kind {
     }
 }
 
-/// The completion opcode of a send operation.
-fn wc_opcode(op: &SendOp) -> WcOpcode {
-    op.wc_opcode()
-}
-
 /// A posted send request and its transmission state.
 #[derive(Debug)]
 struct Wqe {
@@ -378,7 +373,7 @@ impl Requester {
             ctx.completions.push_back(Completion {
                 wr_id: w.req.wr_id,
                 status: WcStatus::WrFlushErr,
-                opcode: wc_opcode(&w.req.op),
+                opcode: w.req.op.wc_opcode(),
                 ..Completion::default()
             });
             self.wqes.pop_back();
@@ -444,7 +439,6 @@ impl Requester {
         self.wqes.len().saturating_sub(self.cur)
     }
 
-    /// Whether the last ACK told how many receives the responder has.
     /// A message that consumed a receive request at the responder went past the transport
     /// and completed (see [`super::Qp::bypass_consumed_receive`]): counted as started and
     /// retired, so that the credits the responder advertised last cover one message fewer.
@@ -453,6 +447,7 @@ impl Requester {
         self.rwqe_retired = self.rwqe_retired.wrapping_add(1);
     }
 
+    /// Whether the last ACK told how many receives the responder has.
     pub(super) fn knows_credits(&self) -> bool {
         self.credit_limit.is_some()
     }
@@ -493,7 +488,7 @@ impl Requester {
             ctx.completions.push_back(Completion {
                 wr_id: w.req.wr_id,
                 status,
-                opcode: wc_opcode(&w.req.op),
+                opcode: w.req.op.wc_opcode(),
                 byte_len: if status == WcStatus::Success {
                     w.len as u32
                 } else {
@@ -541,7 +536,7 @@ impl Requester {
             ctx.completions.push_back(Completion {
                 wr_id: w.req.wr_id,
                 status: w.status.unwrap_or(WcStatus::WrFlushErr),
-                opcode: wc_opcode(&w.req.op),
+                opcode: w.req.op.wc_opcode(),
                 ..Completion::default()
             });
             self.wqes.pop_front();

@@ -126,7 +126,8 @@ pub(crate) trait RxSink {
 }
 
 /// Hands a run of good packets, all for QP `qpn` and from `src`, to that QP's transport
-/// under one lock, then drives the QP once; counts what it could not take.
+/// under one lock, then drives the QP once; counts what it could not take. Returns `false`
+/// when no QP took them (none by that number, or not ready).
 fn deliver(
     wire: &Wire,
     sink: &impl RxSink,
@@ -135,17 +136,39 @@ fn deliver(
     src: SocketAddr,
     now: Instant,
     tx: &mut TxBatch,
-) {
+) -> bool {
     let c = &wire.counters;
     let n = pkts.len() as u64;
     match sink.deliver(qpn, pkts, src, wire.local.ip(), Via::Unicast, now, tx) {
-        Some(Delivery::Delivered) => {}
+        Some(Delivery::Delivered) => true,
         None | Some(Delivery::NotReady) => {
             c.unknown_qp.fetch_add(n, Ordering::Relaxed);
+            false
         }
         Some(Delivery::WrongSource) => {
             c.wrong_source.fetch_add(n, Ordering::Relaxed);
+            true
         }
+    }
+}
+
+/// [`deliver`] for a run from a lane: packets, or work-request `records`, which are refused
+/// to their senders when no QP takes them (they send them again as packets, and get what the
+/// wire would give).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn deliver_lane_run(
+    wire: &Wire,
+    sink: &impl RxSink,
+    qpn: u32,
+    pkts: &[&[u8]],
+    records: bool,
+    src: SocketAddr,
+    now: Instant,
+    tx: &mut TxBatch,
+) {
+    if !deliver(wire, sink, qpn, pkts, src, now, tx) && records {
+        refuse_records(wire, pkts, src);
     }
 }
 
@@ -446,38 +469,6 @@ impl<'a> PacketRun<'a> {
         // SAFETY: the first `n` entries were written by `push` (and `n` never exceeds
         // BATCH); `MaybeUninit<T>` has the layout of `T`.
         unsafe { std::slice::from_raw_parts(self.pkts.as_ptr().cast::<&'a [u8]>(), self.n) }
-    }
-}
-
-/// Hands a run from a lane (packets, or work-request `records`) to QP `qpn` as [`deliver`]
-/// does. Records that find no QP to take them are refused to their senders, who send them
-/// again as packets (and get what the wire would give).
-#[allow(clippy::too_many_arguments)]
-#[inline]
-fn deliver_lane_run(
-    wire: &Wire,
-    sink: &impl RxSink,
-    qpn: u32,
-    pkts: &[&[u8]],
-    records: bool,
-    src: SocketAddr,
-    now: Instant,
-    tx: &mut TxBatch,
-) {
-    if !records {
-        return deliver(wire, sink, qpn, pkts, src, now, tx);
-    }
-    let c = &wire.counters;
-    let n = pkts.len() as u64;
-    match sink.deliver(qpn, pkts, src, wire.local.ip(), Via::Unicast, now, tx) {
-        Some(Delivery::Delivered) => {}
-        None | Some(Delivery::NotReady) => {
-            c.unknown_qp.fetch_add(n, Ordering::Relaxed);
-            refuse_records(wire, pkts, src);
-        }
-        Some(Delivery::WrongSource) => {
-            c.wrong_source.fetch_add(n, Ordering::Relaxed);
-        }
     }
 }
 

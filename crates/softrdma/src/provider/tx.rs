@@ -74,9 +74,7 @@ impl DirectTx<'_> {
             self.bytes += len;
         }
     }
-}
 
-impl DirectTx<'_> {
     /// Queues the work-request record built in the reserved room, `len` bytes (see
     /// [`DirectTx::commit`]), counting it as a record too.
     #[inline]

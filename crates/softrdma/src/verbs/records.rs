@@ -101,7 +101,7 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
         timer_at,
         ..
     } = st;
-    if !r.waiting.is_empty() || r.refused || attr.qp_state != QpState::Rts {
+    if attr.qp_state != QpState::Rts {
         return false;
     }
     // One record at a time: records are for requests that wait for their answer (a
@@ -109,14 +109,15 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
     // into the ring and whose ACKs it coalesces (4 KiB WRITEs: 3.2 M/s as packets, 2.1 as
     // records), and whose end-to-end credits keep SENDs from outrunning the receives posted
     // (records have none: such a SEND bounces into the transport's RNR back-off).
-    if !r.sent.is_empty() {
+    // (Nothing waits behind a record and nothing is in the transport either: see `post_send`,
+    // which asks no more of a request posted behind one.)
+    if r.holding() {
         return false;
     }
     let (Some(t), Some(engine)) = (transport.as_ref(), engine.as_ref()) else {
         return false;
     };
-    // (While records are outstanding nothing reaches the transport: it is idle then.)
-    if r.sent.is_empty() && !transport_idle(t) {
+    if !transport_idle(t) {
         return false;
     }
     let peer = attr.ah_attr.grh.dgid.to_ip();
@@ -203,11 +204,7 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
             let now = Instant::now();
             let d = now + p;
             r.deadline = Some(d);
-            // (A deadline held that has passed was taken by the engine already.)
-            if timer_at.is_none_or(|held| held > d || held <= now) {
-                engine.set_timer(qp.qp_num, Some(d));
-                *timer_at = Some(d);
-            }
+            arm(&**engine, qp.qp_num, timer_at, d, now);
         }
     }
     true
@@ -215,22 +212,14 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
 
 /// The QP's timer came (`now`): when the oldest record was outstanding at the last look too
 /// (a whole period of patience), it completes with `RETRY_EXC_ERR` and the QP goes to ERR
-/// (`drive` then flushes the rest); answers owed are written. Returns whether it failed the
-/// QP.
-pub(crate) fn on_timer(
-    engine: &dyn Provider,
-    qp: &QpInner,
-    st: &mut QpState_,
-    now: Instant,
-) -> bool {
+/// (`drive` then flushes the rest); answers owed are written (what still does not fit has
+/// the timer come again soon: `write_answers`).
+pub(crate) fn on_timer(engine: &dyn Provider, qp: &QpInner, st: &mut QpState_, now: Instant) {
     if !st.records.owed.is_empty() {
         write_answers(engine, qp.qp_num, st);
     }
-    let Some(d) = st.records.deadline else {
-        return false;
-    };
-    if d > now {
-        return false;
+    if st.records.deadline.is_none_or(|d| d > now) {
+        return;
     }
     let front = st.records.sent.front().map(|s| s.seq);
     let expired = front.is_some() && front == st.records.watched;
@@ -240,12 +229,8 @@ pub(crate) fn on_timer(
     } else {
         None
     };
-    if !st.records.owed.is_empty() {
-        // (Try again soon.)
-        st.records.deadline = Some(now + Duration::from_millis(1));
-    }
     if !expired {
-        return false;
+        return;
     }
     if let Some(s) = st.records.sent.pop_front() {
         tracing::debug!(
@@ -253,40 +238,45 @@ pub(crate) fn on_timer(
             seq = s.seq,
             "a work-request record went unanswered"
         );
-        let c = Completion {
-            wr_id: s.req.wr_id,
-            status: WcStatus::RetryExcErr,
-            opcode: s.req.op.wc_opcode(),
-            ..Completion::default()
-        };
-        qp.send_cq.arc().push(to_wc(&c, qp.qp_num, false), false);
+        complete_send(qp, &s.req, WcStatus::RetryExcErr, 0);
     }
     flush(qp, &mut st.records);
     if let Some(t) = st.transport.as_mut() {
         t.set_error();
     }
-    true
 }
 
 /// Completes every request sent as a record or waiting behind them with `WR_FLUSH_ERR`, in
 /// order (the QP went to ERR).
 pub(crate) fn flush(qp: &QpInner, r: &mut Records) {
-    let reqs = r
-        .sent
-        .drain(..)
-        .map(|s| s.req)
-        .chain(r.waiting.drain(..))
-        .collect::<Vec<_>>();
+    for s in r.sent.drain(..) {
+        complete_send(qp, &s.req, WcStatus::WrFlushErr, 0);
+    }
+    for req in r.waiting.drain(..) {
+        complete_send(qp, &req, WcStatus::WrFlushErr, 0);
+    }
     r.deadline = None;
     r.watched = None;
-    for req in reqs {
-        let c = Completion {
-            wr_id: req.wr_id,
-            status: WcStatus::WrFlushErr,
-            opcode: req.op.wc_opcode(),
-            ..Completion::default()
-        };
-        qp.send_cq.arc().push(to_wc(&c, qp.qp_num, false), false);
+}
+
+/// Pushes the send completion of `req` with `status` (`byte_len` bytes) to the QP's send CQ.
+fn complete_send(qp: &QpInner, req: &tp::SendRequest, status: WcStatus, byte_len: u32) {
+    let c = Completion {
+        wr_id: req.wr_id,
+        status,
+        opcode: req.op.wc_opcode(),
+        byte_len,
+        ..Completion::default()
+    };
+    qp.send_cq.arc().push(to_wc(&c, qp.qp_num, false), false);
+}
+
+/// Has the engine run the QP's timers by `at` at the latest: the engine is told only when the
+/// deadline it holds (`timer_at`) is later, or has passed (taken by the engine already).
+fn arm(engine: &dyn Provider, qpn: u32, timer_at: &mut Option<Instant>, at: Instant, now: Instant) {
+    if timer_at.is_none_or(|held| held > at || held <= now) {
+        engine.set_timer(qpn, Some(at));
+        *timer_at = Some(at);
     }
 }
 
@@ -408,10 +398,7 @@ pub(crate) fn write_answers(engine: &dyn Provider, qpn: u32, st: &mut QpState_) 
         if r.deadline.is_none_or(|d| d > soon) {
             r.deadline = Some(soon);
         }
-        if st.timer_at.is_none_or(|held| held > soon || held <= now) {
-            engine.set_timer(qpn, Some(soon));
-            st.timer_at = Some(soon);
-        }
+        arm(engine, qpn, &mut st.timer_at, soon, now);
     }
 }
 
@@ -526,14 +513,7 @@ fn on_ack(qp: &QpInner, st: &mut QpState_, rec: &Record) -> bool {
                 }
             }
             if s.req.signaled {
-                let c = Completion {
-                    wr_id: s.req.wr_id,
-                    status: WcStatus::Success,
-                    opcode: s.req.op.wc_opcode(),
-                    byte_len: s.len,
-                    ..Completion::default()
-                };
-                qp.send_cq.arc().push(to_wc(&c, qp.qp_num, false), false);
+                complete_send(qp, &s.req, WcStatus::Success, s.len);
             }
         } else {
             break;

@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The first byte of a record that is not a RoCE packet but a work request, its
-/// acknowledgement or its refusal between two QPs of this host (`verbs::qp::direct`): an
+/// acknowledgement or its refusal between two QPs of this host (`verbs::records`): an
 /// opcode of the manufacturer-specific range, never sent on a network. Its bytes 5..8 name
 /// the destination QP as a BTH does.
 pub(crate) const WR_RECORD: u8 = 0xe7;
@@ -96,7 +96,7 @@ pub(crate) fn same_host_segment(connected: bool, peer: IpAddr, dest_qpn: u32) ->
 }
 
 /// Whether this process moves short RC work requests between two QPs of this host as records
-/// in a lane's ring (see `verbs::qp::direct`) rather than as packets through the transport:
+/// in a lane's ring (see `verbs::records`) rather than as packets through the transport:
 /// `false` when the environment says `SOFTRDMA_WR_RECORDS=0` (read once). Never fails.
 pub(crate) fn wr_records() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -1,6 +1,6 @@
 //! The layout of a work-request record: what two QPs of this host exchange through a lane's
-//! ring instead of RoCE packets for a short RC SEND or RDMA WRITE (`verbs::qp::records` has
-//! the rules). A record never leaves the host: it is not a RoCE packet, and the lanes carry
+//! ring instead of RoCE packets for a short RC SEND or RDMA WRITE (`verbs::records` has the
+//! rules). A record never leaves the host: it is not a RoCE packet, and the lanes carry
 //! it only between processes that said they take it.
 //!
 //! ```text

@@ -119,6 +119,12 @@ impl Qp {
         raw_inline: bool,
     ) -> std::result::Result<(), PostError> {
         let inner = &self.inner;
+        let queue_full = || {
+            Error::no_memory(format!(
+                "the send queue is full ({} requests)",
+                inner.cap.max_send_wr
+            ))
+        };
         let mut st = inner.lock();
         let mut result = Ok(());
         // Requests handed to the transport by this call (not those sent as records).
@@ -185,10 +191,7 @@ impl Qp {
                         .may_try(|| st.engine.as_ref().map_or(0, |e| e.records_generation()));
                 if holding || may_try {
                     if holding && st.records.outstanding() >= inner.cap.max_send_wr as usize {
-                        result = Err(fail(Error::no_memory(format!(
-                            "the send queue is full ({} requests)",
-                            inner.cap.max_send_wr
-                        ))));
+                        result = Err(fail(queue_full()));
                         break;
                     }
                     let mut req = tp::SendRequest::default();
@@ -203,10 +206,7 @@ impl Qp {
                     } else {
                         let t = st.transport.as_mut().expect("checked above");
                         if t.post_send(req).is_err() {
-                            result = Err(fail(Error::no_memory(format!(
-                                "the send queue is full ({} requests)",
-                                inner.cap.max_send_wr
-                            ))));
+                            result = Err(fail(queue_full()));
                             break;
                         }
                         posted_transport += 1;
@@ -249,10 +249,7 @@ impl Qp {
                     break;
                 }
                 Err(tp::PostSendError::QueueFull) => {
-                    result = Err(fail(Error::no_memory(format!(
-                        "the send queue is full ({} requests)",
-                        inner.cap.max_send_wr
-                    ))));
+                    result = Err(fail(queue_full()));
                     break;
                 }
             }
