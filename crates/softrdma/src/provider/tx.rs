@@ -216,6 +216,9 @@ pub(crate) struct Wire {
     faults: Arc<Faults>,
     /// The same-host lanes: packets for devices of this host skip the network stack.
     pub(crate) lanes: Lanes,
+    /// When the wire was made: the time handed with a run of work-request records, which
+    /// carry none (see `rx::take_lanes`).
+    pub(crate) made: Instant,
 }
 
 impl Wire {
@@ -235,6 +238,7 @@ impl Wire {
             counters: Counters::default(),
             faults: Arc::new(Faults::new()),
             lanes,
+            made: Instant::now(),
         })
     }
 

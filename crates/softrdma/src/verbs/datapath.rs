@@ -292,7 +292,7 @@ impl QpPort for QpInner {
         }
         if pkts.first().is_some_and(|p| p.first() == Some(&WR_RECORD)) {
             // (A run from a lane is records only, or packets only.)
-            receive_records(engine, qp, st, pkts, now, tx);
+            receive_records(engine, qp, st, pkts, tx);
         } else {
             feed(engine, qp, st, pkts, src, dst, now, tx);
         }
@@ -336,12 +336,12 @@ fn receive_records(
     qp: &Arc<QpInner>,
     mut st: std::sync::MutexGuard<'_, QpState_>,
     recs: &[&[u8]],
-    now: Instant,
     tx: &mut TxBatch,
 ) {
     let got = records::receive(engine, qp, &mut st, recs);
     let events = if got.drive {
-        drive(engine, qp, &mut st, now, tx)
+        // (The time handed with records is not read: see `provider::rx`.)
+        drive(engine, qp, &mut st, Instant::now(), tx)
     } else {
         Vec::new()
     };
