@@ -3,7 +3,7 @@
 //! identifiers of a device: its node GUID ([`guid_for`]) and random numbers ([`random_u32`]).
 
 use std::fmt;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// `union ibv_gid`: 16 bytes in network order.
 ///
@@ -32,11 +32,16 @@ impl Gid {
     }
 
     /// The IP address the GID stands for: IPv4 for an IPv4-mapped GID, IPv6 otherwise.
+    #[inline]
     pub fn to_ip(&self) -> IpAddr {
-        let v6 = Ipv6Addr::from(self.raw);
-        match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6(v6),
+        // (Read as two words: this runs for every packet and record a QP sends; through
+        // `Ipv6Addr::to_ipv4_mapped` it took some 40 instructions.)
+        let r = &self.raw;
+        let hi = u64::from_ne_bytes([r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]]);
+        if hi == 0 && r[8..12] == [0, 0, 0xff, 0xff] {
+            IpAddr::V4(Ipv4Addr::new(r[12], r[13], r[14], r[15]))
+        } else {
+            IpAddr::V6(Ipv6Addr::from(*r))
         }
     }
 
@@ -153,5 +158,39 @@ mod tests {
         let g = Gid::from_ip("fe80::1".parse().unwrap());
         assert_eq!(g.subnet_prefix(), 0xfe80_0000_0000_0000);
         assert_eq!(g.interface_id(), 1);
+    }
+
+    #[test]
+    fn to_ip_gives_ipv4_for_mapped_gids_only_as_the_standard_library_does() {
+        let mut cases: Vec<[u8; 16]> = [
+            "192.0.2.1",
+            "0.0.0.0",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "::ffff",
+            "::ffff:0:0:1",
+            "::1:ffff:c000:201",
+            "64:ff9b::c000:201",
+            "fe80::ffff:c000:201",
+            "fe80::1",
+        ]
+        .iter()
+        .map(|a| ipv6_mapped(a.parse().unwrap()).octets())
+        .collect();
+        // Every single byte changed in a mapped GID.
+        let mapped = ipv6_mapped("10.1.2.3".parse().unwrap()).octets();
+        for i in 0..16 {
+            let mut g = mapped;
+            g[i] ^= 0x40;
+            cases.push(g);
+        }
+        for raw in cases {
+            let v6 = Ipv6Addr::from(raw);
+            let want = v6
+                .to_ipv4_mapped()
+                .map_or(IpAddr::V6(v6), IpAddr::V4);
+            assert_eq!(Gid { raw }.to_ip(), want, "{v6}");
+        }
     }
 }
