@@ -187,9 +187,7 @@ mod tests {
         }
         for raw in cases {
             let v6 = Ipv6Addr::from(raw);
-            let want = v6
-                .to_ipv4_mapped()
-                .map_or(IpAddr::V6(v6), IpAddr::V4);
+            let want = v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4);
             assert_eq!(Gid { raw }.to_ip(), want, "{v6}");
         }
     }

@@ -369,15 +369,18 @@ pub(crate) fn write_answers(engine: &dyn Provider, qpn: u32, st: &mut QpState_) 
     let mut done = 0;
     if let Some(mut lane) = engine.direct_lane(peer, dest) {
         for a in &st.records.owed {
-            if lane.reserve(HEADER).is_none()
-                && !lane.wait_for_room(HEADER, Duration::from_millis(1))
-            {
-                break;
+            // (Reserved once when there is room, as nearly always.)
+            if let Some(buf) = lane.reserve(HEADER) {
+                a.emit(buf);
+            } else {
+                if !lane.wait_for_room(HEADER, Duration::from_millis(1)) {
+                    break;
+                }
+                let Some(buf) = lane.reserve(HEADER) else {
+                    break;
+                };
+                a.emit(buf);
             }
-            let Some(buf) = lane.reserve(HEADER) else {
-                break;
-            };
-            a.emit(buf);
             lane.commit_record(HEADER);
             done += 1;
             if let Some(t) = st.transport.as_mut() {

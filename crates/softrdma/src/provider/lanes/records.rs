@@ -134,30 +134,32 @@ impl Record {
     /// Reads a record: its header and payload. `None` when `buf` is not a whole record (too
     /// short for its header or its payload, an unknown kind, an answer with a payload).
     pub(crate) fn parse(buf: &[u8]) -> Option<(Record, &[u8])> {
-        let b = buf.get(..HEADER)?;
+        // (Read through a fixed-size array: no bounds check per field.)
+        let b: &[u8; HEADER] = buf.get(..HEADER)?.try_into().ok()?;
         if b[0] != WR_RECORD {
             return None;
         }
         let u32_at = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let kind = Kind::from_code(b[1])?;
-        let mut ra = [0u8; 8];
-        ra.copy_from_slice(&b[24..32]);
+        let len = u32_at(36);
+        if !kind.is_request() && len != 0 {
+            return None;
+        }
         let r = Record {
             kind,
             solicited: b[2] & 1 != 0,
-            dest_qpn: dest_qpn(buf)?,
+            dest_qpn: u32::from_be_bytes([0, b[5], b[6], b[7]]),
             seq: u32_at(8),
             epoch: u32_at(12),
             src_qpn: u32_at(16) & 0xff_ffff,
             imm: u32_at(20),
-            remote_addr: u64::from_ne_bytes(ra),
+            remote_addr: u64::from_ne_bytes([
+                b[24], b[25], b[26], b[27], b[28], b[29], b[30], b[31],
+            ]),
             rkey: u32_at(32),
-            len: u32_at(36),
+            len,
         };
-        if !kind.is_request() && r.len != 0 {
-            return None;
-        }
-        let payload = buf.get(HEADER..HEADER.checked_add(r.len as usize)?)?;
+        let payload = buf.get(HEADER..HEADER.checked_add(len as usize)?)?;
         Some((r, payload))
     }
 }
