@@ -18,7 +18,13 @@
 //! the first; the figure is then per round trip (two messages, each with its ACK), the
 //! unbatched work a latency test puts on its critical path.
 //!
-//! Prints the messages, the time and ns per message (or per round trip).
+//! With `PINGPONG=1 EMPTY_POLLS=1` the ping-pong is followed by 50,000 polls of a CQ with
+//! nothing to take, its lane up and warm: the cost of one look of a busy-polling thread
+//! while lanes carry traffic (the device's socket is then read every 1024th look only), which
+//! sets how long after a message lands in the ring the thread sees it (half a look on
+//! average).
+//!
+//! Prints the messages, the time and ns per message (or per round trip, or per look).
 
 // The live tests' connected pair: two devices on loopback addresses of this run's own.
 #[path = "../tests/common/pair.rs"]
@@ -87,6 +93,9 @@ fn main() {
     };
     if std::env::var("PINGPONG").is_ok_and(|v| v == "1") {
         pingpong(&a, &b, msgs);
+        if std::env::var("EMPTY_POLLS").is_ok_and(|v| v == "1") {
+            empty_polls(&b, 50_000);
+        }
         return;
     }
     run(BATCH * 100, &mut wc); // warm up (and let the lane come)
@@ -155,6 +164,23 @@ fn pingpong(a: &pair::Side, b: &pair::Side, n: u64) {
     let secs = t.elapsed().as_secs_f64();
     println!(
         "{n} round trips of 8 B each way, one thread: {:.3} s, {:.1} ns per round trip",
+        secs,
+        secs * 1e9 / n as f64
+    );
+}
+
+/// `n` polls of `side`'s CQ, which has nothing to take (see the module's text).
+fn empty_polls(side: &pair::Side, n: u64) {
+    let mut wc = [WorkCompletion::default(); 16];
+    // (The completion of its last SEND comes with the peer's acknowledgement.)
+    while side.cq.poll(&mut wc).unwrap() > 0 {}
+    let t = Instant::now();
+    for _ in 0..n {
+        assert_eq!(side.cq.poll(&mut wc).unwrap(), 0, "nothing was sent");
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "{n} polls of a CQ with nothing to take: {:.3} s, {:.1} ns per poll",
         secs,
         secs * 1e9 / n as f64
     );

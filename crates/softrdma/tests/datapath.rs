@@ -2016,6 +2016,117 @@ fn a_write_ping_pong_completes_and_a_held_write_ack_goes_without_an_answer() {
     });
 }
 
+/// A SEND ping-pong between two busy-polling threads: each SEND that answers carries the
+/// acknowledgement of the one it answers (no acknowledgement record goes), so every round's
+/// send completion and receive must come from it: 2,000 rounds of SENDs and SENDs with
+/// immediate data (solicited every third), every receive byte-exact with its length and
+/// immediate, every send completion in order. Then one-way SENDs taken by a thread
+/// that polls and never answers: the acknowledgement it holds still goes (at its next empty
+/// poll), so each SEND completes.
+#[test]
+fn a_send_ping_pong_completes_with_acknowledgements_carried_in_the_answers() {
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &Opts::default());
+    records_up(&a, &b);
+    const N: u64 = 2000;
+    // The first side sends round i, the other answers it once it came; each checks every
+    // receive and that its send completions come in order.
+    let play = |me: &Side, first: bool| {
+        let seed = u8::from(first);
+        for i in 0..4u64 {
+            me.post_recv(10_000 + i, 4096 + 64 * i as usize, 64);
+        }
+        let mut wc = [WorkCompletion::default(); 8];
+        // Send completions and receives so far.
+        let (mut sent, mut got) = (0u64, 0u64);
+        let mut poll_until = |sent_want: u64, got_want: u64, sent: &mut u64, got: &mut u64| {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while *sent < sent_want || *got < got_want {
+                let n = me.cq.poll(&mut wc).unwrap();
+                for w in &wc[..n] {
+                    assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                    if w.opcode == WcOpcode::Recv {
+                        *got += 1;
+                        let i = *got;
+                        // The peer's message of round i.
+                        let len = (i % 24) as usize + 1;
+                        assert_eq!(w.byte_len as usize, len, "round {i}");
+                        let with_imm = i % 2 == 0;
+                        assert_eq!(
+                            w.wc_flags.contains(WcFlags::WITH_IMM),
+                            with_imm,
+                            "round {i}"
+                        );
+                        if with_imm {
+                            assert_eq!(w.imm_data, i as u32, "round {i}");
+                        }
+                        let at = 4096 + 64 * (w.wr_id - 10_000) as usize;
+                        let mut data = vec![0u8; len];
+                        me.buf.read(at, &mut data).unwrap();
+                        assert_eq!(data, pattern(len, i as u8 ^ (1 - seed)), "round {i}");
+                        me.post_recv(w.wr_id, at, 64);
+                    } else {
+                        *sent += 1;
+                        assert_eq!(w.wr_id, *sent, "send completions in order");
+                    }
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "sent {sent} of {sent_want}, got {got} of {got_want}"
+                );
+            }
+        };
+        for i in 1..=N {
+            if !first {
+                poll_until(0, i, &mut sent, &mut got);
+            }
+            let len = (i % 24) as usize + 1;
+            me.buf.write(0, &pattern(len, i as u8 ^ seed)).unwrap();
+            let op = if i % 2 == 0 {
+                WrOpcode::SendWithImm
+            } else {
+                WrOpcode::Send
+            };
+            send(me, i, op, &[me.sge(0, len)], |w| {
+                w.imm_data = i as u32;
+                if i % 3 == 0 {
+                    w.send_flags |= SendFlags::SOLICITED;
+                }
+            });
+            if first {
+                poll_until(i, i, &mut sent, &mut got);
+            }
+        }
+        poll_until(N, N, &mut sent, &mut got);
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| play(&b, false));
+        play(&a, true);
+    });
+    // b polls its CQ, takes a's SENDs and never answers.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let taken = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut wc = [WorkCompletion::default(); 4];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let n = b.cq.poll(&mut wc).unwrap();
+                for w in &wc[..n] {
+                    assert_eq!((w.status, w.opcode), (WcStatus::Success, WcOpcode::Recv));
+                    b.post_recv(w.wr_id, 4096 + 64 * (w.wr_id - 10_000) as usize, 64);
+                    taken.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        for i in 0..20u64 {
+            send(&a, 5000 + i, WrOpcode::Send, &[a.sge(0, 8)], |_| {});
+            let c = a.wait(1);
+            assert_eq!((c[0].wr_id, c[0].status), (5000 + i, WcStatus::Success));
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    assert_eq!(taken.load(std::sync::atomic::Ordering::Relaxed), 20);
+}
+
 /// A QP that takes its receives from an SRQ takes records too: each SEND lands in the SRQ's
 /// next receive request, byte-exact and in order, and the SRQ's limit fires (disarms) when a
 /// record takes it below, as a packet would.

@@ -478,6 +478,9 @@ impl Provider for Engine {
     fn note_held_ack(&self, qpn: u32) {
         Engine::note_held_ack(self, qpn)
     }
+    fn forget_held_ack(&self, qpn: u32) {
+        Engine::forget_held_ack(self, qpn)
+    }
     fn lane_is_up(&self, peer: IpAddr, dest_qpn: u32) -> bool {
         self.wire.lane_is_up(peer, dest_qpn)
     }

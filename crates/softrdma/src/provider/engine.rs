@@ -399,6 +399,18 @@ impl Engine {
         self.any_held_acks.store(true, Ordering::Release);
     }
 
+    /// QP `qpn` holds no ACK back any more (it sent what it held with its own request): no
+    /// flush needs to look at it.
+    pub(super) fn forget_held_ack(&self, qpn: u32) {
+        let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = l.iter().position(|&q| q == qpn) {
+            l.swap_remove(i);
+            if l.is_empty() {
+                self.any_held_acks.store(false, Ordering::SeqCst);
+            }
+        }
+    }
+
     /// Records that the transport of the UC or UD QP `qpn` holds sends just posted back, to
     /// send them with the ones posted next in one system call; says whether it may (`false`:
     /// the caller sends now): not when the hand-off is off (`SOFTRDMA_POLL_HANDOFF_US=0`) or

@@ -88,6 +88,9 @@ pub(crate) trait Provider: Send + Sync {
     fn records_generation(&self) -> u64;
     /// Records that the transport of QP `qpn` holds a positive ACK back.
     fn note_held_ack(&self, qpn: u32);
+    /// Undoes [`Provider::note_held_ack`]: QP `qpn` holds nothing back any more (it sent it
+    /// with its own request). Never fails.
+    fn forget_held_ack(&self, qpn: u32);
     /// Records that the transport of the UC or UD QP `qpn` holds sends just posted back for
     /// a batch; says whether the device will send them soon without the caller (an
     /// application thread polls it). `false`: the caller sends now.

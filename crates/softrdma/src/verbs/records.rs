@@ -162,6 +162,12 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
         }
     }
     let seq = r.next_seq;
+    // The acknowledgement held for the program's answer goes in it when it is a SEND (see
+    // `provider::wr_records`), the other answers owed right behind it.
+    let carried = match r.owed.first() {
+        Some(a) if a.kind == Kind::Ack && Record::may_carry_ack(kind) => Some((a.seq, a.epoch)),
+        _ => None,
+    };
     Record {
         kind,
         solicited: req.solicited,
@@ -173,12 +179,12 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
         remote_addr,
         rkey,
         len,
+        ack: carried,
     }
     .emit(buf);
     lane.commit_record(HEADER + n);
-    // Answers held for the program's answer go right behind it.
-    let mut answered = 0;
-    for a in &r.owed {
+    let mut answered = usize::from(carried.is_some());
+    for a in &r.owed[answered..] {
         let Some(buf) = lane.reserve(HEADER) else {
             break;
         };
@@ -189,11 +195,17 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
     drop(lane);
     if let Some(t) = transport.as_mut() {
         t.count_bypass(true, HEADER + n, false);
-        for a in &r.owed[..answered] {
+        for a in &r.owed[usize::from(carried.is_some())..answered] {
             t.count_bypass(true, HEADER, a.kind == Kind::Ack);
         }
     }
     r.owed.drain(..answered);
+    // Nothing left to flush for this QP (unless its transport holds an ACK too): the
+    // device's next look at held acknowledgements need not lock it (some 280 instructions a
+    // round trip of a ping-pong).
+    if answered > 0 && r.owed.is_empty() && !transport.as_ref().is_some_and(|t| t.has_held_ack()) {
+        engine.forget_held_ack(qp.qp_num);
+    }
     r.next_seq = seq.wrapping_add(1);
     // (What came from the peer is answered.)
     r.received = false;
@@ -299,9 +311,6 @@ pub(crate) fn receive(
     recs: &[&[u8]],
 ) -> Received {
     let mut out = Received::default();
-    // Whether every request taken here was an RDMA WRITE without immediate (which this side's
-    // program gets no completion for), taken by an application thread: see below.
-    let mut one_sided = true;
     for p in recs {
         let Some((rec, payload)) = Record::parse(p) else {
             continue;
@@ -309,15 +318,18 @@ pub(crate) fn receive(
         if let Some(t) = st.transport.as_mut() {
             t.count_bypass(false, p.len(), rec.kind == Kind::Ack);
         }
+        // (An acknowledgement a SEND carries answers this side's records sent before it.)
+        if let Some((seq, epoch)) = rec.ack {
+            out.drive |= on_ack(qp, st, seq, epoch);
+        }
         match rec.kind {
-            Kind::Ack => out.drive |= on_ack(qp, st, &rec),
+            Kind::Ack => out.drive |= on_ack(qp, st, rec.seq, rec.epoch),
             Kind::Bounce | Kind::Refuse => out.drive |= on_bounce(st, &rec),
             _ => {
                 if st.records.bounced_epoch == Some(rec.epoch) {
                     // (Its sender sends it again, as packets, with the one bounced.)
                     continue;
                 }
-                one_sided &= rec.kind == Kind::Write;
                 let answer = if take(qp, st, &rec, payload, &mut out.srq_limit_hit) {
                     st.records.received = true;
                     Kind::Ack
@@ -346,14 +358,17 @@ pub(crate) fn receive(
     if st.records.owed.is_empty() {
         return out;
     }
-    // The acknowledgement of a WRITE that an application thread took (it polls its CQ, say
-    // for the completion of its own WRITE) is held, to go right behind what the program
-    // answers (`try_send`), or at its next empty poll, or from the progress thread, as the
-    // transport holds the ACK of such a WRITE. A peer that waits for the completion of its
-    // WRITE and then spins on its memory for the answer (ib_write_lat) gets both together
-    // while it still polls; acknowledged at once, it stopped polling before the answer came,
-    // which then waited in its ring for its progress thread: 300 µs instead of 1.
-    if one_sided && crate::provider::holding_acks() {
+    // The acknowledgement of what an application thread took (it polls its CQ) is held, as
+    // the transport holds such an ACK: it goes in what the program answers when that is a
+    // SEND, right behind it otherwise (`try_send`), or at the thread's next empty poll, or
+    // from the progress thread. A SEND ping-pong then sends no acknowledgement record either
+    // way (acknowledged at once, each side wrote one and took one a round trip, some 1,000
+    // instructions of its 4,000). And a peer that waits for the completion of its WRITE and
+    // then spins on its memory for the answer (ib_write_lat) gets both together while it
+    // still polls; acknowledged at once, it stopped polling before the answer came, which
+    // then waited in its ring for its progress thread: 300 µs instead of 1. (Bounces go at
+    // once: the peer's requests behind the one bounced wait for it.)
+    if crate::provider::holding_acks() && st.records.owed.iter().all(|a| a.kind == Kind::Ack) {
         engine.note_held_ack(qp.qp_num);
         return out;
     }
@@ -497,17 +512,17 @@ fn take(
     true
 }
 
-/// The peer carried out this side's records of the epoch up to `rec.seq`: they complete (the
+/// The peer carried out this side's records of `epoch` up to `seq`: they complete (the
 /// signaled ones on the send CQ). When none is left, what waited behind them goes to the
 /// transport; returns whether anything did.
-fn on_ack(qp: &QpInner, st: &mut QpState_, rec: &Record) -> bool {
+fn on_ack(qp: &QpInner, st: &mut QpState_, seq: u32, epoch: u32) -> bool {
     let r = &mut st.records;
-    if rec.epoch != r.epoch {
+    if epoch != r.epoch {
         return false;
     }
     while let Some(s) = r.sent.front() {
         // (Sequence numbers wrap: "at or before" in the usual serial arithmetic.)
-        if rec.seq.wrapping_sub(s.seq) as i32 >= 0 {
+        if seq.wrapping_sub(s.seq) as i32 >= 0 {
             let s = r.sent.pop_front().expect("a front");
             if consumes_receive(&s.req.op) {
                 // (The transport's end-to-end credits count the receive it took.)

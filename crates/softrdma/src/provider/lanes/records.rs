@@ -6,19 +6,23 @@
 //! ```text
 //!  0      WR_RECORD (an opcode of the manufacturer-specific range)
 //!  1      kind (see [`Kind`])
-//!  2      flags: bit 0 solicited event
+//!  2      flags: bit 0 solicited event, bit 1 carries an acknowledgement (SEND only)
 //!  3..5   0
 //!  5..8   destination QP number (where a BTH has it)
 //!  8..12  sequence number of the request (the sender's count)
 //! 12..16  epoch (the sender's; a refusal starts a new one)
 //! 16..20  source QP number
 //! 20..24  immediate data
-//! 24..32  remote address (WRITE)
+//! 24..32  remote address (WRITE); SEND with flag bit 1: the sequence number (24..28) and
+//!         epoch (28..32) of an acknowledgement of the receiver's own records
 //! 32..36  rkey (WRITE)
 //! 36..40  payload length
 //! 40..    payload
 //! ```
-//! (Native byte order: both ends are processes of one host.)
+//! (Native byte order: both ends are processes of one host.) A SEND carries the
+//! acknowledgement that its sender owes in the room a WRITE uses for its address: the 8-byte
+//! SEND of a ping-pong and its answer stay one cache line each (16 bytes of the ring's own,
+//! 40, 8), and no acknowledgement record goes either way.
 
 use super::WR_RECORD;
 
@@ -93,6 +97,9 @@ pub(crate) struct Record {
     pub(crate) remote_addr: u64,
     pub(crate) rkey: u32,
     pub(crate) len: u32,
+    /// A SEND's acknowledgement of the receiver's records (as a [`Kind::Ack`] record's
+    /// `seq` and `epoch`); `None` on anything else.
+    pub(crate) ack: Option<(u32, u32)>,
 }
 
 impl Record {
@@ -110,15 +117,24 @@ impl Record {
             remote_addr: 0,
             rkey: 0,
             len: 0,
+            ack: None,
         }
     }
 
-    /// Writes the header into the first [`HEADER`] bytes of `buf` (which must hold them).
+    /// Whether a record of this kind may carry an acknowledgement (its address room is
+    /// free).
+    pub(crate) fn may_carry_ack(kind: Kind) -> bool {
+        matches!(kind, Kind::Send | Kind::SendWithImm)
+    }
+
+    /// Writes the header into the first [`HEADER`] bytes of `buf` (which must hold them). An
+    /// `ack` goes only on a SEND (see [`Record::may_carry_ack`]; on others it is dropped).
     pub(crate) fn emit(&self, buf: &mut [u8]) {
         let b = &mut buf[..HEADER];
+        let ack = self.ack.filter(|_| Record::may_carry_ack(self.kind));
         b[0] = WR_RECORD;
         b[1] = self.kind.code();
-        b[2] = u8::from(self.solicited);
+        b[2] = u8::from(self.solicited) | (u8::from(ack.is_some()) << 1);
         b[3] = 0;
         b[4] = 0;
         b[5..8].copy_from_slice(&self.dest_qpn.to_be_bytes()[1..]);
@@ -126,13 +142,20 @@ impl Record {
         b[12..16].copy_from_slice(&self.epoch.to_ne_bytes());
         b[16..20].copy_from_slice(&self.src_qpn.to_ne_bytes());
         b[20..24].copy_from_slice(&self.imm.to_ne_bytes());
-        b[24..32].copy_from_slice(&self.remote_addr.to_ne_bytes());
+        match ack {
+            Some((seq, epoch)) => {
+                b[24..28].copy_from_slice(&seq.to_ne_bytes());
+                b[28..32].copy_from_slice(&epoch.to_ne_bytes());
+            }
+            None => b[24..32].copy_from_slice(&self.remote_addr.to_ne_bytes()),
+        }
         b[32..36].copy_from_slice(&self.rkey.to_ne_bytes());
         b[36..40].copy_from_slice(&self.len.to_ne_bytes());
     }
 
     /// Reads a record: its header and payload. `None` when `buf` is not a whole record (too
-    /// short for its header or its payload, an unknown kind, an answer with a payload).
+    /// short for its header or its payload, an unknown kind, an answer with a payload, an
+    /// acknowledgement on anything but a SEND).
     pub(crate) fn parse(buf: &[u8]) -> Option<(Record, &[u8])> {
         // (Read through a fixed-size array: no bounds check per field.)
         let b: &[u8; HEADER] = buf.get(..HEADER)?.try_into().ok()?;
@@ -145,6 +168,11 @@ impl Record {
         if !kind.is_request() && len != 0 {
             return None;
         }
+        let acks = b[2] & 2 != 0;
+        if acks && !Record::may_carry_ack(kind) {
+            return None;
+        }
+        let at24 = u64::from_ne_bytes([b[24], b[25], b[26], b[27], b[28], b[29], b[30], b[31]]);
         let r = Record {
             kind,
             solicited: b[2] & 1 != 0,
@@ -153,11 +181,10 @@ impl Record {
             epoch: u32_at(12),
             src_qpn: u32_at(16) & 0xff_ffff,
             imm: u32_at(20),
-            remote_addr: u64::from_ne_bytes([
-                b[24], b[25], b[26], b[27], b[28], b[29], b[30], b[31],
-            ]),
+            remote_addr: if acks { 0 } else { at24 },
             rkey: u32_at(32),
             len,
+            ack: acks.then(|| (u32_at(24), u32_at(28))),
         };
         let payload = buf.get(HEADER..HEADER.checked_add(len as usize)?)?;
         Some((r, payload))
@@ -187,6 +214,7 @@ mod tests {
             remote_addr: 0x1234_5678_9abc,
             rkey: 0x42,
             len: 5,
+            ack: None,
         }
     }
 
@@ -222,6 +250,37 @@ mod tests {
         let mut b = vec![0u8; HEADER + 1];
         ack.emit(&mut b);
         assert!(Record::parse(&b).is_none(), "an answer with a payload");
+    }
+
+    #[test]
+    fn a_send_carries_an_acknowledgement_and_nothing_else_does() {
+        let mut r = sample();
+        r.kind = Kind::SendWithImm;
+        r.remote_addr = 0;
+        r.rkey = 0;
+        r.ack = Some((0x0102_0304, 0xa0b0_c0d0));
+        let mut buf = vec![0u8; HEADER + 5];
+        r.emit(&mut buf);
+        buf[HEADER..].copy_from_slice(b"hello");
+        assert_eq!(buf[2], 0b11, "solicited and carrying an acknowledgement");
+        let (back, payload) = Record::parse(&buf).expect("a whole record");
+        assert_eq!(back, r);
+        assert_eq!(payload, b"hello");
+        // Without one, the room is the address's again.
+        r.ack = None;
+        r.emit(&mut buf);
+        assert_eq!(Record::parse(&buf).expect("a whole record").0, r);
+        // A WRITE has no room for one: none is written, and one read is refused.
+        let mut w = sample();
+        w.ack = Some((1, 2));
+        w.emit(&mut buf);
+        let (back, _) = Record::parse(&buf).expect("a whole record");
+        assert_eq!((back.ack, back.remote_addr), (None, w.remote_addr));
+        buf[2] |= 2;
+        assert!(
+            Record::parse(&buf).is_none(),
+            "a WRITE that says it acknowledges"
+        );
     }
 
     #[test]
