@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::gid::Gid;
 use softrdma_proto::cm::CmEvent;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -95,6 +95,10 @@ pub(crate) struct Engine {
     /// QPs whose transport holds a positive ACK back, and whether the list may be non-empty.
     held_acks: Mutex<Vec<u32>>,
     any_held_acks: AtomicBool,
+    /// A QP that holds an acknowledgement back, noted without the list (0: none): a
+    /// ping-pong notes and forgets one QP every round trip, which the list's lock and search
+    /// made some 120 instructions.
+    held_ack_one: AtomicU32,
     /// UC and UD QPs whose transport holds single posted sends back for one batch (see
     /// [`Engine::note_held_send`]), and whether the list may be non-empty.
     held_sends: Mutex<Vec<u32>>,
@@ -177,6 +181,7 @@ impl Engine {
             lanes_hot: AtomicBool::new(false),
             held_acks: Mutex::new(Vec::new()),
             any_held_acks: AtomicBool::new(false),
+            held_ack_one: AtomicU32::new(0),
             held_sends: Mutex::new(Vec::new()),
             any_held_sends: AtomicBool::new(false),
             held_notes: AtomicU64::new(0),
@@ -392,6 +397,16 @@ impl Engine {
 
     /// Records that the transport of QP `qpn` holds a positive ACK back.
     pub(super) fn note_held_ack(&self, qpn: u32) {
+        let one = self.held_ack_one.load(Ordering::Relaxed);
+        if one == qpn
+            || (one == 0
+                && self
+                    .held_ack_one
+                    .compare_exchange(0, qpn, Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok())
+        {
+            return;
+        }
         let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
         if !l.contains(&qpn) {
             l.push(qpn);
@@ -402,6 +417,12 @@ impl Engine {
     /// QP `qpn` holds no ACK back any more (it sent what it held with its own request): no
     /// flush needs to look at it.
     pub(super) fn forget_held_ack(&self, qpn: u32) {
+        let _ = self
+            .held_ack_one
+            .compare_exchange(qpn, 0, Ordering::SeqCst, Ordering::Relaxed);
+        if !self.any_held_acks.load(Ordering::SeqCst) {
+            return;
+        }
         let mut l = self.held_acks.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = l.iter().position(|&q| q == qpn) {
             l.swap_remove(i);
@@ -453,7 +474,9 @@ impl Engine {
     /// Whether a QP of this engine may hold back an ACK or sends (what
     /// [`Engine::flush_held_acks`] and [`Engine::flush_held_sends`] release).
     pub(crate) fn holds_back(&self) -> bool {
-        self.any_held_acks.load(Ordering::SeqCst) || self.any_held_sends.load(Ordering::SeqCst)
+        self.any_held_acks.load(Ordering::SeqCst)
+            || self.held_ack_one.load(Ordering::SeqCst) != 0
+            || self.any_held_sends.load(Ordering::SeqCst)
     }
 
     /// Sends what QPs hold back with [`Engine::note_held_send`] (one atomic load when
@@ -464,7 +487,20 @@ impl Engine {
 
     /// Sends the ACKs that QPs hold back (costs one atomic load when there are none).
     pub(crate) fn flush_held_acks(&self) {
+        if self.held_ack_one.load(Ordering::Relaxed) != 0 {
+            self.release_held_ack_one();
+        }
         self.release_listed(&self.held_acks, &self.any_held_acks);
+    }
+
+    #[inline(never)]
+    fn release_held_ack_one(&self) {
+        let qpn = self.held_ack_one.swap(0, Ordering::SeqCst);
+        if qpn != 0 {
+            if let Some(qp) = self.lookup(qpn) {
+                qp.release_held_ack();
+            }
+        }
     }
 
     /// Releases what the QPs of `list` hold back (`QpPort::release_held_ack`: a held ACK, or
