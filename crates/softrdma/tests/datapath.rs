@@ -2127,6 +2127,91 @@ fn a_send_ping_pong_completes_with_acknowledgements_carried_in_the_answers() {
     assert_eq!(taken.load(std::sync::atomic::Ordering::Relaxed), 20);
 }
 
+/// SQD drains the send queue: a SEND that has begun (held up by RNR: the peer has no receive
+/// yet) goes on and completes once a receive comes; a SEND posted in SQD does not begin (the
+/// peer's second receive stays empty) until the QP is back in RTS; `IBV_EVENT_SQ_DRAINED`
+/// comes only once the first has completed (its completion is in the CQ by then), and
+/// `sq_draining` says so in between.
+#[test]
+fn sqd_finishes_what_began_announces_the_drain_and_starts_nothing_until_rts() {
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &Opts::default());
+    // a's asynchronous events, taken without blocking (`None`: none within `wait`).
+    let fd = a.ctx.async_fd();
+    // SAFETY: fcntl on the context's own descriptor, which lives as long as `a`.
+    unsafe {
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        assert!(fl >= 0 && libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0);
+    }
+    let next_event = |wait: Duration| {
+        let deadline = Instant::now() + wait;
+        loop {
+            match a.ctx.get_async_event() {
+                Ok(ev) => {
+                    let t = ev.event_type();
+                    ev.ack();
+                    return Some(t);
+                }
+                Err(e) => assert_eq!(e.errno(), libc::EAGAIN, "{e}"),
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    send(&a, 1, WrOpcode::Send, &[a.sge(0, 8)], |_| {});
+    // (No receive at b: the SEND waits in RNR, begun.)
+    std::thread::sleep(Duration::from_millis(20));
+    let sqd = QpAttr {
+        qp_state: QpState::Sqd,
+        en_sqd_async_notify: true,
+        ..Default::default()
+    };
+    a.qp.modify_qp(
+        &sqd,
+        (QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY).bits(),
+    )
+    .unwrap();
+    let (attr, _) = a.qp.query_qp().unwrap();
+    assert_eq!((attr.qp_state, attr.sq_draining), (QpState::Sqd, true));
+    send(&a, 2, WrOpcode::Send, &[a.sge(8, 8)], |_| {});
+    assert_eq!(
+        next_event(Duration::from_millis(50)),
+        None,
+        "drained while a SEND was outstanding"
+    );
+    b.post_recv(10, 1024, 64);
+    b.post_recv(11, 2048, 64);
+    assert_eq!(
+        next_event(Duration::from_secs(60)),
+        Some(EventType::SqDrained)
+    );
+    let mut wc = [WorkCompletion::default(); 4];
+    let n = a.cq.poll(&mut wc).unwrap();
+    assert_eq!(n, 1, "the first SEND's completion came before the event");
+    assert_eq!((wc[0].wr_id, wc[0].status), (1, WcStatus::Success));
+    let (attr, _) = a.qp.query_qp().unwrap();
+    assert!(!attr.sq_draining);
+    let r = b.wait(1);
+    assert_eq!((r[0].wr_id, r[0].status), (10, WcStatus::Success));
+    assert!(b.wait_none(), "the SEND posted in SQD began");
+    assert!(a.wait_none());
+    // Back in RTS it goes.
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        ..Default::default()
+    };
+    a.qp.modify_qp(&rts, QpAttrMask::STATE.bits()).unwrap();
+    let c = a.wait(1);
+    assert_eq!((c[0].wr_id, c[0].status), (2, WcStatus::Success));
+    let r = b.wait(1);
+    assert_eq!(
+        (r[0].wr_id, r[0].status, r[0].byte_len),
+        (11, WcStatus::Success, 8)
+    );
+    assert_eq!(next_event(Duration::ZERO), None, "one SQ_DRAINED only");
+}
+
 /// A QP that takes its receives from an SRQ takes records too: each SEND lands in the SRQ's
 /// next receive request, byte-exact and in order, and the SRQ's limit fires (disarms) when a
 /// record takes it below, as a packet would.

@@ -313,6 +313,27 @@ impl Qp {
         self.requester.sent_requests()
     }
 
+    /// Moves the send queue in and out of draining (`on`: the QP went to SQD; off: back to
+    /// RTS). While draining, the requests that have begun (packets sent, or the one being
+    /// sent) go on to complete, with their retransmissions and ACKs, and none posted or
+    /// queued behind them begins; the responder works as in RTS. See [`Qp::is_drained`].
+    pub fn set_draining(&mut self, on: bool) {
+        self.requester.set_draining(on);
+    }
+
+    /// While draining, lets `n` more of the requests held back begin all the same, the
+    /// oldest first: requests that had begun elsewhere before the QP went to SQD and are
+    /// handed to the transport now (a same-host path that gave them back).
+    pub fn allow_begin(&mut self, n: u64) {
+        self.requester.allow_begin(n);
+    }
+
+    /// Whether the send queue has no request begun and not completed, and none that may
+    /// still begin (what `IBV_EVENT_SQ_DRAINED` announces once a draining queue gets there).
+    pub fn is_drained(&self) -> bool {
+        self.requester.drained()
+    }
+
     /// Whether an RC requester knows how many receives the responder has (end-to-end
     /// credits from its last ACK): false before the first ACK, and for responders that give
     /// no credit information (Linux rxe).

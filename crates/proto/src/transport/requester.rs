@@ -251,6 +251,9 @@ pub(super) struct Requester {
     /// The owner's packets travel a path that loses none (see
     /// [`super::Qp::set_lossless_path`]): no tail-loss probes.
     lossless: bool,
+    /// The QP is in SQD: no request from this number on (in the order of posting) begins
+    /// (see [`super::Qp::set_draining`]).
+    drain_limit: Option<u64>,
 }
 
 /// How long a requester with no credit left and nothing outstanding waits before it sends
@@ -313,6 +316,7 @@ impl Requester {
             credit_probe_at: None,
             peer_updates_credits: None,
             lossless: false,
+            drain_limit: None,
         }
     }
 
@@ -422,6 +426,32 @@ impl Requester {
         } else {
             None
         };
+    }
+
+    /// See [`super::Qp::set_draining`]: the limit is the first request not begun.
+    pub(super) fn set_draining(&mut self, on: bool) {
+        self.drain_limit = on.then(|| {
+            let first = (0..self.wqes.len())
+                .find(|&i| !self.wqes[i].started)
+                .unwrap_or(self.wqes.len());
+            self.wqes.seq(first)
+        });
+    }
+
+    /// See [`super::Qp::allow_begin`].
+    pub(super) fn allow_begin(&mut self, n: u64) {
+        if let Some(l) = self.drain_limit.as_mut() {
+            *l += n;
+        }
+    }
+
+    /// Whether no request has begun and not completed, and none may begin while draining:
+    /// nothing before the cursor, and the request at it (if any) not begun and held back.
+    pub(super) fn drained(&self) -> bool {
+        self.cur == 0
+            && self.wqes.get(0).is_none_or(|w| {
+                !w.started && self.drain_limit.is_none_or(|l| self.wqes.seq(0) >= l)
+            })
     }
 
     /// Whether packets were sent and not all acknowledged yet.
@@ -632,6 +662,13 @@ impl Requester {
             let mtu = u64::from(ctx.mtu);
             let idx = self.cur;
             let w = self.wqes.get(idx)?;
+            // (In SQD what has begun goes on, and nothing new begins.)
+            if self.offset == 0
+                && !w.started
+                && self.drain_limit.is_some_and(|l| self.wqes.seq(idx) >= l)
+            {
+                return None;
+            }
             if w.kind == Kind::Local {
                 if self.local_op(ctx, idx, env) {
                     continue;

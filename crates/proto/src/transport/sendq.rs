@@ -25,6 +25,8 @@ pub(super) struct SendQueue<T> {
     slots: Vec<T>,
     head: usize,
     len: usize,
+    /// Requests dropped from the front so far (see [`SendQueue::seq`]).
+    popped: u64,
 }
 
 /// Slots a new queue starts with at most (it grows as needed, up to what the QP allows).
@@ -41,7 +43,14 @@ impl<T: Slot> SendQueue<T> {
             slots: (0..n).map(|_| T::blank()).collect(),
             head: 0,
             len: 0,
+            popped: 0,
         }
+    }
+
+    /// The `i`-th request's number in the order of posting (the first ever posted is 0).
+    #[inline]
+    pub(super) fn seq(&self, i: usize) -> u64 {
+        self.popped + i as u64
     }
 
     #[inline]
@@ -113,6 +122,7 @@ impl<T: Slot> SendQueue<T> {
         if self.len > 0 {
             self.head = self.slot(1);
             self.len -= 1;
+            self.popped += 1;
         }
     }
 

@@ -1312,3 +1312,60 @@ fn a_held_ack_carries_the_credits_of_receives_posted_meanwhile() {
         }
     );
 }
+
+/// SQD: a request that has begun (here one of three packets sent) goes on to its last packet
+/// and its ACK; one posted while draining does not begin; the queue is drained once the ACK
+/// completes the first; `allow_begin` lets the oldest held back begin, not the one behind it;
+/// back in RTS that one begins.
+#[test]
+fn a_draining_send_queue_finishes_what_began_and_starts_nothing() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut qp = Qp::new(cfg());
+    assert!(qp.is_drained(), "nothing posted");
+    // Three packets of 256 bytes; the window lets one out before draining starts.
+    qp.post_send(send(1, SendOp::Send, 3 * 256)).unwrap();
+    let mut buf = vec![0u8; 4200];
+    assert!(qp.poll_transmit(now, &mut buf, &mut env).is_some());
+    assert!(!qp.is_drained(), "the first request has begun");
+    qp.set_draining(true);
+    qp.post_send(send(
+        2,
+        SendOp::RdmaWrite {
+            remote_addr: 0,
+            rkey: 1,
+        },
+        8,
+    ))
+    .unwrap();
+    let rest = drain(&mut qp, &mut env, now);
+    let ops: Vec<Opcode> = rest.iter().map(|(r, _)| r.bth.opcode).collect();
+    assert_eq!(ops, [Opcode::RC_SEND_MIDDLE, Opcode::RC_SEND_LAST]);
+    assert!(!qp.is_drained(), "sent, not acknowledged");
+    let last = Psn::new(0xff_fffe).add(2).value();
+    qp.handle_packet(now, &ack(last, ACK), &META, &mut env);
+    let c = qp.poll_completion().expect("the first completes");
+    assert_eq!((c.wr_id, c.status), (1, WcStatus::Success));
+    assert!(qp.is_drained());
+    assert!(
+        drain(&mut qp, &mut env, now).is_empty(),
+        "nothing begins while draining"
+    );
+    assert_eq!(qp.unsent_requests(), 1);
+    // One more may begin (the oldest held back), not the one posted after it.
+    qp.post_send(send(3, SendOp::Send, 8)).unwrap();
+    qp.allow_begin(1);
+    assert!(!qp.is_drained(), "one may begin");
+    let w = drain(&mut qp, &mut env, now);
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].0.bth.opcode, Opcode::RC_RDMA_WRITE_ONLY);
+    qp.handle_packet(now, &ack(w[0].0.bth.psn, ACK), &META, &mut env);
+    assert_eq!(qp.poll_completion().map(|c| c.wr_id), Some(2));
+    assert!(qp.is_drained());
+    // Back in RTS the last one begins.
+    qp.set_draining(false);
+    let s = drain(&mut qp, &mut env, now);
+    assert_eq!(s.len(), 1);
+    assert_eq!(s[0].0.bth.opcode, Opcode::RC_SEND_ONLY);
+    assert!(!qp.is_drained());
+}

@@ -255,6 +255,9 @@ pub(crate) fn drive(
     if srq_limit_hit {
         raise_srq_limit(qp);
     }
+    if st.sqd_notify && st.sq_drained() {
+        events.push(EventType::SqDrained);
+    }
     events
 }
 
@@ -342,6 +345,9 @@ fn receive_records(
     let events = if got.drive {
         // (The time handed with records is not read: see `provider::rx`.)
         drive(engine, qp, &mut st, Instant::now(), tx)
+    } else if st.sqd_notify && st.sq_drained() {
+        // (The answer to the last record of a draining send queue.)
+        vec![EventType::SqDrained]
     } else {
         Vec::new()
     };

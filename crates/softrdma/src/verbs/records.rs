@@ -559,6 +559,7 @@ fn on_bounce(st: &mut QpState_, rec: &Record) -> bool {
         r.ready = false;
     }
     let sent = std::mem::take(&mut r.sent);
+    let begun = sent.len() as u64;
     for (i, s) in sent.into_iter().enumerate() {
         r.waiting.insert(i, s.req);
     }
@@ -567,6 +568,13 @@ fn on_bounce(st: &mut QpState_, rec: &Record) -> bool {
         return false;
     }
     release(st);
+    // In SQD the requests sent as records had begun: they go on as packets (those posted
+    // behind them wait for RTS).
+    if st.attr.qp_state == QpState::Sqd {
+        if let Some(t) = st.transport.as_mut() {
+            t.allow_begin(begun);
+        }
+    }
     true
 }
 

@@ -65,6 +65,28 @@ pub(crate) struct QpState_ {
     pub(crate) parked: parked::Parked,
     /// Short RC requests to and from a QP of this host as work-request records.
     pub(crate) records: records::Records,
+    /// The QP went to SQD with `en_sqd_async_notify`: `IBV_EVENT_SQ_DRAINED` is raised once
+    /// its send queue has drained ([`QpState_::sq_drained`]).
+    pub(crate) sqd_notify: bool,
+}
+
+impl QpState_ {
+    /// Whether nothing the send queue began is outstanding: no request of the transport's
+    /// begun and not completed, no work-request record unanswered (true without a
+    /// transport).
+    pub(crate) fn sq_idle(&self) -> bool {
+        self.records.sent.is_empty() && self.transport.as_ref().is_none_or(|t| t.is_drained())
+    }
+
+    /// Whether the send queue of a QP in SQD has just drained and `IBV_EVENT_SQ_DRAINED` is
+    /// owed: true once (then `sqd_notify` is off), when it was asked for.
+    pub(crate) fn sq_drained(&mut self) -> bool {
+        if self.sqd_notify && self.attr.qp_state == QpState::Sqd && self.sq_idle() {
+            self.sqd_notify = false;
+            return true;
+        }
+        false
+    }
 }
 
 pub(crate) struct QpInner {
@@ -250,6 +272,7 @@ impl Pd {
                     timer_at: None,
                     parked: Default::default(),
                     records: Default::default(),
+                    sqd_notify: false,
                 }),
                 async_unacked: AtomicUsize::new(0),
                 _count: count,
@@ -330,8 +353,10 @@ impl Qp {
     pub fn query_qp(&self) -> Result<(QpAttr, QpInitInfo)> {
         let st = self.inner.lock();
         let i = &self.inner;
+        let mut attr = st.attr;
+        attr.sq_draining = attr.qp_state == QpState::Sqd && !st.sq_idle();
         Ok((
-            st.attr,
+            attr,
             QpInitInfo {
                 qp_context: i.qp_context,
                 cap: i.cap,

@@ -5,7 +5,7 @@ use super::{Qp, QpAttr, QpInner, QpState_};
 use crate::error::{Error, Result};
 use crate::provider::QpPort;
 use crate::verbs::cq::WcOpcode;
-use crate::verbs::datapath::{send_held_ack, to_wc};
+use crate::verbs::datapath::{drive_and_send, send_held_ack, to_wc};
 use crate::verbs::device::PORT_NUM;
 use crate::verbs::event::EventType;
 use crate::verbs::mr::AccessFlags;
@@ -78,8 +78,11 @@ impl Qp {
     ///
     /// Moving to ERR completes every queued work request with `WR_FLUSH_ERR` (and, for a QP
     /// on an SRQ, raises `IBV_EVENT_QP_LAST_WQE_REACHED`); moving to RESET discards them
-    /// without completions and forgets the attributes; RTS→SQD with `en_sqd_async_notify`
-    /// raises `IBV_EVENT_SQ_DRAINED` once the send queue is idle.
+    /// without completions and forgets the attributes. In SQD the send queue drains: the
+    /// requests that have begun go on to complete, and none posted before or during SQD
+    /// begins until the QP is back in RTS; RTS→SQD with `en_sqd_async_notify` raises
+    /// `IBV_EVENT_SQ_DRAINED` once nothing begun is outstanding (at once when the queue is
+    /// idle), and [`Qp::query_qp`]'s `sq_draining` says whether it is still draining.
     ///
     /// Fails with `EINVAL` for an invalid transition, a missing required or a forbidden
     /// attribute (the message names the transition and the bits), a `cur_qp_state` that is
@@ -210,6 +213,7 @@ impl Qp {
             st.rq.clear();
             st.parked.clear();
             st.records.reset();
+            st.sqd_notify = false;
             st.attr = QpAttr {
                 cap: inner.cap,
                 ..Default::default()
@@ -279,7 +283,13 @@ impl Qp {
         }
         a.qp_state = next;
         a.cur_qp_state = next;
-        let notify_drained = next == QpState::Sqd && cur == QpState::Rts && a.en_sqd_async_notify;
+        // SQD: the send queue drains (what began completes, nothing new begins) and, when
+        // asked, SQ_DRAINED follows once it has (`QpState_::sq_drained`, checked here and
+        // whenever the QP is driven or answered); back in RTS what was posted meanwhile
+        // begins.
+        let entering_sqd = next == QpState::Sqd && cur == QpState::Rts;
+        let leaving_sqd = next == QpState::Rts && cur == QpState::Sqd;
+        let notify_drained = entering_sqd && a.en_sqd_async_notify;
         let cfg = inner.transport_config(a);
         if let Some(e) = engine {
             let mut t = tp::Qp::new(cfg);
@@ -298,6 +308,16 @@ impl Qp {
         } else if let Some(t) = st.transport.as_mut() {
             t.set_config(cfg);
         }
+        if entering_sqd || leaving_sqd {
+            if let Some(t) = st.transport.as_mut() {
+                t.set_draining(entering_sqd);
+            }
+        }
+        if entering_sqd {
+            st.sqd_notify = notify_drained;
+        } else if next != QpState::Sqd {
+            st.sqd_notify = false;
+        }
         if next == QpState::Err && cur != QpState::Err {
             inner.flush(&mut st);
             drop(st);
@@ -307,12 +327,22 @@ impl Qp {
             if inner.srq.is_some() {
                 inner.raise(EventType::QpLastWqeReached);
             }
-        } else if notify_drained {
+        } else if entering_sqd && st.sq_drained() {
             drop(st);
             for e in held_events {
                 inner.raise(e);
             }
             inner.raise(EventType::SqDrained);
+        } else if leaving_sqd {
+            // What was posted while draining begins now.
+            let events = match st.engine.clone() {
+                Some(e) => drive_and_send(&*e, inner, &mut st),
+                None => Vec::new(),
+            };
+            drop(st);
+            for e in held_events.into_iter().chain(events) {
+                inner.raise(e);
+            }
         } else {
             drop(st);
             for e in held_events {
