@@ -315,14 +315,30 @@ extern "C" fn release_held_at_exit() {
         return;
     }
     // On a thread of its own: by now `exit` has destroyed the exiting thread's thread-locals,
-    // which the send path uses (its transmit batch and scratch buffers).
+    // which the send path uses (its transmit batch and scratch buffers). What another thread
+    // (a device's progress thread) took off the lists and is sending now is waited for, a
+    // little: the process ending would kill that send (seen under load: a UD send posted
+    // just before `exit` lost).
     if let Ok(t) = std::thread::Builder::new()
         .name("softrdma-exit".into())
-        .spawn(release_held_acks)
+        .spawn(|| {
+            release_held_acks();
+            let deadline = std::time::Instant::now() + EXIT_RELEASE_WAIT;
+            while every_queue_engine().iter().any(|e| e.holds_back())
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_micros(200));
+                release_held_acks();
+            }
+        })
     {
         let _ = t.join();
     }
 }
+
+/// How long a process that exits waits for what other threads are sending of what its QPs
+/// held back.
+const EXIT_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// The engines started in this process.
 pub(crate) fn all_engines() -> Vec<Arc<Engine>> {

@@ -16,7 +16,7 @@ use crate::error::Result;
 use crate::gid::Gid;
 use softrdma_proto::cm::CmEvent;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -99,6 +99,9 @@ pub(crate) struct Engine {
     /// ping-pong notes and forgets one QP every round trip, which the list's lock and search
     /// made some 120 instructions.
     held_ack_one: AtomicU32,
+    /// Threads releasing what QPs held back, between taking it off the lists and sending it
+    /// (see [`Engine::holds_back`]).
+    releasing: AtomicUsize,
     /// UC and UD QPs whose transport holds single posted sends back for one batch (see
     /// [`Engine::note_held_send`]), and whether the list may be non-empty.
     held_sends: Mutex<Vec<u32>>,
@@ -182,6 +185,7 @@ impl Engine {
             held_acks: Mutex::new(Vec::new()),
             any_held_acks: AtomicBool::new(false),
             held_ack_one: AtomicU32::new(0),
+            releasing: AtomicUsize::new(0),
             held_sends: Mutex::new(Vec::new()),
             any_held_sends: AtomicBool::new(false),
             held_notes: AtomicU64::new(0),
@@ -472,11 +476,22 @@ impl Engine {
     }
 
     /// Whether a QP of this engine may hold back an ACK or sends (what
-    /// [`Engine::flush_held_acks`] and [`Engine::flush_held_sends`] release).
+    /// [`Engine::flush_held_acks`] and [`Engine::flush_held_sends`] release), or another
+    /// thread is sending what it took off the lists (a process about to exit waits for it:
+    /// the lists are emptied before their sends go, and a thread that exits meanwhile kills
+    /// that send).
     pub(crate) fn holds_back(&self) -> bool {
-        self.any_held_acks.load(Ordering::SeqCst)
+        self.releasing.load(Ordering::SeqCst) > 0
+            || self.any_held_acks.load(Ordering::SeqCst)
             || self.held_ack_one.load(Ordering::SeqCst) != 0
             || self.any_held_sends.load(Ordering::SeqCst)
+    }
+
+    /// Counts the calling thread as releasing held sends or ACKs until the guard drops.
+    fn releasing(&self) -> Releasing<'_> {
+        // (SeqCst, before the lists are emptied: a thread that finds them empty finds this.)
+        self.releasing.fetch_add(1, Ordering::SeqCst);
+        Releasing(&self.releasing)
     }
 
     /// Sends what QPs hold back with [`Engine::note_held_send`] (one atomic load when
@@ -495,6 +510,7 @@ impl Engine {
 
     #[inline(never)]
     fn release_held_ack_one(&self) {
+        let _releasing = self.releasing();
         let qpn = self.held_ack_one.swap(0, Ordering::SeqCst);
         if qpn != 0 {
             if let Some(qp) = self.lookup(qpn) {
@@ -518,6 +534,7 @@ impl Engine {
         // Taken out of the lock (releasing locks each QP, and a QP's drive notes into the
         // list under the QP lock), then given back empty so that its room is reused: a
         // ping-pong notes and flushes a held ACK every round trip.
+        let _releasing = self.releasing();
         let mut qpns = {
             let mut l = list.lock().unwrap_or_else(|p| p.into_inner());
             any.store(false, Ordering::SeqCst);
@@ -708,4 +725,13 @@ impl RxSink for Engine {
 fn steering_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OFF.get_or_init(|| std::env::var("SOFTRDMA_STEERING").is_ok_and(|v| v.trim() == "hash"))
+}
+
+/// A thread counted in [`Engine::holds_back`] while it sends what QPs held back.
+struct Releasing<'a>(&'a AtomicUsize);
+
+impl Drop for Releasing<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
