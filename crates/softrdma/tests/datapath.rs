@@ -2127,6 +2127,56 @@ fn a_send_ping_pong_completes_with_acknowledgements_carried_in_the_answers() {
     assert_eq!(taken.load(std::sync::atomic::Ordering::Relaxed), 20);
 }
 
+/// A SEND answered by a WRITE with immediate: on the sender's one CQ the SEND's completion
+/// comes before the answer's, as with a NIC, whose ACK comes long before the peer's program
+/// answers (a program waiting on one completion channel for both its CQs leans on that
+/// order). Over a lane the acknowledgement that the answering side held for its answer goes
+/// just before the answer's record (a WRITE has no room to carry it). 200 rounds, one
+/// thread driving both sides.
+#[test]
+fn a_sends_completion_comes_before_the_write_with_immediate_that_answers_it() {
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &Opts::default());
+    if !records_up(&a, &b) {
+        // (Over the wire the ACK goes in the answer's batch, behind it: not this test's.)
+        return;
+    }
+    let mut wc = [WorkCompletion::default(); 8];
+    for i in 0..200u64 {
+        b.post_recv(100 + i, 1024, 64);
+        a.post_recv(200 + i, 2048, 64);
+        send(&a, i, WrOpcode::Send, &[a.sge(0, 8)], |_| {});
+        let r = b.wait(1);
+        assert_eq!((r[0].wr_id, r[0].opcode), (100 + i, WcOpcode::Recv));
+        send(
+            &b,
+            300 + i,
+            WrOpcode::RdmaWriteWithImm,
+            &[b.sge(0, 8)],
+            |w| {
+                w.remote_addr = a.buf.addr() + 4096;
+                w.rkey = a.mr.rkey();
+                w.imm_data = i as u32;
+            },
+        );
+        let mut got = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while got.len() < 2 {
+            let n = a.cq.poll(&mut wc).unwrap();
+            got.extend(wc[..n].iter().map(|w| (w.wr_id, w.opcode, w.status)));
+            assert!(Instant::now() < deadline, "round {i}: {got:?}");
+        }
+        assert_eq!(
+            got,
+            [
+                (i, WcOpcode::Send, WcStatus::Success),
+                (200 + i, WcOpcode::RecvRdmaWithImm, WcStatus::Success)
+            ],
+            "round {i}"
+        );
+        assert_eq!(b.wait(1)[0].wr_id, 300 + i);
+    }
+}
+
 /// SQD drains the send queue: a SEND that has begun (held up by RNR: the peer has no receive
 /// yet) goes on and completes once a receive comes; a SEND posted in SQD does not begin (the
 /// peer's second receive stays empty) until the QP is back in RTS; `IBV_EVENT_SQ_DRAINED`

@@ -141,70 +141,84 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
         return false;
     };
     let n = len as usize;
-    let Some(buf) = lane.reserve(HEADER + n) else {
-        // A full ring: the receiver is behind; the transport waits for room its own way.
-        return false;
-    };
-    let payload = &mut buf[HEADER..HEADER + n];
-    match &req.inline {
-        Some(data) => payload.copy_from_slice(&data[..n]),
-        None => {
-            let mut env = QpEnv::of(qp, rq, mrs);
-            let mut at = 0;
-            for sge in req.sges.iter() {
-                let k = sge.length as usize;
-                if env.read_local(sge, 0, &mut payload[at..at + k]).is_err() {
-                    // (The transport completes it with the status the wire gives.)
-                    return false;
-                }
-                at += k;
-            }
-        }
-    }
     let seq = r.next_seq;
-    // The acknowledgement held for the program's answer goes in it when it is a SEND (see
-    // `provider::wr_records`), the other answers owed right behind it.
-    let carried = match r.owed.first() {
-        Some(a) if a.kind == Kind::Ack && Record::may_carry_ack(kind) => Some((a.seq, a.epoch)),
+    // The acknowledgement held for the program's answer goes in it when it is a SEND and the
+    // only answer owed (see `provider::wr_records`). Other answers owed go before the
+    // request: the peer completes its own requests before it takes this one, as a NIC's ACK
+    // comes before the program's answer (a program that waits on one completion channel for
+    // both its CQs may take the first event for its send CQ's).
+    let carried = match r.owed.as_slice() {
+        [a] if a.kind == Kind::Ack && Record::may_carry_ack(kind) => Some((a.seq, a.epoch)),
         _ => None,
     };
-    Record {
-        kind,
-        solicited: req.solicited,
-        dest_qpn: dest,
-        seq,
-        epoch: r.epoch,
-        src_qpn: qp.qp_num,
-        imm,
-        remote_addr,
-        rkey,
-        len,
-        ack: carried,
-    }
-    .emit(buf);
-    lane.commit_record(HEADER + n);
-    let mut answered = usize::from(carried.is_some());
-    for a in &r.owed[answered..] {
-        let Some(buf) = lane.reserve(HEADER) else {
-            break;
-        };
-        a.emit(buf);
-        lane.commit_record(HEADER);
-        answered += 1;
-    }
-    drop(lane);
-    if let Some(t) = transport.as_mut() {
-        t.count_bypass(true, HEADER + n, false);
-        for a in &r.owed[usize::from(carried.is_some())..answered] {
-            t.count_bypass(true, HEADER, a.kind == Kind::Ack);
+    let mut written = 0;
+    if carried.is_none() {
+        for a in &r.owed {
+            let Some(buf) = lane.reserve(HEADER) else {
+                break;
+            };
+            a.emit(buf);
+            lane.commit_record(HEADER);
+            written += 1;
         }
     }
+    let sent = 'request: {
+        let Some(buf) = lane.reserve(HEADER + n) else {
+            // A full ring: the receiver is behind; the transport waits for room its own way.
+            break 'request false;
+        };
+        let payload = &mut buf[HEADER..HEADER + n];
+        match &req.inline {
+            Some(data) => payload.copy_from_slice(&data[..n]),
+            None => {
+                let mut env = QpEnv::of(qp, rq, mrs);
+                let mut at = 0;
+                for sge in req.sges.iter() {
+                    let k = sge.length as usize;
+                    if env.read_local(sge, 0, &mut payload[at..at + k]).is_err() {
+                        // (The transport completes it with the status the wire gives.)
+                        break 'request false;
+                    }
+                    at += k;
+                }
+            }
+        }
+        Record {
+            kind,
+            solicited: req.solicited,
+            dest_qpn: dest,
+            seq,
+            epoch: r.epoch,
+            src_qpn: qp.qp_num,
+            imm,
+            remote_addr,
+            rkey,
+            len,
+            ack: carried,
+        }
+        .emit(buf);
+        lane.commit_record(HEADER + n);
+        true
+    };
+    drop(lane);
+    if let Some(t) = transport.as_mut() {
+        for a in &r.owed[..written] {
+            t.count_bypass(true, HEADER, a.kind == Kind::Ack);
+        }
+        if sent {
+            t.count_bypass(true, HEADER + n, false);
+        }
+    }
+    let answered = written + usize::from(sent && carried.is_some());
     r.owed.drain(..answered);
     // Nothing left to flush for this QP (unless its transport holds an ACK too): the
     // device's next look at held acknowledgements need not lock it (some 280 instructions a
     // round trip of a ping-pong).
     if answered > 0 && r.owed.is_empty() && !transport.as_ref().is_some_and(|t| t.has_held_ack()) {
         engine.forget_held_ack(qp.qp_num);
+    }
+    if !sent {
+        return false;
     }
     r.next_seq = seq.wrapping_add(1);
     // (What came from the peer is answered.)
@@ -360,7 +374,7 @@ pub(crate) fn receive(
     }
     // The acknowledgement of what an application thread took (it polls its CQ) is held, as
     // the transport holds such an ACK: it goes in what the program answers when that is a
-    // SEND, right behind it otherwise (`try_send`), or at the thread's next empty poll, or
+    // SEND, just before it otherwise (`try_send`), or at the thread's next empty poll, or
     // from the progress thread. A SEND ping-pong then sends no acknowledgement record either
     // way (acknowledged at once, each side wrote one and took one a round trip, some 1,000
     // instructions of its 4,000). And a peer that waits for the completion of its WRITE and
