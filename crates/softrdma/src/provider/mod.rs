@@ -86,4 +86,4 @@ pub(crate) use lanes::{same_host_segment, WR_RECORD};
 pub(crate) use port::{set_cm_hook, CmHook, Provider, QpPort};
 pub(crate) use progress::holding_acks;
 pub(crate) use rx::{Delivery, Via, MULTICAST_QPN};
-pub(crate) use tx::{with_tx, TxBatch, PKT_BUF};
+pub(crate) use tx::{with_tx, DirectTx, TxBatch, PKT_BUF};

@@ -547,7 +547,7 @@ fn take_lanes(
                     let mut pos = lane.cons.tail();
                     // The clock is read for packets only (28 ns on this VM, twice in each
                     // round trip of a ping-pong of records otherwise): records carry no time
-                    // (`RxSink::deliver` reads it if a bounced record needs the transport).
+                    // (the QP reads it if a bounced record needs the transport).
                     let mut now = None;
                     let mut run = PacketRun::new();
                     let mut taken = 0;

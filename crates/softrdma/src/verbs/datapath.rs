@@ -255,7 +255,7 @@ pub(crate) fn drive(
     if srq_limit_hit {
         raise_srq_limit(qp);
     }
-    if st.sqd_notify && st.sq_drained() {
+    if st.sq_drained() {
         events.push(EventType::SqDrained);
     }
     events
@@ -345,7 +345,7 @@ fn receive_records(
     let events = if got.drive {
         // (The time handed with records is not read: see `provider::rx`.)
         drive(engine, qp, &mut st, Instant::now(), tx)
-    } else if st.sqd_notify && st.sq_drained() {
+    } else if st.sq_drained() {
         // (The answer to the last record of a draining send queue.)
         vec![EventType::SqDrained]
     } else {

@@ -43,7 +43,7 @@
 //!   lane comes up); so do `SOFTRDMA_TRANSPORT=wire`, a packet capture and fault injection.
 
 use crate::provider::wr_records::{Kind, Record, HEADER};
-use crate::provider::Provider;
+use crate::provider::{DirectTx, Provider};
 use crate::verbs::env::{to_wc, QpEnv};
 use crate::verbs::qp::records::{consumes_receive, Records, REMOTE_WRITE};
 use crate::verbs::qp::{QpInner, QpState_};
@@ -151,17 +151,11 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
         [a] if a.kind == Kind::Ack && Record::may_carry_ack(kind) => Some((a.seq, a.epoch)),
         _ => None,
     };
-    let mut written = 0;
-    if carried.is_none() {
-        for a in &r.owed {
-            let Some(buf) = lane.reserve(HEADER) else {
-                break;
-            };
-            a.emit(buf);
-            lane.commit_record(HEADER);
-            written += 1;
-        }
-    }
+    let written = if carried.is_none() {
+        emit_answers(&mut lane, &r.owed, false, transport.as_mut())
+    } else {
+        0
+    };
     let sent = 'request: {
         let Some(buf) = lane.reserve(HEADER + n) else {
             // A full ring: the receiver is behind; the transport waits for room its own way.
@@ -201,13 +195,8 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
         true
     };
     drop(lane);
-    if let Some(t) = transport.as_mut() {
-        for a in &r.owed[..written] {
-            t.count_bypass(true, HEADER, a.kind == Kind::Ack);
-        }
-        if sent {
-            t.count_bypass(true, HEADER + n, false);
-        }
+    if let (true, Some(t)) = (sent, transport.as_mut()) {
+        t.count_bypass(true, HEADER + n, false);
     }
     let answered = written + usize::from(sent && carried.is_some());
     r.owed.drain(..answered);
@@ -395,28 +384,10 @@ pub(crate) fn receive(
 pub(crate) fn write_answers(engine: &dyn Provider, qpn: u32, st: &mut QpState_) {
     let peer = st.attr.ah_attr.grh.dgid.to_ip();
     let dest = st.attr.dest_qp_num;
-    let mut done = 0;
-    if let Some(mut lane) = engine.direct_lane(peer, dest) {
-        for a in &st.records.owed {
-            // (Reserved once when there is room, as nearly always.)
-            if let Some(buf) = lane.reserve(HEADER) {
-                a.emit(buf);
-            } else {
-                if !lane.wait_for_room(HEADER, Duration::from_millis(1)) {
-                    break;
-                }
-                let Some(buf) = lane.reserve(HEADER) else {
-                    break;
-                };
-                a.emit(buf);
-            }
-            lane.commit_record(HEADER);
-            done += 1;
-            if let Some(t) = st.transport.as_mut() {
-                t.count_bypass(true, HEADER, a.kind == Kind::Ack);
-            }
-        }
-    }
+    let done = match engine.direct_lane(peer, dest) {
+        Some(mut lane) => emit_answers(&mut lane, &st.records.owed, true, st.transport.as_mut()),
+        None => 0,
+    };
     let r = &mut st.records;
     r.owed.drain(..done);
     if !r.owed.is_empty() {
@@ -432,6 +403,38 @@ pub(crate) fn write_answers(engine: &dyn Provider, qpn: u32, st: &mut QpState_) 
         }
         arm(engine, qpn, &mut st.timer_at, soon, now);
     }
+}
+
+/// Writes the answers `owed` into `lane` (the lane back to the peer), in order, as many as fit
+/// (with `wait`, a full ring is waited on, 1 ms at most, before giving up), and counts them
+/// on the transport `t`. Returns how many went.
+fn emit_answers(
+    lane: &mut DirectTx<'_>,
+    owed: &[Record],
+    wait: bool,
+    mut t: Option<&mut tp::Qp>,
+) -> usize {
+    let mut done = 0;
+    for a in owed {
+        // (Reserved once when there is room, as nearly always.)
+        if let Some(buf) = lane.reserve(HEADER) {
+            a.emit(buf);
+        } else {
+            if !wait || !lane.wait_for_room(HEADER, Duration::from_millis(1)) {
+                break;
+            }
+            let Some(buf) = lane.reserve(HEADER) else {
+                break;
+            };
+            a.emit(buf);
+        }
+        lane.commit_record(HEADER);
+        done += 1;
+        if let Some(t) = t.as_deref_mut() {
+            t.count_bypass(true, HEADER, a.kind == Kind::Ack);
+        }
+    }
+    done
 }
 
 /// Carries out the request `rec` (its payload `payload`) when it is the plain case: the QP in

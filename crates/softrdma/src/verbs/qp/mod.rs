@@ -80,6 +80,7 @@ impl QpState_ {
 
     /// Whether the send queue of a QP in SQD has just drained and `IBV_EVENT_SQ_DRAINED` is
     /// owed: true once (then `sqd_notify` is off), when it was asked for.
+    #[inline]
     pub(crate) fn sq_drained(&mut self) -> bool {
         if self.sqd_notify && self.attr.qp_state == QpState::Sqd && self.sq_idle() {
             self.sqd_notify = false;
