@@ -3,7 +3,8 @@
 # network (the 16-core machine lent by the workplace's `device` tool), in one run:
 #   1. the wire (SOFTRDMA_TRANSPORT=wire, path MTU), one RC QP: WRITE 64 KiB / 1 MiB, READ and
 #      SEND 1 MiB, SEND 8 B one-way latency; interleaved with UCX tcp (put_bw, tag_bw, tag_lat),
-#      iperf3 TCP, sockperf UDP ping-pong and `xtask udp-floor` (the loopback floor);
+#      iperf3 TCP, sockperf UDP ping-pong, `xtask udp-floor` (the loopback's latency floor)
+#      and `xtask udp-bw-floor` (what one UDP stream of RoCE-sized datagrams moves, GSO/GRO);
 #   2. several QPs over the wire (`perf -q N`, N = 1 2 4 8): WRITE 64 KiB and 1 MiB;
 #   3. the same-host lanes against UCX posix and libfabric shm (scripts/same_host_bench.sh);
 #   4. N pairs of processes over lanes, all on one device against each pair on devices of its
@@ -93,6 +94,9 @@ for r in $(seq 1 "$RUNS"); do
   sample "UCX tcp tag_bw 1 MiB GB/s" "$r" "$(last ucx tcp tag_bw 1048576 bw)"
   o=$(iperf3 -c 127.0.0.1 -p 25201 -t $T -J 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/8e9)' 2>/dev/null)
   sample "iperf3 TCP GB/s" "$r" "${o:-nan}"
+  o=$("$XT" udp-bw-floor -s $T 2>&1 | tee -a "$OUT/bwfloor.txt")
+  sample "xtask udp-bw-floor, one copy a side GB/s" "$r" "$(echo "$o" | sed -n 's/^udp stream.*one copy a side: \([0-9.]*\) GB.*/\1/p')"
+  sample "xtask udp-bw-floor, no copy GB/s" "$r" "$(echo "$o" | sed -n 's/^udp stream.*no user-space copy: \([0-9.]*\) GB.*/\1/p')"
   sample "softrdma wire: SEND 8 B latency p50 us" "$r" "$(wire send --lat -s 8 -n 20000 lat_us_p50)"
   ucx_one tcp tag_lat 8 "$r"
   sample "UCX tcp tag_lat 8 B p50 us" "$r" "$(last ucx tcp tag_lat 8 lat_p50)"

@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bwfloor;
 pub mod capi;
 pub mod data;
 pub mod floor;

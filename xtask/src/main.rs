@@ -47,6 +47,27 @@ enum Command {
         #[arg(long, default_value = "127.0.0.51:0")]
         b: std::net::SocketAddr,
     },
+    /// The loopback bandwidth floor of one stream: UDP datagrams of RoCEv2's size sent
+    /// with GSO and received with GRO between two threads, without softrdma, with no copy in
+    /// user space and with one copy a side (what a device needs at least); and one TCP stream
+    /// (iperf3's measure). Prints one line per case, GB/s received.
+    UdpBwFloor {
+        /// Seconds per case.
+        #[arg(short, long, default_value_t = 2.0)]
+        secs: f64,
+        /// Bytes of one datagram (a RoCEv2 packet of a 4096-byte path MTU: BTH, payload,
+        /// ICRC).
+        #[arg(long, default_value_t = 4112)]
+        segment: usize,
+        /// Datagrams per system call (UDP GSO).
+        #[arg(long, default_value_t = 15)]
+        segments: usize,
+        /// The two addresses (port 0: any).
+        #[arg(long, default_value = "127.0.0.50:0")]
+        a: std::net::SocketAddr,
+        #[arg(long, default_value = "127.0.0.51:0")]
+        b: std::net::SocketAddr,
+    },
     /// Build the drop-in C libraries (libibverbs.so.1, librdmacm.so.1 and the empty
     /// libmlx5.so.1/libefa.so.1 that Debian's perftest needs) in release mode into
     /// target/release/capi, where `softrdma run` finds them; with --prefix also install them
@@ -108,6 +129,40 @@ fn main() -> ExitCode {
                         f.p50_us,
                         f.min_us
                     ),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(1);
+                    }
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Command::UdpBwFloor {
+            secs,
+            segment,
+            segments,
+            a,
+            b,
+        } => {
+            for copy in [false, true] {
+                let what = if copy {
+                    "one copy a side"
+                } else {
+                    "no user-space copy"
+                };
+                match xtask::bwfloor::udp_bw_floor(a, b, secs, segment, segments, copy) {
+                    Ok(f) => println!(
+                        "udp stream, {segments} x {segment} B per send, {what}: {:.2} GB/s received ({:.1}% lost)",
+                        f.gbps,
+                        f.lost * 100.0
+                    ),
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(1);
+                    }
+                }
+                match xtask::bwfloor::tcp_bw(b, secs, 1 << 20, copy) {
+                    Ok(f) => println!("tcp stream, 1 MiB writes, {what}: {:.2} GB/s", f.gbps),
                     Err(e) => {
                         eprintln!("error: {e}");
                         return ExitCode::from(1);
