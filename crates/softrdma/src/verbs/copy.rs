@@ -18,7 +18,9 @@
 //!   (there the other side of the transfer has the other core). Started on first use.
 //! - **The caller works too**: the copies are claimed one by one by whoever comes, the calling
 //!   thread included, so a helper that is slow to wake costs nothing but its share; the
-//!   caller returns once every copy is done.
+//!   caller returns once every copy is done. Copies whose destinations overlap (a run of
+//!   WRITEs to one buffer, receives into one buffer) are claimed together and made in
+//!   order by one thread, so the bytes end as if made one after the other.
 //! - Runs under [`PARALLEL_MIN`] bytes are copied by the caller alone, and so are runs while
 //!   the helpers prove of no use (all cores busy: see [`Pool::worth_it`]).
 //! - Helpers look for work for [`SPIN`] after their last copy, yielding the processor as they
@@ -69,7 +71,8 @@ pub struct CopyEngineStats {
     /// Copies of shared runs that helpers made (the rest their callers made).
     pub helper_copies: u64,
     /// Runs of 128 KiB or more made by their caller alone: the helpers were backing off
-    /// (every core busy) or the run's copies overlapped (they must be made in order).
+    /// (every core busy), or the run's copies all overlapped one another (one group, made
+    /// in order: see [`Batch::plan`]).
     pub alone_runs: u64,
     /// Times the helpers proved of no use and the process backed off (made the next runs
     /// alone).
@@ -115,8 +118,10 @@ pub(crate) struct Copy {
 pub(crate) struct Batch {
     copies: Vec<Copy>,
     bytes: usize,
-    /// Room for the destination ranges that [`Batch::overlapping`] sorts (kept between runs).
-    ranges: Vec<(usize, usize)>,
+    /// Room for the copies' indices sorted by destination (kept between runs).
+    order: Vec<u32>,
+    /// Room for each copy's group of copies whose destinations overlap (kept between runs).
+    group: Vec<u32>,
 }
 
 impl Batch {
@@ -162,11 +167,15 @@ impl Batch {
         }
         if self.bytes >= PARALLEL_MIN && self.copies.len() > 1 {
             if let Some(p) = pool {
-                if !self.overlapping() && p.worth_it() {
-                    p.run(&self.copies);
-                    self.copies.clear();
-                    self.bytes = 0;
-                    return;
+                if p.worth_it() {
+                    let (items, groups) = self.plan();
+                    // (One group: every copy overlaps the next, so one thread makes them all.)
+                    if groups.len() > 2 {
+                        p.run(items, groups);
+                        self.copies.clear();
+                        self.bytes = 0;
+                        return;
+                    }
                 }
                 ALONE_RUNS.fetch_add(1, Ordering::Relaxed);
             }
@@ -181,14 +190,52 @@ impl Batch {
 }
 
 impl Batch {
-    /// Whether two copies write to overlapping bytes (two WRITEs of a run to one address,
-    /// two receives into one buffer): they must then be made one after the other, in order.
-    fn overlapping(&mut self) -> bool {
-        let r = &mut self.ranges;
-        r.clear();
-        r.extend(self.copies.iter().map(|c| (c.dst, c.dst + c.len)));
-        r.sort_unstable();
-        r.windows(2).any(|w| w[1].0 < w[0].1)
+    /// The run's copies as groups that threads may make at once: copies whose destinations
+    /// overlap (two WRITEs of a run to one address, two receives into one buffer), directly
+    /// or through others, form one group, made by one thread in the order they were
+    /// deferred, so that the bytes end as if every copy had been made in turn; a copy that
+    /// overlaps none is a group of its own. Returns the copies (address, address, length),
+    /// group after group, and where each group starts, with the number of copies last.
+    fn plan(&mut self) -> (Vec<(usize, usize, usize)>, Vec<u32>) {
+        let n = self.copies.len();
+        let copies = &self.copies;
+        let order = &mut self.order;
+        order.clear();
+        order.extend(0..n as u32);
+        order.sort_unstable_by_key(|&i| copies[i as usize].dst);
+        // Sweep the destinations from the lowest: a copy that starts before the end of the
+        // bytes the group so far covers joins it.
+        let group = &mut self.group;
+        group.clear();
+        group.resize(n, 0);
+        let mut groups = 0u32;
+        let mut end = 0usize;
+        for (k, &i) in order.iter().enumerate() {
+            let c = &copies[i as usize];
+            if k == 0 || c.dst >= end {
+                groups += 1;
+                end = c.dst + c.len;
+            } else {
+                end = end.max(c.dst + c.len);
+            }
+            group[i as usize] = groups - 1;
+        }
+        // Where each group starts (counting sort by group, in deferral order within one).
+        let mut starts = vec![0u32; groups as usize + 1];
+        for &g in group.iter() {
+            starts[g as usize + 1] += 1;
+        }
+        for g in 0..groups as usize {
+            starts[g + 1] += starts[g];
+        }
+        let mut at: Vec<u32> = starts[..groups as usize].to_vec();
+        let mut items = vec![(0, 0, 0); n];
+        for (i, c) in copies.iter().enumerate() {
+            let g = group[i] as usize;
+            items[at[g] as usize] = (c.dst, c.src, c.len);
+            at[g] += 1;
+        }
+        (items, starts)
     }
 
     /// Forgets every deferred copy without making it.
@@ -218,28 +265,41 @@ unsafe fn copy(c: &Copy) {
     unsafe { std::ptr::copy_nonoverlapping(c.src as *const u8, c.dst as *mut u8, c.len) };
 }
 
-/// A run's copies being made: claimed one by one (`next`), counted when done.
+/// A run's copies being made: claimed a group at a time (`next`; see [`Batch::plan`]),
+/// groups counted when done.
 struct Job {
     /// The copies (address, address, length; borrowed from the caller, who waits for
-    /// `done` to reach their number before they go).
+    /// `done` to reach the number of groups before they go), group after group.
     items: Vec<(usize, usize, usize)>,
+    /// Where each group of `items` starts, and their number last.
+    groups: Vec<u32>,
     next: AtomicUsize,
     done: AtomicUsize,
 }
 
 impl Job {
-    /// Claims and makes copies until none is left; returns how many it made.
+    /// The number of groups.
+    fn groups(&self) -> usize {
+        self.groups.len() - 1
+    }
+
+    /// Claims groups and makes their copies, in order, until none is left; returns how many
+    /// copies it made.
     fn work(&self) -> usize {
         let mut made = 0;
         loop {
-            let i = self.next.fetch_add(1, Ordering::Relaxed);
-            let Some(&(dst, src, len)) = self.items.get(i) else {
+            let g = self.next.fetch_add(1, Ordering::Relaxed);
+            if g >= self.groups() {
                 return made;
-            };
-            made += 1;
-            // SAFETY: claimed once (the counter hands out each index once), and the caller
-            // of `Pool::run` keeps both ranges valid until `done` counts it.
-            unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+            }
+            let (from, to) = (self.groups[g] as usize, self.groups[g + 1] as usize);
+            for &(dst, src, len) in &self.items[from..to] {
+                // SAFETY: the group is claimed once (the counter hands out each index
+                // once), its copies are made in order by this thread alone, and the caller
+                // of `Pool::run` keeps every range valid until `done` counts the group.
+                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, len) };
+            }
+            made += to - from;
             self.done.fetch_add(1, Ordering::Release);
         }
     }
@@ -326,10 +386,12 @@ impl Pool {
         (started > 0).then_some(p)
     }
 
-    /// Makes `copies` with the helpers, the calling thread working too.
-    fn run(&self, copies: &[Copy]) {
+    /// Makes the copies `items`, in the groups `groups` (see [`Batch::plan`]), with the
+    /// helpers, the calling thread working too.
+    fn run(&self, items: Vec<(usize, usize, usize)>, groups: Vec<u32>) {
         let job = Arc::new(Job {
-            items: copies.iter().map(|c| (c.dst, c.src, c.len)).collect(),
+            items,
+            groups,
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
         });
@@ -342,13 +404,13 @@ impl Pool {
         let judge = self.awake.load(Ordering::Relaxed) > 0;
         self.wake.notify_all();
         let mine = job.work();
-        // Every copy is claimed; wait for the ones helpers are making.
+        // Every group is claimed; wait for the ones helpers are making.
         let n = job.items.len();
         SHARED_RUNS.fetch_add(1, Ordering::Relaxed);
         HELPER_COPIES.fetch_add((n - mine) as u64, Ordering::Relaxed);
         let waited = Instant::now();
         let mut spins = 0u32;
-        while job.done.load(Ordering::Acquire) < n {
+        while job.done.load(Ordering::Acquire) < job.groups() {
             // (A helper making the last copies may have lost its core: let it have one.)
             spins += 1;
             if spins % 64 == 0 {
@@ -378,7 +440,7 @@ impl Pool {
                     // A job whose copies are all claimed leaves the queue.
                     while q
                         .front()
-                        .is_some_and(|j| j.next.load(Ordering::Relaxed) >= j.items.len())
+                        .is_some_and(|j| j.next.load(Ordering::Relaxed) >= j.groups())
                     {
                         q.pop_front();
                         self.queued.fetch_sub(1, Ordering::Relaxed);
@@ -488,9 +550,91 @@ mod tests {
                 // SAFETY: the sources and the destination outlive the batch's run.
                 unsafe { b.push(dst.as_mut_ptr(), s.as_ptr(), s.len(), lease_of(&region)) };
             }
-            assert!(b.overlapping());
+            assert_eq!(b.plan().1, vec![0, 64], "one group");
             b.run_on(pool);
             assert!(dst.iter().all(|&x| x == round ^ 63), "round {round}");
+        }
+    }
+
+    #[test]
+    fn overlapping_copies_form_groups_made_in_order_and_the_rest_stays_parallel() {
+        // Two 1 MiB WRITEs to one buffer in one run (as `perf write` or `ib_write_bw` post
+        // them): 32 groups of two copies each, not one run made alone.
+        let region = crate::verbs::mr::tests_support::Region::new();
+        let pool = Pool::start(3);
+        let piece = 32 << 10;
+        for round in 0..20u8 {
+            let first = vec![round; 1 << 20];
+            let second: Vec<u8> = (0..1 << 20).map(|i| (i as u8) ^ round ^ 0x5a).collect();
+            let mut dst = vec![0u8; 1 << 20];
+            let mut b = Batch::default();
+            for src in [&first, &second] {
+                for (i, s) in src.chunks(piece).enumerate() {
+                    // SAFETY: the sources and the destination outlive the batch's run.
+                    unsafe {
+                        b.push(
+                            dst[i * piece..].as_mut_ptr(),
+                            s.as_ptr(),
+                            s.len(),
+                            lease_of(&region),
+                        )
+                    };
+                }
+            }
+            let (items, groups) = b.plan();
+            assert_eq!(groups.len(), 33, "32 groups");
+            for g in 0..32 {
+                let (a, z) = (groups[g] as usize, groups[g + 1] as usize);
+                assert_eq!(z - a, 2);
+                // In the order they were deferred: the first WRITE's piece, then the second's.
+                assert_eq!(
+                    items[a].1,
+                    first[items[a].0 - dst.as_ptr() as usize..].as_ptr() as usize
+                );
+                assert_eq!(
+                    items[a + 1].1,
+                    second[items[a].0 - dst.as_ptr() as usize..].as_ptr() as usize
+                );
+            }
+            b.run_on(pool);
+            assert!(dst == second, "round {round}");
+        }
+    }
+
+    #[test]
+    fn copies_of_random_overlaps_end_as_if_made_one_after_the_other() {
+        let region = crate::verbs::mr::tests_support::Region::new();
+        let pool = Pool::start(3);
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let size = 512 << 10;
+        let src: Vec<u8> = (0..size).map(|i| (i * 7 + i / 251) as u8).collect();
+        for round in 0..100 {
+            let mut dst = vec![0u8; size];
+            let mut want = vec![0u8; size];
+            let mut b = Batch::default();
+            // 8 to 40 copies of 4 to 64 KiB each, at random places (many overlap, partly).
+            for _ in 0..8 + next(33) {
+                let len = 4096 + next(60 << 10);
+                let (d, s) = (next(size - len), next(size - len));
+                want[d..d + len].copy_from_slice(&src[s..s + len]);
+                // SAFETY: the source and the destination outlive the batch's run.
+                unsafe {
+                    b.push(
+                        dst[d..].as_mut_ptr(),
+                        src[s..].as_ptr(),
+                        len,
+                        lease_of(&region),
+                    )
+                };
+            }
+            b.run_on(pool);
+            assert!(dst == want, "round {round}");
         }
     }
 
