@@ -11,7 +11,7 @@ use super::mcast::{Mcast, RxMcast};
 use super::port::{cm_hook, Provider, QpPort};
 use super::rx::{Delivery, RxSink, RxState, Via};
 use super::share::Share;
-use super::tx::{with_tx, TxBatch, Wire};
+use super::tx::{with_tx, TxBatch, TxQueue, Wire};
 use crate::error::Result;
 use crate::gid::Gid;
 use softrdma_proto::cm::CmEvent;
@@ -123,6 +123,8 @@ pub(crate) struct Engine {
     pub(super) first: OnceLock<Weak<Engine>>,
     /// The progress thread, once it runs.
     pub(super) progress_thread: OnceLock<std::thread::ThreadId>,
+    /// Whether the transmit thread runs (see [`Engine::send`]); unset until a batch wants it.
+    tx_thread: OnceLock<bool>,
     /// The multicast groups the device has joined, their sockets and attached QPs.
     pub(super) mcast: Mcast,
 }
@@ -193,6 +195,7 @@ impl Engine {
             send_wake_asked: AtomicBool::new(false),
             handoff: env_us("SOFTRDMA_POLL_HANDOFF_US").unwrap_or(POLL_HANDOFF),
             me: OnceLock::new(),
+            tx_thread: OnceLock::new(),
             first: OnceLock::new(),
             progress_thread: OnceLock::new(),
             mcast: Mcast::new(ifindex),
@@ -383,10 +386,35 @@ impl Engine {
         self.wire.set_faults(cfg);
     }
 
-    /// Sends a batch of finished packets (see [`Wire::send`]).
+    /// Sends a batch of finished packets (see [`Wire::send`]); a full batch of a stream of
+    /// large RC requests goes to the device's transmit thread instead (see [`TxQueue`]),
+    /// started on first use.
     #[inline]
     pub(super) fn send(&self, tx: &mut TxBatch) {
+        if self.wire.wants_queue(tx) && self.tx_thread() && self.wire.txq.push(tx) {
+            return;
+        }
         self.wire.send(tx);
+    }
+
+    /// Starts the transmit thread of this engine's wire if it does not run yet; whether it
+    /// runs.
+    #[cold]
+    fn tx_thread(&self) -> bool {
+        *self.tx_thread.get_or_init(|| {
+            let Some(me) = self.me.get().cloned() else {
+                return false;
+            };
+            let q = self.wire.txq.clone();
+            let started = std::thread::Builder::new()
+                .name(format!("softrdma-tx-{}", self.local.ip()))
+                .spawn(move || transmit(q, me))
+                .is_ok();
+            if started {
+                self.wire.txq.mark_started();
+            }
+            started
+        })
     }
 
     /// Attaches QP `qpn` to the multicast group `gid` (see [`Mcast::join`]).
@@ -482,6 +510,7 @@ impl Engine {
     /// that send).
     pub(crate) fn holds_back(&self) -> bool {
         self.releasing.load(Ordering::SeqCst) > 0
+            || self.wire.tx_pending() != 0
             || self.any_held_acks.load(Ordering::SeqCst)
             || self.held_ack_one.load(Ordering::SeqCst) != 0
             || self.any_held_sends.load(Ordering::SeqCst)
@@ -728,6 +757,25 @@ fn steering_off() -> bool {
 }
 
 /// A thread counted in [`Engine::holds_back`] while it sends what QPs held back.
+/// The transmit thread of a device (see [`TxQueue`]): sends the batches queued, in order,
+/// until the device's engine is gone.
+fn transmit(q: Arc<TxQueue>, engine: Weak<Engine>) {
+    loop {
+        match q.next() {
+            Some(mut b) => {
+                match engine.upgrade() {
+                    Some(e) => e.wire.send_batch(&mut b),
+                    // (The device closed with packets queued: they go nowhere.)
+                    None => b.count = 0,
+                }
+                q.sent(b);
+            }
+            None if engine.strong_count() == 0 => return,
+            None => {}
+        }
+    }
+}
+
 struct Releasing<'a>(&'a AtomicUsize);
 
 impl Drop for Releasing<'_> {

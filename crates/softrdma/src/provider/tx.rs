@@ -33,6 +33,13 @@ pub(crate) struct TxBatch {
     srcs: Vec<IpAddr>,
     sealed: Vec<bool>,
     pub(super) count: usize,
+    /// Bytes of the packets queued.
+    bytes: usize,
+    /// Whether every packet queued is an RC request (a batch of nothing else may go to the
+    /// device's transmit thread: see [`TxQueue`]).
+    rc_requests_only: bool,
+    /// Whether an RC or UC request is queued (see [`TxBatch::has_requests`]).
+    requests: bool,
     /// Packets of the batch to multicast groups (counted when it is sent).
     mcast: usize,
     /// One sealer per source address (a thread may send from several devices), the one of
@@ -107,6 +114,9 @@ impl TxBatch {
             srcs: vec![IpAddr::from([0, 0, 0, 0]); BATCH],
             sealed: vec![false; BATCH],
             count: 0,
+            bytes: 0,
+            rc_requests_only: true,
+            requests: false,
             mcast: 0,
             sealers: Vec::new(),
         }
@@ -115,6 +125,16 @@ impl TxBatch {
     #[inline]
     pub(crate) fn is_full(&self) -> bool {
         self.count == BATCH
+    }
+
+    /// Whether an RC or UC request packet is queued. A thread that drove a QP into this
+    /// batch sends it before it lets go of the QP when so: another thread that drives the QP
+    /// next, and sends at once (or through the transmit thread), would otherwise put the
+    /// QP's later requests on the wire before these (the responder NAKs them as out of
+    /// sequence, and the requester goes back).
+    #[inline]
+    pub(crate) fn has_requests(&self) -> bool {
+        self.requests
     }
 
     /// Whether no packet is queued.
@@ -145,6 +165,14 @@ impl TxBatch {
     #[inline]
     pub(crate) fn commit(&mut self, len: usize, src: IpAddr, dst: IpAddr) {
         self.mcast += usize::from(dst.is_multicast());
+        self.bytes += len;
+        // (The BTH opcode: RC requests are 0x00-0x0C and 0x13-0x1F; the RC responses,
+        // READ responses and ACKs, 0x0D-0x12; other transports from 0x20.)
+        let op = self.bufs[self.count][0];
+        let rc_request = op < 0x0d || (0x13..0x20).contains(&op);
+        self.rc_requests_only &= rc_request;
+        // (UC: 0x20-0x3F, all requests.)
+        self.requests |= rc_request || (0x20..0x40).contains(&op);
         self.lens[self.count] = len;
         self.dests[self.count] = SocketAddr::new(dst, ROCE_PORT);
         self.srcs[self.count] = src;
@@ -219,6 +247,8 @@ pub(crate) struct Wire {
     /// When the wire was made: the time handed with a run of work-request records, which
     /// carry none (see `rx::take_lanes`).
     pub(crate) made: Instant,
+    /// Batches of a stream on their way to the device's transmit thread.
+    pub(crate) txq: Arc<TxQueue>,
 }
 
 impl Wire {
@@ -239,6 +269,7 @@ impl Wire {
             faults: Arc::new(Faults::new()),
             lanes,
             made: Instant::now(),
+            txq: Arc::new(TxQueue::default()),
         })
     }
 
@@ -250,12 +281,53 @@ impl Wire {
         // (Called after every run, nearly always with nothing queued: the check stays here,
         // the sending out of line.)
         if tx.count != 0 {
-            self.send_batch(tx);
+            if self.txq.pending() != 0 {
+                self.send_behind_queue(tx);
+            } else {
+                self.send_batch(tx);
+            }
         }
     }
 
+    /// Sends a batch while the transmit thread has batches to send: RC requests join the
+    /// queue behind them; anything else (an ACK, a READ response, a CM message) waits until
+    /// the queue is empty, and goes out behind it.
     #[inline(never)]
-    fn send_batch(&self, tx: &mut TxBatch) {
+    fn send_behind_queue(&self, tx: &mut TxBatch) {
+        if tx.rc_requests_only && self.queue_ok() && self.txq.push(tx) {
+            return;
+        }
+        self.txq.wait_drained();
+        self.send_batch(tx);
+    }
+
+    /// Whether this wire's batches may go through the transmit thread now: no fault
+    /// injection and no capture (both see packets in the order they are sent, at once).
+    #[inline]
+    fn queue_ok(&self) -> bool {
+        !self.faults.on() && !super::capture::active()
+    }
+
+    /// Whether `tx` should go to the transmit thread rather than be sent by the calling
+    /// thread (see [`TxQueue`]): a full batch of RC requests of at least
+    /// [`TX_QUEUE_MIN_BYTES`], when the device has a transmit thread.
+    #[inline]
+    pub(crate) fn wants_queue(&self, tx: &TxBatch) -> bool {
+        tx.count == BATCH
+            && tx.bytes >= TX_QUEUE_MIN_BYTES
+            && tx.rc_requests_only
+            && tx_thread_on()
+            && self.queue_ok()
+    }
+
+    /// Batches queued for the transmit thread or being sent by it.
+    #[inline]
+    pub(crate) fn tx_pending(&self) -> usize {
+        self.txq.pending()
+    }
+
+    #[inline(never)]
+    pub(super) fn send_batch(&self, tx: &mut TxBatch) {
         if tx.mcast > 0 {
             self.counters
                 .mcast_tx_packets
@@ -286,6 +358,9 @@ impl Wire {
             self.account(tx.count, |i| (&bufs[i][..lens[i]], dests[i]));
         }
         tx.count = 0;
+        tx.bytes = 0;
+        tx.rc_requests_only = true;
+        tx.requests = false;
     }
 
     /// [`Wire::send`] with lanes: routes the batch, seals what goes on the wire, sends it
@@ -387,6 +462,11 @@ impl Wire {
     }
 
     pub(crate) fn direct_lane(&self, peer: IpAddr, dest_qpn: u32) -> Option<DirectTx<'_>> {
+        // (Behind batches the transmit thread has yet to send, packets go through a batch
+        // too, so that none overtakes them.)
+        if self.txq.pending() != 0 {
+            return None;
+        }
         let dst = SocketAddr::new(peer, ROCE_PORT);
         let lane = self
             .lanes
@@ -419,5 +499,238 @@ impl Wire {
             self.account(pkts.len(), |i| (&pkts[i].0[..], pkts[i].1));
         }
         next
+    }
+}
+
+/// The smallest batch that goes to the transmit thread: 64 packets of 2 KiB (below it the
+/// hand-over costs about what the sending does).
+pub(crate) const TX_QUEUE_MIN_BYTES: usize = 128 << 10;
+/// Batches a device's transmit thread holds at most (queued or being sent): 1 MiB of 4 KiB
+/// packets. A thread with a full batch when all are taken waits for one.
+const TX_QUEUE_MAX: usize = 4;
+/// How long the transmit thread looks for the next batch before it sleeps: a stream hands it
+/// one every few tens of µs.
+const TX_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// Whether devices send the full batches of a stream from a transmit thread of their own
+/// (`SOFTRDMA_TX_THREAD=1`/`0`; by default on machines of 4 CPUs or more).
+pub(crate) fn tx_thread_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("SOFTRDMA_TX_THREAD") {
+        Ok(v) => v.trim() != "0",
+        Err(_) => std::thread::available_parallelism().map_or(1, |n| n.get()) >= 4,
+    })
+}
+
+/// The queue of a device's transmit thread: the full batches of a stream of large RC
+/// requests (a WRITE, READ request... of many packets), which the thread hands to the kernel
+/// while the thread that built them builds the next ones. One QP over the wire is bound by
+/// the one thread that builds its packets (payload copy, ICRC) and sends them, two thirds of
+/// its time in the kernel's send path; split over two threads the two halves overlap.
+///
+/// Order is kept: while batches are queued, every other batch of the device either joins
+/// the queue (RC requests) or waits until the queue is empty (ACKs, READ responses, CM
+/// messages, UD: what must not go after a completion the program may already see), and no
+/// QP writes into a same-host lane directly. Packets are sealed (ICRC) before they are queued.
+#[derive(Default)]
+pub(crate) struct TxQueue {
+    state: std::sync::Mutex<TxQueueState>,
+    work: std::sync::Condvar,
+    /// Batches queued or being sent.
+    pending: std::sync::atomic::AtomicUsize,
+    /// The transmit thread is asleep (a push wakes it).
+    asleep: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Default)]
+struct TxQueueState {
+    queue: std::collections::VecDeque<Box<TxBatch>>,
+    spares: Vec<Box<TxBatch>>,
+    /// Batches made for the queue (at most [`TX_QUEUE_MAX`]).
+    made: usize,
+    /// The transmit thread runs.
+    started: bool,
+}
+
+impl TxQueue {
+    #[inline]
+    pub(crate) fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Notes that the transmit thread runs.
+    pub(crate) fn mark_started(&self) {
+        self.lock().started = true;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, TxQueueState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Seals the packets of `tx` and hands them to the transmit thread, leaving `tx` empty;
+    /// waits for a batch to come back when the thread holds [`TX_QUEUE_MAX`]. `false` (and
+    /// `tx` untouched) when the thread does not run.
+    pub(crate) fn push(&self, tx: &mut TxBatch) -> bool {
+        tx.seal_all();
+        let mut spare = loop {
+            let mut st = self.lock();
+            if !st.started {
+                return false;
+            }
+            if let Some(b) = st.spares.pop() {
+                break b;
+            }
+            if st.made < TX_QUEUE_MAX {
+                st.made += 1;
+                drop(st);
+                break Box::new(TxBatch::new());
+            }
+            drop(st);
+            // (The thread sends a batch in some 50-100 µs.)
+            std::thread::yield_now();
+        };
+        std::mem::swap(tx, &mut *spare);
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        self.lock().queue.push_back(spare);
+        if self.asleep.load(Ordering::SeqCst) {
+            self.work.notify_one();
+        }
+        true
+    }
+
+    /// Waits until the transmit thread has sent every batch queued.
+    pub(crate) fn wait_drained(&self) {
+        let mut spins = 0u32;
+        while self.pending() != 0 {
+            spins += 1;
+            if spins % 16 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// The next batch to send, waiting for one up to [`TX_SPIN`] awake and then asleep;
+    /// `None` after a second asleep with nothing (the caller checks whether its device
+    /// still exists).
+    pub(crate) fn next(&self) -> Option<Box<TxBatch>> {
+        let looked = Instant::now();
+        loop {
+            if let Some(b) = self.lock().queue.pop_front() {
+                return Some(b);
+            }
+            if looked.elapsed() < TX_SPIN {
+                std::thread::yield_now();
+                continue;
+            }
+            let st = self.lock();
+            if !st.queue.is_empty() {
+                continue;
+            }
+            self.asleep.store(true, Ordering::SeqCst);
+            // (A push queues under the lock, which the wait below holds until it sleeps, and
+            // then finds `asleep` set: no wake-up is lost. The timeout lets the thread see
+            // whether its device still exists.)
+            let (mut st, _) = self
+                .work
+                .wait_timeout(st, std::time::Duration::from_secs(1))
+                .unwrap_or_else(|p| p.into_inner());
+            self.asleep.store(false, Ordering::SeqCst);
+            return st.queue.pop_front();
+        }
+    }
+
+    /// Takes back a batch the transmit thread sent.
+    pub(crate) fn sent(&self, b: Box<TxBatch>) {
+        self.lock().spares.push(b);
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch of one RC WRITE ONLY packet whose second byte is `mark`.
+    fn marked(mark: u8) -> TxBatch {
+        let mut b = TxBatch::new();
+        let slot = b.slot();
+        slot[..64].fill(0);
+        slot[0] = 0x0a;
+        slot[1] = mark;
+        b.commit(
+            64,
+            IpAddr::from([127, 0, 0, 1]),
+            IpAddr::from([127, 0, 0, 2]),
+        );
+        b
+    }
+
+    #[test]
+    fn the_transmit_queue_hands_batches_over_in_order_and_holds_at_most_its_bound() {
+        let q = Arc::new(TxQueue::default());
+        let mut b = marked(0);
+        assert!(!q.push(&mut b), "no thread: not queued");
+        assert_eq!((b.count, q.pending()), (1, 0));
+        q.mark_started();
+        let seen = std::sync::Mutex::new(Vec::new());
+        let most = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while seen.lock().unwrap().len() < 40 {
+                    if let Some(mut b) = q.next() {
+                        most.fetch_max(q.pending(), Ordering::Relaxed);
+                        // (What the transmit thread's send leaves of a batch.)
+                        seen.lock().unwrap().push(b.bufs[0][1]);
+                        b.count = 0;
+                        q.sent(b);
+                    }
+                }
+            });
+            for i in 0..40u8 {
+                let mut b = marked(i);
+                assert!(b.has_requests() && b.rc_requests_only);
+                assert!(q.push(&mut b));
+                // The caller keeps an empty batch.
+                assert!(b.is_empty());
+            }
+            q.wait_drained();
+            assert_eq!(q.pending(), 0);
+        });
+        assert_eq!(*seen.lock().unwrap(), (0..40).collect::<Vec<u8>>());
+        assert!(most.load(Ordering::Relaxed) <= TX_QUEUE_MAX);
+        assert!(q.lock().made <= TX_QUEUE_MAX);
+    }
+
+    #[test]
+    fn a_batch_knows_whether_it_holds_only_rc_requests() {
+        let mut b = marked(1);
+        assert!(b.rc_requests_only && b.has_requests());
+        // An ACK (0x11) joins: no longer only requests.
+        let slot = b.slot();
+        slot[0] = 0x11;
+        b.commit(
+            64,
+            IpAddr::from([127, 0, 0, 1]),
+            IpAddr::from([127, 0, 0, 2]),
+        );
+        assert!(!b.rc_requests_only && b.has_requests());
+        let mut u = TxBatch::new();
+        u.slot()[0] = 0x64; // UD SEND ONLY: not a request in order
+        u.commit(
+            64,
+            IpAddr::from([127, 0, 0, 1]),
+            IpAddr::from([127, 0, 0, 2]),
+        );
+        assert!(!u.rc_requests_only && !u.has_requests());
+        let mut c = TxBatch::new();
+        c.slot()[0] = 0x2a; // UC RDMA WRITE ONLY
+        c.commit(
+            64,
+            IpAddr::from([127, 0, 0, 1]),
+            IpAddr::from([127, 0, 0, 2]),
+        );
+        assert!(!c.rc_requests_only && c.has_requests());
     }
 }

@@ -319,7 +319,9 @@ impl QpPort for QpInner {
                     raise_srq_limit(qp);
                 }
             }
-            drive(engine, qp, &mut st, now, tx)
+            let ev = drive(engine, qp, &mut st, now, tx);
+            send_requests_in_order(engine, tx);
+            ev
         };
         for e in events {
             qp.raise(e);
@@ -344,7 +346,9 @@ fn receive_records(
     let got = records::receive(engine, qp, &mut st, recs);
     let events = if got.drive {
         // (The time handed with records is not read: see `provider::rx`.)
-        drive(engine, qp, &mut st, Instant::now(), tx)
+        let ev = drive(engine, qp, &mut st, Instant::now(), tx);
+        send_requests_in_order(engine, tx);
+        ev
     } else if st.sq_drained() {
         // (The answer to the last record of a draining send queue.)
         vec![EventType::SqDrained]
@@ -421,6 +425,7 @@ fn feed(
             srq_limit_hit = env.srq_limit_hit;
         }
         let ev = drive(engine, qp, &mut st, now, tx);
+        send_requests_in_order(engine, tx);
         drop(st);
         ev
     };
@@ -429,6 +434,16 @@ fn feed(
     }
     for e in events {
         qp.raise(e);
+    }
+}
+
+/// Sends `tx` now if it holds requests (see [`TxBatch::has_requests`]): called by a thread
+/// that drove a QP on behalf of the device (a packet or a timer), before it lets go of the
+/// QP, so that the QP's requests leave in the order they were built.
+#[inline]
+fn send_requests_in_order(engine: &dyn Provider, tx: &mut TxBatch) {
+    if tx.has_requests() {
+        engine.send(tx);
     }
 }
 
