@@ -544,8 +544,8 @@ pub(crate) struct TxQueue {
 
 #[derive(Default)]
 struct TxQueueState {
-    queue: std::collections::VecDeque<Box<TxBatch>>,
-    spares: Vec<Box<TxBatch>>,
+    queue: std::collections::VecDeque<TxBatch>,
+    spares: Vec<TxBatch>,
     /// Batches made for the queue (at most [`TX_QUEUE_MAX`]).
     made: usize,
     /// The transmit thread runs.
@@ -583,13 +583,13 @@ impl TxQueue {
             if st.made < TX_QUEUE_MAX {
                 st.made += 1;
                 drop(st);
-                break Box::new(TxBatch::new());
+                break TxBatch::new();
             }
             drop(st);
             // (The thread sends a batch in some 50-100 µs.)
             std::thread::yield_now();
         };
-        std::mem::swap(tx, &mut *spare);
+        std::mem::swap(tx, &mut spare);
         self.pending.fetch_add(1, Ordering::AcqRel);
         self.lock().queue.push_back(spare);
         if self.asleep.load(Ordering::SeqCst) {
@@ -614,7 +614,7 @@ impl TxQueue {
     /// The next batch to send, waiting for one up to [`TX_SPIN`] awake and then asleep;
     /// `None` after a second asleep with nothing (the caller checks whether its device
     /// still exists).
-    pub(crate) fn next(&self) -> Option<Box<TxBatch>> {
+    pub(crate) fn next(&self) -> Option<TxBatch> {
         let looked = Instant::now();
         loop {
             if let Some(b) = self.lock().queue.pop_front() {
@@ -642,7 +642,7 @@ impl TxQueue {
     }
 
     /// Takes back a batch the transmit thread sent.
-    pub(crate) fn sent(&self, b: Box<TxBatch>) {
+    pub(crate) fn sent(&self, b: TxBatch) {
         self.lock().spares.push(b);
         self.pending.fetch_sub(1, Ordering::AcqRel);
     }
