@@ -387,8 +387,8 @@ impl Engine {
     }
 
     /// Sends a batch of finished packets (see [`Wire::send`]); a full batch of a stream of
-    /// large RC requests goes to the device's transmit thread instead (see [`TxQueue`]),
-    /// started on first use.
+    /// large RC requests or READ responses goes to the device's transmit thread instead (see
+    /// [`TxQueue`]), started on first use.
     #[inline]
     pub(super) fn send(&self, tx: &mut TxBatch) {
         if self.wire.wants_queue(tx) && self.tx_thread() && self.wire.txq.push(tx) {

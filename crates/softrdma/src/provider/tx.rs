@@ -35,11 +35,11 @@ pub(crate) struct TxBatch {
     pub(super) count: usize,
     /// Bytes of the packets queued.
     bytes: usize,
-    /// Whether every packet queued is an RC request (a batch of nothing else may go to the
-    /// device's transmit thread: see [`TxQueue`]).
-    rc_requests_only: bool,
-    /// Whether an RC or UC request is queued (see [`TxBatch::has_requests`]).
-    requests: bool,
+    /// Whether every packet queued is an RC request or an RDMA READ response (a batch of
+    /// nothing else may go to the device's transmit thread: see [`TxQueue`]).
+    queueable: bool,
+    /// Whether an RC or UC packet is queued (see [`TxBatch::has_ordered`]).
+    ordered: bool,
     /// Packets of the batch to multicast groups (counted when it is sent).
     mcast: usize,
     /// One sealer per source address (a thread may send from several devices), the one of
@@ -115,8 +115,8 @@ impl TxBatch {
             sealed: vec![false; BATCH],
             count: 0,
             bytes: 0,
-            rc_requests_only: true,
-            requests: false,
+            queueable: true,
+            ordered: false,
             mcast: 0,
             sealers: Vec::new(),
         }
@@ -127,14 +127,15 @@ impl TxBatch {
         self.count == BATCH
     }
 
-    /// Whether an RC or UC request packet is queued. A thread that drove a QP into this
-    /// batch sends it before it lets go of the QP when so: another thread that drives the QP
-    /// next, and sends at once (or through the transmit thread), would otherwise put the
-    /// QP's later requests on the wire before these (the responder NAKs them as out of
-    /// sequence, and the requester goes back).
+    /// Whether an RC or UC packet (request or response) is queued. A thread that drove a QP
+    /// into this batch sends it before it lets go of the QP when so: another thread that
+    /// drives the QP next, and sends at once (or through the transmit thread), would
+    /// otherwise put the QP's later packets on the wire before these (a responder NAKs
+    /// requests out of sequence and the requester goes back; an ACK that overtakes the READ
+    /// responses before it makes the requester resend the READ).
     #[inline]
-    pub(crate) fn has_requests(&self) -> bool {
-        self.requests
+    pub(crate) fn has_ordered(&self) -> bool {
+        self.ordered
     }
 
     /// Whether no packet is queued.
@@ -166,13 +167,12 @@ impl TxBatch {
     pub(crate) fn commit(&mut self, len: usize, src: IpAddr, dst: IpAddr) {
         self.mcast += usize::from(dst.is_multicast());
         self.bytes += len;
-        // (The BTH opcode: RC requests are 0x00-0x0C and 0x13-0x1F; the RC responses,
-        // READ responses and ACKs, 0x0D-0x12; other transports from 0x20.)
+        // (The BTH opcode: RC requests are 0x00-0x0C and 0x13-0x1F; the RC responses, READ
+        // responses 0x0D-0x10, ACK 0x11 and atomic ACK 0x12; other transports from 0x20.)
         let op = self.bufs[self.count][0];
-        let rc_request = op < 0x0d || (0x13..0x20).contains(&op);
-        self.rc_requests_only &= rc_request;
-        // (UC: 0x20-0x3F, all requests.)
-        self.requests |= rc_request || (0x20..0x40).contains(&op);
+        self.queueable &= op < 0x11 || (0x13..0x20).contains(&op);
+        // (UC: 0x20-0x3F.)
+        self.ordered |= op < 0x40;
         self.lens[self.count] = len;
         self.dests[self.count] = SocketAddr::new(dst, ROCE_PORT);
         self.srcs[self.count] = src;
@@ -289,12 +289,13 @@ impl Wire {
         }
     }
 
-    /// Sends a batch while the transmit thread has batches to send: RC requests join the
-    /// queue behind them; anything else (an ACK, a READ response, a CM message) waits until
-    /// the queue is empty, and goes out behind it.
+    /// Sends a batch while the transmit thread has batches to send: RC requests and READ
+    /// responses join the queue behind them; anything else (an ACK, which may go with a
+    /// completion the program sees at once, a CM message, UC and UD) waits until the queue is
+    /// empty, and goes out behind it.
     #[inline(never)]
     fn send_behind_queue(&self, tx: &mut TxBatch) {
-        if tx.rc_requests_only && self.queue_ok() && self.txq.push(tx) {
+        if tx.queueable && self.queue_ok() && self.txq.push(tx) {
             return;
         }
         self.txq.wait_drained();
@@ -309,13 +310,13 @@ impl Wire {
     }
 
     /// Whether `tx` should go to the transmit thread rather than be sent by the calling
-    /// thread (see [`TxQueue`]): a full batch of RC requests of at least
+    /// thread (see [`TxQueue`]): a full batch of RC requests or READ responses of at least
     /// [`TX_QUEUE_MIN_BYTES`], when the device has a transmit thread.
     #[inline]
     pub(crate) fn wants_queue(&self, tx: &TxBatch) -> bool {
         tx.count == BATCH
             && tx.bytes >= TX_QUEUE_MIN_BYTES
-            && tx.rc_requests_only
+            && tx.queueable
             && tx_thread_on()
             && self.queue_ok()
     }
@@ -359,8 +360,8 @@ impl Wire {
         }
         tx.count = 0;
         tx.bytes = 0;
-        tx.rc_requests_only = true;
-        tx.requests = false;
+        tx.queueable = true;
+        tx.ordered = false;
     }
 
     /// [`Wire::send`] with lanes: routes the batch, seals what goes on the wire, sends it
@@ -523,14 +524,15 @@ pub(crate) fn tx_thread_on() -> bool {
 }
 
 /// The queue of a device's transmit thread: the full batches of a stream of large RC
-/// requests (a WRITE, READ request... of many packets), which the thread hands to the kernel
+/// requests or READ responses (WRITEs and SENDs of many packets, the answers to large READs),
+/// which the thread hands to the kernel
 /// while the thread that built them builds the next ones. One QP over the wire is bound by
 /// the one thread that builds its packets (payload copy, ICRC) and sends them, two thirds of
 /// its time in the kernel's send path; split over two threads the two halves overlap.
 ///
 /// Order is kept: while batches are queued, every other batch of the device either joins
-/// the queue (RC requests) or waits until the queue is empty (ACKs, READ responses, CM
-/// messages, UD: what must not go after a completion the program may already see), and no
+/// the queue (RC requests, READ responses) or waits until the queue is empty (ACKs, CM
+/// messages, UC, UD: what must not go after a completion the program may already see), and no
 /// QP writes into a same-host lane directly. Packets are sealed (ICRC) before they are queued.
 #[derive(Default)]
 pub(crate) struct TxQueue {
@@ -690,7 +692,7 @@ mod tests {
             });
             for i in 0..40u8 {
                 let mut b = marked(i);
-                assert!(b.has_requests() && b.rc_requests_only);
+                assert!(b.has_ordered() && b.queueable);
                 assert!(q.push(&mut b));
                 // The caller keeps an empty batch.
                 assert!(b.is_empty());
@@ -704,10 +706,18 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_knows_whether_it_holds_only_rc_requests() {
+    fn a_batch_knows_whether_it_may_be_queued_and_whether_it_holds_requests() {
         let mut b = marked(1);
-        assert!(b.rc_requests_only && b.has_requests());
-        // An ACK (0x11) joins: no longer only requests.
+        assert!(b.queueable && b.has_ordered());
+        // A READ response (0x10) may go to the queue too, an ACK (0x11) not.
+        let slot = b.slot();
+        slot[0] = 0x10;
+        b.commit(
+            64,
+            IpAddr::from([127, 0, 0, 1]),
+            IpAddr::from([127, 0, 0, 2]),
+        );
+        assert!(b.queueable && b.has_ordered());
         let slot = b.slot();
         slot[0] = 0x11;
         b.commit(
@@ -715,15 +725,15 @@ mod tests {
             IpAddr::from([127, 0, 0, 1]),
             IpAddr::from([127, 0, 0, 2]),
         );
-        assert!(!b.rc_requests_only && b.has_requests());
+        assert!(!b.queueable && b.has_ordered());
         let mut u = TxBatch::new();
-        u.slot()[0] = 0x64; // UD SEND ONLY: not a request in order
+        u.slot()[0] = 0x64; // UD SEND ONLY: no order to keep
         u.commit(
             64,
             IpAddr::from([127, 0, 0, 1]),
             IpAddr::from([127, 0, 0, 2]),
         );
-        assert!(!u.rc_requests_only && !u.has_requests());
+        assert!(!u.queueable && !u.has_ordered());
         let mut c = TxBatch::new();
         c.slot()[0] = 0x2a; // UC RDMA WRITE ONLY
         c.commit(
@@ -731,6 +741,6 @@ mod tests {
             IpAddr::from([127, 0, 0, 1]),
             IpAddr::from([127, 0, 0, 2]),
         );
-        assert!(!c.rc_requests_only && c.has_requests());
+        assert!(!c.queueable && c.has_ordered());
     }
 }

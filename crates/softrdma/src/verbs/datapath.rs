@@ -320,7 +320,7 @@ impl QpPort for QpInner {
                 }
             }
             let ev = drive(engine, qp, &mut st, now, tx);
-            send_requests_in_order(engine, tx);
+            send_in_order(engine, tx);
             ev
         };
         for e in events {
@@ -347,7 +347,7 @@ fn receive_records(
     let events = if got.drive {
         // (The time handed with records is not read: see `provider::rx`.)
         let ev = drive(engine, qp, &mut st, Instant::now(), tx);
-        send_requests_in_order(engine, tx);
+        send_in_order(engine, tx);
         ev
     } else if st.sq_drained() {
         // (The answer to the last record of a draining send queue.)
@@ -425,7 +425,7 @@ fn feed(
             srq_limit_hit = env.srq_limit_hit;
         }
         let ev = drive(engine, qp, &mut st, now, tx);
-        send_requests_in_order(engine, tx);
+        send_in_order(engine, tx);
         drop(st);
         ev
     };
@@ -437,12 +437,12 @@ fn feed(
     }
 }
 
-/// Sends `tx` now if it holds requests (see [`TxBatch::has_requests`]): called by a thread
-/// that drove a QP on behalf of the device (a packet or a timer), before it lets go of the
-/// QP, so that the QP's requests leave in the order they were built.
+/// Sends `tx` now if it holds RC or UC packets (see [`TxBatch::has_ordered`]): called by a
+/// thread that drove a QP on behalf of the device (a packet or a timer), before it lets go
+/// of the QP, so that the QP's packets leave in the order they were built.
 #[inline]
-fn send_requests_in_order(engine: &dyn Provider, tx: &mut TxBatch) {
-    if tx.has_requests() {
+fn send_in_order(engine: &dyn Provider, tx: &mut TxBatch) {
+    if tx.has_ordered() {
         engine.send(tx);
     }
 }
