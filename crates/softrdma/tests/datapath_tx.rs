@@ -8,9 +8,11 @@
 #[path = "datapath.rs"]
 mod cases;
 
-// Every device of this binary sends on the wire, through its transmit thread.
+// Every device of this binary sends on the wire, through its transmit thread (every stream
+// at once may have one, not one per eight CPUs).
 crate::preset_env!("SOFTRDMA_TRANSPORT", "wire");
 crate::preset_env!("SOFTRDMA_TX_THREAD", "1");
+crate::preset_env!("SOFTRDMA_TX_THREADS_MAX", "64");
 
 /// Names of this process's threads.
 fn thread_names() -> Vec<String> {

@@ -319,6 +319,7 @@ impl Wire {
             && tx.queueable
             && tx_thread_on()
             && self.queue_ok()
+            && self.txq.claim()
     }
 
     /// Batches queued for the transmit thread or being sent by it.
@@ -519,9 +520,31 @@ pub(crate) fn tx_thread_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| match std::env::var("SOFTRDMA_TX_THREAD") {
         Ok(v) => v.trim() != "0",
-        Err(_) => std::thread::available_parallelism().map_or(1, |n| n.get()) >= 4,
+        Err(_) => cpus() >= 4,
     })
 }
+
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// How many transmit threads of this process may have streams at once
+/// (`SOFTRDMA_TX_THREADS_MAX`; by default one per eight CPUs, at least one). A stream's
+/// builder and its transmit thread keep two cores busy for a third more than one would move
+/// (16 cores, one QP, WRITE 1 MiB: 2.65 -> 3.22 GB/s); with a stream on every receive queue,
+/// transmit threads for all of them took cores from the others (`perf -q 8`: 17.9 -> 13.2).
+fn tx_threads_max() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("SOFTRDMA_TX_THREADS_MAX")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| (cpus() / 8).max(1))
+    })
+}
+
+/// Transmit threads of this process that have a stream now (see [`TxQueue::claim`]).
+static TX_STREAMING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// The queue of a device's transmit thread: the full batches of a stream of large RC
 /// requests or READ responses (WRITEs and SENDs of many packets, the answers to large READs),
@@ -542,6 +565,9 @@ pub(crate) struct TxQueue {
     pending: std::sync::atomic::AtomicUsize,
     /// The transmit thread is asleep (a push wakes it).
     asleep: std::sync::atomic::AtomicBool,
+    /// This queue counts in [`TX_STREAMING`] (from a stream's first batch until its thread
+    /// finds nothing more to send and sleeps).
+    streaming: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -558,6 +584,39 @@ impl TxQueue {
     #[inline]
     pub(crate) fn pending(&self) -> usize {
         self.pending.load(Ordering::Acquire)
+    }
+
+    /// Whether this queue may take a stream's batch: it has a stream already, or fewer than
+    /// [`tx_threads_max`] transmit threads of the process have one (then it counts).
+    #[inline]
+    fn claim(&self) -> bool {
+        if self.streaming.load(Ordering::Relaxed) {
+            return true;
+        }
+        let max = tx_threads_max();
+        let mut n = TX_STREAMING.load(Ordering::Relaxed);
+        loop {
+            if n >= max {
+                return false;
+            }
+            match TX_STREAMING.compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(m) => n = m,
+            }
+        }
+        if self.streaming.swap(true, Ordering::AcqRel) {
+            // (Another thread claimed for this queue meanwhile: one count is enough.)
+            TX_STREAMING.fetch_sub(1, Ordering::AcqRel);
+        }
+        true
+    }
+
+    /// The stream ended (its thread found nothing to send): the queue stops counting.
+    fn unclaim(&self) {
+        if self.streaming.swap(false, Ordering::AcqRel) {
+            TX_STREAMING.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Notes that the transmit thread runs.
@@ -630,6 +689,7 @@ impl TxQueue {
             if !st.queue.is_empty() {
                 continue;
             }
+            self.unclaim();
             self.asleep.store(true, Ordering::SeqCst);
             // (A push queues under the lock, which the wait below holds until it sleeps, and
             // then finds `asleep` set: no wake-up is lost. The timeout lets the thread see
