@@ -515,12 +515,14 @@ const TX_QUEUE_MAX: usize = 4;
 const TX_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Whether devices send the full batches of a stream from a transmit thread of their own
-/// (`SOFTRDMA_TX_THREAD=1`/`0`; by default on machines of 4 CPUs or more).
+/// (`SOFTRDMA_TX_THREAD=1`; off by default). Measured on 16 cores (BENCHMARKS.md, "A
+/// transmit thread"): one QP over the wire, WRITE 1 MiB 3.25 -> 3.88 GB/s and READ 1 MiB
+/// 3.43 -> 3.68, but SEND 1 MiB no better and 8 QPs at once 7% slower (the threads take
+/// cores from the other streams); the receiving side then bounds one QP.
 pub(crate) fn tx_thread_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("SOFTRDMA_TX_THREAD") {
-        Ok(v) => v.trim() != "0",
-        Err(_) => cpus() >= 4,
+    *ON.get_or_init(|| {
+        std::env::var("SOFTRDMA_TX_THREAD").is_ok_and(|v| v.trim() != "0" && !v.trim().is_empty())
     })
 }
 
@@ -530,9 +532,10 @@ fn cpus() -> usize {
 
 /// How many transmit threads of this process may have streams at once
 /// (`SOFTRDMA_TX_THREADS_MAX`; by default one per eight CPUs, at least one). A stream's
-/// builder and its transmit thread keep two cores busy for a third more than one would move
-/// (16 cores, one QP, WRITE 1 MiB: 2.65 -> 3.22 GB/s); with a stream on every receive queue,
-/// transmit threads for all of them took cores from the others (`perf -q 8`: 17.9 -> 13.2).
+/// builder and its transmit thread keep two cores busy to move a fifth more than one would
+/// (16 cores, one QP, WRITE 1 MiB); with a stream on every receive queue, transmit threads
+/// for all of them took cores from the others (`perf -q 8`: 17.9 -> 13.2 GB/s; capped, 19.7
+/// -> 18.3).
 fn tx_threads_max() -> usize {
     static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *MAX.get_or_init(|| {
