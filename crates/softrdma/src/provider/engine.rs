@@ -756,7 +756,6 @@ fn steering_off() -> bool {
     *OFF.get_or_init(|| std::env::var("SOFTRDMA_STEERING").is_ok_and(|v| v.trim() == "hash"))
 }
 
-/// A thread counted in [`Engine::holds_back`] while it sends what QPs held back.
 /// The transmit thread of a device (see [`TxQueue`]): sends the batches queued, in order,
 /// until the device's engine is gone.
 fn transmit(q: Arc<TxQueue>, engine: Weak<Engine>) {
@@ -776,6 +775,7 @@ fn transmit(q: Arc<TxQueue>, engine: Weak<Engine>) {
     }
 }
 
+/// A thread counted in [`Engine::holds_back`] while it sends what QPs held back.
 struct Releasing<'a>(&'a AtomicUsize);
 
 impl Drop for Releasing<'_> {
