@@ -4,8 +4,10 @@
 //! Two threads, each with a non-blocking UDP socket on its own 127.0.0.x address, bounce one
 //! datagram back and forth, each spinning on `recv_from` (as softrdma's pollers spin on
 //! `recvmmsg`). Reported: the one-way latency (round trip / 2) with one datagram per
-//! direction, and with one more small datagram sent before it each time (what an RC ACK
-//! costs when it goes first). softrdma's own 8-byte SEND latency can be compared with both.
+//! direction, with one more small datagram sent before it each time (what an RC ACK costs
+//! when it goes first), and with one sent behind it in the same `sendmmsg` (how softrdma
+//! sends an answer with the ACK it owes). softrdma's own 8-byte SEND latency can be compared
+//! with all three.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -86,6 +88,98 @@ pub fn udp_floor(a: SocketAddr, b: SocketAddr, n: usize, extra: usize) -> std::i
     })
 }
 
+/// Sends `payload` and then `trailer` to the peer `s` is connected to, in one `sendmmsg`.
+fn send_pair(s: &UdpSocket, payload: &[u8], trailer: &[u8]) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut iov = [
+        libc::iovec {
+            iov_base: payload.as_ptr() as *mut libc::c_void,
+            iov_len: payload.len(),
+        },
+        libc::iovec {
+            iov_base: trailer.as_ptr() as *mut libc::c_void,
+            iov_len: trailer.len(),
+        },
+    ];
+    // SAFETY: zeroed mmsghdrs are valid (no name, no control); each points at one iovec
+    // that lives until the call returns.
+    let mut msgs: [libc::mmsghdr; 2] = unsafe { std::mem::zeroed() };
+    for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
+        m.msg_hdr.msg_iov = v;
+        m.msg_hdr.msg_iovlen = 1;
+    }
+    // SAFETY: two initialised messages on a connected socket.
+    let n = unsafe { libc::sendmmsg(s.as_raw_fd(), msgs.as_mut_ptr(), 2, 0) };
+    if n == 2 {
+        Ok(())
+    } else if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Err(std::io::Error::other("sendmmsg sent one datagram of two"))
+    }
+}
+
+/// As [`udp_floor`], but each one-way is the payload followed, in the same `sendmmsg`, by a
+/// 28-byte datagram to the same peer, which the peer takes too (what an RC answer with the
+/// ACK it owes behind it costs: softrdma over the wire sends them so).
+pub fn udp_floor_trailing(a: SocketAddr, b: SocketAddr, n: usize) -> std::io::Result<Floor> {
+    let sa = UdpSocket::bind(a)?;
+    let sb = UdpSocket::bind(b)?;
+    let (a, b) = (sa.local_addr()?, sb.local_addr()?);
+    sa.connect(b)?;
+    sb.connect(a)?;
+    sa.set_nonblocking(true)?;
+    sb.set_nonblocking(true)?;
+    // Spins until a payload (60 bytes) comes, taking trailers (28 bytes) as they come.
+    let spin = |s: &UdpSocket, buf: &mut [u8]| -> std::io::Result<()> {
+        let t = Instant::now();
+        loop {
+            match s.recv(buf) {
+                Ok(60) => return Ok(()),
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if t.elapsed() > Duration::from_secs(10) {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            "no datagram within 10 s on loopback",
+                        ));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut buf = [0u8; 64];
+        for _ in 0..n {
+            spin(&sb, &mut buf)?;
+            send_pair(&sb, &[0u8; 60], &[0u8; 28])?;
+        }
+        Ok(())
+    });
+    let mut buf = [0u8; 64];
+    let mut lat = Vec::with_capacity(n);
+    let mut result = Ok(());
+    for _ in 0..n {
+        let t = Instant::now();
+        if let Err(e) = send_pair(&sa, &[0u8; 60], &[0u8; 28]).and_then(|()| spin(&sa, &mut buf)) {
+            result = Err(e);
+            break;
+        }
+        lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+    }
+    let echoed = echo
+        .join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("the echo thread panicked")));
+    result?;
+    echoed?;
+    lat.sort_by(f64::total_cmp);
+    Ok(Floor {
+        p50_us: lat.get(lat.len() / 2).copied().unwrap_or(f64::NAN),
+        min_us: lat.first().copied().unwrap_or(f64::NAN),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,5 +192,7 @@ mod tests {
             let f = udp_floor(a, b, 200, extra).unwrap();
             assert!(f.min_us > 0.0 && f.p50_us >= f.min_us, "{f:?}");
         }
+        let f = udp_floor_trailing(a, b, 200).unwrap();
+        assert!(f.min_us > 0.0 && f.p50_us >= f.min_us, "{f:?}");
     }
 }

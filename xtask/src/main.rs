@@ -135,6 +135,16 @@ fn main() -> ExitCode {
                     }
                 }
             }
+            match xtask::floor::udp_floor_trailing(a, b, iters) {
+                Ok(f) => println!(
+                    "udp busy-poll ping-pong, 1 datagram per one-way with a second behind it in the same sendmmsg: one-way p50 {:.2} us, min {:.2} us",
+                    f.p50_us, f.min_us
+                ),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(1);
+                }
+            }
             ExitCode::SUCCESS
         }
         Command::UdpBwFloor {
