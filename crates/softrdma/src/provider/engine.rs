@@ -763,9 +763,19 @@ fn transmit(q: Arc<TxQueue>, engine: Weak<Engine>) {
         match q.next() {
             Some(mut b) => {
                 match engine.upgrade() {
-                    Some(e) => e.wire.send_batch(&mut b),
+                    Some(e) => {
+                        // (A panic while sending loses the batch, as a NIC drops what it
+                        // cannot send, and keeps the thread: threads waiting for the queue
+                        // to empty would otherwise wait forever.)
+                        let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            e.wire.send_batch(&mut b)
+                        }));
+                        if sent.is_err() {
+                            b.clear();
+                        }
+                    }
                     // (The device closed with packets queued: they go nowhere.)
-                    None => b.count = 0,
+                    None => b.clear(),
                 }
                 q.sent(b);
             }

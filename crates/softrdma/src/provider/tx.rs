@@ -138,6 +138,16 @@ impl TxBatch {
         self.ordered
     }
 
+    /// Forgets every packet queued (sent, or dropped).
+    #[inline]
+    pub(super) fn clear(&mut self) {
+        self.count = 0;
+        self.bytes = 0;
+        self.queueable = true;
+        self.ordered = false;
+        self.mcast = 0;
+    }
+
     /// Whether no packet is queued.
     #[inline]
     pub(crate) fn is_empty(&self) -> bool {
@@ -359,10 +369,7 @@ impl Wire {
             } = &*tx;
             self.account(tx.count, |i| (&bufs[i][..lens[i]], dests[i]));
         }
-        tx.count = 0;
-        tx.bytes = 0;
-        tx.queueable = true;
-        tx.ordered = false;
+        tx.clear();
     }
 
     /// [`Wire::send`] with lanes: routes the batch, seals what goes on the wire, sends it
@@ -748,7 +755,7 @@ mod tests {
                         most.fetch_max(q.pending(), Ordering::Relaxed);
                         // (What the transmit thread's send leaves of a batch.)
                         seen.lock().unwrap().push(b.bufs[0][1]);
-                        b.count = 0;
+                        b.clear();
                         q.sent(b);
                     }
                 }
