@@ -391,7 +391,11 @@ impl Engine {
     /// [`TxQueue`]), started on first use.
     #[inline]
     pub(super) fn send(&self, tx: &mut TxBatch) {
-        if self.wire.wants_queue(tx) && self.tx_thread() && self.wire.txq.push(tx) {
+        if self.wire.wants_queue(tx)
+            && self.tx_thread()
+            && self.wire.txq.claim()
+            && self.wire.txq.push(tx)
+        {
             return;
         }
         self.wire.send(tx);

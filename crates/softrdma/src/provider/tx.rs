@@ -329,7 +329,6 @@ impl Wire {
             && tx.queueable
             && tx_thread_on()
             && self.queue_ok()
-            && self.txq.claim()
     }
 
     /// Batches queued for the transmit thread or being sent by it.
@@ -471,11 +470,6 @@ impl Wire {
     }
 
     pub(crate) fn direct_lane(&self, peer: IpAddr, dest_qpn: u32) -> Option<DirectTx<'_>> {
-        // (Behind batches the transmit thread has yet to send, packets go through a batch
-        // too, so that none overtakes them.)
-        if self.txq.pending() != 0 {
-            return None;
-        }
         let dst = SocketAddr::new(peer, ROCE_PORT);
         let lane = self
             .lanes
@@ -563,16 +557,25 @@ static TX_STREAMING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicU
 /// the one thread that builds its packets (payload copy, ICRC) and sends them, two thirds of
 /// its time in the kernel's send path; split over two threads the two halves overlap.
 ///
-/// Order is kept: while batches are queued, every other batch of the device either joins
-/// the queue (RC requests, READ responses) or waits until the queue is empty (ACKs, CM
-/// messages, UC, UD: what must not go after a completion the program may already see), and no
-/// QP writes into a same-host lane directly. Packets are sealed (ICRC) before they are queued.
+/// Order is kept: while batches are queued, every other batch sent through the same
+/// [`Wire`] (the receive queue of the device the QP belongs to) either joins the queue (RC
+/// requests, READ responses) or waits until what was queued before it has gone (ACKs, CM
+/// messages, UC, UD: what must not go after a completion the program may already see).
+/// Packets are sealed (ICRC) before they are queued. Between a QP's packets on the wire and
+/// on a same-host lane there is no order (as when a lane comes up: the transport repairs
+/// what a packet overtaken that way costs), nor between the queues of one device (a CM
+/// message for a QP of a further queue goes through the first).
 #[derive(Default)]
 pub(crate) struct TxQueue {
     state: std::sync::Mutex<TxQueueState>,
     work: std::sync::Condvar,
     /// Batches queued or being sent.
     pending: std::sync::atomic::AtomicUsize,
+    /// Batches queued since the queue was made, and batches sent: a thread that must go
+    /// after what is queued now waits for the second to reach what the first is now (not for
+    /// the queue to empty, which a stream may never let it do).
+    queued_total: std::sync::atomic::AtomicU64,
+    sent_total: std::sync::atomic::AtomicU64,
     /// The transmit thread is asleep (a push wakes it).
     asleep: std::sync::atomic::AtomicBool,
     /// This queue counts in [`TX_STREAMING`] (from a stream's first batch until its thread
@@ -597,9 +600,10 @@ impl TxQueue {
     }
 
     /// Whether this queue may take a stream's batch: it has a stream already, or fewer than
-    /// [`tx_threads_max`] transmit threads of the process have one (then it counts).
+    /// [`tx_threads_max`] transmit threads of the process have one (then it counts, until
+    /// its thread finds nothing more to send). Asked only once the thread runs.
     #[inline]
-    fn claim(&self) -> bool {
+    pub(crate) fn claim(&self) -> bool {
         if self.streaming.load(Ordering::Relaxed) {
             return true;
         }
@@ -662,17 +666,24 @@ impl TxQueue {
         };
         std::mem::swap(tx, &mut spare);
         self.pending.fetch_add(1, Ordering::AcqRel);
-        self.lock().queue.push_back(spare);
+        {
+            // (Counted under the lock that orders the queue: the counts follow its order.)
+            let mut st = self.lock();
+            st.queue.push_back(spare);
+            self.queued_total.fetch_add(1, Ordering::AcqRel);
+        }
         if self.asleep.load(Ordering::SeqCst) {
             self.work.notify_one();
         }
         true
     }
 
-    /// Waits until the transmit thread has sent every batch queued.
+    /// Waits until the transmit thread has sent every batch queued before the call (batches
+    /// queued meanwhile may still be on their way).
     pub(crate) fn wait_drained(&self) {
+        let target = self.queued_total.load(Ordering::Acquire);
         let mut spins = 0u32;
-        while self.pending() != 0 {
+        while self.sent_total.load(Ordering::Acquire) < target {
             spins += 1;
             if spins % 16 == 0 {
                 std::thread::yield_now();
@@ -716,6 +727,7 @@ impl TxQueue {
     /// Takes back a batch the transmit thread sent.
     pub(crate) fn sent(&self, b: TxBatch) {
         self.lock().spares.push(b);
+        self.sent_total.fetch_add(1, Ordering::AcqRel);
         self.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
