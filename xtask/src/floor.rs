@@ -33,50 +33,75 @@ pub fn udp_floor(a: SocketAddr, b: SocketAddr, n: usize, extra: usize) -> std::i
     let (a, b, sink) = (sa.local_addr()?, sb.local_addr()?, sink.local_addr()?);
     sa.set_nonblocking(true)?;
     sb.set_nonblocking(true)?;
-    let spin = |s: &UdpSocket, buf: &mut [u8]| -> std::io::Result<()> {
-        let t = Instant::now();
-        loop {
-            match s.recv_from(buf) {
-                Ok(_) => return Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if t.elapsed() > Duration::from_secs(10) {
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            "no datagram within 10 s on loopback",
-                        ));
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    };
-    let echo = std::thread::spawn(move || -> std::io::Result<()> {
-        let mut buf = [0u8; 64];
-        for _ in 0..n {
-            spin(&sb, &mut buf)?;
+    ping_pong(
+        n,
+        move |buf| {
+            spin(&sb, buf)?;
             for _ in 0..extra {
                 sb.send_to(&buf[..28], sink)?;
             }
-            sb.send_to(&buf[..60], a)?;
+            sb.send_to(&buf[..PAYLOAD], a).map(|_| ())
+        },
+        |buf| {
+            for _ in 0..extra {
+                sa.send_to(&buf[..28], sink)?;
+            }
+            sa.send_to(&buf[..PAYLOAD], b)?;
+            spin(&sa, buf)
+        },
+    )
+}
+
+/// Bytes of the datagram that goes back and forth (the others, smaller, are taken and
+/// passed over).
+const PAYLOAD: usize = 60;
+
+/// Spins on the non-blocking socket `s` until a datagram of [`PAYLOAD`] bytes comes, taking
+/// the others as they come. Fails after 10 s without one.
+fn spin(s: &UdpSocket, buf: &mut [u8]) -> std::io::Result<()> {
+    let t = Instant::now();
+    loop {
+        match s.recv(buf) {
+            Ok(PAYLOAD) => return Ok(()),
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if t.elapsed() > Duration::from_secs(10) {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no datagram within 10 s on loopback",
+                    ));
+                }
+            }
+            Err(e) => return Err(e),
         }
-        Ok(())
+    }
+}
+
+/// Runs `n` round trips: `round` on this thread (send, then wait for the answer), timed,
+/// and `echo` on a thread of its own (wait, then answer), each with a buffer of 64 bytes.
+/// Returns the one-way latencies (half of each round trip); fails with the first error of
+/// either side.
+fn ping_pong(
+    n: usize,
+    mut echo: impl FnMut(&mut [u8]) -> std::io::Result<()> + Send + 'static,
+    mut round: impl FnMut(&mut [u8]) -> std::io::Result<()>,
+) -> std::io::Result<Floor> {
+    let echoer = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut buf = [0u8; 64];
+        (0..n).try_for_each(|_| echo(&mut buf))
     });
     let mut buf = [0u8; 64];
     let mut lat = Vec::with_capacity(n);
     let mut result = Ok(());
     for _ in 0..n {
         let t = Instant::now();
-        let r = (0..extra)
-            .try_for_each(|_| sa.send_to(&buf[..28], sink).map(|_| ()))
-            .and_then(|()| sa.send_to(&buf[..60], b).map(|_| ()))
-            .and_then(|()| spin(&sa, &mut buf));
-        if let Err(e) = r {
+        if let Err(e) = round(&mut buf) {
             result = Err(e);
             break;
         }
         lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
     }
-    let echoed = echo
+    let echoed = echoer
         .join()
         .unwrap_or_else(|_| Err(std::io::Error::other("the echo thread panicked")));
     result?;
@@ -130,54 +155,17 @@ pub fn udp_floor_trailing(a: SocketAddr, b: SocketAddr, n: usize) -> std::io::Re
     sb.connect(a)?;
     sa.set_nonblocking(true)?;
     sb.set_nonblocking(true)?;
-    // Spins until a payload (60 bytes) comes, taking trailers (28 bytes) as they come.
-    let spin = |s: &UdpSocket, buf: &mut [u8]| -> std::io::Result<()> {
-        let t = Instant::now();
-        loop {
-            match s.recv(buf) {
-                Ok(60) => return Ok(()),
-                Ok(_) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if t.elapsed() > Duration::from_secs(10) {
-                        return Err(std::io::Error::new(
-                            std::io::ErrorKind::TimedOut,
-                            "no datagram within 10 s on loopback",
-                        ));
-                    }
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    };
-    let echo = std::thread::spawn(move || -> std::io::Result<()> {
-        let mut buf = [0u8; 64];
-        for _ in 0..n {
-            spin(&sb, &mut buf)?;
-            send_pair(&sb, &[0u8; 60], &[0u8; 28])?;
-        }
-        Ok(())
-    });
-    let mut buf = [0u8; 64];
-    let mut lat = Vec::with_capacity(n);
-    let mut result = Ok(());
-    for _ in 0..n {
-        let t = Instant::now();
-        if let Err(e) = send_pair(&sa, &[0u8; 60], &[0u8; 28]).and_then(|()| spin(&sa, &mut buf)) {
-            result = Err(e);
-            break;
-        }
-        lat.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
-    }
-    let echoed = echo
-        .join()
-        .unwrap_or_else(|_| Err(std::io::Error::other("the echo thread panicked")));
-    result?;
-    echoed?;
-    lat.sort_by(f64::total_cmp);
-    Ok(Floor {
-        p50_us: lat.get(lat.len() / 2).copied().unwrap_or(f64::NAN),
-        min_us: lat.first().copied().unwrap_or(f64::NAN),
-    })
+    ping_pong(
+        n,
+        move |buf| {
+            spin(&sb, buf)?;
+            send_pair(&sb, &[0u8; PAYLOAD], &[0u8; 28])
+        },
+        |buf| {
+            send_pair(&sa, &[0u8; PAYLOAD], &[0u8; 28])?;
+            spin(&sa, buf)
+        },
+    )
 }
 
 #[cfg(test)]
