@@ -569,11 +569,10 @@ static TX_STREAMING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicU
 pub(crate) struct TxQueue {
     state: std::sync::Mutex<TxQueueState>,
     work: std::sync::Condvar,
-    /// Batches queued or being sent.
-    pending: std::sync::atomic::AtomicUsize,
-    /// Batches queued since the queue was made, and batches sent: a thread that must go
-    /// after what is queued now waits for the second to reach what the first is now (not for
-    /// the queue to empty, which a stream may never let it do).
+    /// Batches queued since the queue was made, and batches sent: their difference is what
+    /// is queued or being sent, and a thread that must go after what is queued now waits for
+    /// the second to reach what the first is now (not for the queue to empty, which a stream
+    /// may never let it do).
     queued_total: std::sync::atomic::AtomicU64,
     sent_total: std::sync::atomic::AtomicU64,
     /// The transmit thread is asleep (a push wakes it).
@@ -594,9 +593,12 @@ struct TxQueueState {
 }
 
 impl TxQueue {
+    /// Batches queued or being sent.
     #[inline]
     pub(crate) fn pending(&self) -> usize {
-        self.pending.load(Ordering::Acquire)
+        // (Sent first: what was queued is at least that by the time it is read.)
+        let sent = self.sent_total.load(Ordering::Acquire);
+        (self.queued_total.load(Ordering::Acquire) - sent) as usize
     }
 
     /// Whether this queue may take a stream's batch: it has a stream already, or fewer than
@@ -665,7 +667,6 @@ impl TxQueue {
             std::thread::yield_now();
         };
         std::mem::swap(tx, &mut spare);
-        self.pending.fetch_add(1, Ordering::AcqRel);
         {
             // (Counted under the lock that orders the queue: the counts follow its order.)
             let mut st = self.lock();
@@ -728,7 +729,6 @@ impl TxQueue {
     pub(crate) fn sent(&self, b: TxBatch) {
         self.lock().spares.push(b);
         self.sent_total.fetch_add(1, Ordering::AcqRel);
-        self.pending.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -739,16 +739,25 @@ mod tests {
     /// A batch of one RC WRITE ONLY packet whose second byte is `mark`.
     fn marked(mark: u8) -> TxBatch {
         let mut b = TxBatch::new();
+        commit_marked(&mut b, 0x0a, mark);
+        b
+    }
+
+    /// Queues in `b` a 64-byte packet of BTH opcode `op` whose second byte is `mark`.
+    fn commit_marked(b: &mut TxBatch, op: u8, mark: u8) {
         let slot = b.slot();
         slot[..64].fill(0);
-        slot[0] = 0x0a;
+        slot[0] = op;
         slot[1] = mark;
         b.commit(
             64,
             IpAddr::from([127, 0, 0, 1]),
             IpAddr::from([127, 0, 0, 2]),
         );
-        b
+    }
+
+    fn commit_op(b: &mut TxBatch, op: u8) {
+        commit_marked(b, op, 0);
     }
 
     #[test]
@@ -792,37 +801,15 @@ mod tests {
         let mut b = marked(1);
         assert!(b.queueable && b.has_ordered());
         // A READ response (0x10) may go to the queue too, an ACK (0x11) not.
-        let slot = b.slot();
-        slot[0] = 0x10;
-        b.commit(
-            64,
-            IpAddr::from([127, 0, 0, 1]),
-            IpAddr::from([127, 0, 0, 2]),
-        );
+        commit_op(&mut b, 0x10);
         assert!(b.queueable && b.has_ordered());
-        let slot = b.slot();
-        slot[0] = 0x11;
-        b.commit(
-            64,
-            IpAddr::from([127, 0, 0, 1]),
-            IpAddr::from([127, 0, 0, 2]),
-        );
+        commit_op(&mut b, 0x11);
         assert!(!b.queueable && b.has_ordered());
         let mut u = TxBatch::new();
-        u.slot()[0] = 0x64; // UD SEND ONLY: no order to keep
-        u.commit(
-            64,
-            IpAddr::from([127, 0, 0, 1]),
-            IpAddr::from([127, 0, 0, 2]),
-        );
+        commit_op(&mut u, 0x64); // UD SEND ONLY: no order to keep
         assert!(!u.queueable && !u.has_ordered());
         let mut c = TxBatch::new();
-        c.slot()[0] = 0x2a; // UC RDMA WRITE ONLY
-        c.commit(
-            64,
-            IpAddr::from([127, 0, 0, 1]),
-            IpAddr::from([127, 0, 0, 2]),
-        );
+        commit_op(&mut c, 0x2a); // UC RDMA WRITE ONLY
         assert!(!c.queueable && c.has_ordered());
     }
 }
