@@ -600,9 +600,9 @@ fn serve_sends(
     Ok(got)
 }
 
-/// How the SEND server waits when its CQ is empty: it busy-polls for [`Idle::SPIN`], then
-/// arms the CQ and sleeps on its completion channel until a completion comes (or 10 ms pass,
-/// to look at the stop flag). A thread that only spins is at the mercy of the scheduler on a
+/// How the SEND server (and a bandwidth client) waits when its CQ is empty: it busy-polls
+/// for [`Idle::SPIN`], then arms the CQ and sleeps on its completion channel until a
+/// completion comes (or 10 ms pass, to look at the stop flag). A thread that only spins is at the mercy of the scheduler on a
 /// machine with fewer free cores than running threads: preempted, it leaves its receive queue
 /// empty for a whole time slice (the client then waits for credits and the message rate
 /// collapses); a thread that sleeps is woken at once when its completion comes.
@@ -616,8 +616,16 @@ struct Idle {
 }
 
 impl Idle {
-    /// Busy polling this long with nothing to do before sleeping.
-    const SPIN: Duration = Duration::from_micros(50);
+    /// Busy polling this long with nothing to do before sleeping: well above what a
+    /// wake-up through the completion channel costs (some 30 µs on a 2-core VM). At 50 µs
+    /// a stream on an idle 2-core machine fell now and then into a mode of its own making:
+    /// a gap of the peer's (its thread descheduled for a moment) put one side to sleep, its
+    /// wake-up took about as long as the threshold, so the other side slept too, and so on
+    /// (`perf send -s 8`: 1.9-2.0 M msg/s in a third of the runs, 5-7 in the others, the
+    /// application threads switching out voluntarily some 3,000 times a second). With 1 ms
+    /// no run fell into it, and a machine with more busy threads than cores (two CPU
+    /// burners beside the run) still gets the sleep's benefit.
+    const SPIN: Duration = Duration::from_millis(1);
 
     fn new(spin_only: bool) -> Idle {
         Idle {
