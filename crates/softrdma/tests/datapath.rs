@@ -2356,3 +2356,174 @@ fn a_record_that_finds_no_receive_with_no_rnr_retries_ends_in_rnr_retry_exc_err(
     // Nothing reached b.
     assert!(b.wait_none());
 }
+
+/// Whether this binary turns QP pair rings off (`SOFTRDMA_PAIR_RINGS=0`).
+fn pair_rings_off() -> bool {
+    std::env::var("SOFTRDMA_PAIR_RINGS").is_ok_and(|v| v == "0")
+}
+
+/// SEND rounds both ways until records take the QP pair's rings of their own both ways
+/// (their devices' `pair_records` counts grow; the offer is answered by the peer's progress
+/// thread). Returns whether they do: `false` at once where records or pair rings are off. A
+/// hang guard, no timing.
+fn pair_rings_up(a: &Side, b: &Side) -> bool {
+    if !records_up(a, b) || pair_rings_off() {
+        return false;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (ra, rb) = (a.ctx.counters().pair_records, b.ctx.counters().pair_records);
+        for (x, y) in [(a, b), (b, a)] {
+            y.post_recv(900, 60_000, 64);
+            send(x, 901, WrOpcode::Send, &[x.sge(60_000, 8)], |_| {});
+            assert_eq!(x.wait(1)[0].status, WcStatus::Success);
+            assert_eq!(y.wait(1)[0].status, WcStatus::Success);
+        }
+        if a.ctx.counters().pair_records > ra && b.ctx.counters().pair_records > rb {
+            return true;
+        }
+        assert!(Instant::now() < deadline, "no record took a QP pair ring");
+    }
+}
+
+/// Once a QP pair has rings of its own, a ping-pong's records take them (the device lane
+/// stays idle, so each side's records may), byte for byte, with their completions; the
+/// answers the peers owe travel in them too.
+#[test]
+fn a_ping_pong_of_records_takes_the_qp_pairs_own_rings() {
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &Opts::default());
+    let up = pair_rings_up(&a, &b);
+    let (a0, b0) = (a.ctx.counters(), b.ctx.counters());
+    for i in 0..200u64 {
+        let (x, y) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        let len = 1 + (i as usize * 37) % 300;
+        let data = pattern(len, i as u8);
+        x.buf.write(0, &data).unwrap();
+        y.buf.write(8192, &vec![0xee; len + 8]).unwrap();
+        y.post_recv(5000 + i, 8192, len);
+        send(x, 6000 + i, WrOpcode::SendWithImm, &[x.sge(0, len)], |w| {
+            w.imm_data = i as u32;
+        });
+        let s = x.wait(1)[0];
+        assert_eq!((s.wr_id, s.status), (6000 + i, WcStatus::Success));
+        let r = y.wait(1)[0];
+        assert_eq!(
+            (r.wr_id, r.status, r.byte_len as usize, r.imm_data),
+            (5000 + i, WcStatus::Success, len, i as u32)
+        );
+        let mut got = vec![0; len + 8];
+        y.buf.read(8192, &mut got).unwrap();
+        assert!(got[..len] == data[..] && got[len..].iter().all(|&v| v == 0xee));
+    }
+    let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
+    let (pa, pb) = (
+        ca.pair_records - a0.pair_records,
+        cb.pair_records - b0.pair_records,
+    );
+    if up {
+        // Each side sent 100 requests (and answers): nearly all through its own ring.
+        assert!(
+            pa >= 90 && pb >= 90,
+            "{pa} and {pb} by QP rings: {ca:?} {cb:?}"
+        );
+        assert!(ca.pair_records <= ca.wr_records && cb.pair_records <= cb.wr_records);
+    } else {
+        assert_eq!((pa, pb), (0, 0));
+    }
+}
+
+/// Records through a QP pair's own ring and packets through the device lane, mixed on one
+/// connection in both directions (short SENDs and WRITEs as records, long ones as packets,
+/// streams of several posted at once): every message arrives once, in order, byte for byte,
+/// and every completion is there. The reader takes what the pair ring holds before it hands
+/// the QP anything from the lane, and a writer puts records into its ring only while its lane
+/// holds nothing unread, so the two read as one queue.
+#[test]
+fn records_in_a_qp_pairs_ring_and_packets_in_the_lane_keep_their_order() {
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 20, &Opts::default());
+    pair_rings_up(&a, &b);
+    let (a0, b0) = (a.qp.counters(), b.qp.counters());
+    let mut seed = 1u64;
+    let mut rnd = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..60u64 {
+        let (x, y) = if rnd() % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        // 1 to 4 SENDs, each short (a record when it goes alone) or long (packets), and a
+        // WRITE of the same mix behind them.
+        let n = 1 + (rnd() % 4) as usize;
+        let lens: Vec<usize> = (0..n)
+            .map(|_| {
+                if rnd() % 3 == 0 {
+                    4097 + (rnd() % 60_000) as usize
+                } else {
+                    (rnd() % 200) as usize
+                }
+            })
+            .collect();
+        let mut want = Vec::new();
+        for (k, &len) in lens.iter().enumerate() {
+            let slot = 65_536 * k;
+            y.buf.write(slot, &vec![0xee; len + 8]).unwrap();
+            y.post_recv(round * 10 + k as u64, slot, len);
+            let data = pattern(len, (round * 10 + k as u64) as u8);
+            x.buf.write(slot, &data).unwrap();
+            want.push(data);
+        }
+        for (k, &len) in lens.iter().enumerate() {
+            send(
+                x,
+                round * 10 + k as u64,
+                WrOpcode::Send,
+                &[x.sge(65_536 * k, len)],
+                |_| {},
+            );
+        }
+        let wlen = if rnd() % 2 == 0 { 64 } else { 9000 };
+        let wdata = pattern(wlen, round as u8 ^ 0x5a);
+        x.buf.write(600_000, &wdata).unwrap();
+        send(
+            x,
+            round * 10 + 9,
+            WrOpcode::RdmaWrite,
+            &[x.sge(600_000, wlen)],
+            |w| {
+                w.remote_addr = y.buf.addr() + 700_000;
+                w.rkey = y.mr.rkey();
+            },
+        );
+        let sent = x.wait(n + 1);
+        let ids: Vec<u64> = sent.iter().map(|c| c.wr_id).collect();
+        let mut expect: Vec<u64> = (0..n as u64).map(|k| round * 10 + k).collect();
+        expect.push(round * 10 + 9);
+        assert_eq!(ids, expect, "send completions in order, round {round}");
+        assert!(sent.iter().all(|c| c.status == WcStatus::Success));
+        let got = y.wait(n);
+        for (k, c) in got.iter().enumerate() {
+            assert_eq!(
+                (c.wr_id, c.status, c.byte_len as usize),
+                (round * 10 + k as u64, WcStatus::Success, lens[k]),
+                "round {round}"
+            );
+            let mut buf = vec![0; lens[k] + 8];
+            y.buf.read(65_536 * k, &mut buf).unwrap();
+            assert!(buf[..lens[k]] == want[k][..], "round {round}, message {k}");
+            assert!(buf[lens[k]..].iter().all(|&v| v == 0xee));
+        }
+        let mut w = vec![0; wlen];
+        y.buf.read(700_000, &mut w).unwrap();
+        assert!(w == wdata, "round {round}: the WRITE");
+    }
+    let (ca, cb) = (a.qp.counters(), b.qp.counters());
+    assert_eq!(
+        (
+            ca.seq_naks_received - a0.seq_naks_received,
+            cb.seq_naks_received - b0.seq_naks_received
+        ),
+        (0, 0),
+        "nothing out of order: {ca:?} {cb:?}"
+    );
+}

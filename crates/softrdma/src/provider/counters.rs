@@ -93,6 +93,10 @@ pub struct DeviceCounters {
     /// `same_host_packets`): short RC requests, and their acknowledgements, carried between
     /// two QPs of this host without RoCE packets (`SOFTRDMA_WR_RECORDS=0` turns them off).
     pub wr_records: u64,
+    /// Of `wr_records`, those that went through a QP pair's ring of its own rather than the
+    /// device's lane (`SOFTRDMA_PAIR_RINGS=0` turns those rings off): the peer's CQ poll
+    /// finds them without the device's receive path.
+    pub pair_records: u64,
 }
 
 /// How often a device probes the peers it has connections with (see
@@ -124,6 +128,7 @@ impl DeviceCounters {
         self.misrouted += other.misrouted;
         self.same_host_packets += other.same_host_packets;
         self.wr_records += other.wr_records;
+        self.pair_records += other.pair_records;
     }
 }
 
@@ -154,6 +159,7 @@ impl Counters {
             misrouted: g(&self.misrouted),
             same_host_packets: g(&self.same_host_packets),
             wr_records: g(&self.wr_records),
+            pair_records: 0,
         }
     }
 }

@@ -503,6 +503,14 @@ impl Provider for Engine {
     fn records_ready(&self, peer: IpAddr, dest_qpn: u32) -> bool {
         self.wire.records_ready(peer, dest_qpn)
     }
+    fn offer_pair(&self, peer: IpAddr, dest_qpn: u32, src_qpn: u32) -> Option<super::PairTx> {
+        self.wire.offer_pair(peer, dest_qpn, src_qpn)
+    }
+    #[inline]
+    fn take_pair(&self, p: &super::PairRx, busy: bool) -> usize {
+        Engine::take_pair(self, p, busy)
+    }
+
     #[inline]
     fn records_generation(&self) -> u64 {
         self.wire.records_generation()

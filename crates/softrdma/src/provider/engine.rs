@@ -378,7 +378,15 @@ impl Engine {
 
     /// A snapshot of the device's packet counters.
     pub(super) fn counters(&self) -> DeviceCounters {
-        self.wire.counters.snapshot()
+        let mut c = self.wire.counters.snapshot();
+        // Records through QP pair rings, counted by each ring's sender.
+        let (records, bytes) = self.wire.lanes.pair_sent();
+        c.tx_packets += records;
+        c.tx_bytes += bytes;
+        c.same_host_packets += records;
+        c.wr_records += records;
+        c.pair_records += records;
+        c
     }
 
     /// Injects faults with `cfg` into what the device sends from now on (`None`: none).
@@ -751,6 +759,17 @@ impl RxSink for Engine {
 
     fn rediscover(&self) {
         Engine::rediscover(self);
+    }
+
+    fn attach_pair(
+        &self,
+        qpn: u32,
+        src: SocketAddr,
+        src_qpn: u32,
+        p: &std::sync::Arc<super::PairRx>,
+    ) -> bool {
+        self.lookup(qpn)
+            .is_some_and(|qp| qp.attach_pair(self, src, src_qpn, p.clone()))
     }
 }
 

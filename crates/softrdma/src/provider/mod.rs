@@ -80,6 +80,7 @@ pub(crate) use devices::{
     MAX_QUEUES,
 };
 pub use faults::FaultConfig;
+pub(crate) use lanes::pair::{PairRx, PairTx};
 pub(crate) use lanes::records as wr_records;
 pub use lanes::same_host_lanes;
 pub(crate) use lanes::{same_host_segment, WR_RECORD};

@@ -38,6 +38,16 @@ pub(crate) trait QpPort: Send + Sync {
     /// The QP's deadline has passed: runs its transport's timers and drives it.
     fn on_timeout(self: Arc<Self>, engine: &dyn Provider, now: Instant, tx: &mut TxBatch);
 
+    /// A ring of its own for the work-request records of QP `src_qpn` of the device at `src`
+    /// (see `lanes::pair`): whether this QP takes it (an RC QP connected to that QP).
+    fn attach_pair(
+        self: Arc<Self>,
+        engine: &dyn Provider,
+        src: SocketAddr,
+        src_qpn: u32,
+        p: Arc<super::PairRx>,
+    ) -> bool;
+
     /// Sends the positive ACK the QP's transport holds back, if any, and the sends of a UC
     /// or UD QP held for a batch.
     fn release_held_ack(self: Arc<Self>);
@@ -82,6 +92,16 @@ pub(crate) trait Provider: Send + Sync {
     /// packets: lanes both ways are up, the peer process takes such records, and neither a
     /// capture nor fault injection needs packets. Never fails; offers nothing.
     fn records_ready(&self, peer: IpAddr, dest_qpn: u32) -> bool;
+    /// A ring of their own for the work-request records of QP `src_qpn` of this device to QP
+    /// `dest_qpn` of the device at `peer` (see `lanes::pair`), offered to its process; `None`
+    /// when pair rings are off, no lane to that process is up, or too many are out.
+    fn offer_pair(&self, peer: IpAddr, dest_qpn: u32, src_qpn: u32) -> Option<super::PairTx>;
+    /// Takes what the QP pair ring `p` holds and carries it out (on the calling thread; `busy`:
+    /// it polls a CQ, and holds the acknowledgements of what it takes as `poll_progress`
+    /// does); returns how many records. 0 when another thread is at it, or the device's
+    /// lanes are paused.
+    fn take_pair(&self, p: &super::PairRx, busy: bool) -> usize;
+
     /// A number that changes whenever [`Provider::records_ready`] may have changed its
     /// answer for some peer (one atomic load): a QP that found records not ready looks
     /// again only once it changed.

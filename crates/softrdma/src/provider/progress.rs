@@ -30,6 +30,13 @@ pub(crate) fn holding_acks() -> bool {
     HOLD_ACKS.with(std::cell::Cell::get)
 }
 
+/// Sets what [`holding_acks`] says on this thread (a poll that takes a QP pair ring's records
+/// holds their acknowledgements as `poll_progress` does).
+#[inline]
+fn set_holding_acks(hold: bool) {
+    HOLD_ACKS.with(|h| h.set(hold));
+}
+
 /// When the progress thread polls the same-host lanes (or its socket) rather than sleeping.
 ///
 /// After the lanes bring packets, the thread polls them for `SOFTRDMA_LANE_SPIN_US` (50 µs; a
@@ -202,6 +209,34 @@ impl Engine {
             self.send(tx);
         });
         RECEIVING.with(|r| r.set(0));
+    }
+}
+
+impl Engine {
+    /// See [`super::Provider::take_pair`].
+    pub(super) fn take_pair(&self, p: &super::PairRx, busy: bool) -> usize {
+        if self.wire.lanes.paused() {
+            return 0;
+        }
+        if busy && !self.handoff.is_zero() {
+            // This thread polls: the progress thread leaves the lanes to it (as after
+            // `poll_progress`, which a poll that finds records here does not reach). (A plain
+            // load and store: an increment lost to another polling thread changes nothing.)
+            let polls = self.app_polls.load(Ordering::Relaxed);
+            self.app_polls
+                .store(polls.wrapping_add(1), Ordering::Relaxed);
+            if self.app_asleep.load(Ordering::Relaxed) {
+                self.app_asleep.store(false, Ordering::Relaxed);
+            }
+        }
+        super::tx::with_tx(|tx| {
+            let hold = busy && !self.handoff.is_zero();
+            set_holding_acks(hold);
+            let n = super::rx::take_pair(&self.wire, self, p, false, tx);
+            set_holding_acks(false);
+            self.send(tx);
+            n
+        })
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::capture;
 use super::counters::Counters;
+use super::lanes::pair::PairRx;
 use super::lanes::{records, WR_RECORD};
 use super::share::{self, Share};
 use super::sock::{RecvScratch, RxMsg};
@@ -12,6 +13,7 @@ pub(super) use softrdma_proto::device::DeviceCounters as Counts;
 use softrdma_proto::device::{RxFlows, Sender};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Checks one received datagram (the UDP payload `pkt`, from `src`) with its sender's flow
@@ -125,6 +127,10 @@ pub(crate) trait RxSink {
 
     /// The steering of the shared device is out of date: runs its discovery again.
     fn rediscover(&self);
+
+    /// A QP pair ring for QP `qpn` from QP `src_qpn` of the device at `src` was offered:
+    /// whether that QP takes it (see `lanes::pair`).
+    fn attach_pair(&self, qpn: u32, src: SocketAddr, src_qpn: u32, p: &Arc<PairRx>) -> bool;
 }
 
 /// Hands a run of good packets, all for QP `qpn` and from `src`, to that QP's transport
@@ -152,6 +158,29 @@ fn deliver(
             true
         }
     }
+}
+
+/// Takes what the QP pair ring `p` holds and hands it to its QP (records: refused to their
+/// sender when the QP does not take them), counting it; returns how many. `wait`: see
+/// [`PairRx::take`].
+pub(super) fn take_pair(
+    wire: &Wire,
+    sink: &impl RxSink,
+    p: &PairRx,
+    wait: bool,
+    tx: &mut TxBatch,
+) -> usize {
+    let mut bytes = 0u64;
+    let n = p.take(wait, |run| {
+        bytes += run.iter().map(|r| r.len() as u64).sum::<u64>();
+        deliver_lane_run(wire, sink, p.qpn, run, true, p.src, &mut None, tx);
+    });
+    if n > 0 {
+        let c = &wire.counters;
+        c.rx_packets.fetch_add(n as u64, Ordering::Relaxed);
+        c.rx_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+    n
 }
 
 /// [`deliver`] for a run from a lane: packets, or work-request `records`, which are refused
@@ -389,7 +418,10 @@ impl RxState {
             let (src, range) = match got {
                 share::SlotMsg::Packet(src, range) => (src, range),
                 share::SlotMsg::Lane(len, fds) => {
-                    wire.lanes.on_message(&buf[..len], fds);
+                    wire.lanes
+                        .on_message(&buf[..len], fds, &|qpn, src, src_qpn, p| {
+                            sink.attach_pair(qpn, src, src_qpn, p)
+                        });
                     continue;
                 }
                 share::SlotMsg::Other => continue,
@@ -522,113 +554,136 @@ fn take_lanes(
             // Whether a lane brought its first records (see `Lanes::note_inbound`).
             let mut now_used = false;
             for lane in inb.iter_mut() {
-                if lane.fresh {
-                    // A new lane's first records wait one look: the packets its sender put on
-                    // the wire before the lane was up (in the socket by now, as a rule) are
-                    // read first, in this round, and the lane's first ones do not overtake
-                    // them (which costs an RC QP a sequence NAK and a go-back-N). Not before
-                    // a MAD, though: what came on the lane before it goes first.
-                    if !lane.cons.pending() {
-                        continue;
+                'lane: {
+                    if lane.fresh {
+                        // A new lane's first records wait one look: the packets its sender put on
+                        // the wire before the lane was up (in the socket by now, as a rule) are
+                        // read first, in this round, and the lane's first ones do not overtake
+                        // them (which costs an RC QP a sequence NAK and a go-back-N). Not before
+                        // a MAD, though: what came on the lane before it goes first.
+                        if !lane.cons.pending() {
+                            break 'lane;
+                        }
+                        lane.fresh = false;
+                        now_used = true;
+                        if skip_fresh {
+                            break 'lane;
+                        }
                     }
-                    lane.fresh = false;
-                    now_used = true;
-                    if skip_fresh {
-                        continue;
+                    let src = lane.src;
+                    // At most 4 batches from one lane per call: the others get their turn, and
+                    // the producer gets room back after each batch.
+                    for _ in 0..4 {
+                        if !lane.cons.pending() {
+                            break;
+                        }
+                        let mut pos = lane.cons.tail();
+                        // The clock is read for packets only (28 ns on this VM, twice in each
+                        // round trip of a ping-pong of records otherwise): records carry no time
+                        // (the QP reads it if a bounced record needs the transport).
+                        let mut now = None;
+                        let mut run = PacketRun::new();
+                        let mut taken = 0;
+                        let mut run_qpn = None;
+                        let mut run_records = false;
+                        while taken < BATCH {
+                            let (pkt, next) = match lane.cons.record_at(pos) {
+                                Ok(Some(r)) => r,
+                                Ok(None) => break,
+                                Err(super::lanes::ring::Corrupt) => {
+                                    lane.corrupt = true;
+                                    break;
+                                }
+                            };
+                            pos = next;
+                            taken += 1;
+                            // A work-request record (not a packet: no checks of a packet's
+                            // layout, and no capture) or a packet.
+                            let is_record = pkt.first() == Some(&WR_RECORD);
+                            let qpn = if is_record {
+                                let Some(q) = records::dest_qpn(pkt) else {
+                                    counts.count_drop(
+                                        softrdma_proto::device::DropReason::Malformed,
+                                        1,
+                                    );
+                                    continue;
+                                };
+                                counts.rx_packets += 1;
+                                counts.rx_bytes += pkt.len() as u64;
+                                q
+                            } else {
+                                let Some(q) = check_lane_packet(wire, counts, pkt, src) else {
+                                    continue;
+                                };
+                                q
+                            };
+                            if qpn == softrdma_wire::mad::GSI_QPN || !owns_qpn(share, qpn) {
+                                // Lanes carry packets for this process's QPs only.
+                                wire.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
+                                if is_record {
+                                    refuse_records(wire, &[pkt], src);
+                                }
+                                continue;
+                            }
+                            // A run is packets or records, never both: a QP takes the packets
+                            // before a record before it takes the record.
+                            if run_qpn != Some(qpn) || run_records != is_record || run.is_full() {
+                                if let Some(q) = run_qpn {
+                                    add_counts(counts, &wire.counters);
+                                    if let Some(p) = lane.pair_of(q) {
+                                        // What the QP's pair ring holds was written before this
+                                        // run (see `lanes::pair`): it goes first.
+                                        take_pair(wire, sink, p, true, tx);
+                                    }
+                                    deliver_lane_run(
+                                        wire,
+                                        sink,
+                                        q,
+                                        run.as_slice(),
+                                        run_records,
+                                        src,
+                                        &mut now,
+                                        tx,
+                                    );
+                                }
+                                run.clear();
+                                run_qpn = Some(qpn);
+                                run_records = is_record;
+                            }
+                            run.push(pkt);
+                        }
+                        add_counts(counts, &wire.counters);
+                        if let Some(q) = run_qpn {
+                            if let Some(p) = lane.pair_of(q) {
+                                take_pair(wire, sink, p, true, tx);
+                            }
+                            deliver_lane_run(
+                                wire,
+                                sink,
+                                q,
+                                run.as_slice(),
+                                run_records,
+                                src,
+                                &mut now,
+                                tx,
+                            );
+                        }
+                        total += taken;
+                        lane.cons.release(pos);
+                        if lane.corrupt || taken < BATCH {
+                            break;
+                        }
                     }
                 }
-                let src = lane.src;
-                // At most 4 batches from one lane per call: the others get their turn, and
-                // the producer gets room back after each batch.
-                for _ in 0..4 {
-                    if !lane.cons.pending() {
-                        break;
+                // The lane's QP pair rings (whether or not the lane brought anything yet) (a poller of the QP's CQ may be at one: left to
+                // it, unless everything must be taken now).
+                for p in &lane.pairs {
+                    if p.pending() {
+                        total += take_pair(wire, sink, p, !skip_fresh, tx);
                     }
-                    let mut pos = lane.cons.tail();
-                    // The clock is read for packets only (28 ns on this VM, twice in each
-                    // round trip of a ping-pong of records otherwise): records carry no time
-                    // (the QP reads it if a bounced record needs the transport).
-                    let mut now = None;
-                    let mut run = PacketRun::new();
-                    let mut taken = 0;
-                    let mut run_qpn = None;
-                    let mut run_records = false;
-                    while taken < BATCH {
-                        let (pkt, next) = match lane.cons.record_at(pos) {
-                            Ok(Some(r)) => r,
-                            Ok(None) => break,
-                            Err(super::lanes::ring::Corrupt) => {
-                                lane.corrupt = true;
-                                break;
-                            }
-                        };
-                        pos = next;
-                        taken += 1;
-                        // A work-request record (not a packet: no checks of a packet's
-                        // layout, and no capture) or a packet.
-                        let is_record = pkt.first() == Some(&WR_RECORD);
-                        let qpn = if is_record {
-                            let Some(q) = records::dest_qpn(pkt) else {
-                                counts.count_drop(softrdma_proto::device::DropReason::Malformed, 1);
-                                continue;
-                            };
-                            counts.rx_packets += 1;
-                            counts.rx_bytes += pkt.len() as u64;
-                            q
-                        } else {
-                            let Some(q) = check_lane_packet(wire, counts, pkt, src) else {
-                                continue;
-                            };
-                            q
-                        };
-                        if qpn == softrdma_wire::mad::GSI_QPN || !owns_qpn(share, qpn) {
-                            // Lanes carry packets for this process's QPs only.
-                            wire.counters.unknown_qp.fetch_add(1, Ordering::Relaxed);
-                            if is_record {
-                                refuse_records(wire, &[pkt], src);
-                            }
-                            continue;
-                        }
-                        // A run is packets or records, never both: a QP takes the packets
-                        // before a record before it takes the record.
-                        if run_qpn != Some(qpn) || run_records != is_record || run.is_full() {
-                            if let Some(q) = run_qpn {
-                                add_counts(counts, &wire.counters);
-                                deliver_lane_run(
-                                    wire,
-                                    sink,
-                                    q,
-                                    run.as_slice(),
-                                    run_records,
-                                    src,
-                                    &mut now,
-                                    tx,
-                                );
-                            }
-                            run.clear();
-                            run_qpn = Some(qpn);
-                            run_records = is_record;
-                        }
-                        run.push(pkt);
-                    }
-                    add_counts(counts, &wire.counters);
-                    if let Some(q) = run_qpn {
-                        deliver_lane_run(
-                            wire,
-                            sink,
-                            q,
-                            run.as_slice(),
-                            run_records,
-                            src,
-                            &mut now,
-                            tx,
-                        );
-                    }
-                    total += taken;
-                    lane.cons.release(pos);
-                    if lane.corrupt || taken < BATCH {
-                        break;
-                    }
+                }
+                if lane.pairs.iter().any(|p| p.is_closed()) {
+                    lane.pairs.retain(|p| !p.is_closed());
                 }
             }
             if now_used {

@@ -56,6 +56,10 @@ const MSG_REPLY: u8 = 2;
 pub(super) const MSG_LANE_OFFER: u8 = 3;
 /// See [`MSG_LANE_OFFER`].
 pub(super) const MSG_LANE_ACCEPT: u8 = 4;
+/// A QP pair ring offered (with its ring) or answered (see `lanes::pair`).
+pub(super) const MSG_PAIR_OFFER: u8 = 5;
+/// See [`MSG_PAIR_OFFER`].
+pub(super) const MSG_PAIR_ACCEPT: u8 = 6;
 /// Bytes before the packet in a forwarded packet: kind, the sender's address (see
 /// [`super::unix_names::put_addr`]).
 const FWD_HEADER: usize = 1 + ADDR_LEN;
@@ -316,7 +320,10 @@ impl Share {
                 }
                 SlotMsg::Other
             }
-            Some(&MSG_LANE_OFFER) | Some(&MSG_LANE_ACCEPT) => {
+            Some(&MSG_LANE_OFFER)
+            | Some(&MSG_LANE_ACCEPT)
+            | Some(&MSG_PAIR_OFFER)
+            | Some(&MSG_PAIR_ACCEPT) => {
                 // SAFETY: getuid cannot fail.
                 if uid != Some(unsafe { libc::getuid() }) {
                     tracing::debug!(?uid, "a lane message from another user ignored");

@@ -469,6 +469,21 @@ impl Wire {
         self.lanes.records_generation()
     }
 
+    /// See [`super::Provider::offer_pair`].
+    pub(crate) fn offer_pair(
+        &self,
+        peer: IpAddr,
+        dest_qpn: u32,
+        src_qpn: u32,
+    ) -> Option<super::PairTx> {
+        if !self.lanes_direct() {
+            return None;
+        }
+        let dst = SocketAddr::new(peer, ROCE_PORT);
+        self.lanes
+            .offer_pair(dst, super::share::slot_of_qpn(dest_qpn), src_qpn, dest_qpn)
+    }
+
     pub(crate) fn direct_lane(&self, peer: IpAddr, dest_qpn: u32) -> Option<DirectTx<'_>> {
         let dst = SocketAddr::new(peer, ROCE_PORT);
         let lane = self

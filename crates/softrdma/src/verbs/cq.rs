@@ -291,6 +291,12 @@ impl std::fmt::Debug for CompChannel {
     }
 }
 
+/// The QP pair rings a CQ looks at, each with the engine that carries its records out.
+type PairList = Vec<(
+    Arc<dyn crate::provider::Provider>,
+    Arc<crate::provider::PairRx>,
+)>;
+
 /// A completion queue (`struct ibv_cq`).
 pub struct Cq {
     pub(crate) inner: Arc<CqInner>,
@@ -351,6 +357,12 @@ pub(crate) struct CqInner {
     /// `has_wakers` says whether there are any, so that a poll takes no lock for them.
     wakers: Mutex<Vec<Box<dyn FnOnce() + Send>>>,
     has_wakers: std::sync::atomic::AtomicBool,
+    /// The rings of their own through which the peers of QPs that use the CQ send them
+    /// work-request records (see `provider::lanes::pair`), with the engines that carry them
+    /// out: `poll` looks at them first (one load each when empty). `has_pairs` says whether
+    /// there are any, so that a CQ without takes no lock for them.
+    pairs: Mutex<PairList>,
+    has_pairs: std::sync::atomic::AtomicBool,
     _count: CountGuard,
 }
 
@@ -429,6 +441,8 @@ impl Context {
                 has_more: std::sync::atomic::AtomicBool::new(false),
                 wakers: Mutex::new(Vec::new()),
                 has_wakers: std::sync::atomic::AtomicBool::new(false),
+                pairs: Mutex::new(Vec::new()),
+                has_pairs: std::sync::atomic::AtomicBool::new(false),
                 _count: count,
             }),
         })
@@ -453,6 +467,19 @@ impl CqInner {
             more.push(e.clone());
             self.has_more.store(true, Ordering::Release);
         }
+    }
+
+    /// Lists the QP pair ring `p`, carried out by `engine`, for `poll` to look at (rings
+    /// closed since are dropped from the list here and at polls).
+    pub(crate) fn add_pair(
+        &self,
+        engine: &Arc<dyn crate::provider::Provider>,
+        p: &Arc<crate::provider::PairRx>,
+    ) {
+        let mut v = self.pairs.lock().unwrap_or_else(|p| p.into_inner());
+        v.retain(|(_, q)| !q.is_closed());
+        v.push((engine.clone(), p.clone()));
+        self.has_pairs.store(true, Ordering::Release);
     }
 
     /// Adds a completion, signalling the channel if the CQ is armed for it. Returns `false`
@@ -576,11 +603,42 @@ impl Cq {
         if n > 0 || wc.is_empty() {
             return Ok(n);
         }
+        // Records of a QP's peer in the ring of its own: carried out here, without the
+        // device's receive path.
+        if self.inner.has_pairs.load(Ordering::Acquire) && self.take_pairs(!armed) {
+            let (n, _) = self.poll_entries(wc)?;
+            if n > 0 {
+                return Ok(n);
+            }
+        }
         // Nothing yet: receive what the device has waiting, here, then look again.
         if self.for_each_engine(false, |e| e.poll_progress(!armed)) {
             return Ok(self.poll_entries(wc)?.0);
         }
         Ok(0)
+    }
+
+    /// Carries out what the QP pair rings listed hold (see [`CqInner::add_pair`]); whether
+    /// anything was. `busy`: the CQ is not armed (its program polls).
+    fn take_pairs(&self, busy: bool) -> bool {
+        // (Another thread polling this CQ is at them: its look serves both.)
+        let Ok(mut v) = self.inner.pairs.try_lock() else {
+            return false;
+        };
+        let mut took = false;
+        let mut closed = false;
+        for (e, p) in v.iter() {
+            if p.pending() {
+                took |= e.take_pair(p, busy) > 0;
+            } else if p.is_closed() {
+                closed = true;
+            }
+        }
+        if closed {
+            v.retain(|(_, p)| !p.is_closed());
+            self.inner.has_pairs.store(!v.is_empty(), Ordering::Release);
+        }
+        took
     }
 
     /// Runs `f` on every receive queue the CQ's QPs use: the first, then the others

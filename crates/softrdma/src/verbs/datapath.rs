@@ -302,6 +302,44 @@ impl QpPort for QpInner {
         Delivery::Delivered
     }
 
+    fn attach_pair(
+        self: Arc<Self>,
+        _engine: &dyn Provider,
+        src: SocketAddr,
+        src_qpn: u32,
+        p: Arc<crate::provider::PairRx>,
+    ) -> bool {
+        if self.qp_type != softrdma_proto::QpType::Rc {
+            return false;
+        }
+        let (engine, old) = {
+            let mut st = self.lock();
+            let connected = matches!(
+                st.attr.qp_state,
+                softrdma_proto::QpState::Rtr
+                    | softrdma_proto::QpState::Rts
+                    | softrdma_proto::QpState::Sqd
+            ) && st.attr.dest_qp_num == src_qpn
+                && st.attr.ah_attr.grh.dgid.to_ip() == src.ip();
+            let Some(engine) = st.engine.clone().filter(|_| connected) else {
+                return false;
+            };
+            (engine, st.pair_in.replace(p.clone()))
+        };
+        if let Some(old) = old {
+            old.close();
+        }
+        // (The CQs' lists are taken with no QP lock held: a poll holds its CQ's list while it
+        // takes records, which locks the QP.)
+        let recv = self.recv_cq.arc();
+        recv.add_pair(&engine, &p);
+        let send = self.send_cq.arc();
+        if !Arc::ptr_eq(recv, send) {
+            send.add_pair(&engine, &p);
+        }
+        true
+    }
+
     fn on_timeout(self: Arc<Self>, engine: &dyn Provider, now: Instant, tx: &mut TxBatch) {
         let qp = &self;
         let events = {

@@ -43,7 +43,7 @@
 //!   lane comes up); so do `SOFTRDMA_TRANSPORT=wire`, a packet capture and fault injection.
 
 use crate::provider::wr_records::{Kind, Record, HEADER};
-use crate::provider::{DirectTx, Provider};
+use crate::provider::{DirectTx, PairTx, Provider};
 use crate::verbs::env::{to_wc, QpEnv};
 use crate::verbs::qp::records::{consumes_receive, Records, REMOTE_WRITE};
 use crate::verbs::qp::{QpInner, QpState_};
@@ -135,7 +135,16 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
         }
         r.ready = true;
     }
-    let Some(mut lane) = engine.direct_lane(peer, dest) else {
+    let mut pair = r.pair.take();
+    let Some(mut lane) = record_out(
+        &**engine,
+        &mut pair,
+        &mut r.pair_tried,
+        peer,
+        dest,
+        qp.qp_num,
+    ) else {
+        r.pair = pair;
         r.ready = false;
         r.looked_at = Some(engine.records_generation());
         return false;
@@ -194,7 +203,8 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
         lane.commit_record(HEADER + n);
         true
     };
-    drop(lane);
+    lane.finish();
+    r.pair = pair;
     if let (true, Some(t)) = (sent, transport.as_mut()) {
         t.count_bypass(true, HEADER + n, false);
     }
@@ -384,11 +394,24 @@ pub(crate) fn receive(
 pub(crate) fn write_answers(engine: &dyn Provider, qpn: u32, st: &mut QpState_) {
     let peer = st.attr.ah_attr.grh.dgid.to_ip();
     let dest = st.attr.dest_qp_num;
-    let done = match engine.direct_lane(peer, dest) {
-        Some(mut lane) => emit_answers(&mut lane, &st.records.owed, true, st.transport.as_mut()),
+    let mut pair = st.records.pair.take();
+    let done = match record_out(
+        engine,
+        &mut pair,
+        &mut st.records.pair_tried,
+        peer,
+        dest,
+        qpn,
+    ) {
+        Some(mut out) => {
+            let done = emit_answers(&mut out, &st.records.owed, true, st.transport.as_mut());
+            out.finish();
+            done
+        }
         None => 0,
     };
     let r = &mut st.records;
+    r.pair = pair;
     r.owed.drain(..done);
     if !r.owed.is_empty() {
         tracing::debug!(
@@ -409,7 +432,7 @@ pub(crate) fn write_answers(engine: &dyn Provider, qpn: u32, st: &mut QpState_) 
 /// (with `wait`, a full ring is waited on, 1 ms at most, before giving up), and counts them
 /// on the transport `t`. Returns how many went.
 fn emit_answers(
-    lane: &mut DirectTx<'_>,
+    lane: &mut RecordOut<'_>,
     owed: &[Record],
     wait: bool,
     mut t: Option<&mut tp::Qp>,
@@ -435,6 +458,74 @@ fn emit_answers(
         }
     }
     done
+}
+
+/// Where a QP's records go now: the ring of its own to the peer QP (see
+/// `provider::lanes::pair`) while that may take them, the device's lane to the peer's process
+/// otherwise. Offers the QP a ring of its own the first time (once per connection), drops
+/// one that can take nothing any more. `None`: no lane is up to the peer.
+fn record_out<'a>(
+    engine: &'a dyn Provider,
+    pair: &'a mut Option<PairTx>,
+    pair_tried: &mut bool,
+    peer: std::net::IpAddr,
+    dest: u32,
+    qpn: u32,
+) -> Option<RecordOut<'a>> {
+    if pair.as_ref().is_some_and(PairTx::dead) {
+        *pair = None;
+    }
+    if pair.is_none() && !*pair_tried {
+        *pair_tried = true;
+        *pair = engine.offer_pair(peer, dest, qpn);
+    }
+    if let Some(p) = pair.as_mut().filter(|p| p.writable()) {
+        return Some(RecordOut::Pair(p));
+    }
+    engine.direct_lane(peer, dest).map(RecordOut::Lane)
+}
+
+/// A way out for records ([`record_out`]).
+enum RecordOut<'a> {
+    /// The QP's ring of its own.
+    Pair(&'a mut PairTx),
+    /// The device's lane to the peer's process.
+    Lane(DirectTx<'a>),
+}
+
+impl RecordOut<'_> {
+    #[inline]
+    fn reserve(&mut self, max: usize) -> Option<&mut [u8]> {
+        match self {
+            RecordOut::Pair(p) => p.reserve(max),
+            RecordOut::Lane(l) => l.reserve(max),
+        }
+    }
+
+    #[inline]
+    fn commit_record(&mut self, len: usize) {
+        match self {
+            RecordOut::Pair(p) => p.commit_record(len),
+            RecordOut::Lane(l) => l.commit_record(len),
+        }
+    }
+
+    fn wait_for_room(&mut self, max: usize, wait: Duration) -> bool {
+        match self {
+            RecordOut::Pair(p) => p.wait_for_room(max, wait),
+            RecordOut::Lane(l) => l.wait_for_room(max, wait),
+        }
+    }
+
+    /// Makes what was written visible (waking the reader when it sleeps).
+    #[inline]
+    fn finish(self) {
+        match self {
+            RecordOut::Pair(p) => p.publish(),
+            // (Published when dropped.)
+            RecordOut::Lane(l) => drop(l),
+        }
+    }
 }
 
 /// Carries out the request `rec` (its payload `payload`) when it is the plain case: the QP in

@@ -26,13 +26,14 @@
 //! - `SOFTRDMA_TRANSPORT=wire` turns lanes off (for packet capture and interop tests);
 //!   fault injection sends every packet on the wire.
 
+pub(crate) mod pair;
 pub(crate) mod records;
 pub(crate) mod ring;
 mod setup;
 
 use super::share;
 use super::unix_names;
-use ring::{Consumer, Corrupt, Producer};
+use ring::{ring_bell, Consumer, Corrupt, Producer};
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -137,7 +138,19 @@ pub(crate) struct Lanes {
     nonces: AtomicU64,
     /// The index in `out` of the destination last written to (a hint, checked).
     last_out: std::sync::atomic::AtomicUsize,
+    /// QP pair rings offered and not answered yet, by nonce ([`pair`]).
+    pair_offers: Mutex<Vec<(u64, std::sync::Weak<pair::PairShared>)>>,
+    /// QP pair rings this device's QPs write, at most [`MAX_PAIRS`] (a count).
+    pairs_out: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// What the QP pair rings written carried ([`Lanes::pair_sent`]), and what those gone
+    /// had carried (records, bytes).
+    pair_counts: Mutex<Vec<Arc<pair::PairCounts>>>,
+    pair_counts_gone: Mutex<(u64, u64)>,
 }
+
+/// QP pair rings a device's QPs may write at once (each is [`pair::PAIR_CAP`] of memory on
+/// both sides); further QPs send their records through the device lane.
+const MAX_PAIRS: usize = 1024;
 
 /// A destination (device socket address, slot) and its lane.
 struct Out {
@@ -163,6 +176,8 @@ enum OutState {
 struct OutLane {
     prod: Producer,
     bell: Arc<OwnedFd>,
+    /// Cleared when the lane goes (the QP pair rings beside it stop: see [`pair`]).
+    alive: Arc<AtomicBool>,
     /// Pushed to since the last publication.
     dirty: bool,
     /// The receiving process said it takes work-request records ([`WR_RECORD`]).
@@ -230,6 +245,12 @@ impl Drop for LaneWriter<'_> {
     }
 }
 
+impl Drop for OutLane {
+    fn drop(&mut self) {
+        self.alive.store(false, Ordering::Relaxed);
+    }
+}
+
 impl OutLane {
     /// Makes what was queued visible and wakes the receiver when it sleeps.
     #[inline]
@@ -254,6 +275,23 @@ pub(crate) struct InLane {
     /// Nothing was taken from the lane yet (see `rx::take_lanes`: its first records wait one
     /// look, so that what its sender put on the wire before the lane was up goes first).
     pub(crate) fresh: bool,
+    /// The QP pair rings from the same process ([`pair`]): drained before the lane hands
+    /// their QP anything.
+    pub(crate) pairs: Vec<Arc<pair::PairRx>>,
+}
+
+impl InLane {
+    /// Whether records wait in the lane or in one of its QP pair rings.
+    #[inline]
+    fn pending(&self) -> bool {
+        self.cons.pending() || self.pairs.iter().any(|p| p.pending())
+    }
+
+    /// The QP pair ring of QP `qpn` from this lane's process, if any.
+    #[inline]
+    pub(crate) fn pair_of(&self, qpn: u32) -> Option<&Arc<pair::PairRx>> {
+        self.pairs.iter().find(|p| p.qpn == qpn)
+    }
 }
 
 /// A bell the progress thread watches: an inbound lane's (wake-ups and hang-up) or an
@@ -280,6 +318,10 @@ impl Lanes {
             gen: AtomicU64::new(0),
             nonces: AtomicU64::new(u64::from(crate::gid::random_u32()) << 32),
             last_out: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            pair_offers: Mutex::new(Vec::new()),
+            pairs_out: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            pair_counts: Mutex::new(Vec::new()),
+            pair_counts_gone: Mutex::new((0, 0)),
         }
     }
 
@@ -374,12 +416,14 @@ impl Lanes {
         self.records_gen.fetch_add(1, Ordering::Release);
         let mut from = self.inbound_from.lock().unwrap_or_else(|p| p.into_inner());
         from.clear();
-        // Only lanes that brought something: their producer's lane is up on its side (it
-        // wrote into it), so answers can come back through it. A lane just accepted may
-        // still be an offer there, waiting for its answer to be read.
+        // Only lanes that brought something, or whose producer offered a QP pair ring beside
+        // them (it does so only with its lane up): their producer's lane is up on its side,
+        // so answers can come back through it. A lane just accepted may still be an offer
+        // there, waiting for its answer to be read. (A producer whose records all take pair
+        // rings may never write into its lane.)
         from.extend(
             inb.iter()
-                .filter(|l| !l.fresh)
+                .filter(|l| !l.fresh || !l.pairs.is_empty())
                 .map(|l| (l.src.ip(), l.slot)),
         );
     }
@@ -565,6 +609,10 @@ impl Lanes {
     pub(crate) fn hung_up(&self, fd: RawFd, inbound: bool) {
         if inbound {
             let mut inb = self.inbound.lock().unwrap_or_else(|p| p.into_inner());
+            for l in inb.iter().filter(|l| l.bell.as_raw_fd() == fd) {
+                // (What they held was taken with the lane's rest.)
+                l.pairs.iter().for_each(|p| p.close());
+            }
             inb.retain(|l| l.bell.as_raw_fd() != fd);
             self.any_inbound.store(!inb.is_empty(), Ordering::Release);
             self.note_inbound(&inb);
@@ -593,6 +641,9 @@ impl Lanes {
         let r = f(&mut inb);
         if inb.iter().any(|l| l.corrupt) {
             tracing::warn!("a same-host lane's ring is corrupt: closed");
+            for l in inb.iter().filter(|l| l.corrupt) {
+                l.pairs.iter().for_each(|p| p.close());
+            }
             inb.retain(|l| !l.corrupt);
             self.any_inbound.store(!inb.is_empty(), Ordering::Release);
             self.note_inbound(&inb);
@@ -601,36 +652,81 @@ impl Lanes {
         Some(r)
     }
 
-    /// Whether records wait in an inbound lane.
+    /// Whether records wait in an inbound lane (or a QP pair ring beside one).
     pub(crate) fn pending(&self) -> bool {
-        self.with_inbound(|inb| inb.iter().any(|l| l.cons.pending()))
+        self.with_inbound(|inb| inb.iter().any(InLane::pending))
             .unwrap_or(false)
     }
 
-    /// The progress thread is about to sleep: asks every inbound lane's producer for a
-    /// wake-up. Returns `false` (and nothing is armed for sure) when records wait already.
+    /// The progress thread is about to sleep: asks every inbound lane's producer (and every
+    /// QP pair ring's) for a wake-up. Returns `false` (and nothing is armed for sure) when
+    /// records wait already.
     pub(crate) fn arm(&self) -> bool {
-        self.with_inbound(|inb| inb.iter().all(|l| l.cons.arm()))
-            .unwrap_or(true)
+        self.with_inbound(|inb| {
+            inb.iter()
+                .all(|l| l.cons.arm() && l.pairs.iter().all(|p| p.arm()))
+        })
+        .unwrap_or(true)
     }
 
     /// The progress thread is awake: producers need not ring.
     pub(crate) fn disarm(&self) {
-        self.with_inbound(|inb| inb.iter().for_each(|l| l.cons.disarm()));
+        self.with_inbound(|inb| {
+            inb.iter().for_each(|l| {
+                l.cons.disarm();
+                l.pairs.iter().for_each(|p| p.disarm());
+            })
+        });
     }
-}
 
-/// Wakes a sleeping consumer: one byte on the bell (a full bell has wake-ups pending already).
-fn ring_bell(bell: &OwnedFd) {
-    // SAFETY: one byte from a live buffer to a socket we own.
-    unsafe {
-        libc::send(
-            bell.as_raw_fd(),
-            [1u8].as_ptr().cast(),
-            1,
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-        )
-    };
+    /// A ring for the records of QP `src_qpn` of this device to QP `dest_qpn` of the process
+    /// holding `slot` of the device at `dst`, offered to that process (see [`pair`]); `None`
+    /// when no lane to it is up, too many pair rings are out, or the ring could not be made
+    /// or offered.
+    pub(crate) fn offer_pair(
+        &self,
+        dst: SocketAddr,
+        slot: u8,
+        src_qpn: u32,
+        dest_qpn: u32,
+    ) -> Option<pair::PairTx> {
+        if !self.on || !pair::pair_rings() {
+            return None;
+        }
+        let (watch, alive, bell) = {
+            let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+            let o = out.iter().find(|o| o.ip == dst && o.slot == slot)?;
+            let OutState::Up(l) = &o.state else {
+                return None;
+            };
+            (l.prod.watch(), l.alive.clone(), l.bell.clone())
+        };
+        self.make_pair_offer(dst, slot, src_qpn, dest_qpn, watch, alive, bell)
+    }
+
+    /// The work-request records sent through this device's QP pair rings so far, and their
+    /// bytes (for the device's counters).
+    pub(crate) fn pair_sent(&self) -> (u64, u64) {
+        let mut counts = self.pair_counts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut gone = self
+            .pair_counts_gone
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // (Rings no longer written: folded into the total of those gone.)
+        counts.retain(|c| {
+            if Arc::strong_count(c) > 1 {
+                return true;
+            }
+            let (r, b) = c.get();
+            gone.0 += r;
+            gone.1 += b;
+            false
+        });
+        counts.iter().fold(*gone, |(r, b), c| {
+            let (r2, b2) = c.get();
+            (r + r2, b + b2)
+        })
+    }
 }
 
 /// Reads the wake-ups waiting on a bell.

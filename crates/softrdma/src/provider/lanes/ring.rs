@@ -9,6 +9,7 @@
 //! | 8 | `cap` (`u64`) |
 //! | 128 | `tail`: bytes taken, published by the consumer (`u64`, its own cache line) |
 //! | 192 | `sleeping`: the consumer is about to sleep or sleeps (`u32`) |
+//! | 256 | `closed`: the consumer reads no more (`u32`; a QP pair's ring, see `super::pair`) |
 //!
 //! A record starts on a 64-byte boundary with a 16-byte header: the packet's length (`u32`),
 //! 4 bytes unused, and the record's *sequence word* (`u64`), then the packet; a record never
@@ -31,6 +32,7 @@
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// The first eight bytes of a ring's mapping (the layout's version: a process of another
 /// layout refuses the ring, and its packets take the wire).
@@ -39,6 +41,7 @@ pub(crate) const MAGIC: u64 = u64::from_be_bytes(*b"srdmaRN2");
 const HEADER: usize = 4096;
 const TAIL_AT: usize = 128;
 const SLEEPING_AT: usize = 192;
+const CLOSED_AT: usize = 256;
 /// Bytes of a record's header.
 const REC_HEADER: u64 = 16;
 /// Where a record's sequence word is, from its start.
@@ -108,7 +111,7 @@ impl Mapping {
 
 /// The producer's end of a ring.
 pub(crate) struct Producer {
-    map: Mapping,
+    map: Arc<Mapping>,
     cap: u64,
     /// Bytes written (this side's own count).
     head: u64,
@@ -119,11 +122,30 @@ pub(crate) struct Producer {
     /// The positions of the records (padding included) committed and not yet published, in
     /// order: kept here rather than read back from the mapping, which the peer can write.
     unpublished: Vec<u64>,
+    /// `head` as of the last [`Producer::publish`], for [`Watch`].
+    published: Arc<AtomicU64>,
+}
+
+/// A view of a ring's progress from outside its producer (see [`Producer::watch`]): whether
+/// the consumer has taken everything published so far.
+pub(crate) struct Watch {
+    map: Arc<Mapping>,
+    published: Arc<AtomicU64>,
+}
+
+impl Watch {
+    /// Whether the consumer has released every record published so far (it took them all).
+    /// A consumer position that makes no sense reads as "not yet".
+    #[inline]
+    pub(crate) fn consumed(&self) -> bool {
+        let head = self.published.load(Ordering::Acquire);
+        self.map.u64_at(TAIL_AT).load(Ordering::Acquire) == head
+    }
 }
 
 /// The consumer's end of a ring.
 pub(crate) struct Consumer {
-    map: Mapping,
+    map: Arc<Mapping>,
     cap: u64,
     /// Bytes taken (this side's own count).
     tail: u64,
@@ -152,7 +174,7 @@ impl Producer {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
             return Err(Error::last_os_error("ftruncate(lane ring)"));
         }
-        let map = Mapping::map(&fd, len)?;
+        let map = Arc::new(Mapping::map(&fd, len)?);
         map.u64_at(0).store(MAGIC, Ordering::Relaxed);
         map.u64_at(8).store(cap as u64, Ordering::Release);
         Ok((
@@ -163,6 +185,7 @@ impl Producer {
                 tail: 0,
                 reserved: None,
                 unpublished: Vec::with_capacity(256),
+                published: Arc::new(AtomicU64::new(0)),
             },
             fd,
         ))
@@ -265,11 +288,36 @@ impl Producer {
                 .store(pos + 1, Ordering::Release);
         }
         self.unpublished.clear();
+        self.published.store(self.head, Ordering::Release);
         // Pairs with the consumer's fence in `arm`: either it sees the new record, or this
         // sees its flag.
         fence(Ordering::SeqCst);
         let s = self.map.u32_at(SLEEPING_AT);
         s.load(Ordering::Relaxed) != 0 && s.swap(0, Ordering::AcqRel) != 0
+    }
+
+    /// Writes `len` as the length of the record committed last (tests of a reader that
+    /// finds nonsense).
+    #[cfg(test)]
+    pub(crate) fn corrupt_last_length_for_test(&mut self, len: u32) {
+        if let Some(&pos) = self.unpublished.last() {
+            let at = HEADER as u64 + (pos & (self.cap - 1));
+            self.map.u32_at(at as usize).store(len, Ordering::Relaxed);
+        }
+    }
+
+    /// A [`Watch`] of this ring: whether its consumer has taken all that was published.
+    pub(crate) fn watch(&self) -> Watch {
+        Watch {
+            map: self.map.clone(),
+            published: self.published.clone(),
+        }
+    }
+
+    /// Whether the consumer said it reads no more ([`Consumer::close`]).
+    #[inline]
+    pub(crate) fn closed(&self) -> bool {
+        self.map.u32_at(CLOSED_AT).load(Ordering::Acquire) != 0
     }
 }
 
@@ -287,7 +335,7 @@ impl Consumer {
         if !(HEADER + (1 << 16)..=HEADER + (1 << 30)).contains(&len) {
             return Err(Error::invalid(format!("a lane ring of {len} bytes")));
         }
-        let map = Mapping::map(fd, len)?;
+        let map = Arc::new(Mapping::map(fd, len)?);
         let cap = map.u64_at(8).load(Ordering::Acquire);
         if map.u64_at(0).load(Ordering::Relaxed) != MAGIC
             || !cap.is_power_of_two()
@@ -386,6 +434,53 @@ impl Consumer {
             s.store(0, Ordering::Relaxed);
         }
     }
+
+    /// Tells the producer that nothing more is read ([`Producer::closed`]).
+    pub(crate) fn close(&self) {
+        self.map.u32_at(CLOSED_AT).store(1, Ordering::Release);
+    }
+
+    /// A [`Peek`] at this ring, for a look without this end (see [`Peek::published`]).
+    pub(crate) fn peek(&self) -> Peek {
+        Peek {
+            map: self.map.clone(),
+            cap: self.cap,
+        }
+    }
+}
+
+/// Whether a ring holds a published record at a position, read without its consumer (a
+/// reader that holds the consumer elsewhere, behind a lock, looks first with this).
+pub(crate) struct Peek {
+    map: Arc<Mapping>,
+    cap: u64,
+}
+
+impl Peek {
+    /// Tells the producer that nothing more is read (as [`Consumer::close`]).
+    pub(crate) fn close(&self) {
+        self.map.u32_at(CLOSED_AT).store(1, Ordering::Release);
+    }
+
+    /// Whether the record at `pos` is published (as [`Consumer::pending`] at that position).
+    #[inline]
+    pub(crate) fn published(&self, pos: u64) -> bool {
+        let at = HEADER as u64 + (pos & (self.cap - 1)) + SEQ_AT;
+        self.map.u64_at(at as usize).load(Ordering::Acquire) == pos.wrapping_add(1)
+    }
+}
+
+/// Wakes a sleeping consumer: one byte on the bell (a full bell has wake-ups pending already).
+pub(crate) fn ring_bell(bell: &OwnedFd) {
+    // SAFETY: one byte from a live buffer to a socket we own.
+    unsafe {
+        libc::send(
+            bell.as_raw_fd(),
+            [1u8].as_ptr().cast(),
+            1,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
 }
 
 #[cfg(test)]

@@ -1,14 +1,17 @@
 //! Setting a lane up: the offer (a ring and a bell, passed over the receiving process's slot
 //! socket) and its answer.
 
-use super::ring::{Consumer, Producer};
-use super::{InLane, Lanes, OutLane, OutState, NOT_LOCAL_FOR, REFUSED_FOR, RING_CAP};
+use super::pair::{PairRx, PairShared, PairTx, PAIR_CAP};
+use super::ring::{Consumer, Producer, Watch};
+use super::{
+    pair, InLane, Lanes, OutLane, OutState, MAX_PAIRS, NOT_LOCAL_FOR, REFUSED_FOR, RING_CAP,
+};
 use crate::provider::scm::send_with_fds;
-use crate::provider::share::{MSG_LANE_ACCEPT, MSG_LANE_OFFER};
+use crate::provider::share::{MSG_LANE_ACCEPT, MSG_LANE_OFFER, MSG_PAIR_ACCEPT, MSG_PAIR_OFFER};
 use crate::provider::unix_names;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -54,16 +57,133 @@ impl Lanes {
             lane: OutLane {
                 prod,
                 bell: Arc::new(mine),
+                alive: Arc::new(AtomicBool::new(true)),
                 dirty: false,
                 records: false,
             },
         }
     }
 
+    /// Offers a QP pair ring (see [`Lanes::offer_pair`]) beside the lane whose progress
+    /// `watch`, liveness `alive` and bell `bell` are given.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn make_pair_offer(
+        &self,
+        dst: SocketAddr,
+        slot: u8,
+        src_qpn: u32,
+        dest_qpn: u32,
+        watch: Watch,
+        alive: Arc<AtomicBool>,
+        bell: Arc<OwnedFd>,
+    ) -> Option<PairTx> {
+        if self.pairs_out.fetch_add(1, Ordering::Relaxed) >= MAX_PAIRS {
+            self.pairs_out.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        // (From here the count is the ring's: given back when it drops, or below.)
+        let made = Producer::create(PAIR_CAP).map_err(|e| {
+            tracing::debug!(error = %e, "no QP pair ring");
+        });
+        let sock = unix_names::connect_slot(dst.ip(), slot).ok();
+        let (Ok((prod, memfd)), Some(sock)) = (made, sock) else {
+            self.pairs_out.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        };
+        let nonce = self.nonces.fetch_add(1, Ordering::Relaxed);
+        let mut m = [0u8; PAIR_OFFER_LEN];
+        m[0] = MSG_PAIR_OFFER;
+        unix_names::put_addr(&mut m[1..20], self.local);
+        m[20] = self.slot;
+        m[21..29].copy_from_slice(&nonce.to_be_bytes());
+        m[29..31].copy_from_slice(&dst.port().to_be_bytes());
+        m[31..35].copy_from_slice(&src_qpn.to_be_bytes());
+        m[35..39].copy_from_slice(&dest_qpn.to_be_bytes());
+        let shared = Arc::new(PairShared::new());
+        {
+            let mut offers = self.pair_offers.lock().unwrap_or_else(|p| p.into_inner());
+            // (Offers whose ring is gone, answered or not, are forgotten here.)
+            offers.retain(|(_, w)| w.strong_count() > 0);
+            offers.push((nonce, Arc::downgrade(&shared)));
+        }
+        let counts = Arc::new(pair::PairCounts::default());
+        self.pair_counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(counts.clone());
+        let tx = PairTx::new(
+            prod,
+            shared,
+            watch,
+            alive,
+            bell,
+            self.pairs_out.clone(),
+            counts,
+        );
+        if let Err(e) = send_with_fds(&sock, &m, &[memfd.as_raw_fd()]) {
+            tracing::debug!(%dst, slot, error = %e, "a QP pair ring offer not sent");
+            return None;
+        }
+        tracing::debug!(%dst, slot, src_qpn, dest_qpn, "a QP pair ring offered");
+        Some(tx)
+    }
+
     /// Takes a lane message received on the slot socket (`m`, with the descriptors `fds`),
-    /// from a process of this user: an offer (mapped and answered) or an answer.
-    pub(crate) fn on_message(&self, m: &[u8], mut fds: Vec<OwnedFd>) {
+    /// from a process of this user: a lane's or a QP pair ring's offer (mapped and answered)
+    /// or answer. A QP pair ring offered goes to `attach` (the QP it is for, the sending
+    /// device, the sending QP, the ring), which says whether the QP takes it.
+    pub(crate) fn on_message(&self, m: &[u8], mut fds: Vec<OwnedFd>, attach: &AttachPair) {
         match m.first() {
+            Some(&MSG_PAIR_OFFER) if m.len() >= PAIR_OFFER_LEN && fds.len() == 1 => {
+                let (Some(src), src_slot) = (unix_names::get_addr(&m[1..20]), m[20]) else {
+                    return;
+                };
+                let to_me = u16::from_be_bytes([m[29], m[30]]) == self.local.port();
+                let u32_at = |i: usize| u32::from_be_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
+                let (src_qpn, dest_qpn) = (u32_at(31), u32_at(35));
+                let memfd = fds.pop().expect("one descriptor");
+                let mut accepted = false;
+                if self.on && to_me && pair::pair_rings() {
+                    if let Ok(cons) = Consumer::open(&memfd) {
+                        let rx = Arc::new(PairRx::new(dest_qpn, src, cons));
+                        // Beside the lane from the same process (records come only when one
+                        // is up both ways); under the inbound lanes' lock, which their reader
+                        // takes before the QP's.
+                        let mut inb = self.inbound.lock().unwrap_or_else(|p| p.into_inner());
+                        if let Some(l) = inb.iter_mut().find(|l| l.src == src && l.slot == src_slot)
+                        {
+                            if attach(dest_qpn, src, src_qpn, &rx) {
+                                // (A ring the QP had from this peer before is replaced.)
+                                l.pairs.retain(|p| p.qpn != dest_qpn);
+                                l.pairs.push(rx);
+                                accepted = true;
+                                self.note_inbound(&inb);
+                            }
+                        }
+                    }
+                }
+                let mut a = [0u8; 10];
+                a[0] = MSG_PAIR_ACCEPT;
+                a[1..9].copy_from_slice(&m[21..29]);
+                a[9] = u8::from(accepted);
+                if let Ok(sock) = unix_names::connect_slot(src.ip(), src_slot) {
+                    let _ = send_with_fds(&sock, &a, &[]);
+                }
+                tracing::debug!(%src, src_qpn, dest_qpn, accepted, "a QP pair ring offer answered");
+            }
+            Some(&MSG_PAIR_ACCEPT) if m.len() >= 10 => {
+                let mut n = [0u8; 8];
+                n.copy_from_slice(&m[1..9]);
+                let nonce = u64::from_be_bytes(n);
+                let mut offers = self.pair_offers.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(i) = offers.iter().position(|(k, _)| *k == nonce) {
+                    let (_, w) = offers.swap_remove(i);
+                    if let Some(shared) = w.upgrade() {
+                        shared.answered(m[9] == 1);
+                    }
+                }
+            }
+
             Some(&MSG_LANE_OFFER) if m.len() >= OFFER_LEN && fds.len() == 2 => {
                 let (Some(src), src_slot) = (unix_names::get_addr(&m[1..20]), m[20]) else {
                     return;
@@ -89,6 +209,7 @@ impl Lanes {
                         bell: Arc::new(theirs),
                         corrupt: false,
                         fresh: true,
+                        pairs: Vec::new(),
                     });
                     self.any_inbound.store(true, Ordering::Release);
                     self.note_inbound(&inb);
@@ -144,7 +265,7 @@ impl Lanes {
 }
 
 /// A connected pair of `SOCK_SEQPACKET` sockets (non-blocking, close-on-exec).
-fn bell_pair() -> crate::error::Result<(OwnedFd, OwnedFd)> {
+pub(super) fn bell_pair() -> crate::error::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0 as libc::c_int; 2];
     // SAFETY: writes two descriptors into `fds`; the result is checked.
     let r = unsafe {
@@ -165,3 +286,10 @@ fn bell_pair() -> crate::error::Result<(OwnedFd, OwnedFd)> {
 /// Bytes of an offer: kind, the offering device's address (family, 16, port), its slot, the
 /// nonce, the destination port.
 const OFFER_LEN: usize = 31;
+/// Hands a QP pair ring offered to its QP (the QP's number, the sending device, the sending
+/// QP, the ring); says whether the QP took it.
+pub(crate) type AttachPair<'a> = dyn Fn(u32, SocketAddr, u32, &Arc<PairRx>) -> bool + 'a;
+
+/// Bytes of a QP pair ring's offer: a lane offer's fields, then the sending QP's number and
+/// the receiving QP's.
+const PAIR_OFFER_LEN: usize = 39;

@@ -65,6 +65,9 @@ pub(crate) struct QpState_ {
     pub(crate) parked: parked::Parked,
     /// Short RC requests to and from a QP of this host as work-request records.
     pub(crate) records: records::Records,
+    /// The ring of its own through which the connected QP sends this one its records (see
+    /// `provider::lanes::pair`), read by this QP's CQs.
+    pub(crate) pair_in: Option<Arc<crate::provider::PairRx>>,
     /// The QP went to SQD with `en_sqd_async_notify`: `IBV_EVENT_SQ_DRAINED` is raised once
     /// its send queue has drained ([`QpState_::sq_drained`]).
     pub(crate) sqd_notify: bool,
@@ -273,6 +276,7 @@ impl Pd {
                     timer_at: None,
                     parked: Default::default(),
                     records: Default::default(),
+                    pair_in: None,
                     sqd_notify: false,
                 }),
                 async_unacked: AtomicUsize::new(0),
@@ -426,9 +430,16 @@ impl Qp {
             // hold on its CQs, SRQ and PD is gone when this returns and they can be destroyed.
             // An ACK held back for the program goes first.
             QpPort::release_held_ack(self.inner.clone());
-            let engine = self.inner.lock().engine.take();
+            let (engine, pair_in) = {
+                let mut st = self.inner.lock();
+                (st.engine.take(), st.pair_in.take())
+            };
             if let Some(e) = engine {
                 e.unregister(self.inner.qp_num);
+            }
+            // (Its peer's records go back to the lane, where a QP that is gone refuses them.)
+            if let Some(p) = pair_in {
+                p.close();
             }
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
             while Arc::strong_count(&self.inner) > 1 && std::time::Instant::now() < deadline {

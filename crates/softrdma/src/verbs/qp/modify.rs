@@ -213,6 +213,9 @@ impl Qp {
             st.rq.clear();
             st.parked.clear();
             st.records.reset();
+            if let Some(p) = st.pair_in.take() {
+                p.close();
+            }
             st.sqd_notify = false;
             st.attr = QpAttr {
                 cap: inner.cap,

@@ -46,6 +46,11 @@ pub(crate) struct Records {
     pub(crate) received: bool,
     /// Whether the last post of an RC request found nothing outstanding (see `post_send`).
     pub(crate) last_post_idle: bool,
+    /// The ring of its own through which this QP sends its records to the connected QP, when
+    /// the peer took one (see `provider::lanes::pair`).
+    pub(crate) pair: Option<crate::provider::PairTx>,
+    /// Whether a ring of its own was offered for this connection already (once only).
+    pub(crate) pair_tried: bool,
 }
 
 /// Whether a request with `op` consumes a receive request of the peer.
