@@ -2527,3 +2527,38 @@ fn records_in_a_qp_pairs_ring_and_packets_in_the_lane_keep_their_order() {
         "nothing out of order: {ca:?} {cb:?}"
     );
 }
+
+/// A QP whose peer keeps a ring of its own for it closes that ring when it leaves the
+/// connection (RESET): the peer's next record goes back to the lane, where a QP that is gone
+/// refuses it, and the request ends as it would over the wire, with `RETRY_EXC_ERR` (nothing
+/// waits forever in a ring nobody reads).
+#[test]
+fn a_peer_that_resets_closes_its_qp_pair_ring_and_requests_end_as_over_the_wire() {
+    let o = Opts {
+        timeout: 12,
+        retry_cnt: 1,
+        ..Opts::default()
+    };
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &o);
+    let up = pair_rings_up(&a, &b);
+    let p0 = a.ctx.counters().pair_records;
+    b.qp.modify_qp(
+        &QpAttr {
+            qp_state: QpState::Reset,
+            ..Default::default()
+        },
+        QpAttrMask::STATE.bits(),
+    )
+    .unwrap();
+    send(&a, 1, WrOpcode::Send, &[a.sge(0, 8)], |_| {});
+    let c = a.wait(1);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::RetryExcErr));
+    assert_eq!(a.qp.state(), QpState::Err);
+    if up {
+        assert_eq!(
+            a.ctx.counters().pair_records,
+            p0,
+            "nothing went into the closed ring"
+        );
+    }
+}
