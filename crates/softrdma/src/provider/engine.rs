@@ -386,6 +386,9 @@ impl Engine {
         c.same_host_packets += records;
         c.wr_records += records;
         c.pair_records += records;
+        let (records, bytes) = self.wire.lanes.pair_received();
+        c.rx_packets += records;
+        c.rx_bytes += bytes;
         c
     }
 

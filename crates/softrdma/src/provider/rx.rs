@@ -170,17 +170,10 @@ pub(super) fn take_pair(
     wait: bool,
     tx: &mut TxBatch,
 ) -> usize {
-    let mut bytes = 0u64;
-    let n = p.take(wait, |run| {
-        bytes += run.iter().map(|r| r.len() as u64).sum::<u64>();
+    // (Counted by the ring: see `Lanes::pair_received`.)
+    p.take(wait, |run| {
         deliver_lane_run(wire, sink, p.qpn, run, true, p.src, &mut None, tx);
-    });
-    if n > 0 {
-        let c = &wire.counters;
-        c.rx_packets.fetch_add(n as u64, Ordering::Relaxed);
-        c.rx_bytes.fetch_add(bytes, Ordering::Relaxed);
-    }
-    n
+    })
 }
 
 /// [`deliver`] for a run from a lane: packets, or work-request `records`, which are refused

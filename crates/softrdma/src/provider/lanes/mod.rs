@@ -142,10 +142,33 @@ pub(crate) struct Lanes {
     pair_offers: Mutex<Vec<(u64, std::sync::Weak<pair::PairShared>)>>,
     /// QP pair rings this device's QPs write, at most [`MAX_PAIRS`] (a count).
     pairs_out: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    /// What the QP pair rings written carried ([`Lanes::pair_sent`]), and what those gone
-    /// had carried (records, bytes).
-    pair_counts: Mutex<Vec<Arc<pair::PairCounts>>>,
-    pair_counts_gone: Mutex<(u64, u64)>,
+    /// What the QP pair rings written carried ([`Lanes::pair_sent`]), with what those gone
+    /// had carried (records, bytes); the same of the rings read ([`Lanes::pair_received`]).
+    pair_counts: Mutex<PairTally>,
+    pair_rx_counts: Mutex<PairTally>,
+}
+
+/// The counts of live QP pair rings, and the sum of those gone (records, bytes).
+type PairTally = (Vec<Arc<pair::PairCounts>>, (u64, u64));
+
+/// The records and bytes of `t`'s rings, live and gone (those gone since the last look are
+/// folded into the sum).
+fn tally(t: &Mutex<PairTally>) -> (u64, u64) {
+    let mut t = t.lock().unwrap_or_else(|p| p.into_inner());
+    let (counts, gone) = &mut *t;
+    counts.retain(|c| {
+        if Arc::strong_count(c) > 1 {
+            return true;
+        }
+        let (r, b) = c.get();
+        gone.0 += r;
+        gone.1 += b;
+        false
+    });
+    counts.iter().fold(*gone, |(r, b), c| {
+        let (r2, b2) = c.get();
+        (r + r2, b + b2)
+    })
 }
 
 /// QP pair rings a device's QPs may write at once (each is [`pair::PAIR_CAP`] of memory on
@@ -320,8 +343,8 @@ impl Lanes {
             last_out: std::sync::atomic::AtomicUsize::new(usize::MAX),
             pair_offers: Mutex::new(Vec::new()),
             pairs_out: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-            pair_counts: Mutex::new(Vec::new()),
-            pair_counts_gone: Mutex::new((0, 0)),
+            pair_counts: Mutex::new((Vec::new(), (0, 0))),
+            pair_rx_counts: Mutex::new((Vec::new(), (0, 0))),
         }
     }
 
@@ -707,25 +730,13 @@ impl Lanes {
     /// The work-request records sent through this device's QP pair rings so far, and their
     /// bytes (for the device's counters).
     pub(crate) fn pair_sent(&self) -> (u64, u64) {
-        let mut counts = self.pair_counts.lock().unwrap_or_else(|p| p.into_inner());
-        let mut gone = self
-            .pair_counts_gone
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        // (Rings no longer written: folded into the total of those gone.)
-        counts.retain(|c| {
-            if Arc::strong_count(c) > 1 {
-                return true;
-            }
-            let (r, b) = c.get();
-            gone.0 += r;
-            gone.1 += b;
-            false
-        });
-        counts.iter().fold(*gone, |(r, b), c| {
-            let (r2, b2) = c.get();
-            (r + r2, b + b2)
-        })
+        tally(&self.pair_counts)
+    }
+
+    /// The work-request records taken from the QP pair rings this device reads, and their
+    /// bytes (for the device's counters).
+    pub(crate) fn pair_received(&self) -> (u64, u64) {
+        tally(&self.pair_rx_counts)
     }
 }
 

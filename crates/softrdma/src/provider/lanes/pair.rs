@@ -217,14 +217,22 @@ pub(crate) struct PairRx {
     /// The consumer's position (a copy, stored under `cons`'s lock).
     next: AtomicU64,
     closed: AtomicBool,
+    /// What was taken (written under `cons`'s lock), for the device's counters.
+    counts: Arc<PairCounts>,
 }
 
 /// Records taken from a pair's ring per look at most.
 const RUN: usize = 16;
 
 impl PairRx {
-    pub(super) fn new(qpn: u32, src: SocketAddr, cons: Consumer) -> PairRx {
+    pub(super) fn new(
+        qpn: u32,
+        src: SocketAddr,
+        cons: Consumer,
+        counts: Arc<PairCounts>,
+    ) -> PairRx {
         PairRx {
+            counts,
             qpn,
             src,
             peek: cons.peek(),
@@ -279,6 +287,9 @@ impl PairRx {
                 }
             }
             if n > 0 {
+                for r in &run[..n] {
+                    self.counts.add(r.len() as u64);
+                }
                 // (What came before the nonsense is carried out.)
                 f(&run[..n]);
                 total += n;
@@ -347,7 +358,12 @@ mod tests {
             Arc::new(AtomicUsize::new(1)),
             Arc::new(PairCounts::default()),
         );
-        let rx = PairRx::new(7, "127.0.0.1:4791".parse().unwrap(), cons);
+        let rx = PairRx::new(
+            7,
+            "127.0.0.1:4791".parse().unwrap(),
+            cons,
+            Arc::new(PairCounts::default()),
+        );
         (tx, rx, lane_p, lane_c)
     }
 

@@ -110,6 +110,7 @@ impl Lanes {
         self.pair_counts
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .0
             .push(counts.clone());
         let tx = PairTx::new(
             prod,
@@ -145,7 +146,13 @@ impl Lanes {
                 let mut accepted = false;
                 if self.on && to_me && pair::pair_rings() {
                     if let Ok(cons) = Consumer::open(&memfd) {
-                        let rx = Arc::new(PairRx::new(dest_qpn, src, cons));
+                        let counts = Arc::new(pair::PairCounts::default());
+                        self.pair_rx_counts
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .0
+                            .push(counts.clone());
+                        let rx = Arc::new(PairRx::new(dest_qpn, src, cons, counts));
                         // Beside the lane from the same process (records come only when one
                         // is up both ways); under the inbound lanes' lock, which their reader
                         // takes before the QP's.
