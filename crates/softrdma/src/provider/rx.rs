@@ -170,9 +170,22 @@ pub(super) fn take_pair(
     wait: bool,
     tx: &mut TxBatch,
 ) -> usize {
-    // (Counted by the ring: see `Lanes::pair_received`.)
+    // (Counted by the ring: see `Lanes::pair_received`.) Only records for the ring's QP are
+    // carried out: anything else its writer put there (the peer is a process of this user,
+    // but its bytes are input all the same) is dropped and counted as malformed.
+    let ok = |r: &[u8]| r.first() == Some(&WR_RECORD) && records::dest_qpn(r) == Some(p.qpn);
     p.take(wait, |run| {
-        deliver_lane_run(wire, sink, p.qpn, run, true, p.src, &mut None, tx);
+        if run.iter().all(|r| ok(r)) {
+            deliver_lane_run(wire, sink, p.qpn, run, true, p.src, &mut None, tx);
+            return;
+        }
+        for r in run {
+            if ok(r) {
+                deliver_lane_run(wire, sink, p.qpn, &[r], true, p.src, &mut None, tx);
+            } else {
+                wire.counters.malformed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     })
 }
 

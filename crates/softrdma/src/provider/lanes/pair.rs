@@ -27,7 +27,7 @@ use super::ring::{ring_bell, Consumer, Peek, Producer, Watch};
 use std::net::SocketAddr;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 /// Bytes of records in a pair's ring: a request of up to 4 KiB with its answers, many times
@@ -80,8 +80,9 @@ pub(crate) struct PairTx {
     lane: Watch,
     /// Cleared when that lane goes (`OutLane`'s drop).
     lane_alive: Arc<AtomicBool>,
-    /// That lane's bell (the reader's progress thread watches it).
-    bell: Arc<OwnedFd>,
+    /// That lane's bell (the reader's progress thread watches it); not kept open by this
+    /// ring: when the lane goes, its bell closes and the reader sees it hang up.
+    bell: Weak<OwnedFd>,
     dirty: bool,
     /// What this ring carried, for the device's counters (which add it up when read).
     counts: Arc<PairCounts>,
@@ -114,7 +115,7 @@ impl PairTx {
             offered_at: Instant::now(),
             lane,
             lane_alive,
-            bell,
+            bell: Arc::downgrade(&bell),
             dirty: false,
         }
     }
@@ -172,7 +173,9 @@ impl PairTx {
     #[inline]
     pub(crate) fn publish(&mut self) {
         if std::mem::take(&mut self.dirty) && self.prod.publish() {
-            ring_bell(&self.bell);
+            if let Some(b) = self.bell.upgrade() {
+                ring_bell(&b);
+            }
         }
     }
 }

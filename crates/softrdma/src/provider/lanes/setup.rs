@@ -157,7 +157,12 @@ impl Lanes {
                         // is up both ways); under the inbound lanes' lock, which their reader
                         // takes before the QP's.
                         let mut inb = self.inbound.lock().unwrap_or_else(|p| p.into_inner());
-                        if let Some(l) = inb.iter_mut().find(|l| l.src == src && l.slot == src_slot)
+                        // (The newest such lane: one its producer closed may linger until its
+                        // hang-up is seen.)
+                        if let Some(l) = inb
+                            .iter_mut()
+                            .rev()
+                            .find(|l| l.src == src && l.slot == src_slot)
                         {
                             if attach(dest_qpn, src, src_qpn, &rx) {
                                 // (A ring the QP had from this peer before is replaced.)
