@@ -293,11 +293,18 @@ impl PairRx {
                 for r in &run[..n] {
                     self.counts.add(r.len() as u64);
                 }
-                // (What came before the nonsense is carried out.)
-                f(&run[..n]);
+                // (What came before the nonsense is carried out.) A panic while they are
+                // carried out still releases them: never carried out twice.
+                let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    f(&run[..n]);
+                }));
                 total += n;
                 c.release(pos);
                 self.next.store(pos, Ordering::Release);
+                if let Err(p) = done {
+                    drop(c);
+                    std::panic::resume_unwind(p);
+                }
             }
             if corrupt {
                 tracing::warn!(qpn = self.qpn, "a QP pair's ring is corrupt: closed");
@@ -409,6 +416,24 @@ mod tests {
         assert!(got.iter().enumerate().all(|(i, r)| r == &[i as u8; 3]));
         assert!(!rx.pending());
         assert_eq!(tx.counts.get(), (40, 120));
+    }
+
+    #[test]
+    fn records_whose_handling_panicked_are_not_carried_out_again() {
+        let (mut tx, rx, _lp, _lc) = pair();
+        tx.shared.answered(true);
+        write(&mut tx, b"first");
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rx.take(false, |_| panic!("carrying it out failed"));
+        }));
+        assert!(r.is_err());
+        write(&mut tx, b"second");
+        let mut got = Vec::new();
+        assert_eq!(
+            rx.take(false, |run| got.extend(run.iter().map(|r| r.to_vec()))),
+            1
+        );
+        assert_eq!(got, vec![b"second".to_vec()]);
     }
 
     #[test]
