@@ -87,6 +87,10 @@ pub(crate) trait Provider: Send + Sync {
     /// Whether a same-host lane to QP `dest_qpn` of the device at `peer` is up now (its
     /// packets cost no system call).
     fn lane_is_up(&self, peer: IpAddr, dest_qpn: u32) -> bool;
+    /// Offers a same-host lane to the process of QP `dest_qpn` of the device at `peer` now,
+    /// if none is up or offered (a QP connected to it asks at RTR, so that its first packets
+    /// find the lane up). Never fails; a peer that is not on this host gets none.
+    fn prepare_lane(&self, peer: IpAddr, dest_qpn: u32);
     /// Whether short RC work requests to QP `dest_qpn` of the device at `peer` may go as
     /// records through a same-host lane ([`direct_lane`](Provider::direct_lane)) instead of
     /// packets: lanes both ways are up, the peer process takes such records, and neither a

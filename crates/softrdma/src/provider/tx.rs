@@ -445,6 +445,16 @@ impl Wire {
     /// The lane to QP `dest_qpn` of the device at `peer`, to write packets straight into
     /// (see [`super::Provider::direct_lane`]).
     /// Whether a same-host lane to QP `dest_qpn` of the device at `peer` is up.
+    /// See [`super::Provider::prepare_lane`].
+    pub(crate) fn prepare_lane(&self, peer: IpAddr, dest_qpn: u32) {
+        if self.lanes_direct() {
+            self.lanes.prepare(
+                SocketAddr::new(peer, ROCE_PORT),
+                super::share::slot_of_qpn(dest_qpn),
+            );
+        }
+    }
+
     pub(crate) fn lane_is_up(&self, peer: IpAddr, dest_qpn: u32) -> bool {
         self.lanes.is_up(
             SocketAddr::new(peer, ROCE_PORT),

@@ -402,6 +402,19 @@ impl Lanes {
         (kept, laned)
     }
 
+    /// Offers a lane to (`dst`, `slot`) now when none is up or offered (and the wait after a
+    /// refusal or a hang-up is over), so that it is up by the time packets go there: a QP
+    /// connected to a QP of this host asks at RTR, not at its first packet (which, with the
+    /// ones behind it until the answer came, went on the wire). Never fails.
+    pub(crate) fn prepare(&self, dst: SocketAddr, slot: u8) {
+        if !self.on || slot == 0 || slot == 0xff {
+            return;
+        }
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = usize::MAX;
+        let _ = self.up(&mut out, &mut last, dst, slot);
+    }
+
     /// Whether a lane to (`dst`, `slot`) is up now (no side effect: nothing is offered).
     pub(crate) fn is_up(&self, dst: SocketAddr, slot: u8) -> bool {
         if !self.on || slot == 0 || slot == 0xff {

@@ -297,14 +297,19 @@ impl Qp {
         if let Some(e) = engine {
             let mut t = tp::Qp::new(cfg);
             // Two QPs of one host segment beyond the path MTU (both ends decide alike).
-            t.set_segment(crate::provider::same_host_segment(
+            let same_host = crate::provider::same_host_segment(
                 matches!(
                     cfg.qp_type,
                     softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
                 ),
                 a.ah_attr.grh.dgid.to_ip(),
                 a.dest_qp_num,
-            ));
+            );
+            t.set_segment(same_host);
+            // And the lane to the peer's process is asked for now, not at the first packet.
+            if same_host.is_some() {
+                e.prepare_lane(a.ah_attr.grh.dgid.to_ip(), a.dest_qp_num);
+            }
             st.transport = Some(t);
             e.register(inner.qp_num, Arc::downgrade(inner) as Weak<dyn QpPort>);
             st.engine = Some(e);
