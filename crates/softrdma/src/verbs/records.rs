@@ -343,7 +343,12 @@ pub(crate) fn receive(
                     // (Its sender sends it again, as packets, with the one bounced.)
                     continue;
                 }
-                let answer = if take(qp, st, &rec, payload, &mut out.srq_limit_hit) {
+                // A device that injects faults or captures sends packets only (it sends no
+                // records: see `try_send`), and takes none either: bounced, the request comes
+                // again as packets, whose ACKs its faults and its capture see.
+                let answer = if engine.lanes_direct()
+                    && take(qp, st, &rec, payload, &mut out.srq_limit_hit)
+                {
                     st.records.received = true;
                     Kind::Ack
                 } else {
