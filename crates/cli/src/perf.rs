@@ -602,10 +602,11 @@ fn serve_sends(
 
 /// How the SEND server (and a bandwidth client) waits when its CQ is empty: it busy-polls
 /// for [`Idle::SPIN`], then arms the CQ and sleeps on its completion channel until a
-/// completion comes (or 10 ms pass, to look at the stop flag). A thread that only spins is at the mercy of the scheduler on a
-/// machine with fewer free cores than running threads: preempted, it leaves its receive queue
-/// empty for a whole time slice (the client then waits for credits and the message rate
-/// collapses); a thread that sleeps is woken at once when its completion comes.
+/// completion comes (or 10 ms pass, to look at the stop flag). A thread that only spins is
+/// at the mercy of the scheduler on a machine with fewer free cores than running threads:
+/// preempted, it leaves its receive queue empty for a whole time slice (the client then
+/// waits for credits and the message rate collapses); a thread that sleeps is woken at once
+/// when its completion comes.
 struct Idle {
     /// Latency tests spin only: a sleep would add the wake-up to every round trip.
     spin_only: bool,

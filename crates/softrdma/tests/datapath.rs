@@ -1601,19 +1601,27 @@ fn records_up(a: &Side, b: &Side) -> bool {
     if wire_forced() {
         return false;
     }
+    rounds_until(a, b, |c| c.wr_records, "no work-request record went");
+    true
+}
+
+/// SEND rounds both ways (8 bytes each, a receive posted for each) until `count` of both
+/// devices' counters grew in a round; fails with `what` after a minute (a hang guard, no
+/// timing).
+fn rounds_until(a: &Side, b: &Side, count: impl Fn(&DeviceCounters) -> u64, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let (ra, rb) = (a.ctx.counters().wr_records, b.ctx.counters().wr_records);
+        let (ra, rb) = (count(&a.ctx.counters()), count(&b.ctx.counters()));
         for (x, y) in [(a, b), (b, a)] {
             y.post_recv(900, 60_000, 64);
             send(x, 901, WrOpcode::Send, &[x.sge(60_000, 8)], |_| {});
             assert_eq!(x.wait(1)[0].status, WcStatus::Success);
             assert_eq!(y.wait(1)[0].status, WcStatus::Success);
         }
-        if a.ctx.counters().wr_records > ra && b.ctx.counters().wr_records > rb {
-            return true;
+        if count(&a.ctx.counters()) > ra && count(&b.ctx.counters()) > rb {
+            return;
         }
-        assert!(Instant::now() < deadline, "no work-request record went");
+        assert!(Instant::now() < deadline, "{what}");
     }
 }
 
@@ -2370,20 +2378,8 @@ fn pair_rings_up(a: &Side, b: &Side) -> bool {
     if !records_up(a, b) || pair_rings_off() {
         return false;
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let (ra, rb) = (a.ctx.counters().pair_records, b.ctx.counters().pair_records);
-        for (x, y) in [(a, b), (b, a)] {
-            y.post_recv(900, 60_000, 64);
-            send(x, 901, WrOpcode::Send, &[x.sge(60_000, 8)], |_| {});
-            assert_eq!(x.wait(1)[0].status, WcStatus::Success);
-            assert_eq!(y.wait(1)[0].status, WcStatus::Success);
-        }
-        if a.ctx.counters().pair_records > ra && b.ctx.counters().pair_records > rb {
-            return true;
-        }
-        assert!(Instant::now() < deadline, "no record took a QP pair ring");
-    }
+    rounds_until(a, b, |c| c.pair_records, "no record took a QP pair ring");
+    true
 }
 
 /// Once a QP pair has rings of its own, a ping-pong's records take them (the device lane

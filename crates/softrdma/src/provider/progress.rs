@@ -148,11 +148,7 @@ impl Engine {
     /// `busy` says that the CQ polled is not armed for an event: its program polls rather
     /// than sleeps, and the progress thread leaves the socket to it (see the module notes).
     pub(super) fn poll_progress(&self, busy: bool) {
-        if busy && !self.handoff.is_zero() {
-            let polls = self.app_polls.fetch_add(1, Ordering::Relaxed);
-            if self.app_asleep.load(Ordering::Relaxed) {
-                self.app_asleep.store(false, Ordering::Relaxed);
-            }
+        if let Some(polls) = self.note_app_poll(busy) {
             // The progress thread leaves the timers to the polling threads too.
             if polls % TIMER_EVERY == 0 {
                 let earliest = self.earliest.load(Ordering::Acquire);
@@ -218,25 +214,34 @@ impl Engine {
         if self.wire.lanes.paused() {
             return 0;
         }
-        if busy && !self.handoff.is_zero() {
-            // This thread polls: the progress thread leaves the lanes to it (as after
-            // `poll_progress`, which a poll that finds records here does not reach). (A plain
-            // load and store: an increment lost to another polling thread changes nothing.)
-            let polls = self.app_polls.load(Ordering::Relaxed);
-            self.app_polls
-                .store(polls.wrapping_add(1), Ordering::Relaxed);
-            if self.app_asleep.load(Ordering::Relaxed) {
-                self.app_asleep.store(false, Ordering::Relaxed);
-            }
-        }
+        // This thread polls: the progress thread leaves the lanes to it (as after
+        // `poll_progress`, which a poll that finds records here does not reach).
+        let hold = self.note_app_poll(busy).is_some();
         super::tx::with_tx(|tx| {
-            let hold = busy && !self.handoff.is_zero();
             set_holding_acks(hold);
             let n = super::rx::take_pair(&self.wire, self, p, false, tx);
             set_holding_acks(false);
             self.send(tx);
             n
         })
+    }
+}
+
+impl Engine {
+    /// An application thread polls a CQ (`busy`: not armed for an event): while the hand-off
+    /// is on, the progress thread is told (it leaves the lanes and the socket to such
+    /// threads). Returns the polls counted before this one, `None` when not counted (the CQ
+    /// is armed, or the hand-off is off).
+    #[inline]
+    fn note_app_poll(&self, busy: bool) -> Option<u64> {
+        if !busy || self.handoff.is_zero() {
+            return None;
+        }
+        let polls = self.app_polls.fetch_add(1, Ordering::Relaxed);
+        if self.app_asleep.load(Ordering::Relaxed) {
+            self.app_asleep.store(false, Ordering::Relaxed);
+        }
+        Some(polls)
     }
 }
 

@@ -176,12 +176,12 @@ pub(super) fn take_pair(
     let ok = |r: &[u8]| r.first() == Some(&WR_RECORD) && records::dest_qpn(r) == Some(p.qpn);
     p.take(wait, |run| {
         if run.iter().all(|r| ok(r)) {
-            deliver_lane_run(wire, sink, p.qpn, run, true, p.src, &mut None, tx);
+            deliver_lane_run(wire, sink, None, p.qpn, run, true, p.src, &mut None, tx);
             return;
         }
         for r in run {
             if ok(r) {
-                deliver_lane_run(wire, sink, p.qpn, &[r], true, p.src, &mut None, tx);
+                deliver_lane_run(wire, sink, None, p.qpn, &[r], true, p.src, &mut None, tx);
             } else {
                 wire.counters.malformed.fetch_add(1, Ordering::Relaxed);
             }
@@ -191,12 +191,14 @@ pub(super) fn take_pair(
 
 /// [`deliver`] for a run from a lane: packets, or work-request `records`, which are refused
 /// to their senders when no QP takes them (they send them again as packets, and get what the
-/// wire would give).
+/// wire would give). What the QP's pair ring `pair` holds was written before the run (see
+/// `lanes::pair`): it goes first.
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn deliver_lane_run(
     wire: &Wire,
     sink: &impl RxSink,
+    pair: Option<&PairRx>,
     qpn: u32,
     pkts: &[&[u8]],
     records: bool,
@@ -204,6 +206,9 @@ fn deliver_lane_run(
     now: &mut Option<Instant>,
     tx: &mut TxBatch,
 ) {
+    if let Some(p) = pair {
+        take_pair(wire, sink, p, true, tx);
+    }
     // (A run of records is handed the wire's birth for a time: the QP reads the clock itself
     // when a bounce gives requests to its transport.)
     let now = if records {
@@ -636,14 +641,10 @@ fn take_lanes(
                             if run_qpn != Some(qpn) || run_records != is_record || run.is_full() {
                                 if let Some(q) = run_qpn {
                                     add_counts(counts, &wire.counters);
-                                    if let Some(p) = lane.pair_of(q) {
-                                        // What the QP's pair ring holds was written before this
-                                        // run (see `lanes::pair`): it goes first.
-                                        take_pair(wire, sink, p, true, tx);
-                                    }
                                     deliver_lane_run(
                                         wire,
                                         sink,
+                                        lane.pair_of(q).map(|p| &**p),
                                         q,
                                         run.as_slice(),
                                         run_records,
@@ -660,12 +661,10 @@ fn take_lanes(
                         }
                         add_counts(counts, &wire.counters);
                         if let Some(q) = run_qpn {
-                            if let Some(p) = lane.pair_of(q) {
-                                take_pair(wire, sink, p, true, tx);
-                            }
                             deliver_lane_run(
                                 wire,
                                 sink,
+                                lane.pair_of(q).map(|p| &**p),
                                 q,
                                 run.as_slice(),
                                 run_records,
@@ -681,8 +680,9 @@ fn take_lanes(
                         }
                     }
                 }
-                // The lane's QP pair rings (whether or not the lane brought anything yet) (a poller of the QP's CQ may be at one: left to
-                // it, unless everything must be taken now).
+                // The lane's QP pair rings, whether or not the lane brought anything yet (a
+                // poller of the QP's CQ may be at one: left to it, unless everything must be
+                // taken now).
                 for p in &lane.pairs {
                     if p.pending() {
                         total += take_pair(wire, sink, p, !skip_fresh, tx);

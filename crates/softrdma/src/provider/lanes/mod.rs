@@ -238,14 +238,7 @@ impl LaneWriter<'_> {
             return false;
         };
         l.publish();
-        let end = Instant::now() + wait;
-        loop {
-            match l.prod.reserve(max) {
-                Ok(Some(_)) => return true,
-                Ok(None) if Instant::now() < end => std::thread::yield_now(),
-                _ => return false,
-            }
-        }
+        l.prod.wait_for_room(max, wait)
     }
 
     /// Queues the first `len` bytes of the reserved room as a packet ([`Producer::commit`]).

@@ -158,14 +158,7 @@ impl PairTx {
     /// Waits up to `wait` for room for `max` bytes (publishing first); whether there is.
     pub(crate) fn wait_for_room(&mut self, max: usize, wait: Duration) -> bool {
         self.publish();
-        let end = Instant::now() + wait;
-        loop {
-            match self.prod.reserve(max) {
-                Ok(Some(_)) => return true,
-                Ok(None) if Instant::now() < end => std::thread::yield_now(),
-                _ => return false,
-            }
-        }
+        self.prod.wait_for_room(max, wait)
     }
 
     /// Makes what was committed visible, and wakes the reader's progress thread when it

@@ -306,6 +306,20 @@ impl Producer {
         }
     }
 
+    /// Waits up to `wait` for room for a record of `max` bytes, yielding the processor
+    /// meanwhile (the caller publishes first, so that the consumer can make room); whether
+    /// there is room now (`false` too when the consumer's position makes no sense).
+    pub(crate) fn wait_for_room(&mut self, max: usize, wait: std::time::Duration) -> bool {
+        let end = std::time::Instant::now() + wait;
+        loop {
+            match self.reserve(max) {
+                Ok(Some(_)) => return true,
+                Ok(None) if std::time::Instant::now() < end => std::thread::yield_now(),
+                _ => return false,
+            }
+        }
+    }
+
     /// A [`Watch`] of this ring: whether its consumer has taken all that was published.
     pub(crate) fn watch(&self) -> Watch {
         Watch {

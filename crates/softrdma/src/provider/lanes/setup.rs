@@ -41,11 +41,7 @@ impl Lanes {
         };
         let nonce = self.nonces.fetch_add(1, Ordering::Relaxed);
         let mut m = [0u8; OFFER_LEN];
-        m[0] = MSG_LANE_OFFER;
-        unix_names::put_addr(&mut m[1..20], self.local);
-        m[20] = self.slot;
-        m[21..29].copy_from_slice(&nonce.to_be_bytes());
-        m[29..31].copy_from_slice(&ip.port().to_be_bytes());
+        self.put_offer_head(&mut m, MSG_LANE_OFFER, nonce, ip.port());
         if let Err(e) = send_with_fds(&sock, &m, &[memfd.as_raw_fd(), theirs.as_raw_fd()]) {
             tracing::debug!(%ip, slot, error = %e, "a same-host lane offer not sent");
             return not_local;
@@ -92,11 +88,7 @@ impl Lanes {
         };
         let nonce = self.nonces.fetch_add(1, Ordering::Relaxed);
         let mut m = [0u8; PAIR_OFFER_LEN];
-        m[0] = MSG_PAIR_OFFER;
-        unix_names::put_addr(&mut m[1..20], self.local);
-        m[20] = self.slot;
-        m[21..29].copy_from_slice(&nonce.to_be_bytes());
-        m[29..31].copy_from_slice(&dst.port().to_be_bytes());
+        self.put_offer_head(&mut m, MSG_PAIR_OFFER, nonce, dst.port());
         m[31..35].copy_from_slice(&src_qpn.to_be_bytes());
         m[35..39].copy_from_slice(&dest_qpn.to_be_bytes());
         let shared = Arc::new(PairShared::new());
@@ -136,10 +128,17 @@ impl Lanes {
     pub(crate) fn on_message(&self, m: &[u8], mut fds: Vec<OwnedFd>, attach: &AttachPair) {
         match m.first() {
             Some(&MSG_PAIR_OFFER) if m.len() >= PAIR_OFFER_LEN && fds.len() == 1 => {
-                let (Some(src), src_slot) = (unix_names::get_addr(&m[1..20]), m[20]) else {
+                let Some(OfferHead {
+                    src,
+                    slot: src_slot,
+                    nonce,
+                    port,
+                }) = OfferHead::read(m)
+                else {
                     return;
                 };
-                let to_me = u16::from_be_bytes([m[29], m[30]]) == self.local.port();
+                // For this device's socket (its port: tests run devices on other ports).
+                let to_me = port == self.local.port();
                 let u32_at = |i: usize| u32::from_be_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
                 let (src_qpn, dest_qpn) = (u32_at(31), u32_at(35));
                 let memfd = fds.pop().expect("one descriptor");
@@ -176,7 +175,7 @@ impl Lanes {
                 }
                 let mut a = [0u8; 10];
                 a[0] = MSG_PAIR_ACCEPT;
-                a[1..9].copy_from_slice(&m[21..29]);
+                a[1..9].copy_from_slice(&nonce);
                 a[9] = u8::from(accepted);
                 if let Ok(sock) = unix_names::connect_slot(src.ip(), src_slot) {
                     let _ = send_with_fds(&sock, &a, &[]);
@@ -197,11 +196,17 @@ impl Lanes {
             }
 
             Some(&MSG_LANE_OFFER) if m.len() >= OFFER_LEN && fds.len() == 2 => {
-                let (Some(src), src_slot) = (unix_names::get_addr(&m[1..20]), m[20]) else {
+                let Some(OfferHead {
+                    src,
+                    slot: src_slot,
+                    nonce,
+                    port,
+                }) = OfferHead::read(m)
+                else {
                     return;
                 };
                 // For this device's socket (its port: tests run devices on other ports).
-                let to_me = u16::from_be_bytes([m[29], m[30]]) == self.local.port();
+                let to_me = port == self.local.port();
                 let theirs = fds.pop().expect("two descriptors");
                 let memfd = fds.pop().expect("two descriptors");
                 let cons = if self.on && to_me {
@@ -229,7 +234,7 @@ impl Lanes {
                 }
                 let mut a = [0u8; 11];
                 a[0] = MSG_LANE_ACCEPT;
-                a[1..9].copy_from_slice(&m[21..29]);
+                a[1..9].copy_from_slice(&nonce);
                 a[9] = u8::from(accepted);
                 // This process takes work-request records (`super::WR_RECORD`) unless
                 // SOFTRDMA_WR_RECORDS=0.
@@ -296,8 +301,44 @@ pub(super) fn bell_pair() -> crate::error::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Bytes of an offer: kind, the offering device's address (family, 16, port), its slot, the
-/// nonce, the destination port.
+/// nonce, the destination port (see [`OfferHead`]).
 const OFFER_LEN: usize = 31;
+
+/// The fields every offer (a lane's, a QP pair ring's) begins with, after its kind.
+struct OfferHead {
+    /// The offering device's address and the offering process's slot on it.
+    src: SocketAddr,
+    slot: u8,
+    /// The offer's nonce (its answer carries it back).
+    nonce: [u8; 8],
+    /// The port of the device the offer is for.
+    port: u16,
+}
+
+impl OfferHead {
+    /// Reads the fields of the offer `m` (at least [`OFFER_LEN`] bytes); `None` when its
+    /// address is not one.
+    fn read(m: &[u8]) -> Option<OfferHead> {
+        Some(OfferHead {
+            src: unix_names::get_addr(&m[1..20])?,
+            slot: m[20],
+            nonce: m[21..29].try_into().ok()?,
+            port: u16::from_be_bytes([m[29], m[30]]),
+        })
+    }
+}
+
+impl Lanes {
+    /// Writes the kind and the [`OfferHead`] of an offer from this device into `m` (at least
+    /// [`OFFER_LEN`] bytes): for the device at port `port`, with `nonce`.
+    fn put_offer_head(&self, m: &mut [u8], kind: u8, nonce: u64, port: u16) {
+        m[0] = kind;
+        unix_names::put_addr(&mut m[1..20], self.local);
+        m[20] = self.slot;
+        m[21..29].copy_from_slice(&nonce.to_be_bytes());
+        m[29..31].copy_from_slice(&port.to_be_bytes());
+    }
+}
 /// Hands a QP pair ring offered to its QP (the QP's number, the sending device, the sending
 /// QP, the ring); says whether the QP took it.
 pub(crate) type AttachPair<'a> = dyn Fn(u32, SocketAddr, u32, &Arc<PairRx>) -> bool + 'a;
