@@ -128,17 +128,10 @@ impl Lanes {
     pub(crate) fn on_message(&self, m: &[u8], mut fds: Vec<OwnedFd>, attach: &AttachPair) {
         match m.first() {
             Some(&MSG_PAIR_OFFER) if m.len() >= PAIR_OFFER_LEN && fds.len() == 1 => {
-                let Some(OfferHead {
-                    src,
-                    slot: src_slot,
-                    nonce,
-                    port,
-                }) = OfferHead::read(m)
-                else {
+                let Some((h, to_me)) = self.read_offer(m) else {
                     return;
                 };
-                // For this device's socket (its port: tests run devices on other ports).
-                let to_me = port == self.local.port();
+                let (src, src_slot, nonce) = (h.src, h.slot, h.nonce);
                 let u32_at = |i: usize| u32::from_be_bytes([m[i], m[i + 1], m[i + 2], m[i + 3]]);
                 let (src_qpn, dest_qpn) = (u32_at(31), u32_at(35));
                 let memfd = fds.pop().expect("one descriptor");
@@ -196,17 +189,10 @@ impl Lanes {
             }
 
             Some(&MSG_LANE_OFFER) if m.len() >= OFFER_LEN && fds.len() == 2 => {
-                let Some(OfferHead {
-                    src,
-                    slot: src_slot,
-                    nonce,
-                    port,
-                }) = OfferHead::read(m)
-                else {
+                let Some((h, to_me)) = self.read_offer(m) else {
                     return;
                 };
-                // For this device's socket (its port: tests run devices on other ports).
-                let to_me = port == self.local.port();
+                let (src, src_slot, nonce) = (h.src, h.slot, h.nonce);
                 let theirs = fds.pop().expect("two descriptors");
                 let memfd = fds.pop().expect("two descriptors");
                 let cons = if self.on && to_me {
@@ -329,6 +315,14 @@ impl OfferHead {
 }
 
 impl Lanes {
+    /// Reads the [`OfferHead`] of the offer `m` (see [`OfferHead::read`]), and whether it is
+    /// for this device's socket (its port: tests run devices on other ports).
+    fn read_offer(&self, m: &[u8]) -> Option<(OfferHead, bool)> {
+        let h = OfferHead::read(m)?;
+        let to_me = h.port == self.local.port();
+        Some((h, to_me))
+    }
+
     /// Writes the kind and the [`OfferHead`] of an offer from this device into `m` (at least
     /// [`OFFER_LEN`] bytes): for the device at port `port`, with `nonce`.
     fn put_offer_head(&self, m: &mut [u8], kind: u8, nonce: u64, port: u16) {
