@@ -646,7 +646,7 @@ mod tests {
             }
         }
         // And against the whole-packet function, for every length with a header state.
-        let mut pkt = vec![0u8; 20 + 8 + 68];
+        let mut pkt = [0u8; 20 + 8 + 68];
         for len in (SHORT_MIN..=ONE_PASS_SHORT).step_by(4) {
             let total = 20 + 8 + len + ICRC_LEN;
             pkt[0] = 0x45;
