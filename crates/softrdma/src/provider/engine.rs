@@ -26,6 +26,11 @@ use std::time::{Duration, Instant};
 /// watches).
 pub(crate) const POLL_HANDOFF: Duration = Duration::from_micros(500);
 
+/// While application threads go on polling, each hand-off period is twice the one before,
+/// up to `2^HANDOFF_MAX_SHIFT` times [`POLL_HANDOFF`], as long as nothing is held back for
+/// the progress thread to send (see `progress::progress`).
+pub(crate) const HANDOFF_MAX_SHIFT: u32 = 3;
+
 /// How long a progress thread polls its same-host lanes after their last packet before it
 /// sleeps (polling costs less than a wake-up through the bell while traffic flows), unless
 /// `SOFTRDMA_LANE_SPIN_US` says otherwise.
