@@ -28,6 +28,7 @@ use crate::roce::{self, ICRC_LEN};
 use crate::{Error, Result};
 use crc32fast::Hasher;
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 pub mod ident;
 pub use ident::{IdentBasis, IdentSolver};
@@ -179,7 +180,8 @@ pub struct IcrcPrefix {
     /// [`ONE_PASS_SHORT`]): the CRC state after the LRH stand-in and the masked IP and UDP
     /// headers with that packet's length fields, so that only its transport bytes are hashed
     /// per packet (ACKs and short messages, whose headers are most of what is covered).
-    short: [Hasher; SHORT_STATES],
+    /// Made by [`IcrcPrefix::with_short_states`] for a flow that is kept; shared by clones.
+    short: Option<Arc<[Hasher; SHORT_STATES]>>,
 }
 
 /// The shortest transport packet with a precomputed header state: a BTH.
@@ -247,21 +249,32 @@ impl IcrcPrefix {
         }
         let mut seed = seeded();
         seed.update(&template[..Self::seed_len(ipv6)]);
-        let mut p = IcrcPrefix {
+        Ok(IcrcPrefix {
             seed,
             template,
             ip_len,
             ipv6,
-            short: std::array::from_fn(|_| Hasher::new()),
-        };
-        for i in 0..SHORT_STATES {
+            short: None,
+        })
+    }
+
+    /// The same prefix with the header states of short packets made (14 CRCs of some 40
+    /// bytes, once): [`IcrcPrefix::compute`] then hashes only the transport bytes of a packet
+    /// of up to 64 of them (an ACK, a short message), a third of what it covers. For a flow
+    /// that carries many packets; clones share the states.
+    pub fn with_short_states(mut self) -> IcrcPrefix {
+        let states = std::array::from_fn(|i| {
             // (Lengths this short always fit the 16-bit fields.)
-            if let Ok((mut h, headers)) = p.start_parts(SHORT_MIN + 4 * i) {
-                h.update(headers.as_slice());
-                p.short[i] = h;
+            match self.start_parts(SHORT_MIN + 4 * i) {
+                Ok((mut h, headers)) => {
+                    h.update(headers.as_slice());
+                    h
+                }
+                Err(_) => unreachable!("a short packet's lengths fit the length fields"),
             }
-        }
-        Ok(p)
+        });
+        self.short = Some(Arc::new(states));
+        self
     }
 
     /// The header state kept for a transport packet of `ib_len` bytes, when one is kept (see
@@ -269,10 +282,11 @@ impl IcrcPrefix {
     /// CPU's features again, a quarter of the cost of hashing a short packet.)
     #[inline(always)]
     fn short_state(&self, ib_len: usize) -> Option<Hasher> {
+        let short = self.short.as_ref()?;
         if !(SHORT_MIN..=ONE_PASS_SHORT).contains(&ib_len) || ib_len % 4 != 0 {
             return None;
         }
-        Some(self.short[(ib_len - SHORT_MIN) / 4].clone())
+        Some(short[(ib_len - SHORT_MIN) / 4].clone())
     }
 
     /// The prefix of the IPv4 header softrdma sends from a Linux UDP socket with
@@ -618,7 +632,7 @@ mod tests {
         with_options[12..20].copy_from_slice(&[10, 0, 0, 1, 10, 0, 0, 2]);
         with_options[20..24].copy_from_slice(&[1, 1, 1, 0]);
         let udp = [0xd0, 0x0d, 0x12, 0xb7, 0, 0, 0, 0];
-        let prefixes = [
+        let lean = [
             IcrcPrefix::ipv4(
                 Ipv4Addr::new(10, 0, 0, 1),
                 Ipv4Addr::new(10, 0, 0, 2),
@@ -633,6 +647,11 @@ mod tests {
                 ROCE_V2_UDP_PORT,
             ),
         ];
+        let prefixes: Vec<IcrcPrefix> = lean
+            .iter()
+            .cloned()
+            .chain(lean.iter().map(|p| p.clone().with_short_states()))
+            .collect();
         let ib: Vec<u8> = (0..400u32).map(|i| (i * 37 + 11) as u8).collect();
         for (k, prefix) in prefixes.iter().enumerate() {
             for len in 0..ib.len() {
@@ -658,11 +677,13 @@ mod tests {
             pkt[22..24].copy_from_slice(&ROCE_V2_UDP_PORT.to_be_bytes());
             pkt[24..26].copy_from_slice(&((8 + len + ICRC_LEN) as u16).to_be_bytes());
             pkt[28..28 + len].copy_from_slice(&ib[..len]);
-            assert_eq!(
-                prefixes[0].compute(&ib[..len]).unwrap(),
-                icrc(&pkt[..total]).unwrap(),
-                "length {len}"
-            );
+            for p in [&prefixes[0], &prefixes[3]] {
+                assert_eq!(
+                    p.compute(&ib[..len]).unwrap(),
+                    icrc(&pkt[..total]).unwrap(),
+                    "length {len}"
+                );
+            }
         }
     }
 

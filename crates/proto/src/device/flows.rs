@@ -80,9 +80,17 @@ struct RxFlow {
 }
 
 impl RxFlow {
-    fn new(src: SocketAddr, dst: IpAddr) -> RxFlow {
+    /// The flow of a sender; `kept` (in the table, for the packets to come): with the header
+    /// states of short packets (see [`IcrcPrefix::with_short_states`]), which a flow made
+    /// for one message would not repay.
+    fn new(src: SocketAddr, dst: IpAddr, kept: bool) -> RxFlow {
+        let prefix = icrc_flow(src.ip(), src.port(), dst);
         RxFlow {
-            prefix: icrc_flow(src.ip(), src.port(), dst),
+            prefix: if kept {
+                prefix.with_short_states()
+            } else {
+                prefix
+            },
             zero_ident: 0,
             solved_any: false,
         }
@@ -146,7 +154,7 @@ impl RxFlows {
                 let at = match self.index.get(&key) {
                     Some(&i) => Some(i),
                     None if self.flows.len() < self.max => {
-                        self.flows.push(RxFlow::new(src, dst));
+                        self.flows.push(RxFlow::new(src, dst, true));
                         self.index.insert(key, self.flows.len() - 1);
                         Some(self.flows.len() - 1)
                     }
@@ -160,7 +168,7 @@ impl RxFlows {
         };
         let flow = match at {
             Some(i) => SenderFlow::Kept(&mut self.flows[i]),
-            None => SenderFlow::Spare(RxFlow::new(src, dst)),
+            None => SenderFlow::Spare(RxFlow::new(src, dst, false)),
         };
         Sender {
             flow,
@@ -322,9 +330,13 @@ impl Sealer {
             None => {
                 let p = icrc_flow(self.local, self.port, dst);
                 if self.flows.len() < self.max {
+                    // (Kept: its short packets' header states repay their making.)
+                    let p = p.with_short_states();
                     self.flows.insert(dst, p.clone());
+                    p
+                } else {
+                    p
                 }
-                p
             }
         };
         self.last.insert((dst, p)).1.compute(covered)
