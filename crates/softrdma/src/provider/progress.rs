@@ -2,7 +2,7 @@
 //! poll a CQ (the socket hand-off and held ACKs).
 
 use super::counters::PROBE_INTERVAL;
-use super::engine::{Engine, HANDOFF_MAX_SHIFT};
+use super::engine::{Engine, HANDOFF_MAX_SHIFT, POLLER_CPU_EVERY};
 use super::lanes;
 use super::mcast;
 use super::rx::RxSink;
@@ -227,6 +227,13 @@ impl Engine {
     }
 }
 
+/// The CPU the calling thread runs on (`u32::MAX` when the kernel does not say).
+fn current_cpu() -> u32 {
+    // SAFETY: no arguments; a vDSO call on Linux.
+    let c = unsafe { libc::sched_getcpu() };
+    u32::try_from(c).unwrap_or(u32::MAX)
+}
+
 impl Engine {
     /// An application thread polls a CQ (`busy`: not armed for an event): while the hand-off
     /// is on, the progress thread is told (it leaves the lanes and the socket to such
@@ -240,6 +247,9 @@ impl Engine {
         let polls = self.app_polls.fetch_add(1, Ordering::Relaxed);
         if self.app_asleep.load(Ordering::Relaxed) {
             self.app_asleep.store(false, Ordering::Relaxed);
+        }
+        if polls % POLLER_CPU_EVERY == 0 {
+            self.poller_cpu.store(current_cpu(), Ordering::Relaxed);
         }
         Some(polls)
     }
@@ -357,17 +367,19 @@ pub(super) fn progress(weak: Weak<Engine>) {
     // where busy threads outnumber cores its polling took the core from the programs
     // (`ib_send_bw -s 8` over the wire on 2 cores, a fixed 50 µs: 1.17 -> 0.35 M msg/s).
     let mut sock_spin = PollWindow::new(Instant::now());
-    // The length of the next hand-off period, as a power of two of the base period: it grows
-    // while the application threads go on polling with nothing held back for this thread to
-    // send. Each look at the end of a period is a wake-up, and on a machine with few cores
-    // the woken thread preempts the very poller it looks at: every 0.5 ms, an 8-byte
-    // ping-pong on 2 cores (each process on a core of its own) had 2,600 such preemptions a
-    // second (SOFTRDMA_POLL_HANDOFF_US=5000 instead: over a lane t_avg 0.78 -> 0.63 us, 99th
-    // percentile 1.9 -> 1.2; over the wire 6.2 -> 5.6 and 24 -> 10-14; the medians unchanged).
-    // Whatever is held back (an ACK the program's answer would carry, sends for a batch)
-    // keeps the base period: should the program stop polling, it goes within that period.
-    // A program that stops polling with nothing held back gets its timers run within
-    // `2^HANDOFF_MAX_SHIFT` periods (4 ms), or at once when it arms a CQ to sleep.
+    // The length of the next hand-off period, as a power of two of the base period. Each look
+    // at the end of a period is a wake-up, and where this thread wakes on the CPU the program
+    // polls on (a process pinned to one core, a machine with fewer cores than busy threads)
+    // it preempts the very poller it looks at: every 0.5 ms, an 8-byte ping-pong on 2 cores
+    // with each process on a core of its own had 2,600 such preemptions a second
+    // (SOFTRDMA_POLL_HANDOFF_US=5000 instead: over the wire t_avg 6.2 -> 5.6 us, the 99th
+    // percentile 24 -> 10-14, the median unchanged). There the period doubles while the
+    // program goes on polling, up to `2^HANDOFF_MAX_SHIFT` times (4 ms), unless something is
+    // held back for this thread to send (an ACK the program's answer would carry, sends for
+    // a batch): that keeps the base period. The price, there only: an ACK held when the
+    // program stops polling (without arming a CQ, which wakes this thread) waits for the end
+    // of the period, up to 4 ms instead of 0.5. Where this thread wakes on another CPU it
+    // preempts nobody, and the period stays at its base.
     let mut handoff_shift = 0u32;
     loop {
         let Some(engine) = weak.upgrade() else {
@@ -384,7 +396,12 @@ pub(super) fn progress(weak: Weak<Engine>) {
         if handoff.is_some() {
             spin.stand_down();
             sock_spin.stand_down();
-            handoff_shift = (handoff_shift + 1).min(HANDOFF_MAX_SHIFT);
+            let poller = engine.poller_cpu.load(Ordering::Relaxed);
+            handoff_shift = if poller != u32::MAX && poller == current_cpu() {
+                (handoff_shift + 1).min(HANDOFF_MAX_SHIFT)
+            } else {
+                0
+            };
         } else {
             handoff_shift = 0;
         }
