@@ -10,7 +10,9 @@
  * MODE is a sum of: 1 receive with recvmmsg (VLEN messages, each with a source address and a
  * 32-byte control buffer) instead of recv; 2 UDP_GRO on both sockets; 4 send with sendmmsg
  * instead of sendto; 8 send a second, smaller datagram behind the first in that sendmmsg (an
- * ACK behind an answer); 16 receive with one recvmsg (address and control buffer).
+ * ACK behind an answer); 16 receive with one recvmsg (address and control buffer); 32 send
+ * the two datagrams of 8 as one UDP GSO message (UDP_SEGMENT 60: what softrdma's batch does
+ * with an answer and its ACK to one loopback peer).
  * BENCHMARKS.md (2026-11-27 21:50 UTC) has what it measured: mode 0 against 3 with VLEN 64
  * and 1 is why `recv_batch` asks for one message after a call that found none.
  */
@@ -26,6 +28,7 @@
 
 #define N 100000
 #define UDP_GRO_OPT 104
+#define UDP_SEGMENT_OPT 103
 
 static int mode, vlen = 64;
 static int sock_a, sock_b;
@@ -40,6 +43,8 @@ struct io {
     struct mmsghdr sm[2];
     struct iovec siov[2];
     char sbuf[2][64];
+    struct msghdr gso;
+    char gso_control[64];
 };
 
 static double now_ns(void) {
@@ -75,6 +80,20 @@ static void setup(struct io *x, struct sockaddr_in *to) {
     }
     x->sbuf[0][0] = 'D'; /* the data datagram */
     x->sbuf[1][0] = 'A'; /* the one behind it */
+    /* Both in one GSO message: segments of 60 bytes, the second 48. */
+    memset(&x->gso, 0, sizeof x->gso);
+    x->gso.msg_name = to;
+    x->gso.msg_namelen = sizeof *to;
+    x->gso.msg_iov = x->siov;
+    x->gso.msg_iovlen = 2;
+    x->gso.msg_control = x->gso_control;
+    x->gso.msg_controllen = CMSG_SPACE(sizeof(unsigned short));
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&x->gso);
+    cm->cmsg_level = IPPROTO_UDP;
+    cm->cmsg_type = UDP_SEGMENT_OPT;
+    cm->cmsg_len = CMSG_LEN(sizeof(unsigned short));
+    unsigned short seg = 60;
+    memcpy(CMSG_DATA(cm), &seg, sizeof seg);
 }
 
 /* Busy-polls until the data datagram arrives. */
@@ -99,7 +118,10 @@ static void receive(int s, struct io *x) {
 }
 
 static void send_one(int s, struct io *x, struct sockaddr_in *to) {
-    if (mode & 4)
+    if (mode & 32) {
+        struct mmsghdr m = {.msg_hdr = x->gso};
+        sendmmsg(s, &m, 1, 0);
+    } else if (mode & 4)
         sendmmsg(s, x->sm, (mode & 8) ? 2 : 1, 0);
     else
         sendto(s, x->sbuf[0], 60, 0, (struct sockaddr *)to, sizeof *to);
@@ -165,7 +187,8 @@ int main(int argc, char **argv) {
     qsort(lat, N, sizeof *lat, cmp);
     printf("receive %s (vlen %d), GRO %s, send %s, %d datagram(s): one-way p50 %.2f us, min %.2f us\n",
            (mode & 16) ? "recvmsg" : (mode & 1) ? "recvmmsg" : "recv", (mode & 1) ? vlen : 1,
-           (mode & 2) ? "on" : "off", (mode & 4) ? "sendmmsg" : "sendto", (mode & 8) ? 2 : 1,
-           lat[N / 2], lat[0]);
+           (mode & 2) ? "on" : "off",
+           (mode & 32) ? "sendmmsg, one GSO message" : (mode & 4) ? "sendmmsg" : "sendto",
+           (mode & 40) ? 2 : 1, lat[N / 2], lat[0]);
     return 0;
 }
