@@ -7,7 +7,7 @@ use crate::provider::Provider;
 use crate::provider::{holding_acks, with_tx, Delivery, QpPort, TxBatch, Via, PKT_BUF, WR_RECORD};
 use crate::verbs::cq::WorkCompletion;
 pub(crate) use crate::verbs::env::to_wc;
-use crate::verbs::env::QpEnv;
+use crate::verbs::env::{QpEnv, DEFER_MIN};
 use crate::verbs::event::{AsyncElement, EventTarget, EventType};
 use crate::verbs::qp::parked::needs_receive;
 use crate::verbs::qp::{QpInner, QpState_};
@@ -439,8 +439,9 @@ fn feed(
                 let mut meta = RxMeta { grh: [0; 40] };
                 // The payload copies of the run are made together, spread over the copy
                 // engines when large, before anything else sees the memory (`drive`'s
-                // ACKs and completions below).
-                if pkts.len() > 1 {
+                // ACKs and completions below). Not for a run of short packets (an answer
+                // and an ACK), whose copies are made on the spot anyway.
+                if pkts.len() > 1 && pkts.iter().any(|p| p.len() >= DEFER_MIN) {
                     env.start_deferring();
                 }
                 for pkt in pkts {

@@ -192,7 +192,7 @@ impl QpEnv<'_> {
 /// to a batch costs more than copying them. (A short read into a packet's room needs no
 /// order with the deferred reads; a short write is made at once only while no write waits
 /// before it, which might cover the same bytes.)
-const DEFER_MIN: usize = 256;
+pub(crate) const DEFER_MIN: usize = 256;
 
 impl QpEnv<'_> {
     /// Copies the leased memory into `dst` (bytes of a packet being built), or defers the
