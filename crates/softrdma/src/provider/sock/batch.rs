@@ -392,3 +392,108 @@ pub(crate) struct RxMsg {
 #[derive(Clone, Copy)]
 #[repr(C, align(8))]
 struct CmsgBuf([u8; 32]);
+
+#[cfg(test)]
+mod tests {
+    use super::super::UdpSock;
+    use super::{RecvScratch, RxMsg};
+    use std::net::{IpAddr, SocketAddr};
+
+    /// Two device sockets on loopback addresses of this run's own (ports the kernel picks),
+    /// with GRO as the device sockets have it.
+    fn pair() -> (UdpSock, UdpSock, SocketAddr, SocketAddr) {
+        let a =
+            UdpSock::bind_shared(IpAddr::V4(crate::testing::unique_loopback_addr()), 0).unwrap();
+        let b =
+            UdpSock::bind_shared(IpAddr::V4(crate::testing::unique_loopback_addr()), 0).unwrap();
+        let (aa, ba) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        (a, b, aa, ba)
+    }
+
+    /// Receives until `want` messages came (or a few hundred empty tries), returning each
+    /// message's length and GRO segment, and the number of calls that got something.
+    fn drain(
+        s: &UdpSock,
+        scratch: &mut RecvScratch,
+        want: usize,
+        limit: usize,
+    ) -> (Vec<(usize, usize)>, Vec<usize>) {
+        let mut bufs = vec![vec![0u8; 65536]; limit];
+        let mut meta = vec![RxMsg::default(); limit];
+        let (mut got, mut calls) = (Vec::new(), Vec::new());
+        for _ in 0..100_000 {
+            let n = s.recv_batch(&mut bufs, &mut meta, scratch).unwrap();
+            if n > 0 {
+                calls.push(n);
+                got.extend(meta[..n].iter().map(|m| (m.len, m.segment)));
+            }
+            if got.len() >= want {
+                break;
+            }
+        }
+        (got, calls)
+    }
+
+    #[test]
+    fn after_a_call_that_found_nothing_the_next_takes_one_message_then_all() {
+        let (a, b, _, ba) = pair();
+        let mut scratch = RecvScratch::new();
+        let mut bufs = vec![vec![0u8; 2048]; 8];
+        let mut meta = vec![RxMsg::default(); 8];
+        // Nothing waiting: the next call asks for one message.
+        assert_eq!(b.recv_batch(&mut bufs, &mut meta, &mut scratch).unwrap(), 0);
+        for len in [40, 41, 42] {
+            a.send_one(&vec![7u8; len], ba);
+        }
+        // (Loopback delivers within the send; a sender on another CPU may lag: wait.)
+        let mut first = 0;
+        for _ in 0..100_000 {
+            first = b.recv_batch(&mut bufs, &mut meta, &mut scratch).unwrap();
+            if first > 0 {
+                break;
+            }
+        }
+        assert_eq!(first, 1, "one message after an empty call");
+        assert_eq!(meta[0].len, 40);
+        // The call after one that got a message asks for all again.
+        assert_eq!(b.recv_batch(&mut bufs, &mut meta, &mut scratch).unwrap(), 2);
+        assert_eq!((meta[0].len, meta[1].len), (41, 42));
+        assert_eq!(meta[0].src, Some(a.local_addr().unwrap()));
+    }
+
+    #[test]
+    fn an_answer_and_its_ack_go_as_datagrams_and_a_run_as_one_gso_message() {
+        let (a, b, _, ba) = pair();
+        let gro = b.gro;
+        let mut scratch = RecvScratch::new();
+        // Two short packets for one QP slot (an answer and its ACK): two datagrams, each a
+        // message.
+        let two = [vec![1u8; 60], vec![1u8; 48]];
+        let (sent, failed) = a.send_batch(2, |i| (&two[i][..], ba));
+        assert_eq!((sent, failed), (2, 0));
+        let (got, _) = drain(&b, &mut scratch, 2, 8);
+        assert_eq!(got, vec![(60, 0), (48, 0)]);
+        // A run of eight full segments to a loopback peer (for one QP slot: byte 5, in the
+        // BTH's destination QP, is the same): one GSO message, which a GRO socket receives
+        // whole (its segment size says how to split it).
+        let run: Vec<Vec<u8>> = (0..8)
+            .map(|i| {
+                let mut p = vec![7u8; 1024];
+                p[0] = i as u8;
+                p
+            })
+            .collect();
+        let (sent, failed) = a.send_batch(8, |i| (&run[i][..], ba));
+        assert_eq!((sent, failed), (8, 0));
+        let (got, _) = drain(&b, &mut scratch, if gro { 1 } else { 8 }, 8);
+        let bytes: usize = got.iter().map(|g| g.0).sum();
+        assert_eq!(bytes, 8 * 1024, "{got:?}");
+        if gro && a.gso.load(std::sync::atomic::Ordering::Relaxed) {
+            assert_eq!(
+                got,
+                vec![(8 * 1024, 1024)],
+                "one GSO message, received whole"
+            );
+        }
+    }
+}
