@@ -640,3 +640,62 @@ fn a_device_counts_its_first_faulty_packets_once_for_all_its_queues() {
         assert_eq!(v, [i as u8 + 1; 16]);
     }
 }
+
+#[test]
+fn a_message_of_several_datagrams_sent_right_before_a_disconnect_arrives() {
+    // As above, with a SEND of two packets (5,000 bytes at the path MTU of 4,096): two
+    // datagrams (too few for a GSO message). Both must reach the QP before the DREQ flushes
+    // it, whether queue 1's progress thread took them or the connection manager's drain did
+    // (which takes every message waiting, not one as a poller's look after an empty call
+    // does: `RecvScratch::ask_all`, unit-tested in `provider::sock::batch`; the window in
+    // which the drain finds them here is narrow).
+    const N: usize = 12;
+    const LEN: usize = 5000;
+    let (addr, from) = (unique(), unique());
+    let port = 9000 + ((std::process::id() + 7919) % 20000) as u16;
+    two_queues(&[&addr, &from]);
+    let listen = cm_listener(&addr, port);
+    listen.listen(N as i32).unwrap();
+    let server = std::thread::spawn(move || {
+        let mut queue0 = None;
+        let mut on_queue1 = 0;
+        for i in 0..N {
+            let id = listen.get_request().unwrap();
+            let buf = Arc::new(Buffer::new(8192));
+            let mr = id.reg_msgs(&buf).unwrap();
+            id.post_recv(0, buf.addr(), 8192, &mr).unwrap();
+            id.accept(&ConnParam::default()).unwrap();
+            let s = slot(id.qp().unwrap().qp_num());
+            let first = *queue0.get_or_insert(s);
+            let wc = id.get_recv_comp().unwrap();
+            if s == first {
+                assert!(
+                    matches!(wc.status, WcStatus::Success | WcStatus::WrFlushErr),
+                    "connection {i}: {wc:?}"
+                );
+                continue;
+            }
+            on_queue1 += 1;
+            assert_eq!(
+                (wc.status, wc.byte_len),
+                (WcStatus::Success, LEN as u32),
+                "connection {i}: the SEND of two datagrams before the DREQ"
+            );
+            let mut v = vec![0; LEN];
+            buf.read(0, &mut v).unwrap();
+            assert_eq!(v, pattern(LEN, i as u8), "connection {i}");
+        }
+        assert!(on_queue1 >= N / 2 - 1, "{on_queue1} connections on queue 1");
+    });
+    for i in 0..N {
+        let id = cm_client(&addr, &from, port);
+        let buf = Arc::new(Buffer::new(LEN));
+        let mr = id.reg_msgs(&buf).unwrap();
+        buf.write(0, &pattern(LEN, i as u8)).unwrap();
+        id.connect(&ConnParam::default()).unwrap();
+        id.post_send(0, buf.addr(), LEN, Some(&mr), SendFlags::empty())
+            .unwrap();
+        id.disconnect().unwrap();
+    }
+    server.join().unwrap();
+}

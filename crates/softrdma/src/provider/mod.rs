@@ -29,7 +29,8 @@
 //! ([`crate::Cq::req_notify_cq`]), which a program does before it sleeps on a completion
 //! channel, gives the socket back at once, and polls of an armed CQ (the last look before
 //! sleeping) do not count; a program that stops polling without arming a CQ gets it back
-//! within two periods.
+//! within two periods (1 ms, or up to 8 ms where the period grew: a packet that arrives
+//! meanwhile waits that long).
 //!
 //! # ICRC
 //! Every packet sent carries the ICRC computed over the IP and UDP headers the kernel will

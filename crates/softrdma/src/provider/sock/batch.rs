@@ -12,7 +12,8 @@ impl UdpSock {
     /// consecutive packets of the same length to the same destination (the last of a run may
     /// be shorter) go out as one UDP GSO "super-datagram" that the kernel cuts into datagrams
     /// (or, on loopback, hands whole to a GRO receiver), and up to 64 such messages go into
-    /// one `sendmmsg`.
+    /// one `sendmmsg`. A run of fewer than 4 packets and 8 KiB (an answer and its ACK) goes
+    /// as datagrams of their own: the GSO path costs more than it saves for so few.
     ///
     /// UDP GSO is used only where it cannot change the IPv4 identification the ICRC was
     /// computed with (0): toward loopback addresses and over IPv6 (which has none). When the
@@ -345,6 +346,14 @@ pub(crate) struct RecvScratch {
 }
 
 impl RecvScratch {
+    /// The next [`UdpSock::recv_batch`] asks for as many messages as it has buffers, even
+    /// after a call that found none: for a caller that knows datagrams wait (the socket polled
+    /// readable) or must take everything there is (a drain before a CM message), for whom
+    /// stopping after one message would mean another round, or leaving datagrams behind.
+    pub(crate) fn ask_all(&mut self) {
+        self.drained = false;
+    }
+
     /// An empty scratch (headers set up at the first call).
     pub(crate) fn new() -> RecvScratch {
         RecvScratch {
@@ -462,6 +471,28 @@ mod tests {
     }
 
     #[test]
+    fn a_caller_that_asks_for_all_gets_all_even_after_an_empty_call() {
+        // (A drain before a CM message must take every datagram waiting.)
+        let (a, b, _, ba) = pair();
+        let mut scratch = RecvScratch::new();
+        let mut bufs = vec![vec![0u8; 2048]; 8];
+        let mut meta = vec![RxMsg::default(); 8];
+        assert_eq!(b.recv_batch(&mut bufs, &mut meta, &mut scratch).unwrap(), 0);
+        for len in [40, 41, 42] {
+            a.send_one(&vec![7u8; len], ba);
+        }
+        let mut n = 0;
+        for _ in 0..100_000 {
+            scratch.ask_all();
+            n = b.recv_batch(&mut bufs, &mut meta, &mut scratch).unwrap();
+            if n > 0 {
+                break;
+            }
+        }
+        assert_eq!(n, 3, "every message waiting");
+    }
+
+    #[test]
     fn an_answer_and_its_ack_go_as_datagrams_and_a_run_as_one_gso_message() {
         let (a, b, _, ba) = pair();
         let gro = b.gro;
@@ -485,10 +516,11 @@ mod tests {
             .collect();
         let (sent, failed) = a.send_batch(8, |i| (&run[i][..], ba));
         assert_eq!((sent, failed), (8, 0));
-        let (got, _) = drain(&b, &mut scratch, if gro { 1 } else { 8 }, 8);
+        let gso = a.gso.load(std::sync::atomic::Ordering::Relaxed);
+        let (got, _) = drain(&b, &mut scratch, if gro && gso { 1 } else { 8 }, 8);
         let bytes: usize = got.iter().map(|g| g.0).sum();
         assert_eq!(bytes, 8 * 1024, "{got:?}");
-        if gro && a.gso.load(std::sync::atomic::Ordering::Relaxed) {
+        if gro && gso {
             assert_eq!(
                 got,
                 vec![(8 * 1024, 1024)],
