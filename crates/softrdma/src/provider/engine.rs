@@ -26,16 +26,6 @@ use std::time::{Duration, Instant};
 /// watches).
 pub(crate) const POLL_HANDOFF: Duration = Duration::from_micros(500);
 
-/// While application threads go on polling on the CPU the progress thread wakes on, each
-/// hand-off period is twice the one before, up to `2^HANDOFF_MAX_SHIFT` times
-/// [`POLL_HANDOFF`], as long as nothing is held back for the progress thread to send (see
-/// `progress::progress`).
-pub(crate) const HANDOFF_MAX_SHIFT: u32 = 3;
-
-/// How often (in polls) a polling application thread notes the CPU it runs on
-/// ([`Engine::poller_cpu`]).
-pub(crate) const POLLER_CPU_EVERY: u64 = 1024;
-
 /// How long a progress thread polls its same-host lanes after their last packet before it
 /// sleeps (polling costs less than a wake-up through the bell while traffic flows), unless
 /// `SOFTRDMA_LANE_SPIN_US` says otherwise.
@@ -91,10 +81,6 @@ pub(crate) struct Engine {
     /// How many times application threads polled an empty, unarmed CQ of this device (the
     /// progress thread compares it with what it saw last time).
     pub(super) app_polls: AtomicU64,
-    /// The CPU an application thread polling the device ran on at one of its last polls
-    /// (sampled every [`POLLER_CPU_EVERY`] polls; `u32::MAX`: not known): the progress thread
-    /// lengthens its hand-off only when it wakes on that CPU (see `progress::progress`).
-    pub(super) poller_cpu: AtomicU32,
     /// A CQ of this device was armed for an event after the last such poll: its program is
     /// going to sleep, so the progress thread must watch the socket.
     pub(super) app_asleep: AtomicBool,
@@ -195,7 +181,6 @@ impl Engine {
                 lane_polls: 0,
             }),
             app_polls: AtomicU64::new(0),
-            poller_cpu: AtomicU32::new(u32::MAX),
             app_asleep: AtomicBool::new(false),
             standing_down: AtomicBool::new(false),
             lanes_hot: AtomicBool::new(false),

@@ -290,8 +290,6 @@ impl Mcast {
         } = rx;
         let batch = bufs.len();
         let mut total = 0;
-        // (A group's socket has its own traffic: no one-message look for it.)
-        scratch.ask_all();
         for _ in 0..rounds {
             let n = match g.sock.recv_batch(bufs, meta, scratch) {
                 Ok(n) => n,

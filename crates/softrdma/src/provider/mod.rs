@@ -15,22 +15,18 @@
 //! device socket itself (`Engine::poll_progress`), so a busy-polling program gets its
 //! completions with no thread hop. While such polls of unarmed CQs go on, the progress
 //! thread leaves the socket to them: it stops watching the socket for `POLL_HANDOFF` at a
-//! time, as long as there were polls in the last period (where it wakes on the CPU the
-//! program polls on, its look at the end of each period preempts the poller: there each
-//! period is twice the one before while the polls go on and nothing is held back for it to
-//! send, up to eight times), and leaves the device's timers to
+//! time, as long as there were polls in the last period, and leaves the device's timers to
 //! them as well (they look every few polls whether one is due; a timer set meanwhile does not
 //! wake the progress thread). Otherwise both threads would be woken by every packet and by
 //! every deadline moved earlier, and, on a machine with few cores, the progress thread would
 //! preempt the very pollers it races (that doubled the one-way latency of a ping-pong; the
 //! timer wake-ups, several thousand a second for a busy QP's tail-loss probe, cut an 8-byte
 //! SEND stream's rate by a third). Should the pollers stop, a timer waits at most until the
-//! end of the hand-off (0.5 ms, or up to 4 ms where the period grew). Arming a CQ for an event
+//! end of the hand-off. Arming a CQ for an event
 //! ([`crate::Cq::req_notify_cq`]), which a program does before it sleeps on a completion
 //! channel, gives the socket back at once, and polls of an armed CQ (the last look before
 //! sleeping) do not count; a program that stops polling without arming a CQ gets it back
-//! within two periods (1 ms, or up to 8 ms where the period grew: a packet that arrives
-//! meanwhile waits that long).
+//! within two periods.
 //!
 //! # ICRC
 //! Every packet sent carries the ICRC computed over the IP and UDP headers the kernel will

@@ -2,7 +2,7 @@
 //! poll a CQ (the socket hand-off and held ACKs).
 
 use super::counters::PROBE_INTERVAL;
-use super::engine::{Engine, HANDOFF_MAX_SHIFT, POLLER_CPU_EVERY};
+use super::engine::Engine;
 use super::lanes;
 use super::mcast;
 use super::rx::RxSink;
@@ -227,13 +227,6 @@ impl Engine {
     }
 }
 
-/// The CPU the calling thread runs on (`u32::MAX` when the kernel does not say).
-fn current_cpu() -> u32 {
-    // SAFETY: no arguments; a vDSO call on Linux.
-    let c = unsafe { libc::sched_getcpu() };
-    u32::try_from(c).unwrap_or(u32::MAX)
-}
-
 impl Engine {
     /// An application thread polls a CQ (`busy`: not armed for an event): while the hand-off
     /// is on, the progress thread is told (it leaves the lanes and the socket to such
@@ -247,9 +240,6 @@ impl Engine {
         let polls = self.app_polls.fetch_add(1, Ordering::Relaxed);
         if self.app_asleep.load(Ordering::Relaxed) {
             self.app_asleep.store(false, Ordering::Relaxed);
-        }
-        if polls % POLLER_CPU_EVERY == 0 {
-            self.poller_cpu.store(current_cpu(), Ordering::Relaxed);
         }
         Some(polls)
     }
@@ -290,7 +280,6 @@ impl Engine {
             // (Everything, a new lane's first records too: the caller is about to end a
             // connection.)
             rx.rx.receive_lanes(&self.wire, &self.share, self, tx, true);
-            rx.rx.scratch.ask_all();
             rx.rx.receive_rounds(&self.wire, &self.share, self, tx, 4);
             self.send(tx);
         });
@@ -312,14 +301,9 @@ impl Engine {
     }
 
     /// Whether application threads polled (busy) since the progress thread last looked
-    /// (`seen`), and then until when it leaves the socket to them: for the hand-off period
-    /// times `2^shift`. Sets `standing_down` when so.
-    pub(super) fn handoff_until(
-        &self,
-        now: Instant,
-        seen: &mut u64,
-        shift: u32,
-    ) -> Option<Instant> {
+    /// (`seen`), and then until when it leaves the socket to them. Sets `standing_down` when
+    /// so.
+    pub(super) fn handoff_until(&self, now: Instant, seen: &mut u64) -> Option<Instant> {
         if self.handoff.is_zero() {
             return None;
         }
@@ -333,7 +317,7 @@ impl Engine {
             self.standing_down.store(false, Ordering::SeqCst);
             return None;
         }
-        Some(now + self.handoff * (1 << shift))
+        Some(now + self.handoff)
     }
 }
 
@@ -368,21 +352,6 @@ pub(super) fn progress(weak: Weak<Engine>) {
     // where busy threads outnumber cores its polling took the core from the programs
     // (`ib_send_bw -s 8` over the wire on 2 cores, a fixed 50 µs: 1.17 -> 0.35 M msg/s).
     let mut sock_spin = PollWindow::new(Instant::now());
-    // The length of the next hand-off period, as a power of two of the base period. Each look
-    // at the end of a period is a wake-up, and where this thread wakes on the CPU the program
-    // polls on (a process pinned to one core, a machine with fewer cores than busy threads)
-    // it preempts the very poller it looks at: every 0.5 ms, an 8-byte ping-pong on 2 cores
-    // with each process on a core of its own had 2,600 such preemptions a second
-    // (SOFTRDMA_POLL_HANDOFF_US=5000 instead: over the wire t_avg 6.2 -> 5.6 us, the 99th
-    // percentile 24 -> 10-14, the median unchanged). There the period doubles while the
-    // program goes on polling, up to `2^HANDOFF_MAX_SHIFT` times (4 ms), unless something is
-    // held back for this thread to send (an ACK the program's answer would carry, sends for
-    // a batch): that keeps the base period. The price, there only: a program that stops
-    // polling without arming a CQ (which wakes this thread) gets the socket back within two
-    // periods, up to 8 ms instead of 1 (what arrives meanwhile waits), and an ACK it holds
-    // goes at the end of the period, up to 4 ms instead of 0.5. Where this thread wakes on
-    // another CPU it preempts nobody, and the period stays at its base.
-    let mut handoff_shift = 0u32;
     loop {
         let Some(engine) = weak.upgrade() else {
             return;
@@ -391,21 +360,10 @@ pub(super) fn progress(weak: Weak<Engine>) {
         // poll the device, they run the timers: until the end of the hand-off then).
         let now = Instant::now();
         let mut next = now + Duration::from_millis(200);
-        if engine.holds_back() {
-            handoff_shift = 0;
-        }
-        let handoff = engine.handoff_until(now, &mut seen_polls, handoff_shift);
+        let handoff = engine.handoff_until(now, &mut seen_polls);
         if handoff.is_some() {
             spin.stand_down();
             sock_spin.stand_down();
-            let poller = engine.poller_cpu.load(Ordering::Relaxed);
-            handoff_shift = if poller != u32::MAX && poller == current_cpu() {
-                (handoff_shift + 1).min(HANDOFF_MAX_SHIFT)
-            } else {
-                0
-            };
-        } else {
-            handoff_shift = 0;
         }
         if handoff.is_none() {
             // About to sleep (before the deadline is read: a timer set meanwhile either is
@@ -538,9 +496,6 @@ pub(super) fn progress(weak: Weak<Engine>) {
         if fds[0].revents & libc::POLLIN != 0 {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
             let e = &*engine;
-            // (The socket polled readable: a stream's datagrams are taken in full batches,
-            // and the spin window below sees how many came.)
-            rx.rx.scratch.ask_all();
             let n = rx.rx.receive_rounds(&e.wire, &e.share, e, &mut tx, 64);
             if n > 0 {
                 last_rx = Instant::now();
