@@ -13,8 +13,8 @@
  * ACK behind an answer); 16 receive with one recvmsg (address and control buffer); 32 send
  * the two datagrams of 8 as one UDP GSO message (UDP_SEGMENT 60: what softrdma's batch does
  * with an answer and its ACK to one loopback peer).
- * BENCHMARKS.md (2026-11-27 21:50 UTC) has what it measured: mode 0 against 3 with VLEN 64
- * and 1 is why `recv_batch` asks for one message after a call that found none.
+ * BENCHMARKS.md (2026-11-27 21:50 UTC) has what it measured and why softrdma kept its system
+ * calls all the same (a polling program must take an answer and its ACK in one look).
  */
 #define _GNU_SOURCE
 #include <netinet/in.h>
