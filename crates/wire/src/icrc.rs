@@ -413,8 +413,8 @@ impl IcrcPrefix {
     #[inline(never)]
     fn compute_small(&self, ib: &[u8]) -> Result<u32> {
         // An ACK or a short message: from the header state of its length, only its transport
-        // bytes are hashed (they are a third of what is covered; 8-byte SEND and ACK over
-        // the wire: some 900 instructions a round trip less on each side).
+        // bytes are hashed (they are a third of what is covered; the client of an 8-byte
+        // SEND ping-pong over the wire: 1,069 -> 651 instructions of ICRC a round trip).
         if let Some(mut h) = self.short_state(ib.len()) {
             let mut buf = [0u8; ONE_PASS_SHORT];
             buf[..ib.len()].copy_from_slice(ib);

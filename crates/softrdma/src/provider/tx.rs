@@ -442,10 +442,8 @@ impl Wire {
         self.lanes.on() && !self.faults.on() && !super::capture::active()
     }
 
-    /// The lane to QP `dest_qpn` of the device at `peer`, to write packets straight into
-    /// (see [`super::Provider::direct_lane`]).
-    /// Whether a same-host lane to QP `dest_qpn` of the device at `peer` is up.
-    /// See [`super::Provider::prepare_lane`].
+    /// Offers a lane to the process of QP `dest_qpn` of the device at `peer` now (see
+    /// [`super::Provider::prepare_lane`]).
     pub(crate) fn prepare_lane(&self, peer: IpAddr, dest_qpn: u32) {
         if self.lanes_direct() {
             self.lanes.prepare(
@@ -455,6 +453,7 @@ impl Wire {
         }
     }
 
+    /// Whether a same-host lane to QP `dest_qpn` of the device at `peer` is up.
     pub(crate) fn lane_is_up(&self, peer: IpAddr, dest_qpn: u32) -> bool {
         self.lanes.is_up(
             SocketAddr::new(peer, ROCE_PORT),
