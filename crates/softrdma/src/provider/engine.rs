@@ -31,6 +31,11 @@ pub(crate) const POLL_HANDOFF: Duration = Duration::from_micros(500);
 /// `SOFTRDMA_LANE_SPIN_US` says otherwise.
 pub(crate) const LANE_SPIN: Duration = Duration::from_micros(50);
 
+/// How long the progress thread holds the positive ACK of a request it took for a program
+/// that polls (see `progress`), waiting for the program's answer to carry it, unless
+/// `SOFTRDMA_ACK_HOLD_US` says otherwise (0: it never holds one).
+pub(crate) const ACK_HOLD: Duration = Duration::from_micros(20);
+
 /// How long a progress thread polls its socket after a lone packet before it sleeps, while
 /// that pays (see `progress::PollWindow`), unless `SOFTRDMA_SOCKET_SPIN_US` says otherwise.
 pub(crate) const SOCKET_SPIN: Duration = Duration::from_micros(50);
@@ -76,6 +81,9 @@ pub(crate) struct Engine {
     /// How long the progress thread polls the socket after a lone packet before it sleeps,
     /// while that pays (`SOFTRDMA_SOCKET_SPIN_US`, default [`SOCKET_SPIN`]; 0: never).
     pub(super) socket_spin: Duration,
+    /// How long the progress thread holds the ACK of a request it took for a program that
+    /// polls (`SOFTRDMA_ACK_HOLD_US`, default [`ACK_HOLD`]; 0: never).
+    pub(super) ack_hold: Duration,
     /// The receive buffers, held by the thread that is receiving.
     pub(super) rx: Mutex<Receiving>,
     /// How many times application threads polled an empty, unarmed CQ of this device (the
@@ -207,6 +215,7 @@ impl Engine {
             busy_poll: env_us("SOFTRDMA_BUSY_POLL_US").unwrap_or(Duration::ZERO),
             lane_spin: env_us("SOFTRDMA_LANE_SPIN_US").unwrap_or(LANE_SPIN),
             socket_spin: env_us("SOFTRDMA_SOCKET_SPIN_US").unwrap_or(SOCKET_SPIN),
+            ack_hold: env_us("SOFTRDMA_ACK_HOLD_US").unwrap_or(ACK_HOLD),
         })
     }
 
@@ -531,6 +540,12 @@ impl Engine {
             || self.any_held_sends.load(Ordering::SeqCst)
     }
 
+    /// Whether a QP of this engine may hold back a positive ACK (it may have sent it since
+    /// with an answer of its own).
+    pub(super) fn holds_acks(&self) -> bool {
+        self.held_ack_one.load(Ordering::SeqCst) != 0 || self.any_held_acks.load(Ordering::SeqCst)
+    }
+
     /// Counts the calling thread as releasing held sends or ACKs until the guard drops.
     fn releasing(&self) -> Releasing<'_> {
         // (SeqCst, before the lists are emptied: a thread that finds them empty finds this.)
@@ -541,40 +556,47 @@ impl Engine {
     /// Sends what QPs hold back with [`Engine::note_held_send`] (one atomic load when
     /// nothing is held).
     pub(crate) fn flush_held_sends(&self) {
-        self.release_listed(&self.held_sends, &self.any_held_sends);
+        let _ = self.release_listed(&self.held_sends, &self.any_held_sends);
     }
 
-    /// Sends the ACKs that QPs hold back (costs one atomic load when there are none).
-    pub(crate) fn flush_held_acks(&self) {
+    /// Sends the ACKs that QPs hold back (costs one atomic load when there are none);
+    /// returns how many QPs still held something and sent it now (a QP noted that sent what
+    /// it held with its own answer meanwhile is not counted).
+    pub(crate) fn flush_held_acks(&self) -> usize {
+        let mut n = 0;
         if self.held_ack_one.load(Ordering::Relaxed) != 0 {
-            self.release_held_ack_one();
+            n += self.release_held_ack_one();
         }
-        self.release_listed(&self.held_acks, &self.any_held_acks);
+        n + self.release_listed(&self.held_acks, &self.any_held_acks)
     }
 
     #[inline(never)]
-    fn release_held_ack_one(&self) {
+    fn release_held_ack_one(&self) -> usize {
         let _releasing = self.releasing();
         let qpn = self.held_ack_one.swap(0, Ordering::SeqCst);
         if qpn != 0 {
             if let Some(qp) = self.lookup(qpn) {
-                qp.release_held_ack();
+                return usize::from(qp.release_held_ack());
             }
         }
+        0
     }
 
     /// Releases what the QPs of `list` hold back (`QpPort::release_held_ack`: a held ACK, or
-    /// sends held for a batch), when `any` says the list may be non-empty.
+    /// sends held for a batch), when `any` says the list may be non-empty; returns how many
+    /// still held something.
     #[inline]
-    fn release_listed(&self, list: &Mutex<Vec<u32>>, any: &AtomicBool) {
+    fn release_listed(&self, list: &Mutex<Vec<u32>>, any: &AtomicBool) -> usize {
         // (Called at every poll, nearly always with nothing listed: the check stays here.)
         if any.load(Ordering::SeqCst) {
-            self.release_listed_now(list, any);
+            self.release_listed_now(list, any)
+        } else {
+            0
         }
     }
 
     #[inline(never)]
-    fn release_listed_now(&self, list: &Mutex<Vec<u32>>, any: &AtomicBool) {
+    fn release_listed_now(&self, list: &Mutex<Vec<u32>>, any: &AtomicBool) -> usize {
         // Taken out of the lock (releasing locks each QP, and a QP's drive notes into the
         // list under the QP lock), then given back empty so that its room is reused: a
         // ping-pong notes and flushes a held ACK every round trip.
@@ -584,15 +606,17 @@ impl Engine {
             any.store(false, Ordering::SeqCst);
             std::mem::take(&mut *l)
         };
+        let mut n = 0;
         for qpn in qpns.drain(..) {
             if let Some(qp) = self.lookup(qpn) {
-                qp.release_held_ack();
+                n += usize::from(qp.release_held_ack());
             }
         }
         let mut l = list.lock().unwrap_or_else(|p| p.into_inner());
         if l.is_empty() {
             *l = qpns;
         }
+        n
     }
 }
 

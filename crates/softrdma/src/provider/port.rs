@@ -49,8 +49,9 @@ pub(crate) trait QpPort: Send + Sync {
     ) -> bool;
 
     /// Sends the positive ACK the QP's transport holds back, if any, and the sends of a UC
-    /// or UD QP held for a batch.
-    fn release_held_ack(self: Arc<Self>);
+    /// or UD QP held for a batch; returns whether there was any (`false`: it sent what it
+    /// held already, with an answer of its program, or holds nothing).
+    fn release_held_ack(self: Arc<Self>) -> bool;
 }
 
 /// A device's provider as the layers above call it: the verbs layer (QPs, their timers and

@@ -128,6 +128,84 @@ impl PollWindow {
     }
 }
 
+/// Whether the progress thread holds the positive ACK of what it takes for a program that
+/// polls its CQs now and then, and until when.
+///
+/// A program that takes the completion of an RDMA WRITE (the peer's ACK), then spins on its
+/// own memory for the peer's answer (ib_write_lat, WRITE-based RPC) calls no verb while it
+/// spins, and the progress thread, which left the device to its polls, takes the answer only
+/// when the hand-off ends (up to twice [`Engine::handoff`]). Then, had it sent the ACK of
+/// that answer at once, the peer would take the ACK alone (its WRITE's completion) and spin
+/// in turn, its own progress thread standing down: each stall made the next one, and the RC
+/// requesters' tail-loss probes, each re-acknowledged alone, made more (ib_write_lat over the
+/// wire on 2 cores: 40% of the round trips waited 0.1-1.1 ms). So, for a program that polled
+/// in the last two hand-off periods, the progress thread holds the ACK for up to
+/// `SOFTRDMA_ACK_HOLD_US` ([`super::engine::ACK_HOLD`], 20 µs): the program, seeing the
+/// data, answers on the QP, and the ACK goes right behind the answer, as when the program's
+/// own poll took the request (a duplicate of the request meanwhile is acknowledged by the
+/// same held ACK). The hold is judged: it paid when the program's answer took the ACK; after
+/// one that did not (a program that polls for other work and answers nothing here), the
+/// thread holds none, except every [`AckHold::PROBE_EVERY`]-th time, which tries again.
+struct AckHold {
+    /// When the ACKs held go at the latest (`None`: this thread holds none).
+    until: Option<Instant>,
+    /// Whether the last hold judged paid.
+    pays: bool,
+    /// Takes that held nothing since the last hold, while holds do not pay.
+    skipped: u32,
+}
+
+impl AckHold {
+    /// How often a take holds an ACK again while holds do not pay.
+    const PROBE_EVERY: u32 = 16;
+
+    fn new() -> AckHold {
+        AckHold {
+            until: None,
+            pays: true,
+            skipped: 0,
+        }
+    }
+
+    /// Whether the take about to be made holds the ACKs of what it takes (the program
+    /// polled lately, `may`).
+    fn tries(&mut self, may: bool) -> bool {
+        if !may {
+            return false;
+        }
+        if self.pays {
+            return true;
+        }
+        self.skipped += 1;
+        if self.skipped >= Self::PROBE_EVERY {
+            self.skipped = 0;
+            return true;
+        }
+        false
+    }
+
+    /// A take that held ACKs ended at `now` with some held: they go by `now + hold` at the
+    /// latest (an earlier hold keeps its end).
+    fn held(&mut self, now: Instant, hold: Duration) {
+        if self.until.is_none() {
+            self.until = Some(now + hold);
+        }
+    }
+
+    /// Whether the held ACKs wait still at `now` (the thread woke before their time).
+    fn waits(&self, now: Instant) -> bool {
+        self.until.is_some_and(|u| now < u)
+    }
+
+    /// The held ACKs went: `unanswered` of them by the thread's flush (the program did not
+    /// answer in time). Judges the hold.
+    fn released(&mut self, unanswered: usize) {
+        if self.until.take().is_some() {
+            self.pays = unanswered == 0;
+        }
+    }
+}
+
 /// How often an application thread polling a CQ reads the device socket while the same-host
 /// lanes bring packets (every this many polls): the progress thread watches the socket
 /// meanwhile (`lanes_hot`), so this is only for a packet that arrived between its looks.
@@ -352,6 +430,10 @@ pub(super) fn progress(weak: Weak<Engine>) {
     // where busy threads outnumber cores its polling took the core from the programs
     // (`ib_send_bw -s 8` over the wire on 2 cores, a fixed 50 µs: 1.17 -> 0.35 M msg/s).
     let mut sock_spin = PollWindow::new(Instant::now());
+    // When application threads were last seen polling (busy), and the ACKs this thread holds
+    // for them.
+    let mut polled_at: Option<Instant> = None;
+    let mut acks = AckHold::new();
     loop {
         let Some(engine) = weak.upgrade() else {
             return;
@@ -364,6 +446,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
         if handoff.is_some() {
             spin.stand_down();
             sock_spin.stand_down();
+            polled_at = Some(now);
         }
         if handoff.is_none() {
             // About to sleep (before the deadline is read: a timer set meanwhile either is
@@ -391,6 +474,13 @@ pub(super) fn progress(weak: Weak<Engine>) {
             .store(engine.nanos(next), Ordering::SeqCst);
         if let Some(h) = handoff {
             next = next.min(h);
+        }
+        // ACKs held for the program's answer go by the end of their hold, and this thread
+        // sleeps meanwhile (polling, it would take the core the program answers on, and
+        // send them at its next look).
+        let holding = acks.until;
+        if let Some(u) = holding {
+            next = next.min(u);
         }
         let timeout = next.saturating_duration_since(now);
         let gen = engine.mcast.generation();
@@ -432,13 +522,15 @@ pub(super) fn progress(weak: Weak<Engine>) {
             revents: 0,
         }));
         let mut timeout = timeout;
-        if handoff.is_none()
+        if holding.is_none()
+            && handoff.is_none()
             && !engine.busy_poll.is_zero()
             && now.duration_since(last_rx) < engine.busy_poll
         {
             timeout = Duration::ZERO;
         }
         if !timeout.is_zero()
+            && holding.is_none()
             && handoff.is_none()
             && !engine.socket_spin.is_zero()
             && sock_spin.polls(now)
@@ -448,7 +540,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
         // Asleep, the lanes' producers ring the bells (while application threads poll, they
         // take what the lanes bring).
         if !timeout.is_zero() && handoff.is_none() {
-            if spin.polls(now) {
+            if holding.is_none() && spin.polls(now) {
                 // Lane traffic a moment ago: more is coming; polling the rings costs less
                 // than a wake-up through the bell.
                 timeout = Duration::ZERO;
@@ -483,10 +575,24 @@ pub(super) fn progress(weak: Weak<Engine>) {
         engine.sleep_until.store(0, Ordering::Release);
         engine.send_wake_asked.store(false, Ordering::SeqCst);
         engine.standing_down.store(false, Ordering::SeqCst);
-        // ACKs an application thread held and has not sent since (it stopped polling), and
+        // ACKs an application thread held and has not sent since (it stopped polling), ACKs
+        // this thread held whose time is up (those the program's answer did not take), and
         // sends held for a batch (see `Engine::note_held_send`).
-        engine.flush_held_acks();
+        let woke = Instant::now();
+        if !acks.waits(woke) {
+            let unanswered = engine.flush_held_acks();
+            acks.released(unanswered);
+        }
         engine.flush_held_sends();
+        // This round's takes hold the ACKs of what they take for a program that polled
+        // lately (see `AckHold`).
+        let hold = acks.tries(
+            !engine.ack_hold.is_zero()
+                && !engine.app_asleep.load(Ordering::Relaxed)
+                && polled_at.is_some_and(|t| woke.duration_since(t) <= 2 * engine.handoff),
+        );
+        set_holding_acks(hold);
+        let mut took = 0;
         // Receive everything waiting, in batches (unless an application thread is at it).
         if fds[0].revents & libc::POLLERR != 0 {
             // ICMP errors wait in the socket's error queue (IP_RECVERR); it stays POLLERR
@@ -497,6 +603,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
             let e = &*engine;
             let n = rx.rx.receive_rounds(&e.wire, &e.share, e, &mut tx, 64);
+            took += n;
             if n > 0 {
                 last_rx = Instant::now();
                 if !e.socket_spin.is_zero() {
@@ -507,7 +614,9 @@ pub(super) fn progress(weak: Weak<Engine>) {
         if fds[2].revents & libc::POLLIN != 0 {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
             let e = &*engine;
-            if rx.rx.receive_forwarded(&e.wire, &e.share, e, &mut tx) > 0 {
+            let n = rx.rx.receive_forwarded(&e.wire, &e.share, e, &mut tx);
+            took += n;
+            if n > 0 {
                 last_rx = Instant::now();
             }
         }
@@ -524,6 +633,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
             let e = &*engine;
             // (A producer that hung up leaves no second look: take all it left.)
             let n = rx.rx.receive_lanes(&e.wire, &e.share, e, &mut tx, hung);
+            took += n;
             if n > 0 {
                 spin.took(n, Instant::now(), engine.lane_spin);
             }
@@ -549,6 +659,10 @@ pub(super) fn progress(weak: Weak<Engine>) {
             {
                 last_rx = Instant::now();
             }
+        }
+        set_holding_acks(false);
+        if hold && took > 0 && engine.holds_acks() {
+            acks.held(Instant::now(), engine.ack_hold);
         }
         // Liveness probes to connected peers (a dead peer's kernel answers ICMP).
         let now = Instant::now();
@@ -608,6 +722,41 @@ mod tests {
         assert!(!l.polls(t + us(200)));
         l.took(1, t + us(300), spin);
         assert!(l.polls(t + us(301)), "the last judged window paid");
+    }
+
+    #[test]
+    fn the_progress_thread_holds_acks_for_a_program_that_answers() {
+        let us = Duration::from_micros;
+        let hold = us(20);
+        let t0 = Instant::now();
+        let mut a = AckHold::new();
+        // A program that never polled: nothing held.
+        assert!(!a.tries(false));
+        // One that polls: the first take holds, and the thread waits for the answer.
+        assert!(a.tries(true));
+        a.held(t0, hold);
+        assert!(a.waits(t0 + us(5)));
+        // A second take before the end keeps the first end.
+        a.held(t0 + us(10), hold);
+        assert!(!a.waits(t0 + us(20)));
+        // The answer took the ACK: it paid, the next take holds again.
+        a.released(0);
+        assert!(!a.waits(t0 + us(21)));
+        assert!(a.tries(true));
+        a.held(t0 + us(100), hold);
+        // This time the thread had to send it: the next takes hold nothing ...
+        a.released(1);
+        for _ in 1..AckHold::PROBE_EVERY {
+            assert!(!a.tries(true));
+        }
+        // ... until the PROBE_EVERY-th, which tries again; paid, holding goes on.
+        assert!(a.tries(true));
+        a.held(t0 + us(500), hold);
+        a.released(0);
+        assert!(a.tries(true));
+        // A release with nothing held judges nothing.
+        a.released(3);
+        assert!(a.tries(true));
     }
 
     #[test]

@@ -366,8 +366,8 @@ impl QpPort for QpInner {
         }
     }
 
-    fn release_held_ack(self: Arc<Self>) {
-        QpInner::release_held_ack(&self);
+    fn release_held_ack(self: Arc<Self>) -> bool {
+        QpInner::release_held_ack(&self)
     }
 }
 
@@ -542,7 +542,7 @@ pub(crate) fn send_held_ack(
     engine: &dyn Provider,
     qp: &Arc<QpInner>,
     st: &mut QpState_,
-) -> Vec<EventType> {
+) -> (bool, Vec<EventType>) {
     let unreliable = matches!(
         qp.qp_type,
         softrdma_proto::QpType::Uc | softrdma_proto::QpType::Ud
@@ -555,9 +555,9 @@ pub(crate) fn send_held_ack(
         .as_ref()
         .is_some_and(|t| t.has_held_ack() || (unreliable && t.unsent_requests() > 0))
     {
-        return Vec::new();
+        return (false, Vec::new());
     }
-    drive_and_send(engine, qp, st)
+    (true, drive_and_send(engine, qp, st))
 }
 
 /// Drives the QP (lock `st` held) from the calling thread and sends what it produced now;
@@ -576,18 +576,19 @@ pub(crate) fn drive_and_send(
 
 impl QpInner {
     /// Sends the positive ACK this QP's transport holds back, if any (see [`drive`]), and
-    /// the sends it holds for a batch.
-    pub(crate) fn release_held_ack(self: &Arc<Self>) {
-        let events = {
+    /// the sends it holds for a batch; returns whether it held any.
+    pub(crate) fn release_held_ack(self: &Arc<Self>) -> bool {
+        let (held, events) = {
             let mut st = self.lock();
             match st.engine.clone() {
                 Some(e) => send_held_ack(&*e, self, &mut st),
-                None => Vec::new(),
+                None => (false, Vec::new()),
             }
         };
         for e in events {
             self.raise(e);
         }
+        held
     }
 }
 

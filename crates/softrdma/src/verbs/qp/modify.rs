@@ -199,7 +199,7 @@ impl Qp {
         let mut held_events = Vec::new();
         if matches!(next, QpState::Reset | QpState::Err) && next != cur {
             if let Some(e) = st.engine.clone() {
-                held_events = send_held_ack(&*e, inner, &mut st);
+                held_events = send_held_ack(&*e, inner, &mut st).1;
             }
         }
         if next == QpState::Reset && cur != QpState::Reset {
