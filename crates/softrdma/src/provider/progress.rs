@@ -128,31 +128,50 @@ impl PollWindow {
     }
 }
 
-/// Whether the progress thread holds the positive ACK of what it takes for a program that
-/// polls its CQs now and then, and until when.
+/// The positive ACKs held for a program's answer, as the progress thread sees them: those it
+/// holds itself for what it takes, and those the program's own polls hold.
 ///
 /// A program that takes the completion of an RDMA WRITE (the peer's ACK), then spins on its
 /// own memory for the peer's answer (ib_write_lat, WRITE-based RPC) calls no verb while it
 /// spins, and the progress thread, which left the device to its polls, takes the answer only
-/// when the hand-off ends (up to twice [`Engine::handoff`]). Then, had it sent the ACK of
-/// that answer at once, the peer would take the ACK alone (its WRITE's completion) and spin
-/// in turn, its own progress thread standing down: each stall made the next one, and the RC
-/// requesters' tail-loss probes, each re-acknowledged alone, made more (ib_write_lat over the
-/// wire on 2 cores: 40% of the round trips waited 0.1-1.1 ms). So, for a program that polled
-/// in the last two hand-off periods, the progress thread holds the ACK for up to
-/// `SOFTRDMA_ACK_HOLD_US` ([`super::engine::ACK_HOLD`], 20 µs): the program, seeing the
-/// data, answers on the QP, and the ACK goes right behind the answer, as when the program's
-/// own poll took the request (a duplicate of the request meanwhile is acknowledged by the
-/// same held ACK). The hold is judged: it paid when the program's answer took the ACK; after
-/// one that did not (a program that polls for other work and answers nothing here), the
-/// thread holds none, except every [`AckHold::PROBE_EVERY`]-th time, which tries again.
+/// when the hand-off ends (up to twice [`Engine::handoff`]). So the peer's ACK must not come
+/// before the peer's answer: the ACK of what a program's poll takes waits for that program's
+/// answer (see `verbs::datapath::drive`). Two things sent such ACKs alone, and each stall
+/// made the next one, on the other side (ib_write_lat over the wire on 2 cores: 40% of the
+/// round trips waited 0.1-1.1 ms; the RC requesters' tail-loss probes, each re-acknowledged
+/// alone, made more):
+/// - the progress thread, taking a request (a stall's answer) for a program that does not
+///   poll at the moment, acknowledged it at once. Now, for a program that polled in the last
+///   two hand-off periods, it holds the ACK for up to `SOFTRDMA_ACK_HOLD_US`
+///   ([`super::engine::ACK_HOLD`], 20 µs): the program, seeing the data, answers on the QP,
+///   and the ACK goes right behind the answer (a duplicate of the request meanwhile is
+///   acknowledged by the same held ACK). Judged: the hold paid when the program's answer
+///   took the ACK; after one that did not (a program that polls for other work and answers
+///   nothing here), the thread holds none, except every [`AckHold::PROBE_EVERY`]-th time;
+/// - the progress thread, waking at the end of a hand-off period, sent what the program's
+///   poll had just held, between the poll and the answer. Now, finding ACKs held by the
+///   program, it looks again `SOFTRDMA_ACK_HOLD_US` later, and sends them only if the
+///   program has not polled since (a polling program sends what it holds at its next empty
+///   poll; one that stopped polling is not answering).
 struct AckHold {
-    /// When the ACKs held go at the latest (`None`: this thread holds none).
+    /// When the ACKs this thread held go at the latest (`None`: it holds none).
     until: Option<Instant>,
     /// Whether the last hold judged paid.
     pays: bool,
     /// Takes that held nothing since the last hold, while holds do not pay.
     skipped: u32,
+    /// ACKs held by the program's polls, seen at a look: when to look again, and the
+    /// program's poll count then.
+    program: Option<(Instant, u64)>,
+}
+
+/// What the progress thread does with ACKs that the program's polls hold, at a look.
+#[derive(Debug, PartialEq, Eq)]
+enum ProgramHeld {
+    /// Leaves them (looks again at the time [`AckHold::wake_by`] says, or not at all).
+    Leave,
+    /// Sends them: the program has not polled since the last look.
+    Send,
 }
 
 impl AckHold {
@@ -164,6 +183,7 @@ impl AckHold {
             until: None,
             pays: true,
             skipped: 0,
+            program: None,
         }
     }
 
@@ -192,17 +212,57 @@ impl AckHold {
         }
     }
 
-    /// Whether the held ACKs wait still at `now` (the thread woke before their time).
+    /// Whether the ACKs this thread held wait still at `now` (it woke before their time).
     fn waits(&self, now: Instant) -> bool {
         self.until.is_some_and(|u| now < u)
     }
 
-    /// The held ACKs went: `unanswered` of them by the thread's flush (the program did not
-    /// answer in time). Judges the hold.
+    /// Whether this thread holds ACKs of its own (waiting or due).
+    fn holds(&self) -> bool {
+        self.until.is_some()
+    }
+
+    /// When this thread must look at held ACKs next, if at all.
+    fn wake_by(&self) -> Option<Instant> {
+        match (self.until, self.program) {
+            (Some(u), Some((p, _))) => Some(u.min(p)),
+            (u, p) => u.or(p.map(|(p, _)| p)),
+        }
+    }
+
+    /// The held ACKs went: `unanswered` of them by this thread's flush (the program did not
+    /// answer in time). Judges this thread's hold, if it held.
     fn released(&mut self, unanswered: usize) {
+        self.program = None;
         if self.until.take().is_some() {
             self.pays = unanswered == 0;
         }
+    }
+
+    /// A look at `now` found ACKs that the program's polls hold (`polls`: its poll count):
+    /// the first look leaves them for `hold`; a look after that sends them if the program
+    /// has not polled since (and leaves them, forgetting the first look, if it has).
+    fn program_held(&mut self, now: Instant, polls: u64, hold: Duration) -> ProgramHeld {
+        match self.program {
+            None => {
+                self.program = Some((now + hold, polls));
+                ProgramHeld::Leave
+            }
+            Some((at, _)) if now < at => ProgramHeld::Leave,
+            Some((_, seen)) => {
+                self.program = None;
+                if seen == polls {
+                    ProgramHeld::Send
+                } else {
+                    ProgramHeld::Leave
+                }
+            }
+        }
+    }
+
+    /// A look found no ACK held.
+    fn none_held(&mut self) {
+        self.program = None;
     }
 }
 
@@ -475,10 +535,10 @@ pub(super) fn progress(weak: Weak<Engine>) {
         if let Some(h) = handoff {
             next = next.min(h);
         }
-        // ACKs held for the program's answer go by the end of their hold, and this thread
-        // sleeps meanwhile (polling, it would take the core the program answers on, and
-        // send them at its next look).
-        let holding = acks.until;
+        // ACKs held for the program's answer are looked at again by the end of their hold,
+        // and this thread sleeps meanwhile (polling, it would take the core the program
+        // answers on, and look at them too soon).
+        let holding = acks.wake_by();
         if let Some(u) = holding {
             next = next.min(u);
         }
@@ -579,9 +639,22 @@ pub(super) fn progress(weak: Weak<Engine>) {
         // this thread held whose time is up (those the program's answer did not take), and
         // sends held for a batch (see `Engine::note_held_send`).
         let woke = Instant::now();
-        if !acks.waits(woke) {
+        if acks.waits(woke) {
+            // (Its own hold goes on; what the program holds is looked at with it.)
+        } else if acks.holds()
+            || engine.ack_hold.is_zero()
+            || engine.handoff.is_zero()
+            || engine.app_asleep.load(Ordering::Relaxed)
+        {
             let unanswered = engine.flush_held_acks();
             acks.released(unanswered);
+        } else if engine.holds_acks() {
+            let polls = engine.app_polls.load(Ordering::Relaxed);
+            if acks.program_held(woke, polls, engine.ack_hold) == ProgramHeld::Send {
+                engine.flush_held_acks();
+            }
+        } else {
+            acks.none_held();
         }
         engine.flush_held_sends();
         // This round's takes hold the ACKs of what they take for a program that polled
@@ -757,6 +830,39 @@ mod tests {
         // A release with nothing held judges nothing.
         a.released(3);
         assert!(a.tries(true));
+        assert_eq!(a.wake_by(), None);
+    }
+
+    #[test]
+    fn acks_the_program_holds_go_only_once_it_stopped_polling() {
+        let us = Duration::from_micros;
+        let hold = us(20);
+        let t0 = Instant::now();
+        let mut a = AckHold::new();
+        // A look finds ACKs the program's poll held: they stay, and the thread looks again.
+        assert_eq!(a.program_held(t0, 100, hold), ProgramHeld::Leave);
+        assert_eq!(a.wake_by(), Some(t0 + hold));
+        // Woken early: still left.
+        assert_eq!(a.program_held(t0 + us(5), 100, hold), ProgramHeld::Leave);
+        // The program polled since: it sends them itself; the first look is forgotten.
+        assert_eq!(a.program_held(t0 + us(20), 130, hold), ProgramHeld::Leave);
+        assert_eq!(a.wake_by(), None);
+        // Next look: left again; then, no poll since and the time up: sent.
+        assert_eq!(a.program_held(t0 + us(500), 200, hold), ProgramHeld::Leave);
+        assert_eq!(a.program_held(t0 + us(521), 200, hold), ProgramHeld::Send);
+        assert_eq!(a.wake_by(), None);
+        // A look that finds nothing held forgets a first look.
+        assert_eq!(a.program_held(t0 + us(600), 300, hold), ProgramHeld::Leave);
+        a.none_held();
+        assert_eq!(a.wake_by(), None);
+        // With a hold of the thread's own, the earlier of the two times.
+        assert_eq!(a.program_held(t0 + us(700), 300, hold), ProgramHeld::Leave);
+        a.held(t0 + us(710), hold);
+        assert_eq!(a.wake_by(), Some(t0 + us(720)));
+        assert!(a.holds() && a.waits(t0 + us(715)));
+        // Its flush sends both.
+        a.released(0);
+        assert_eq!(a.wake_by(), None);
     }
 
     #[test]

@@ -54,8 +54,10 @@ pub(crate) fn drive(
     // An application thread receiving for itself holds the ACK of what it received: the
     // program sees the completion sooner. What it answers on this QP (post_send drives the
     // QP) goes out first with the ACK right behind, in one batch; if it answers nothing, the
-    // ACK goes when the thread next polls an empty CQ, or when the progress thread next
-    // wakes (`Engine::flush_held_acks`). A trade-off, measured over the wire (interleaved,
+    // ACK goes when the thread next polls an empty CQ, or from the progress thread once the
+    // program has not polled for `SOFTRDMA_ACK_HOLD_US` (see `provider::progress`; the
+    // progress thread holds the ACKs of what it takes for a polling program the same way).
+    // A trade-off, measured over the wire (interleaved,
     // 8 bytes one way, medians): holding it past the answer until that next poll (or sending
     // it in a second system call right after the answer) made a peer that waits for the
     // completion of each send wait for it (ib_send_lat 8.0 us, 5.87 with the ACK in the
