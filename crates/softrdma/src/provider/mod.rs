@@ -26,7 +26,11 @@
 //! ([`crate::Cq::req_notify_cq`]), which a program does before it sleeps on a completion
 //! channel, gives the socket back at once, and polls of an armed CQ (the last look before
 //! sleeping) do not count; a program that stops polling without arming a CQ gets it back
-//! within two periods.
+//! within two periods. The positive ACK of a request taken for a program that polls (by its
+//! own poll, or by the progress thread while it does not poll) waits for the program's
+//! answer on the QP and goes right behind it, or else goes once the program has not polled
+//! for `SOFTRDMA_ACK_HOLD_US` (see `progress::AckHold`): a peer that takes its WRITE's
+//! completion and then spins on memory for the answer must not get the ACK first.
 //!
 //! # ICRC
 //! Every packet sent carries the ICRC computed over the IP and UDP headers the kernel will
