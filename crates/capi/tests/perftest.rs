@@ -13,7 +13,9 @@
 //! With `-R` (connections and the exchange of results through rdma_cm) Debian's perftest
 //! (4.5-0.17) parses `--source_ip` as the raw-Ethernet option, so the client connects from
 //! the routed source, 127.0.0.1, and the server listens on the wildcard address: both use
-//! the shared 127.0.0.1 device (as two programs share a NIC). The client starts once the
+//! the shared 127.0.0.1 device (as two programs share a NIC), or, with `-d` on each side
+//! (`ib_write_lat_rdma_cm_on_named_devices`), the server listens on the `SOFTRDMA_DEVICES`
+//! devices too and the client connects to the server's. The client starts once the
 //! server's listener holds its service on that device; perftest's own race between the
 //! client's connect and the server's second listen (see `perftest_cm`) can refuse the
 //! client, and that pair is then run again. Their teardown destroys the QP of the rdma_cm
@@ -59,14 +61,14 @@ fn perftest_cmd(
     c
 }
 
-/// Whether the service of rdma_cm port `port` (TCP port space) of the device 127.0.0.1 is
-/// claimed by a listener of this user (the abstract socket softrdma's shared devices name
-/// after it, read from /proc/net/unix).
-fn listening_cm(port: u16) -> bool {
+/// Whether the service of rdma_cm port `port` (TCP port space) of the device of address
+/// `addr` is claimed by a listener of this user (the abstract socket softrdma's shared
+/// devices name after it, read from /proc/net/unix).
+fn listening_cm_on(addr: &str, port: u16) -> bool {
     use std::os::unix::fs::MetadataExt;
     let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
     let sid = 0x0106_0000u64 | u64::from(port);
-    let want = format!("@softrdma-{uid}/127.0.0.1/svc/{sid:016x}");
+    let want = format!("@softrdma-{uid}/{addr}/svc/{sid:016x}");
     std::fs::read_to_string("/proc/net/unix")
         .unwrap_or_default()
         .lines()
@@ -175,13 +177,37 @@ const DATA_REQ_REFUSED: &str = "Event: RDMA_CM_EVENT_REJECTED; error: 8.";
 /// the refusal, with its server, and the pair is started again on a new port, a bounded
 /// number of times.
 fn perftest_cm(prog: &str, args: &[&str], title: &str) -> String {
+    perftest_cm_on(prog, args, title, None)
+}
+
+/// [`perftest_cm`], or, with `devices` (server, client), each side on a device of its own
+/// named with `-d` and listed through `SOFTRDMA_DEVICES`, the client connecting to the
+/// server's address (from the routed source, 127.0.0.1) and the server listening on the
+/// wildcard address, which must cover the `SOFTRDMA_DEVICES` devices.
+fn perftest_cm_on(
+    prog: &str,
+    args: &[&str],
+    title: &str,
+    devices: Option<(std::net::Ipv4Addr, std::net::Ipv4Addr)>,
+) -> String {
     let mut refused = String::new();
+    let srv = devices.map_or_else(|| "127.0.0.1".to_string(), |(s, _)| s.to_string());
     for _ in 0..20 {
         let port = free_tcp_port();
         let cmd = |peer: Option<&str>| {
             let mut c = command(format!("/usr/bin/{prog}"));
-            c.env("SOFTRDMA_DEVICES", "127.0.0.1")
-                .args(["-R", "-x", "0", "-p"])
+            match devices {
+                Some((s, cl)) => {
+                    let me = if peer.is_some() { cl } else { s };
+                    c.env("SOFTRDMA_DEVICES", format!("{s},{cl}"))
+                        .arg("-d")
+                        .arg(format!("srdma_{me}"));
+                }
+                None => {
+                    c.env("SOFTRDMA_DEVICES", "127.0.0.1");
+                }
+            }
+            c.args(["-R", "-x", "0", "-p"])
                 .arg(port.to_string())
                 .args(args)
                 .args(peer);
@@ -189,12 +215,12 @@ fn perftest_cm(prog: &str, args: &[&str], title: &str) -> String {
         };
         let mut server = Running::start(cmd(None));
         let t0 = std::time::Instant::now();
-        while !listening_cm(port) && server.running() && t0.elapsed() < LIMIT {
+        while !listening_cm_on(&srv, port) && server.running() && t0.elapsed() < LIMIT {
             std::thread::sleep(Duration::from_millis(10));
         }
         // A refused client is stopped at once: its retry would use the ids it destroyed.
         let (cst, cout, cerr) =
-            Running::start(cmd(Some("127.0.0.1"))).finish(|c| c.stderr_has(DATA_REQ_REFUSED));
+            Running::start(cmd(Some(&srv))).finish(|c| c.stderr_has(DATA_REQ_REFUSED));
         let retry = cerr.contains(DATA_REQ_REFUSED);
         let (sst, sout, serr) = server.finish(|_| retry);
         let report =
@@ -441,5 +467,20 @@ fn ib_send_bw_rdma_cm() {
 fn ib_send_lat_rdma_cm() {
     if have_perftest() {
         perftest_cm("ib_send_lat", &["-n", "20"], "Send Latency Test");
+    }
+}
+
+#[test]
+fn ib_write_lat_rdma_cm_on_named_devices() {
+    // Before the wildcard listen covered the SOFTRDMA_DEVICES devices, the server listened
+    // only on the host's addresses and the client's request found no one (ECONNREFUSED).
+    if have_perftest() {
+        let devices = (unique_addr(), unique_addr());
+        perftest_cm_on(
+            "ib_write_lat",
+            &["-n", "20"],
+            "RDMA_Write Latency Test",
+            Some(devices),
+        );
     }
 }

@@ -571,12 +571,26 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_i
     })
 }
 
-/// `rdma_listen`: CONNECT_REQUEST events follow (an unbound id binds to the wildcard).
+/// `rdma_listen`: CONNECT_REQUEST events follow (an unbound id binds to the wildcard). An id
+/// bound to the wildcard listens on every device `ibv_get_device_list` lists, those of
+/// `SOFTRDMA_DEVICES` too (their engines start here if they do not run yet; one that cannot
+/// start is skipped, as softrdma's wildcard listen skips a device where another process
+/// listens).
 ///
 /// Fails with -1 and `EINVAL` in the wrong state, `EADDRINUSE`.
 #[export_name = "softrdma_rdma_listen"]
 pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
-    on_id(id, |c| c.id.listen(backlog).map_err(err))
+    on_id(id, |c| {
+        c.id.listen(backlog).map_err(err)?;
+        if c.id.local_addr().is_some_and(|a| a.ip().is_unspecified()) {
+            // (A wildcard listener listens on each device of this process as it starts.)
+            for (_, ip) in crate::verbs::env_devices() {
+                // (One that cannot start is skipped, as softrdma's wildcard listen skips it.)
+                let _ = softrdma::rdma_cm::start_device(ip);
+            }
+        }
+        Ok(())
+    })
 }
 
 /// `rdma_connect`: sends the connection request (UD: the SIDR request).

@@ -111,7 +111,7 @@ pub use addrinfo::*;
 pub(crate) use connect::event_error;
 pub use event::{event_str, CmEventType, ConnParam, EventInfo, UdParam};
 pub use objects::{CmEvent, CmId, EventChannel};
-pub use registry::{device_context, get_devices, inject_device_removal};
+pub use registry::{device_context, get_devices, inject_device_removal, start_device};
 
 use crate::{Cq, QpCap, QpType, Srq};
 

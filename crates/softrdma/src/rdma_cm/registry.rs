@@ -63,6 +63,21 @@ pub fn device_context(addr: IpAddr) -> Result<Arc<Context>> {
     device_res(addr).map(|(c, _)| c)
 }
 
+/// Opens, as [`device_context`] does, the device of the local address `addr` and starts its
+/// engine (its socket and progress thread) now, rather than at its first QP or id: from then
+/// on an id listening on the wildcard address listens on this device too (a device where
+/// another process listens on that service is skipped, as the wildcard listen skips it).
+/// For a device that the host's address list does not give (a loopback alias such as
+/// 127.0.0.2, which the drop-in librdmacm lists from `SOFTRDMA_DEVICES`).
+///
+/// Fails like [`device_context`], and with the error of starting the engine (`EADDRINUSE`
+/// when the device's port cannot be shared).
+pub fn start_device(addr: IpAddr) -> Result<Arc<Context>> {
+    let (ctx, _) = device_res(addr)?;
+    ctx.inner.shared.engine()?;
+    Ok(ctx)
+}
+
 /// Bound ports per port space: (port space, port) → the ids bound there.
 pub(super) type PortTable = HashMap<(u16, u16), Vec<PortUse>>;
 
