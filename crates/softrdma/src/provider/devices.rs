@@ -491,6 +491,9 @@ impl Provider for Engine {
     fn direct_lane(&self, peer: IpAddr, dest_qpn: u32) -> Option<DirectTx<'_>> {
         self.wire.direct_lane(peer, dest_qpn)
     }
+    fn watch_for_spinner(&self) {
+        Engine::watch_for_spinner(self)
+    }
     fn note_held_ack(&self, qpn: u32) {
         Engine::note_held_ack(self, qpn)
     }

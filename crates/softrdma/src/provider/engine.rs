@@ -94,6 +94,10 @@ pub(crate) struct Engine {
     pub(super) app_asleep: AtomicBool,
     /// The progress thread is not watching the socket (an application thread polls it).
     pub(super) standing_down: AtomicBool,
+    /// [`Engine::app_polls`] plus one when a polling program may have begun to spin on
+    /// memory (see [`Engine::watch_for_spinner`]); 0: none. The progress thread watches the
+    /// device until the count moves past it.
+    pub(super) spinner_at: AtomicU64,
     /// Application threads polling this device take packets from its same-host lanes now,
     /// and read the socket only now and then: the progress thread watches the socket for
     /// them while it leaves the device to them.
@@ -195,6 +199,7 @@ impl Engine {
             held_acks: Mutex::new(Vec::new()),
             any_held_acks: AtomicBool::new(false),
             held_ack_one: AtomicU32::new(0),
+            spinner_at: AtomicU64::new(0),
             releasing: AtomicUsize::new(0),
             held_sends: Mutex::new(Vec::new()),
             any_held_sends: AtomicBool::new(false),
@@ -449,6 +454,24 @@ impl Engine {
     /// Detaches QP `qpn` from the multicast group `gid` (see [`Mcast::leave`]).
     pub(super) fn mcast_leave(&self, gid: &Gid, qpn: u32) {
         self.mcast.leave(&self.wire, gid, qpn)
+    }
+
+    /// See [`super::Provider::watch_for_spinner`]: the progress thread watches the device
+    /// from now until the program's next poll (woken now if it was leaving the device to the
+    /// polls).
+    pub(super) fn watch_for_spinner(&self) {
+        if self.handoff.is_zero() {
+            return;
+        }
+        // (The poll that took the completion counted already: the next one moves past.)
+        let polls = self.app_polls.load(Ordering::Relaxed);
+        self.spinner_at
+            .store(polls.wrapping_add(1), Ordering::SeqCst);
+        if self.standing_down.load(Ordering::SeqCst)
+            && !self.send_wake_asked.swap(true, Ordering::SeqCst)
+        {
+            self.wire.wake.signal();
+        }
     }
 
     /// Records that the transport of QP `qpn` holds a positive ACK back.

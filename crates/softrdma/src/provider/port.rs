@@ -111,6 +111,12 @@ pub(crate) trait Provider: Send + Sync {
     /// answer for some peer (one atomic load): a QP that found records not ready looks
     /// again only once it changed.
     fn records_generation(&self) -> u64;
+    /// A polling program took the completion of an RC RDMA WRITE that the peer acknowledged
+    /// before answering (nothing came from it since): the progress thread watches the device
+    /// for that program until it polls again, rather than leave the device to its polls (it
+    /// may spin on memory for the answer). Never fails; costs a wake-up of the progress
+    /// thread when it was leaving the device to the polls.
+    fn watch_for_spinner(&self);
     /// Records that the transport of QP `qpn` holds a positive ACK back.
     fn note_held_ack(&self, qpn: u32);
     /// Undoes [`Provider::note_held_ack`]: QP `qpn` holds nothing back any more (it sent it

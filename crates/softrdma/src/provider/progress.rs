@@ -309,7 +309,7 @@ impl Engine {
         let rx = &mut *rx;
         RECEIVING.with(|r| r.set(self as *const Engine as usize));
         with_tx(|tx| {
-            HOLD_ACKS.with(|h| h.set(busy && !self.handoff.is_zero()));
+            HOLD_ACKS.with(|h| h.set(busy && !self.handoff.is_zero() && !self.ack_hold.is_zero()));
             // While the lanes carry traffic (some came in the last LANE_POLLS polls), the
             // socket (a system call each time, nearly always empty then) is read every
             // SOCKET_EVERY polls only; otherwise every time. (What a peer puts on a lane
@@ -446,6 +446,18 @@ impl Engine {
             return None;
         }
         let polls = self.app_polls.load(Ordering::Relaxed);
+        let spinner = self.spinner_at.load(Ordering::SeqCst);
+        if spinner != 0 {
+            if polls.wrapping_add(1) == spinner {
+                // A program may spin on memory (see `Engine::watch_for_spinner`) and has not
+                // polled since: this thread watches the device for it.
+                *seen = polls;
+                return None;
+            }
+            let _ =
+                self.spinner_at
+                    .compare_exchange(spinner, 0, Ordering::SeqCst, Ordering::Relaxed);
+        }
         if polls == *seen {
             return None;
         }

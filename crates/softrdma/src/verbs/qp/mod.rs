@@ -71,6 +71,9 @@ pub(crate) struct QpState_ {
     /// The QP went to SQD with `en_sqd_async_notify`: `IBV_EVENT_SQ_DRAINED` is raised once
     /// its send queue has drained ([`QpState_::sq_drained`]).
     pub(crate) sqd_notify: bool,
+    /// The packets the transport had sent when its last completion was taken (see `drive`:
+    /// a program that sends one WRITE and waits for it, against a stream).
+    pub(crate) tx_at_completion: u64,
 }
 
 impl QpState_ {
@@ -278,6 +281,7 @@ impl Pd {
                     records: Default::default(),
                     pair_in: None,
                     sqd_notify: false,
+                    tx_at_completion: 0,
                 }),
                 async_unacked: AtomicUsize::new(0),
                 _count: count,
