@@ -846,6 +846,30 @@ mod tests {
     }
 
     #[test]
+    fn a_program_that_may_spin_on_memory_keeps_the_progress_thread_watching_until_it_polls() {
+        let ctx = crate::Device::from_addr(crate::testing::unique_loopback_addr().into())
+            .unwrap()
+            .open()
+            .unwrap();
+        let dev = ctx.inner.shared.device.clone();
+        let e = Engine::get_or_start(dev.addr(), dev.ifindex()).unwrap();
+        let now = Instant::now();
+        let mut seen = e.app_polls.load(Ordering::Relaxed);
+        // A program polls: the progress thread leaves the device to it.
+        e.note_app_poll(true);
+        assert!(e.handoff_until(now, &mut seen).is_some());
+        // The poll took the completion of a lone RDMA WRITE acknowledged before any answer:
+        // the progress thread watches, look after look, while the program does not poll.
+        e.watch_for_spinner();
+        assert!(e.handoff_until(now, &mut seen).is_none());
+        assert!(e.handoff_until(now, &mut seen).is_none());
+        // It polls again: the watch ends, and the device is left to its polls.
+        e.note_app_poll(true);
+        assert!(e.handoff_until(now, &mut seen).is_some());
+        assert_eq!(e.spinner_at.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
     fn acks_the_program_holds_go_only_once_it_stopped_polling() {
         let us = Duration::from_micros;
         let hold = us(20);
