@@ -446,26 +446,31 @@ impl Engine {
             return None;
         }
         let polls = self.app_polls.load(Ordering::Relaxed);
-        let spinner = self.spinner_at.load(Ordering::SeqCst);
-        if spinner != 0 {
-            if polls.wrapping_add(1) == spinner {
-                // A program may spin on memory (see `Engine::watch_for_spinner`) and has not
-                // polled since: this thread watches the device for it.
-                *seen = polls;
-                return None;
-            }
-            let _ =
-                self.spinner_at
-                    .compare_exchange(spinner, 0, Ordering::SeqCst, Ordering::Relaxed);
-        }
         if polls == *seen {
             return None;
         }
         *seen = polls;
+        // (Stored before `app_asleep` and `spinner_at` are read, which their writers store
+        // before they read this: one of the two threads sees the other's store, and a
+        // writer that sees it wakes this thread.)
         self.standing_down.store(true, Ordering::SeqCst);
         if self.app_asleep.load(Ordering::SeqCst) {
             self.standing_down.store(false, Ordering::SeqCst);
             return None;
+        }
+        let spinner = self.spinner_at.load(Ordering::SeqCst);
+        if spinner != 0 {
+            if polls.wrapping_add(1) == spinner {
+                // A program may spin on memory (see `Engine::watch_for_spinner`) and has not
+                // polled since: this thread watches the device for it (and, while no poll
+                // comes, goes on watching: see above).
+                self.standing_down.store(false, Ordering::SeqCst);
+                return None;
+            }
+            // It polled again: the watch is over.
+            let _ =
+                self.spinner_at
+                    .compare_exchange(spinner, 0, Ordering::SeqCst, Ordering::Relaxed);
         }
         Some(now + self.handoff)
     }
