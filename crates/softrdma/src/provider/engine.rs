@@ -125,7 +125,8 @@ pub(crate) struct Engine {
     /// The progress thread sleeps no longer than [`Engine::handoff`] now, because sends
     /// were held since its last look.
     pub(super) send_cap: AtomicBool,
-    /// A held send woke the progress thread, which has not looked yet.
+    /// A held send, or a watch for a program that may spin on memory
+    /// ([`Engine::watch_for_spinner`]), woke the progress thread, which has not looked yet.
     pub(super) send_wake_asked: AtomicBool,
     /// QP 1: the connection manager's MADs.
     pub(super) gsi: Mutex<Gsi>,
@@ -559,8 +560,7 @@ impl Engine {
     pub(crate) fn holds_back(&self) -> bool {
         self.releasing.load(Ordering::SeqCst) > 0
             || self.wire.tx_pending() != 0
-            || self.any_held_acks.load(Ordering::SeqCst)
-            || self.held_ack_one.load(Ordering::SeqCst) != 0
+            || self.holds_acks()
             || self.any_held_sends.load(Ordering::SeqCst)
     }
 

@@ -199,7 +199,7 @@ pub(crate) fn drive(
     if t.has_pending_completion() {
         engine.send(tx);
     }
-    // (The completions taken, and whether the first was a successful RDMA WRITE.)
+    // (The completions taken, and whether they were one successful RDMA WRITE.)
     let mut completions = 0u32;
     let mut write_done = false;
     while let Some(c) = t.poll_completion() {
@@ -213,16 +213,15 @@ pub(crate) fn drive(
     }
     // A lone RDMA WRITE of a polling program completed (the only completion of this drive,
     // with nothing else outstanding) and nothing came from the peer since it was sent: the
-    // program may now spin on its memory for the peer's
-    // answer, calling nothing, while the progress thread leaves the device to its polls. A
-    // softrdma peer sends its answer ahead of the ACK, so the answer is taken here already;
-    // a peer that acknowledges at once (a NIC, the kernel's rxe) sends it later, and the
-    // progress thread must watch for it (`Provider::watch_for_spinner`). (Not for a peer
-    // reached by a same-host lane, always a softrdma QP: there the progress thread would
-    // poll the lanes on the core the program spins on.)
-    // (At most 8 packets sent since the previous completion, the WRITE, ACKs, a resend: not a
-    // stream's signaled WRITE, one completion for many; ib_write_bw -s 8 over the wire lost
-    // half its rate to the progress thread's wake-ups.)
+    // program may now spin on its memory for the peer's answer, calling nothing, while the
+    // progress thread leaves the device to its polls. A softrdma peer sends its answer ahead
+    // of the ACK, so the answer is taken here already; a peer that acknowledges at once (a
+    // NIC, the kernel's rxe) sends it later, and the progress thread must watch for it
+    // (`Provider::watch_for_spinner`). Not for a peer reached by a same-host lane, always a
+    // softrdma QP: there the progress thread would poll the lanes on the core the program
+    // spins on. Not when more than 8 packets went since the previous completion (the WRITE,
+    // ACKs, a resend): that is a stream's signaled WRITE, one completion for many
+    // (ib_write_bw -s 8 over the wire lost half its rate to the progress thread's wake-ups).
     let sent_since = if completions > 0 {
         let tx = t.stats().tx_packets;
         let n = tx.wrapping_sub(*tx_at_completion);
@@ -232,7 +231,6 @@ pub(crate) fn drive(
         u64::MAX
     };
     if write_done
-        && completions == 1
         && sent_since <= 8
         && hold
         && qp.qp_type == softrdma_proto::QpType::Rc

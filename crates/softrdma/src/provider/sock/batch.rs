@@ -173,7 +173,8 @@ impl UdpSock {
     /// Receives up to `bufs.len()` messages without blocking; for each, its length, source
     /// and GRO segment size (0: one datagram) go into `meta`. With GRO a message holds several
     /// datagrams of `segment` bytes each (the last may be shorter). Returns how many messages
-    /// arrived (0 when none is waiting).
+    /// arrived (0 when none is waiting). Fails only with an error of `recvmmsg` other than
+    /// `EAGAIN` and `EINTR` (an ICMP error reported for an earlier datagram, for instance).
     pub(crate) fn recv_batch(
         &self,
         bufs: &mut [Vec<u8>],
