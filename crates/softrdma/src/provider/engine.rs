@@ -33,8 +33,9 @@ pub(crate) const LANE_SPIN: Duration = Duration::from_micros(50);
 
 /// How long the progress thread holds the positive ACK of a request it took for a program
 /// that polls (see `progress`), waiting for the program's answer to carry it, unless
-/// `SOFTRDMA_ACK_HOLD_US` says otherwise (0: no ACK is held, by the progress thread or by a
-/// program's poll; each goes at once, as a NIC sends it).
+/// `SOFTRDMA_ACK_HOLD_US` says otherwise (0: no ACK is held over the wire, by the progress
+/// thread or by a program's poll; each goes at once, as a NIC sends it. A program's poll still
+/// holds the ACKs of a same-host lane's packets, whose peer is always softrdma).
 pub(crate) const ACK_HOLD: Duration = Duration::from_micros(20);
 
 /// How long a progress thread polls its socket after a lone packet before it sleeps, while
@@ -83,7 +84,7 @@ pub(crate) struct Engine {
     /// while that pays (`SOFTRDMA_SOCKET_SPIN_US`, default [`SOCKET_SPIN`]; 0: never).
     pub(super) socket_spin: Duration,
     /// How long the progress thread holds the ACK of a request it took for a program that
-    /// polls (`SOFTRDMA_ACK_HOLD_US`, default [`ACK_HOLD`]; 0: no ACK is held at all).
+    /// polls (`SOFTRDMA_ACK_HOLD_US`, default [`ACK_HOLD`]; 0: none over the wire).
     pub(super) ack_hold: Duration,
     /// The receive buffers, held by the thread that is receiving.
     pub(super) rx: Mutex<Receiving>,

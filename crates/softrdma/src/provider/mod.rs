@@ -89,6 +89,6 @@ pub(crate) use lanes::records as wr_records;
 pub use lanes::same_host_lanes;
 pub(crate) use lanes::{same_host_segment, WR_RECORD};
 pub(crate) use port::{set_cm_hook, CmHook, Provider, QpPort};
-pub(crate) use progress::holding_acks;
+pub(crate) use progress::{holding_acks, receiving_for_poller};
 pub(crate) use rx::{Delivery, Via, MULTICAST_QPN};
 pub(crate) use tx::{with_tx, DirectTx, TxBatch, PKT_BUF};

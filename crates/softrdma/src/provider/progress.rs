@@ -13,28 +13,78 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 thread_local! {
-    /// Set while an application thread receives in [`Engine::poll_progress`]: the positive
-    /// ACKs of what it receives are held back (see [`holding_acks`]).
-    static HOLD_ACKS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whom this thread receives for: [`Receiving::Other`], or a program that polls its CQs
+    /// (an application thread in [`Engine::poll_progress`], or the progress thread for a
+    /// program that polled lately), holding the positive ACKs of what it receives
+    /// ([`Receiving::PollerHolding`], see [`holding_acks`]) or not.
+    static HOLD_ACKS: std::cell::Cell<Receiving> = const { std::cell::Cell::new(Receiving::Other) };
     /// The engine (its address) whose receive state an application thread holds in
     /// [`Engine::poll_progress`] (0: none).
     static RECEIVING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Whether this thread is an application thread receiving for itself in
-/// [`Engine::poll_progress`]: the QPs it drives hold the positive ACK of what they received
-/// (noted with [`Engine::note_held_ack`]), so that what the program answers goes out first
-/// with the ACK right behind, in one batch.
+/// Whether this thread receives for a polling program and holds the positive ACKs of what
+/// comes over the wire (`over_lane` false) or over a same-host lane or QP pair ring (true):
+/// the QPs it drives hold the positive ACK of what they received (noted with
+/// [`Engine::note_held_ack`]), so that what the program answers goes out first with the ACK
+/// right behind, in one batch (an application thread receiving for itself in
+/// [`Engine::poll_progress`], or the progress thread for a program that polled lately; see
+/// `AckHold`).
 #[inline]
-pub(crate) fn holding_acks() -> bool {
-    HOLD_ACKS.with(std::cell::Cell::get)
+pub(crate) fn holding_acks(over_lane: bool) -> bool {
+    match HOLD_ACKS.with(std::cell::Cell::get) {
+        Receiving::PollerHolding => true,
+        Receiving::PollerLanes => over_lane,
+        Receiving::Other | Receiving::Poller => false,
+    }
 }
 
-/// Sets what [`holding_acks`] says on this thread (a poll that takes a QP pair ring's records
-/// holds their acknowledgements as `poll_progress` does).
+/// Whether this thread receives for a program that polls its CQs rather than sleeping on
+/// completion events, whether or not it holds ACKs: an application thread in
+/// [`Engine::poll_progress`] for a busy poll, or the progress thread for a program that polled
+/// in the last two hand-off periods. Never with the hand-off off (`SOFTRDMA_POLL_HANDOFF_US=0`).
 #[inline]
-fn set_holding_acks(hold: bool) {
-    HOLD_ACKS.with(|h| h.set(hold));
+pub(crate) fn receiving_for_poller() -> bool {
+    HOLD_ACKS.with(std::cell::Cell::get) != Receiving::Other
+}
+
+/// Whom a thread receives for, and which positive ACKs it holds (see [`holding_acks`] and
+/// [`receiving_for_poller`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Receiving {
+    /// Not for a polling program (a program asleep on events, the hand-off off, or no
+    /// receive at all): no ACK is held.
+    Other,
+    /// For a polling program; no ACK is held (the progress thread, when holding stopped
+    /// paying or `SOFTRDMA_ACK_HOLD_US=0`).
+    Poller,
+    /// For a polling program, holding the ACKs of what comes over a same-host lane only: an
+    /// application thread with `SOFTRDMA_ACK_HOLD_US=0`, which models a wire peer that
+    /// acknowledges at once (a lane's peer is always softrdma, whose WRITE-and-spin needs its
+    /// ACK behind the answer; see `verbs::datapath`).
+    PollerLanes,
+    /// For a polling program, holding the positive ACKs of what it receives.
+    PollerHolding,
+}
+
+/// Sets what [`holding_acks`] and [`receiving_for_poller`] say on this thread.
+#[inline]
+fn set_receiving(r: Receiving) {
+    HOLD_ACKS.with(|h| h.set(r));
+}
+
+impl Engine {
+    /// What an application thread that polls (`poller`) receives for (a poll that takes a
+    /// QP pair ring's records holds their acknowledgements as `poll_progress` does).
+    fn app_receiving(&self, poller: bool) -> Receiving {
+        if !poller {
+            Receiving::Other
+        } else if self.ack_hold.is_zero() {
+            Receiving::PollerLanes
+        } else {
+            Receiving::PollerHolding
+        }
+    }
 }
 
 /// When the progress thread polls the same-host lanes (or its socket) rather than sleeping.
@@ -309,7 +359,8 @@ impl Engine {
         let rx = &mut *rx;
         RECEIVING.with(|r| r.set(self as *const Engine as usize));
         with_tx(|tx| {
-            HOLD_ACKS.with(|h| h.set(busy && !self.handoff.is_zero() && !self.ack_hold.is_zero()));
+            let poller = busy && !self.handoff.is_zero();
+            set_receiving(self.app_receiving(poller));
             // While the lanes carry traffic (some came in the last LANE_POLLS polls), the
             // socket (a system call each time, nearly always empty then) is read every
             // SOCKET_EVERY polls only; otherwise every time. (What a peer puts on a lane
@@ -338,7 +389,7 @@ impl Engine {
                 self.mcast
                     .poll(&mut rx.rx, &mut rx.mcast, &self.wire, self, tx, 4);
             }
-            HOLD_ACKS.with(|h| h.set(false));
+            set_receiving(Receiving::Other);
             // (Sent already, unless a path left something: the batch may be a temporary one.)
             self.send(tx);
         });
@@ -356,9 +407,9 @@ impl Engine {
         // `poll_progress`, which a poll that finds records here does not reach).
         let hold = self.note_app_poll(busy).is_some();
         super::tx::with_tx(|tx| {
-            set_holding_acks(hold);
+            set_receiving(self.app_receiving(hold));
             let n = super::rx::take_pair(&self.wire, self, p, false, tx);
-            set_holding_acks(false);
+            set_receiving(Receiving::Other);
             self.send(tx);
             n
         })
@@ -676,12 +727,17 @@ pub(super) fn progress(weak: Weak<Engine>) {
         engine.flush_held_sends();
         // This round's takes hold the ACKs of what they take for a program that polled
         // lately (see `AckHold`).
-        let hold = acks.tries(
-            !engine.ack_hold.is_zero()
-                && !engine.app_asleep.load(Ordering::Relaxed)
-                && polled_at.is_some_and(|t| woke.duration_since(t) <= 2 * engine.handoff),
-        );
-        set_holding_acks(hold);
+        let poller = !engine.handoff.is_zero()
+            && !engine.app_asleep.load(Ordering::Relaxed)
+            && polled_at.is_some_and(|t| woke.duration_since(t) <= 2 * engine.handoff);
+        let hold = acks.tries(poller && !engine.ack_hold.is_zero());
+        set_receiving(if hold {
+            Receiving::PollerHolding
+        } else if poller {
+            Receiving::Poller
+        } else {
+            Receiving::Other
+        });
         let mut took = 0;
         // Receive everything waiting, in batches (unless an application thread is at it).
         if fds[0].revents & libc::POLLERR != 0 {
@@ -750,7 +806,7 @@ pub(super) fn progress(weak: Weak<Engine>) {
                 last_rx = Instant::now();
             }
         }
-        set_holding_acks(false);
+        set_receiving(Receiving::Other);
         if hold && took > 0 && engine.holds_acks() {
             acks.held(Instant::now(), engine.ack_hold);
         }
@@ -872,6 +928,25 @@ mod tests {
         e.note_app_poll(true);
         assert!(e.handoff_until(now, &mut seen).is_some());
         assert_eq!(e.spinner_at.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn with_acks_at_once_a_poll_holds_a_lanes_acks_only_and_still_counts_as_a_poller() {
+        // (receiving for, ACKs held over the wire, over a lane, a polling program's thread)
+        for (r, wire, lane, poller) in [
+            (Receiving::Other, false, false, false),
+            (Receiving::Poller, false, false, true),
+            // SOFTRDMA_ACK_HOLD_US=0: a lane's WRITE-and-spin still gets its ACK behind the
+            // answer, and a lone WRITE's completion still starts the watch for a spinner.
+            (Receiving::PollerLanes, false, true, true),
+            (Receiving::PollerHolding, true, true, true),
+        ] {
+            set_receiving(r);
+            assert_eq!(holding_acks(false), wire, "{r:?} over the wire");
+            assert_eq!(holding_acks(true), lane, "{r:?} over a lane");
+            assert_eq!(receiving_for_poller(), poller, "{r:?}");
+        }
+        set_receiving(Receiving::Other);
     }
 
     #[test]

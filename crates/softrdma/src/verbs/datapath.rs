@@ -4,7 +4,9 @@
 //! to the QP; and the QP's face to the provider ([`QpPort`]: packets, timeouts, held ACKs).
 
 use crate::provider::Provider;
-use crate::provider::{holding_acks, with_tx, Delivery, QpPort, TxBatch, Via, PKT_BUF, WR_RECORD};
+use crate::provider::{
+    holding_acks, receiving_for_poller, with_tx, Delivery, QpPort, TxBatch, Via, PKT_BUF, WR_RECORD,
+};
 use crate::verbs::cq::WorkCompletion;
 pub(crate) use crate::verbs::env::to_wc;
 use crate::verbs::env::{QpEnv, DEFER_MIN};
@@ -76,8 +78,13 @@ pub(crate) fn drive(
     // ACK at once (before the peer's answer), the answer landed in a ring nobody was reading
     // (the program no longer polled; the progress thread still left the device to it) until
     // the hand-off ended: 590-800 us a WRITE, 1.2-1.8 with the ACK behind the answer.
-    // (Each path below sets it on the transport before it transmits.)
-    let hold = holding_acks();
+    // (Each path below sets it on the transport before it transmits.) With
+    // `SOFTRDMA_ACK_HOLD_US=0` a program's poll holds the ACKs of a lane's packets only (that
+    // knob models a wire peer that acknowledges at once; a lane's peer is always softrdma).
+    let hold = match (holding_acks(true), holding_acks(false)) {
+        (true, false) => engine.lane_is_up(peer, attr.dest_qp_num),
+        (lane, _) => lane,
+    };
     // An RC or UC QP whose peer is reached by a same-host lane writes its packets straight
     // into the lane's ring (one copy less than through the batch), in runs of up to 64,
     // while nothing waits in the batch before them.
@@ -222,6 +229,9 @@ pub(crate) fn drive(
     // spins on. Not when more than 8 packets went since the previous completion (the WRITE,
     // ACKs, a resend): that is a stream's signaled WRITE, one completion for many
     // (ib_write_bw -s 8 over the wire lost half its rate to the progress thread's wake-ups).
+    // Whether or not ACKs are held: with `SOFTRDMA_ACK_HOLD_US=0` on both sides, nothing
+    // watched and `ib_write_lat` over the wire waited for the hand-off at every turn (2 cores:
+    // t_typical 861 us, 53 with the watch).
     let sent_since = if completions > 0 {
         let tx = t.stats().tx_packets;
         let n = tx.wrapping_sub(*tx_at_completion);
@@ -232,7 +242,7 @@ pub(crate) fn drive(
     };
     if write_done
         && sent_since <= 8
-        && hold
+        && receiving_for_poller()
         && qp.qp_type == softrdma_proto::QpType::Rc
         && !t.received_since_sent()
         && t.sent_requests() == 0

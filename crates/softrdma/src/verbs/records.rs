@@ -386,7 +386,7 @@ pub(crate) fn receive(
     // still polls; acknowledged at once, it stopped polling before the answer came, which
     // then waited in its ring for its progress thread: 300 µs instead of 1. (Bounces go at
     // once: the peer's requests behind the one bounced wait for it.)
-    if crate::provider::holding_acks() && st.records.owed.iter().all(|a| a.kind == Kind::Ack) {
+    if crate::provider::holding_acks(true) && st.records.owed.iter().all(|a| a.kind == Kind::Ack) {
         engine.note_held_ack(qp.qp_num);
         return out;
     }
