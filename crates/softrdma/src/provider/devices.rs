@@ -529,8 +529,8 @@ impl Provider for Engine {
         Engine::flush_held_sends(self)
     }
     #[inline]
-    fn poll_progress(&self, busy: bool) {
-        Engine::poll_progress(self, busy)
+    fn poll_progress(&self, busy: bool, empty: bool) {
+        Engine::poll_progress(self, busy, empty)
     }
     fn app_sleeps(&self) {
         Engine::app_sleeps(self)

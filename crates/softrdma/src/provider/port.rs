@@ -129,8 +129,13 @@ pub(crate) trait Provider: Send + Sync {
     /// Sends what QPs hold back after [`Provider::note_held_send`] (one atomic load when
     /// nothing is held).
     fn flush_held_sends(&self);
-    /// Progress from an application thread that found its CQ empty (`busy`: not armed).
-    fn poll_progress(&self, busy: bool);
+    /// Progress from an application thread that polls a CQ (`busy`: not armed): what waits
+    /// for the device is received here. `empty`: the poll found nothing (the ACKs its QPs hold
+    /// for the program's answers go now); not when a poll that took records from a QP pair
+    /// ring looks at the device as well (an ACK sent then would reach the peer before the
+    /// answer the program is about to give, and a peer that spins on memory once its WRITE
+    /// completes would wait for its progress thread to take that answer).
+    fn poll_progress(&self, busy: bool, empty: bool);
     /// Receives on the calling thread what waits for this device (this receive queue) now,
     /// after the thread receiving for it finishes its round (a few ms at most): for the
     /// connection manager, which runs on queue 0, so that what a peer sent to a QP of

@@ -329,13 +329,15 @@ const TIMER_EVERY: u64 = 4;
 const LANE_POLLS: u32 = 1 << 16;
 
 impl Engine {
-    /// Progress from an application thread that found its CQ empty: if no other thread is
+    /// Progress from an application thread that polls a CQ: if no other thread is
     /// receiving, receive what is waiting now (without blocking) and process it here, so
     /// that a polling application gets its completions without a thread hop.
     ///
     /// `busy` says that the CQ polled is not armed for an event: its program polls rather
     /// than sleeps, and the progress thread leaves the socket to it (see the module notes).
-    pub(super) fn poll_progress(&self, busy: bool) {
+    /// `empty` says that the poll found the CQ empty: the ACKs held for the program's answer
+    /// go first (see [`super::Provider::poll_progress`]).
+    pub(super) fn poll_progress(&self, busy: bool, empty: bool) {
         if let Some(polls) = self.note_app_poll(busy) {
             // The progress thread leaves the timers to the polling threads too.
             if polls % TIMER_EVERY == 0 {
@@ -352,7 +354,9 @@ impl Engine {
             }
         }
         // The program found nothing to do: the ACKs held since its last receive go now.
-        self.flush_held_acks();
+        if empty {
+            self.flush_held_acks();
+        }
         let Ok(mut rx) = self.rx.try_lock() else {
             return;
         };
