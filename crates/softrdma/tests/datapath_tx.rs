@@ -1,5 +1,5 @@
 //! Every test of `datapath.rs` again over the wire with each device's transmit thread on
-//! (`SOFTRDMA_TX_THREAD=1`; by default only on 8 CPUs or more): the full
+//! (`SOFTRDMA_TX_THREAD=1`; off by default): the full
 //! batches of a stream of large RC requests or READ responses are sent by the device's transmit thread while
 //! the thread that built them builds the next ones, and every result (data, ordering
 //! against atomics, READs and ACKs, completion statuses, faults, flow control) is the same.

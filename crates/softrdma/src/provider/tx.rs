@@ -539,31 +539,19 @@ const TX_QUEUE_MAX: usize = 4;
 /// one every few tens of µs.
 const TX_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
 
-/// The fewest CPUs this process may run on for its devices to have transmit threads by
-/// default (see [`tx_thread_on`]).
-pub(crate) const TX_THREAD_MIN_CPUS: usize = 8;
-
-/// Whether devices send the full batches of a stream from a transmit thread of their own:
-/// `SOFTRDMA_TX_THREAD=1` on, `0` off; by default on when the process may run on at least
-/// [`TX_THREAD_MIN_CPUS`] CPUs (its affinity mask: a process pinned to fewer has none), where
-/// a stream's builder and its transmit thread each find a core. Measured on 16 cores
-/// (BENCHMARKS.md, "A transmit thread"): one QP over the wire, WRITE 1 MiB 3.25 -> 3.88 GB/s
-/// and READ 1 MiB 3.43 -> 3.68, SEND 1 MiB no better, 8 QPs at once 7% slower (the threads
-/// take cores from the other streams; hence [`tx_threads_max`]); on 2 cores three busy
-/// threads cost (WRITE 1 MiB 3.3 -> 2.0). Read once.
+/// Whether devices send the full batches of a stream from a transmit thread of their own
+/// (`SOFTRDMA_TX_THREAD=1`; off by default). Measured on 16 cores (BENCHMARKS.md, "A
+/// transmit thread"): one QP over the wire, WRITE 1 MiB 3.25 -> 3.88 GB/s and READ 1 MiB
+/// 3.43 -> 3.68, but SEND 1 MiB no better and 8 QPs at once 7% slower (the threads take
+/// cores from the other streams); the receiving side then bounds one QP. Measured again on
+/// another 16-core machine (2026-11-28, `scripts/probes/tx_thread_ab.sh`, on against off):
+/// WRITE 1 MiB +4%, SEND 1 MiB +7%, READ 1 MiB and WRITE 64 KiB even, 8 QPs at once -10%: not
+/// on by default on large machines either.
 pub(crate) fn tx_thread_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| tx_thread_default(std::env::var("SOFTRDMA_TX_THREAD").ok(), cpus()))
-}
-
-/// What [`tx_thread_on`] says for the environment's `SOFTRDMA_TX_THREAD` (`env`) on a process
-/// that may run on `cpus` CPUs.
-fn tx_thread_default(env: Option<String>, cpus: usize) -> bool {
-    match env.as_deref().map(str::trim) {
-        Some("0") => false,
-        Some("") | None => cpus >= TX_THREAD_MIN_CPUS,
-        Some(_) => true,
-    }
+    *ON.get_or_init(|| {
+        std::env::var("SOFTRDMA_TX_THREAD").is_ok_and(|v| v.trim() != "0" && !v.trim().is_empty())
+    })
 }
 
 fn cpus() -> usize {
@@ -773,18 +761,6 @@ impl TxQueue {
 
 #[cfg(test)]
 mod tests {
-
-    #[test]
-    fn transmit_threads_by_default_where_a_stream_finds_two_cores() {
-        assert!(!tx_thread_default(None, 2));
-        assert!(!tx_thread_default(None, TX_THREAD_MIN_CPUS - 1));
-        assert!(tx_thread_default(None, TX_THREAD_MIN_CPUS));
-        assert!(tx_thread_default(Some(String::new()), 16));
-        assert!(!tx_thread_default(Some("0".into()), 16));
-        assert!(!tx_thread_default(Some(" 0 ".into()), 16));
-        assert!(tx_thread_default(Some("1".into()), 1));
-    }
-
     use super::*;
 
     /// A batch of one RC WRITE ONLY packet whose second byte is `mark`.
