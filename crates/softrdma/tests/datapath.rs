@@ -5,9 +5,6 @@
 #[path = "common/pair.rs"]
 pub(crate) mod pair;
 
-// QP pair rings are off by default; this file's tests (and the binaries that include it)
-// run with them, as with the lane alone their tests would be skipped.
-crate::preset_env!("SOFTRDMA_PAIR_RINGS", "1");
 use pair::*;
 use softrdma::*;
 use std::net::IpAddr;
@@ -2368,10 +2365,10 @@ fn a_record_that_finds_no_receive_with_no_rnr_retries_ends_in_rnr_retry_exc_err(
     assert!(b.wait_none());
 }
 
-/// Whether this binary runs without QP pair rings (they are on only with
-/// `SOFTRDMA_PAIR_RINGS=1`, which this file's binaries set: see the top).
+/// Whether this binary runs without QP pair rings (`SOFTRDMA_PAIR_RINGS=0`, which
+/// `datapath_queues` sets: there records take the device's lane).
 fn pair_rings_off() -> bool {
-    !std::env::var("SOFTRDMA_PAIR_RINGS").is_ok_and(|v| v == "1")
+    std::env::var("SOFTRDMA_PAIR_RINGS").is_ok_and(|v| v.trim() == "0")
 }
 
 /// SEND rounds both ways until records take the QP pair's rings of their own both ways

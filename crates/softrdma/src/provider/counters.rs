@@ -94,7 +94,7 @@ pub struct DeviceCounters {
     /// two QPs of this host without RoCE packets (`SOFTRDMA_WR_RECORDS=0` turns them off).
     pub wr_records: u64,
     /// Of `wr_records`, those that went through a QP pair's ring of its own rather than the
-    /// device's lane (`SOFTRDMA_PAIR_RINGS=1` turns those rings on): the peer's CQ poll
+    /// device's lane (`SOFTRDMA_PAIR_RINGS=0` turns those rings off): the peer's CQ poll
     /// finds them without the device's receive path.
     pub pair_records: u64,
 }

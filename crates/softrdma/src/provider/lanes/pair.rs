@@ -34,16 +34,21 @@ use std::time::{Duration, Instant};
 /// over (records go one request at a time).
 pub(crate) const PAIR_CAP: usize = 1 << 16;
 
-/// Whether this process gives QP pairs rings of their own: only when the environment says
-/// `SOFTRDMA_PAIR_RINGS=1` (read once). Off by default: with them, a program that takes the
-/// completion of its RDMA WRITE and then spins on memory for the peer's answer (perftest
-/// `ib_write_lat`) waited for the progress thread's hand-off one round trip in 20-50 (over a
-/// lane on 2 cores, 3 runs each: 99th percentile 867-871 µs with them, 8-24 µs without;
-/// `t_typical` 0.58-0.61 against 0.67-0.72 µs), for a saving within this VM's noise on a
-/// two-process SEND ping-pong (session 26: 0-10%). Never fails.
+/// Whether this process gives QP pairs rings of their own: yes unless the environment says
+/// `SOFTRDMA_PAIR_RINGS=0` (read once). Never fails.
+///
+/// Off by default until 2026-11-28: a program that takes the completion of its RDMA WRITE
+/// and then spins on memory for the peer's answer (perftest `ib_write_lat`) waited for the
+/// progress thread's hand-off at one round trip in 200 (99.9th percentile 510-530 µs on 2
+/// cores): every 256th CQ poll that took records also looked at the device, and that look
+/// sent the ACK held for the program's answer ahead of it. Without that (BENCHMARKS.md, "On
+/// 16 cores"), perftest on the drop-in libraries, 16 cores, rings on against off: `ib_write_lat`
+/// t_avg 1.21-1.24 against 1.55-1.80 µs pinned, 99th percentile 1.2-2.0 against 5.4-6.6
+/// unpinned; `ib_send_lat` 99th percentile 1.8-2.0 against 3.7-3.8 unpinned; `softrdma perf
+/// send --lat` one way 0.99 against 1.27 µs, two processes pinned.
 pub(crate) fn pair_rings() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("SOFTRDMA_PAIR_RINGS").is_ok_and(|v| v == "1"))
+    *ON.get_or_init(|| std::env::var("SOFTRDMA_PAIR_RINGS").map_or(true, |v| v.trim() != "0"))
 }
 
 /// Offered, not answered yet.
