@@ -935,6 +935,30 @@ mod tests {
     }
 
     #[test]
+    fn only_a_poll_that_found_nothing_sends_the_acks_held_for_the_programs_answer() {
+        let ctx = crate::Device::from_addr(crate::testing::unique_loopback_addr().into())
+            .unwrap()
+            .open()
+            .unwrap();
+        let dev = ctx.inner.shared.device.clone();
+        let e = Engine::get_or_start(dev.addr(), dev.ifindex()).unwrap();
+        // (The progress thread's first round done, it sleeps until its next probe, a second
+        // away: it does not look at held ACKs meanwhile. Not a timing assumption of the
+        // assertions: a look of its own would leave them while this thread polls.)
+        std::thread::sleep(Duration::from_millis(50));
+        // (A QP number no QP of this device has: releasing it finds nothing to send.)
+        e.note_held_ack(0xfe_dcba);
+        assert!(e.holds_acks());
+        // A poll that took QP pair ring records and looks at the device as well: the
+        // program may be about to answer, the ACK stays held.
+        e.poll_progress(true, false);
+        assert!(e.holds_acks());
+        // A poll that found nothing: held ACKs go.
+        e.poll_progress(true, true);
+        assert!(!e.holds_acks());
+    }
+
+    #[test]
     fn with_acks_at_once_a_poll_holds_a_lanes_acks_only_and_still_counts_as_a_poller() {
         // (receiving for, ACKs held over the wire, over a lane, a polling program's thread)
         for (r, wire, lane, poller) in [
