@@ -91,6 +91,10 @@ pub(crate) struct Engine {
     /// How many times application threads polled an empty, unarmed CQ of this device (the
     /// progress thread compares it with what it saw last time).
     pub(super) app_polls: AtomicU64,
+    /// `app_polls` as the last poll that found nothing (`Engine::poll_progress` with `empty`)
+    /// left it: such a poll sends the ACKs held for the program's answer, so the progress
+    /// thread leaves held ACKs to the program only while it polls empty now and then.
+    pub(super) app_empty_polls: AtomicU64,
     /// A CQ of this device was armed for an event after the last such poll: its program is
     /// going to sleep, so the progress thread must watch the socket.
     pub(super) app_asleep: AtomicBool,
@@ -196,6 +200,7 @@ impl Engine {
                 lane_polls: 0,
             }),
             app_polls: AtomicU64::new(0),
+            app_empty_polls: AtomicU64::new(0),
             app_asleep: AtomicBool::new(false),
             standing_down: AtomicBool::new(false),
             lanes_hot: AtomicBool::new(false),
