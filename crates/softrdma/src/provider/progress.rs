@@ -924,14 +924,21 @@ mod tests {
         assert_eq!(a.wake_by(), None);
     }
 
-    #[test]
-    fn a_program_that_may_spin_on_memory_keeps_the_progress_thread_watching_until_it_polls() {
+    /// The engine of a device of this test's own (kept open by the context returned with it),
+    /// its progress thread started.
+    fn started_engine() -> (crate::Context, Arc<Engine>) {
         let ctx = crate::Device::from_addr(crate::testing::unique_loopback_addr().into())
             .unwrap()
             .open()
             .unwrap();
         let dev = ctx.inner.shared.device.clone();
         let e = Engine::get_or_start(dev.addr(), dev.ifindex()).unwrap();
+        (ctx, e)
+    }
+
+    #[test]
+    fn a_program_that_may_spin_on_memory_keeps_the_progress_thread_watching_until_it_polls() {
+        let (_ctx, e) = started_engine();
         let now = Instant::now();
         let mut seen = e.app_polls.load(Ordering::Relaxed);
         // A program polls: the progress thread leaves the device to it.
@@ -950,12 +957,7 @@ mod tests {
 
     #[test]
     fn only_a_poll_that_found_nothing_sends_the_acks_held_for_the_programs_answer() {
-        let ctx = crate::Device::from_addr(crate::testing::unique_loopback_addr().into())
-            .unwrap()
-            .open()
-            .unwrap();
-        let dev = ctx.inner.shared.device.clone();
-        let e = Engine::get_or_start(dev.addr(), dev.ifindex()).unwrap();
+        let (_ctx, e) = started_engine();
         // (The progress thread also sends held ACKs, at its second look 20 µs after a first
         // one, should this thread not poll empty in between: it sleeps up to 200 ms at a
         // time, so a try it spoils is rare, and five in a row do not happen.)
