@@ -28,28 +28,7 @@ export OUT=${OUT:-/tmp/device-bench}
 mkdir -p "$OUT"
 SR=$PEERS/bin/softrdma
 XT=$PEERS/bin/xtask
-PX=/tmp/device-bench-peers
-mkdir -p "$PX/shim"
-for d in "$PEERS"/*.deb; do dpkg-deb -x "$d" "$PX" || echo "unpack failed: $d"; done
-LIBD=$PX/usr/lib/x86_64-linux-gnu
-export PATH=$PX/shim:$PX/usr/bin:$PATH
-export LD_LIBRARY_PATH=$LIBD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export UCX_MODULE_DIR=$LIBD/ucx FI_PROVIDER_PATH=$LIBD/libfabric
-# The anchors' helpers call ss (is a port listening?) and bc; a bare machine may lack both.
-if ! command -v ss >/dev/null; then
-  cat >"$PX/shim/ss" <<'EOF'
-#!/bin/sh
-# ss -ltnH "sport = :P" / ss -lunH "sport = :P": print a line when P is bound (listening for TCP).
-port=$(echo "$*" | sed -n 's/.*sport = :\([0-9]*\).*/\1/p'); hex=$(printf '%04X' "$port")
-case "$1" in *u*) f="/proc/net/udp /proc/net/udp6"; st=07 ;; *) f="/proc/net/tcp /proc/net/tcp6"; st=0A ;; esac
-cat $f 2>/dev/null | awk -v h=":$hex" -v st=$st '{ split($2, a, ":"); if (":" a[2] == h && $4 == st) { print; exit } }'
-EOF
-  chmod +x "$PX/shim/ss"
-fi
-if ! command -v bc >/dev/null; then
-  printf '#!/bin/sh\nread e; awk "BEGIN { printf \\"%%.9f\\\\n\\", $e }"\n' >"$PX/shim/bc"
-  chmod +x "$PX/shim/bc"
-fi
+. "$ROOT/scripts/device_peers.sh"
 
 {
   echo "date: $(date -Is)"; uname -a; nproc; grep -m1 'model name' /proc/cpuinfo

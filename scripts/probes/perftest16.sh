@@ -21,21 +21,7 @@ PT=$PEERS/perftest/bin
 LIBS=$PEERS/capi:$PEERS/perftest/lib${EXTRA_LIBS:+:$EXTRA_LIBS}
 DEVS=127.161.0.1,127.161.0.2
 A=${SRV_CPU:-2} B=${CLI_CPU:-4} ALL=${ALL_CPUS:-0-15} B2=${CLI_CPUS2:-2,3}
-one() { # label srv_env cli_env srv_cpus cli_cpus test args...
-  local label=$1 se=$2 ce=$3 sc=$4 cc=$5 port=$((21000 + RANDOM % 4000)) o
-  shift 5
-  env $se SOFTRDMA_DEVICES=$DEVS LD_LIBRARY_PATH=$LIBS taskset -c "$sc" timeout 60 \
-    "$PT/$1" "${@:2}" -d srdma_127.161.0.1 -p $port >"$OUT/srv.txt" 2>&1 &
-  sleep 0.4
-  o=$(env $ce SOFTRDMA_DEVICES=$DEVS LD_LIBRARY_PATH=$LIBS taskset -c "$cc" timeout 60 \
-    "$PT/$1" "${@:2}" -d srdma_127.161.0.2 -p $port 127.161.0.1 2>&1)
-  wait
-  case $1 in
-    *_lat) o=$(echo "$o" | awk 'NF >= 9 && $1 ~ /^[0-9]+$/ {print $5 " / " $6 " / " $8 " / " $9}' | tail -1) ;;
-    *) o=$(echo "$o" | awk 'NF >= 5 && $1 ~ /^[0-9]+$/ {print $4 " MB/s, " $5 " Mpps"}' | tail -1) ;;
-  esac
-  echo "$label: ${o:-FAILED}"
-}
+. scripts/probes/perftest_pair.sh
 W="SOFTRDMA_TRANSPORT=wire"
 N="SOFTRDMA_NOTHING=1"
 {

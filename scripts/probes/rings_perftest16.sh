@@ -3,7 +3,7 @@
 # the drop-in libraries, interleaved: ib_write_lat and ib_send_lat over a same-host lane, each
 # process pinned to a core of its own and unpinned; then SOFTRDMA_ACK_HOLD_US=0 on both sides
 # (lane and wire). t_typical / t_avg / 99% / 99.9%, µs. Prepare $PEERS as for
-# scripts/probes/perftest16.sh, then
+# scripts/probes/perftest16.sh (the same helper, `one`), then
 #   PEERS=.peers OUT=/tmp/out ROUNDS=3 scripts/probes/rings_perftest16.sh
 set -u
 cd "$(dirname "$0")/../.."
@@ -13,8 +13,7 @@ PT=$PEERS/perftest/bin
 LIBS=$PEERS/capi:$PEERS/perftest/lib${EXTRA_LIBS:+:$EXTRA_LIBS}
 DEVS=127.162.0.1,127.162.0.2
 A=${SRV_CPU:-2} B=${CLI_CPU:-4} ALL=${ALL_CPUS:-0-15}
-# (the same helper as perftest16.sh, on this script's devices)
-eval "$(sed -n '/^one()/,/^}/p' scripts/probes/perftest16.sh | sed 's/127\.161\./127.162./g')"
+. scripts/probes/perftest_pair.sh
 {
   echo "date: $(date -Is) cpus: $(nproc)"
   for r in $(seq 1 "${ROUNDS:-3}"); do

@@ -10,24 +10,7 @@ set -u
 cd "$(dirname "$0")/../.."
 ROOT=$(pwd)
 PEERS=$(cd "${PEERS:-.peers}" && pwd)
-PX=/tmp/device-bench-peers; mkdir -p $PX/shim
-for d in "$PEERS"/*.deb; do dpkg-deb -x "$d" "$PX"; done
-LIBD=$PX/usr/lib/x86_64-linux-gnu
-export PATH=$PX/shim:$PX/usr/bin:$PATH LD_LIBRARY_PATH=$LIBD UCX_MODULE_DIR=$LIBD/ucx FI_PROVIDER_PATH=$LIBD/libfabric
-if ! command -v ss >/dev/null; then
-  cat >"$PX/shim/ss" <<'EOF'
-#!/bin/sh
-# ss -ltnH "sport = :P" / ss -lunH "sport = :P": print a line when P is bound (listening for TCP).
-port=$(echo "$*" | sed -n 's/.*sport = :\([0-9]*\).*/\1/p'); hex=$(printf '%04X' "$port")
-case "$1" in *u*) f="/proc/net/udp /proc/net/udp6"; st=07 ;; *) f="/proc/net/tcp /proc/net/tcp6"; st=0A ;; esac
-cat $f 2>/dev/null | awk -v h=":$hex" -v st=$st '{ split($2, a, ":"); if (":" a[2] == h && $4 == st) { print; exit } }'
-EOF
-  chmod +x "$PX/shim/ss"
-fi
-if ! command -v bc >/dev/null; then
-  printf '#!/bin/sh\nread e; awk "BEGIN { printf \\"%%.9f\\\\n\\", $e }"\n' >"$PX/shim/bc"
-  chmod +x "$PX/shim/bc"
-fi
+. "$ROOT/scripts/device_peers.sh"
 export OUT=${OUT:-/tmp/tx-thread-ab}; mkdir -p "$OUT"
 export ANCHORS=$PEERS/run_anchors.sh
 ANCHORS_LIB=1 INSTALL=0 . "$ANCHORS"
