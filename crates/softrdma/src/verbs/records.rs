@@ -135,16 +135,16 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
         }
         r.ready = true;
     }
-    let mut pair = r.pair.take();
+    // (Borrowed in place, not taken out and put back: `PairTx` is some hundred bytes, two
+    // copies a request.)
     let Some(mut lane) = record_out(
         &**engine,
-        &mut pair,
+        &mut r.pair,
         &mut r.pair_tried,
         peer,
         dest,
         qp.qp_num,
     ) else {
-        r.pair = pair;
         r.ready = false;
         r.looked_at = Some(engine.records_generation());
         return false;
@@ -204,7 +204,6 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
         true
     };
     lane.finish();
-    r.pair = pair;
     if let (true, Some(t)) = (sent, transport.as_mut()) {
         t.count_bypass(true, HEADER + n, false);
     }
@@ -399,10 +398,9 @@ pub(crate) fn receive(
 pub(crate) fn write_answers(engine: &dyn Provider, qpn: u32, st: &mut QpState_) {
     let peer = st.attr.ah_attr.grh.dgid.to_ip();
     let dest = st.attr.dest_qp_num;
-    let mut pair = st.records.pair.take();
     let done = match record_out(
         engine,
-        &mut pair,
+        &mut st.records.pair,
         &mut st.records.pair_tried,
         peer,
         dest,
@@ -416,7 +414,6 @@ pub(crate) fn write_answers(engine: &dyn Provider, qpn: u32, st: &mut QpState_) 
         None => 0,
     };
     let r = &mut st.records;
-    r.pair = pair;
     r.owed.drain(..done);
     if !r.owed.is_empty() {
         tracing::debug!(
