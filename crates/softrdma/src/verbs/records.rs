@@ -45,6 +45,7 @@
 use crate::provider::wr_records::{Kind, Record, HEADER};
 use crate::provider::{DirectTx, PairTx, Provider};
 use crate::verbs::env::{to_wc, QpEnv};
+use crate::verbs::mr::{AccessFlags, KeyKind};
 use crate::verbs::qp::records::{consumes_receive, Records, REMOTE_WRITE};
 use crate::verbs::qp::{QpInner, QpState_};
 use softrdma_proto::transport::{self as tp, Completion, Env, WcOpcode, WcStatus};
@@ -64,8 +65,13 @@ pub(crate) fn transport_idle(t: &tp::Qp) -> bool {
 /// `RETRY_EXC_ERR`: the local ACK timeout times `retry_cnt + 1`, as the transport would wait
 /// for an ACK (`None`: timeout 0, no limit).
 fn patience(st: &QpState_) -> Option<Duration> {
-    softrdma_proto::timer::local_ack_timeout(st.attr.timeout)
-        .map(|t| t * (u32::from(st.attr.retry_cnt) + 1))
+    patience_of(&st.attr)
+}
+
+/// [`patience`] from the QP's attributes.
+fn patience_of(attr: &crate::verbs::qp::QpAttr) -> Option<Duration> {
+    softrdma_proto::timer::local_ack_timeout(attr.timeout)
+        .map(|t| t * (u32::from(attr.retry_cnt) + 1))
 }
 
 /// Sends `req` (checked and filled, `len` bytes) as a record when it may go as one (see the
@@ -90,12 +96,10 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
         } => (imm, remote_addr, rkey),
         _ => (0, 0, 0),
     };
-    let patience = patience(st);
     let QpState_ {
         attr,
         transport,
         engine,
-        rq,
         mrs,
         records: r,
         timer_at,
@@ -174,14 +178,31 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
         match &req.inline {
             Some(data) => payload.copy_from_slice(&data[..n]),
             None => {
-                let mut env = QpEnv::of(qp, rq, mrs);
+                // (The regions' checks as the transport's gather makes them, through the
+                // QP's cache of the last region found, without the rest of its `QpEnv`.)
+                let res = &qp.pd.shared().resources;
+                let pd = qp.pd.arc();
                 let mut at = 0;
                 for sge in req.sges.iter() {
                     let k = sge.length as usize;
-                    if env.read_local(sge, 0, &mut payload[at..at + k]).is_err() {
+                    if k == 0 {
+                        continue;
+                    }
+                    let lease = res.check_access_cached(
+                        mrs,
+                        sge.lkey,
+                        KeyKind::Local,
+                        pd,
+                        sge.addr,
+                        k as u64,
+                        AccessFlags::empty(),
+                        false,
+                    );
+                    let Ok(l) = lease else {
                         // (The transport completes it with the status the wire gives.)
                         break 'request false;
-                    }
+                    };
+                    l.read(0, &mut payload[at..at + k]);
                     at += k;
                 }
             }
@@ -224,7 +245,7 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
     // The QP's timer looks at the records from time to time while they are in use (see
     // `on_timer`).
     if r.deadline.is_none() {
-        if let Some(p) = patience {
+        if let Some(p) = patience_of(attr) {
             let now = Instant::now();
             let d = now + p;
             r.deadline = Some(d);
@@ -558,12 +579,13 @@ fn take(
     if write && attr.qp_access_flags & REMOTE_WRITE == 0 {
         return false;
     }
-    let mut env = QpEnv::of(qp, rq, mrs);
     let needs_recv = rec.kind != Kind::Write;
     let wqe = if needs_recv {
+        let mut env = QpEnv::of(qp, rq, mrs);
         let Some(w) = env.take_recv() else {
             return false;
         };
+        *srq_limit_hit |= env.srq_limit_hit;
         if w.sges.total_length() < u64::from(rec.len) && rec.kind != Kind::WriteWithImm {
             env.put_back_recv(w);
             return false;
@@ -573,9 +595,15 @@ fn take(
         None
     };
     let done = if write {
-        env.write_remote(rec.rkey, rec.remote_addr, payload).is_ok()
+        QpEnv::of(qp, rq, mrs)
+            .write_remote(rec.rkey, rec.remote_addr, payload)
+            .is_ok()
     } else {
+        // (The regions' checks as the transport's scatter makes them, through the QP's cache
+        // of the last region found, without the rest of its `QpEnv`.)
         let w = wqe.as_ref().expect("a SEND took a receive request");
+        let res = &qp.pd.shared().resources;
+        let pd = qp.pd.arc();
         let mut at = 0;
         let mut ok = true;
         for sge in w.sges.iter() {
@@ -583,22 +611,34 @@ fn take(
                 break;
             }
             let k = (sge.length as usize).min(payload.len() - at);
-            if env.write_local(sge, 0, &payload[at..at + k]).is_err() {
+            if k == 0 {
+                continue;
+            }
+            let lease = res.check_access_cached(
+                mrs,
+                sge.lkey,
+                KeyKind::Local,
+                pd,
+                sge.addr,
+                k as u64,
+                AccessFlags::LOCAL_WRITE,
+                false,
+            );
+            let Ok(l) = lease else {
                 ok = false;
                 break;
-            }
+            };
+            l.write(0, &payload[at..at + k]);
             at += k;
         }
         ok
     };
-    *srq_limit_hit |= env.srq_limit_hit;
     if !done {
         if let Some(w) = wqe {
-            env.put_back_recv(w);
+            QpEnv::of(qp, rq, mrs).put_back_recv(w);
         }
         return false;
     }
-    drop(env);
     if let Some(w) = wqe {
         let c = Completion {
             wr_id: w.wr_id,

@@ -293,16 +293,18 @@ impl Qp {
         }
         // (A request that came as a same-host record is not in the transport's count.)
         let received_record = st.records.take_received();
-        let defer = st.transport.as_ref().is_some_and(|t| {
-            let unsent = t.unsent_requests();
-            let flush = t.knows_credits()
-                && unsent / DOORBELL_FLUSH
-                    != unsent.saturating_sub(posted_transport) / DOORBELL_FLUSH;
-            let answer = unsent == posted_transport
-                && t.sent_requests() <= 1
-                && (t.received_since_sent() || received_record);
-            t.awaiting_ack() && !answer && posted_transport < DOORBELL_BATCH && !flush
-        });
+        // (Nothing to decide when every request went as a record.)
+        let defer = posted_transport > 0
+            && st.transport.as_ref().is_some_and(|t| {
+                let unsent = t.unsent_requests();
+                let flush = t.knows_credits()
+                    && unsent / DOORBELL_FLUSH
+                        != unsent.saturating_sub(posted_transport) / DOORBELL_FLUSH;
+                let answer = unsent == posted_transport
+                    && t.sent_requests() <= 1
+                    && (t.received_since_sent() || received_record);
+                t.awaiting_ack() && !answer && posted_transport < DOORBELL_BATCH && !flush
+            });
         // UC and UD have no ACK to wait for, so without this each post went out alone: one
         // `sendmmsg` a message, whose system call on loopback also runs the receiver's side of
         // the network stack (`ib_send_bw -c UD -s 8` over the wire, one post at a time: 0.21 M
