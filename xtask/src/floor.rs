@@ -113,9 +113,11 @@ fn ping_pong(
     })
 }
 
-/// Sends `payload` and then `trailer` to the peer `s` is connected to, in one `sendmmsg`.
-fn send_pair(s: &UdpSocket, payload: &[u8], trailer: &[u8]) -> std::io::Result<()> {
+/// Sends `payload` and then `trailer` to `to`, in one `sendmmsg`, each datagram with the
+/// destination in its header (as softrdma's unconnected device socket sends).
+fn send_pair(s: &UdpSocket, to: SocketAddr, payload: &[u8], trailer: &[u8]) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
+    let (mut name, name_len) = sockaddr(to);
     let mut iov = [
         libc::iovec {
             iov_base: payload.as_ptr() as *mut libc::c_void,
@@ -126,14 +128,16 @@ fn send_pair(s: &UdpSocket, payload: &[u8], trailer: &[u8]) -> std::io::Result<(
             iov_len: trailer.len(),
         },
     ];
-    // SAFETY: zeroed mmsghdrs are valid (no name, no control); each points at one iovec
-    // that lives until the call returns.
+    // SAFETY: zeroed mmsghdrs are valid (no name, no control); each is given the destination
+    // and one iovec, which live until the call returns.
     let mut msgs: [libc::mmsghdr; 2] = unsafe { std::mem::zeroed() };
     for (m, v) in msgs.iter_mut().zip(iov.iter_mut()) {
+        m.msg_hdr.msg_name = (&mut name as *mut libc::sockaddr_storage).cast();
+        m.msg_hdr.msg_namelen = name_len;
         m.msg_hdr.msg_iov = v;
         m.msg_hdr.msg_iovlen = 1;
     }
-    // SAFETY: two initialised messages on a connected socket.
+    // SAFETY: two initialised messages.
     let n = unsafe { libc::sendmmsg(s.as_raw_fd(), msgs.as_mut_ptr(), 2, 0) };
     if n == 2 {
         Ok(())
@@ -144,6 +148,37 @@ fn send_pair(s: &UdpSocket, payload: &[u8], trailer: &[u8]) -> std::io::Result<(
     }
 }
 
+/// `addr` as a socket address for the system calls, and its length.
+fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large enough and suitably aligned for sockaddr_in.
+            let sin = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            sin6.sin6_flowinfo = a.flowinfo();
+            sin6.sin6_scope_id = a.scope_id();
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
 /// As [`udp_floor`], but each one-way is the payload followed, in the same `sendmmsg`, by a
 /// 28-byte datagram to the same peer, which the peer takes too (what an RC answer with the
 /// ACK it owes behind it costs: softrdma over the wire sends them so).
@@ -151,18 +186,20 @@ pub fn udp_floor_trailing(a: SocketAddr, b: SocketAddr, n: usize) -> std::io::Re
     let sa = UdpSocket::bind(a)?;
     let sb = UdpSocket::bind(b)?;
     let (a, b) = (sa.local_addr()?, sb.local_addr()?);
-    sa.connect(b)?;
-    sb.connect(a)?;
+    // (Not connected: connected, the test of this function once failed with ECONNREFUSED
+    // in a full `cargo test` run, an ICMP error that only a connected socket reports (its
+    // source not established; 300 runs alone passed). softrdma's device socket is not
+    // connected either.)
     sa.set_nonblocking(true)?;
     sb.set_nonblocking(true)?;
     ping_pong(
         n,
         move |buf| {
             spin(&sb, buf)?;
-            send_pair(&sb, &[0u8; PAYLOAD], &[0u8; 28])
+            send_pair(&sb, a, &[0u8; PAYLOAD], &[0u8; 28])
         },
         |buf| {
-            send_pair(&sa, &[0u8; PAYLOAD], &[0u8; 28])?;
+            send_pair(&sa, b, &[0u8; PAYLOAD], &[0u8; 28])?;
             spin(&sa, buf)
         },
     )
