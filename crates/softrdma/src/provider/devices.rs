@@ -513,8 +513,8 @@ impl Provider for Engine {
         self.wire.offer_pair(peer, dest_qpn, src_qpn)
     }
     #[inline]
-    fn take_pair(&self, p: &super::PairRx, busy: bool) -> usize {
-        Engine::take_pair(self, p, busy)
+    fn take_pair(&self, p: &super::PairRx, qp: Option<Arc<dyn QpPort>>, busy: bool) -> usize {
+        Engine::take_pair(self, p, qp, busy)
     }
 
     #[inline]

@@ -752,6 +752,21 @@ impl RxSink for Engine {
         Some(qp.receive(self, pkts, src, dst, via, now, tx))
     }
 
+    type Port = Arc<dyn QpPort>;
+
+    #[inline]
+    fn deliver_to(
+        &self,
+        qp: Arc<dyn QpPort>,
+        pkts: &[&[u8]],
+        src: SocketAddr,
+        dst: IpAddr,
+        now: Instant,
+        tx: &mut TxBatch,
+    ) -> Delivery {
+        qp.receive(self, pkts, src, dst, Via::Unicast, now, tx)
+    }
+
     /// Hands a packet for QP 1 to the CM of the process it is for: this one's, or, on a
     /// shared device, another process's (forwarded; see [`gsi::mad_owner`]). A packet
     /// `forwarded` here by another process is this process's.

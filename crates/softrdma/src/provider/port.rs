@@ -104,8 +104,9 @@ pub(crate) trait Provider: Send + Sync {
     /// Takes what the QP pair ring `p` holds and carries it out (on the calling thread; `busy`:
     /// it polls a CQ, and holds the acknowledgements of what it takes as `poll_progress`
     /// does); returns how many records. 0 when another thread is at it, or the device's
-    /// lanes are paused.
-    fn take_pair(&self, p: &super::PairRx, busy: bool) -> usize;
+    /// lanes are paused. `qp`: the ring's QP when the caller has it (it is found by its number
+    /// otherwise).
+    fn take_pair(&self, p: &super::PairRx, qp: Option<Arc<dyn QpPort>>, busy: bool) -> usize;
 
     /// A number that changes whenever [`Provider::records_ready`] may have changed its
     /// answer for some peer (one atomic load): a QP that found records not ready looks

@@ -408,7 +408,12 @@ impl Engine {
 
 impl Engine {
     /// See [`super::Provider::take_pair`].
-    pub(super) fn take_pair(&self, p: &super::PairRx, busy: bool) -> usize {
+    pub(super) fn take_pair(
+        &self,
+        p: &super::PairRx,
+        qp: Option<std::sync::Arc<dyn super::QpPort>>,
+        busy: bool,
+    ) -> usize {
         if self.wire.lanes.paused() {
             return 0;
         }
@@ -417,7 +422,7 @@ impl Engine {
         let hold = self.note_app_poll(busy).is_some();
         super::tx::with_tx(|tx| {
             set_receiving(self.app_receiving(hold));
-            let n = super::rx::take_pair(&self.wire, self, p, false, tx);
+            let n = super::rx::take_pair(&self.wire, self, p, qp, false, tx);
             set_receiving(Receiving::Other);
             self.send(tx);
             n

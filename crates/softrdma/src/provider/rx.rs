@@ -118,6 +118,20 @@ pub(crate) trait RxSink {
         tx: &mut TxBatch,
     ) -> Option<Delivery>;
 
+    /// A QP found already, as a caller may hand it (the engine's: its `QpPort`).
+    type Port: Clone;
+
+    /// As [`RxSink::deliver`], to the QP `qp` itself (found already), unicast.
+    fn deliver_to(
+        &self,
+        qp: Self::Port,
+        pkts: &[&[u8]],
+        src: SocketAddr,
+        dst: IpAddr,
+        now: Instant,
+        tx: &mut TxBatch,
+    ) -> Delivery;
+
     /// Hands a good packet for QP 1 to the CM (of this process, or of the one it is for when
     /// not `forwarded` here already).
     fn mad(&self, pkt: &[u8], src: SocketAddr, now: Instant, tx: &mut TxBatch, forwarded: bool);
@@ -145,9 +159,16 @@ fn deliver(
     now: Instant,
     tx: &mut TxBatch,
 ) -> bool {
+    let got = sink.deliver(qpn, pkts, src, wire.local.ip(), Via::Unicast, now, tx);
+    count_delivery(wire, pkts.len(), got)
+}
+
+/// Counts what became of `n` packets handed to a QP (`None`: no such QP); whether they were
+/// taken (delivered, or dropped as from a wrong source) rather than left unknown.
+fn count_delivery(wire: &Wire, n: usize, got: Option<Delivery>) -> bool {
     let c = &wire.counters;
-    let n = pkts.len() as u64;
-    match sink.deliver(qpn, pkts, src, wire.local.ip(), Via::Unicast, now, tx) {
+    let n = n as u64;
+    match got {
         Some(Delivery::Delivered) => true,
         None | Some(Delivery::NotReady) => {
             c.unknown_qp.fetch_add(n, Ordering::Relaxed);
@@ -163,10 +184,11 @@ fn deliver(
 /// Takes what the QP pair ring `p` holds and hands it to its QP (records: refused to their
 /// sender when the QP does not take them), counting it; returns how many. `wait`: see
 /// [`PairRx::take`].
-pub(super) fn take_pair(
+pub(super) fn take_pair<S: RxSink>(
     wire: &Wire,
-    sink: &impl RxSink,
+    sink: &S,
     p: &PairRx,
+    qp: Option<S::Port>,
     wait: bool,
     tx: &mut TxBatch,
 ) -> usize {
@@ -174,14 +196,24 @@ pub(super) fn take_pair(
     // carried out: anything else its writer put there (the peer is a process of this user,
     // but its bytes are input all the same) is dropped and counted as malformed.
     let ok = |r: &[u8]| r.first() == Some(&WR_RECORD) && records::dest_qpn(r) == Some(p.qpn);
+    // The ring's QP when the caller handed it (a CQ's poll): no lookup by number.
+    let deliver_run = |run: &[&[u8]], tx: &mut TxBatch| match &qp {
+        Some(q) => {
+            let got = sink.deliver_to(q.clone(), run, p.src, wire.local.ip(), wire.made, tx);
+            if !count_delivery(wire, run.len(), Some(got)) {
+                refuse_records(wire, run, p.src);
+            }
+        }
+        None => deliver_lane_run(wire, sink, None, p.qpn, run, true, p.src, &mut None, tx),
+    };
     p.take(wait, |run| {
         if run.iter().all(|r| ok(r)) {
-            deliver_lane_run(wire, sink, None, p.qpn, run, true, p.src, &mut None, tx);
+            deliver_run(run, tx);
             return;
         }
         for r in run {
             if ok(r) {
-                deliver_lane_run(wire, sink, None, p.qpn, &[r], true, p.src, &mut None, tx);
+                deliver_run(&[r], tx);
             } else {
                 wire.counters.malformed.fetch_add(1, Ordering::Relaxed);
             }
@@ -207,7 +239,7 @@ fn deliver_lane_run(
     tx: &mut TxBatch,
 ) {
     if let Some(p) = pair {
-        take_pair(wire, sink, p, true, tx);
+        take_pair(wire, sink, p, None, true, tx);
     }
     // (A run of records is handed the wire's birth for a time: the QP reads the clock itself
     // when a bounce gives requests to its transport.)
@@ -685,7 +717,7 @@ fn take_lanes(
                 // taken now).
                 for p in &lane.pairs {
                     if p.pending() {
-                        total += take_pair(wire, sink, p, !skip_fresh, tx);
+                        total += take_pair(wire, sink, p, None, !skip_fresh, tx);
                     }
                 }
                 if lane.pairs.iter().any(|p| p.is_closed()) {

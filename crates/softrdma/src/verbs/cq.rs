@@ -295,6 +295,7 @@ impl std::fmt::Debug for CompChannel {
 type PairList = Vec<(
     Arc<dyn crate::provider::Provider>,
     Arc<crate::provider::PairRx>,
+    std::sync::Weak<dyn crate::provider::QpPort>,
 )>;
 
 /// A completion queue (`struct ibv_cq`).
@@ -473,16 +474,17 @@ impl CqInner {
         }
     }
 
-    /// Lists the QP pair ring `p`, carried out by `engine`, for `poll` to look at (rings
-    /// closed since are dropped from the list here and at polls).
+    /// Lists the QP pair ring `p` of the QP `qp`, carried out by `engine`, for `poll` to look
+    /// at (rings closed since are dropped from the list here and at polls).
     pub(crate) fn add_pair(
         &self,
         engine: &Arc<dyn crate::provider::Provider>,
         p: &Arc<crate::provider::PairRx>,
+        qp: std::sync::Weak<dyn crate::provider::QpPort>,
     ) {
         let mut v = self.pairs.lock().unwrap_or_else(|p| p.into_inner());
-        v.retain(|(_, q)| !q.is_closed());
-        v.push((engine.clone(), p.clone()));
+        v.retain(|(_, q, _)| !q.is_closed());
+        v.push((engine.clone(), p.clone(), qp));
         self.has_pairs.store(true, Ordering::Release);
     }
 
@@ -652,15 +654,17 @@ impl Cq {
         };
         let mut took = false;
         let mut closed = false;
-        for (e, p) in v.iter() {
+        for (e, p, qp) in v.iter() {
             if p.pending() {
-                took |= e.take_pair(p, busy) > 0;
+                // (Handed the ring's QP, found without the device's table of QPs; a QP that
+                // is gone leaves it to that table, which knows it is.)
+                took |= e.take_pair(p, qp.upgrade(), busy) > 0;
             } else if p.is_closed() {
                 closed = true;
             }
         }
         if closed {
-            v.retain(|(_, p)| !p.is_closed());
+            v.retain(|(_, p, _)| !p.is_closed());
             self.inner.has_pairs.store(!v.is_empty(), Ordering::Release);
         }
         took

@@ -382,10 +382,11 @@ impl QpPort for QpInner {
         // (The CQs' lists are taken with no QP lock held: a poll holds its CQ's list while it
         // takes records, which locks the QP.)
         let recv = self.recv_cq.arc();
-        recv.add_pair(&engine, &p);
+        let port: std::sync::Weak<dyn QpPort> = Arc::downgrade(&self) as std::sync::Weak<QpInner>;
+        recv.add_pair(&engine, &p, port.clone());
         let send = self.send_cq.arc();
         if !Arc::ptr_eq(recv, send) {
-            send.add_pair(&engine, &p);
+            send.add_pair(&engine, &p, port);
         }
         true
     }
