@@ -45,7 +45,7 @@
 use crate::provider::wr_records::{Kind, Record, HEADER};
 use crate::provider::{DirectTx, PairTx, Provider};
 use crate::verbs::env::{to_wc, QpEnv};
-use crate::verbs::mr::{AccessFlags, KeyKind};
+use crate::verbs::mr::{AccessFlags, KeyKind, MrCache, MrLease};
 use crate::verbs::qp::records::{consumes_receive, Records, REMOTE_WRITE};
 use crate::verbs::qp::{QpInner, QpState_};
 use softrdma_proto::transport::{self as tp, Completion, Env, WcOpcode, WcStatus};
@@ -178,32 +178,11 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
         match &req.inline {
             Some(data) => payload.copy_from_slice(&data[..n]),
             None => {
-                // (The regions' checks as the transport's gather makes them, through the
-                // QP's cache of the last region found, without the rest of its `QpEnv`.)
-                let res = &qp.pd.shared().resources;
-                let pd = qp.pd.arc();
-                let mut at = 0;
-                for sge in req.sges.iter() {
-                    let k = sge.length as usize;
-                    if k == 0 {
-                        continue;
-                    }
-                    let lease = res.check_access_cached(
-                        mrs,
-                        sge.lkey,
-                        KeyKind::Local,
-                        pd,
-                        sge.addr,
-                        k as u64,
-                        AccessFlags::empty(),
-                        false,
-                    );
-                    let Ok(l) = lease else {
-                        // (The transport completes it with the status the wire gives.)
-                        break 'request false;
-                    };
-                    l.read(0, &mut payload[at..at + k]);
-                    at += k;
+                let n = payload.len();
+                let read = |l: &MrLease, r: std::ops::Range<usize>| l.read(0, &mut payload[r]);
+                if !copy_sges(qp, mrs, &req.sges, n, AccessFlags::empty(), read) {
+                    // (The transport completes it with the status the wire gives.)
+                    break 'request false;
                 }
             }
         }
@@ -551,6 +530,50 @@ impl RecordOut<'_> {
     }
 }
 
+/// Goes through the registered memory of `sges` for a record's payload of `len` bytes, with
+/// the checks the transport's gather and scatter make (local key, PD, bounds, and the access
+/// `need`: LOCAL_WRITE to write) through the QP's cache of the last region found (`mrs`),
+/// without the rest of a `QpEnv`; `copy` gets each entry's lease and the payload's range
+/// for it. `false`: an entry failed its checks (nothing more is copied).
+#[inline]
+fn copy_sges(
+    qp: &QpInner,
+    mrs: &mut MrCache,
+    sges: &[tp::Sge],
+    len: usize,
+    need: AccessFlags,
+    mut copy: impl FnMut(&MrLease, std::ops::Range<usize>),
+) -> bool {
+    let res = &qp.pd.shared().resources;
+    let pd = qp.pd.arc();
+    let mut at = 0;
+    for sge in sges {
+        if at == len {
+            break;
+        }
+        let k = (sge.length as usize).min(len - at);
+        if k == 0 {
+            continue;
+        }
+        let lease = res.check_access_cached(
+            mrs,
+            sge.lkey,
+            KeyKind::Local,
+            pd,
+            sge.addr,
+            k as u64,
+            need,
+            false,
+        );
+        let Ok(l) = lease else {
+            return false;
+        };
+        copy(&l, at..at + k);
+        at += k;
+    }
+    true
+}
+
 /// Carries out the request `rec` (its payload `payload`) when it is the plain case: the QP in
 /// RTS, from its peer, a receive request that holds the message (SEND, WRITE with immediate),
 /// the rkey and the QP's access rights allowing the WRITE. Returns whether it did; otherwise
@@ -599,39 +622,16 @@ fn take(
             .write_remote(rec.rkey, rec.remote_addr, payload)
             .is_ok()
     } else {
-        // (The regions' checks as the transport's scatter makes them, through the QP's cache
-        // of the last region found, without the rest of its `QpEnv`.)
         let w = wqe.as_ref().expect("a SEND took a receive request");
-        let res = &qp.pd.shared().resources;
-        let pd = qp.pd.arc();
-        let mut at = 0;
-        let mut ok = true;
-        for sge in w.sges.iter() {
-            if at == payload.len() {
-                break;
-            }
-            let k = (sge.length as usize).min(payload.len() - at);
-            if k == 0 {
-                continue;
-            }
-            let lease = res.check_access_cached(
-                mrs,
-                sge.lkey,
-                KeyKind::Local,
-                pd,
-                sge.addr,
-                k as u64,
-                AccessFlags::LOCAL_WRITE,
-                false,
-            );
-            let Ok(l) = lease else {
-                ok = false;
-                break;
-            };
-            l.write(0, &payload[at..at + k]);
-            at += k;
-        }
-        ok
+        let write = |l: &MrLease, r: std::ops::Range<usize>| l.write(0, &payload[r]);
+        copy_sges(
+            qp,
+            mrs,
+            &w.sges,
+            payload.len(),
+            AccessFlags::LOCAL_WRITE,
+            write,
+        )
     };
     if !done {
         if let Some(w) = wqe {
