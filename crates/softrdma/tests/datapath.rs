@@ -439,6 +439,33 @@ fn rc_receive_too_small_is_loc_len_err_and_rem_inv_req_err() {
 }
 
 #[test]
+fn rc_receive_with_a_bad_lkey_is_loc_prot_err_and_rem_op_err() {
+    // (Once records go, a short SEND between two QPs of this host goes as a work-request
+    // record first: the receiving side's checks of the receive buffer refuse it, and the
+    // packets that follow give what the wire gives.)
+    let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 1 << 16, &Opts::default());
+    let records = records_up(&a, &b);
+    let bounced = b.ctx.counters().wr_records;
+    let bad = [Sge {
+        lkey: b.mr.lkey() ^ 1,
+        ..b.sge(0, 100)
+    }];
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 9,
+        sg_list: &bad,
+    }])
+    .unwrap();
+    send(&a, 1, WrOpcode::Send, &[a.sge(0, 8)], |_| {});
+    assert_eq!(a.wait(1)[0].status, WcStatus::RemOpErr);
+    let c = b.wait(1)[0];
+    assert_eq!((c.wr_id, c.status), (9, WcStatus::LocProtErr));
+    if records {
+        // (The record was refused with a bounce, itself a record.)
+        assert!(b.ctx.counters().wr_records > bounced);
+    }
+}
+
+#[test]
 fn rc_local_bad_lkey_is_loc_prot_err() {
     let (a, _b) = pair(QpType::Rc, 4096, &Opts::default());
     let bad = Sge {
