@@ -196,15 +196,17 @@ pub(super) fn take_pair<S: RxSink>(
     // carried out: anything else its writer put there (the peer is a process of this user,
     // but its bytes are input all the same) is dropped and counted as malformed.
     let ok = |r: &[u8]| r.first() == Some(&WR_RECORD) && records::dest_qpn(r) == Some(p.qpn);
-    // The ring's QP when the caller handed it (a CQ's poll): no lookup by number.
-    let deliver_run = |run: &[&[u8]], tx: &mut TxBatch| match &qp {
-        Some(q) => {
-            let got = sink.deliver_to(q.clone(), run, p.src, wire.local.ip(), wire.made, tx);
-            if !count_delivery(wire, run.len(), Some(got)) {
-                refuse_records(wire, run, p.src);
-            }
+    // To the ring's QP when the caller handed it (a CQ's poll): no lookup by number. (A run
+    // of records is handed the wire's birth for a time, as in `deliver_lane_run`.)
+    let deliver_run = |run: &[&[u8]], tx: &mut TxBatch| {
+        let (dst, now) = (wire.local.ip(), wire.made);
+        let got = match &qp {
+            Some(q) => Some(sink.deliver_to(q.clone(), run, p.src, dst, now, tx)),
+            None => sink.deliver(p.qpn, run, p.src, dst, Via::Unicast, now, tx),
+        };
+        if !count_delivery(wire, run.len(), got) {
+            refuse_records(wire, run, p.src);
         }
-        None => deliver_lane_run(wire, sink, None, p.qpn, run, true, p.src, &mut None, tx),
     };
     p.take(wait, |run| {
         if run.iter().all(|r| ok(r)) {

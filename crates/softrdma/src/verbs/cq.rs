@@ -629,14 +629,11 @@ impl Cq {
             // hand-off at every 256th such poll, 0.5% of its round trips. Records that gave no
             // completion, an RDMA WRITE's, are the same: the device is looked at, and the ACK
             // held for them goes at the next poll that finds nothing.)
-            if n > 0 {
-                self.for_each_engine(false, |e| e.poll_progress(!armed, false));
+            let looked = self.for_each_engine(false, |e| e.poll_progress(!armed, false));
+            if n > 0 || !looked {
                 return Ok(n);
             }
-            if self.for_each_engine(false, |e| e.poll_progress(!armed, false)) {
-                return Ok(self.poll_entries(wc)?.0);
-            }
-            return Ok(0);
+            return Ok(self.poll_entries(wc)?.0);
         }
         // Nothing yet: receive what the device has waiting, here, then look again.
         if self.for_each_engine(false, |e| e.poll_progress(!armed, true)) {

@@ -64,12 +64,7 @@ pub(crate) fn transport_idle(t: &tp::Qp) -> bool {
 /// How long the peer may leave records unanswered before the oldest completes with
 /// `RETRY_EXC_ERR`: the local ACK timeout times `retry_cnt + 1`, as the transport would wait
 /// for an ACK (`None`: timeout 0, no limit).
-fn patience(st: &QpState_) -> Option<Duration> {
-    patience_of(&st.attr)
-}
-
-/// [`patience`] from the QP's attributes.
-fn patience_of(attr: &crate::verbs::qp::QpAttr) -> Option<Duration> {
+fn patience(attr: &crate::verbs::qp::QpAttr) -> Option<Duration> {
     softrdma_proto::timer::local_ack_timeout(attr.timeout)
         .map(|t| t * (u32::from(attr.retry_cnt) + 1))
 }
@@ -224,7 +219,7 @@ pub(crate) fn try_send(qp: &QpInner, st: &mut QpState_, req: &tp::SendRequest, l
     // The QP's timer looks at the records from time to time while they are in use (see
     // `on_timer`).
     if r.deadline.is_none() {
-        if let Some(p) = patience_of(attr) {
+        if let Some(p) = patience(attr) {
             let now = Instant::now();
             let d = now + p;
             r.deadline = Some(d);
@@ -249,7 +244,7 @@ pub(crate) fn on_timer(engine: &dyn Provider, qp: &QpInner, st: &mut QpState_, n
     let expired = front.is_some() && front == st.records.watched;
     st.records.watched = front;
     st.records.deadline = if front.is_some() || st.records.ready {
-        patience(st).map(|p| now + p)
+        patience(&st.attr).map(|p| now + p)
     } else {
         None
     };
