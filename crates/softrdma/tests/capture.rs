@@ -15,7 +15,7 @@ use std::process::Command;
 #[test]
 fn every_packet_sent_is_valid_rocev2_with_a_correct_icrc() {
     // Packets of the path MTU, as between two hosts (two devices of one host would otherwise
-    // segment at 32 KiB: see the README's "Same-host lanes"). This binary's only test, so
+    // segment at 65,280 bytes: see the README's "Same-host lanes"). This binary's only test, so
     // no other thread reads the environment.
     std::env::set_var("SOFTRDMA_SAME_HOST_SEGMENT", "0");
     let dir = std::env::temp_dir().join(format!("softrdma-capture-{}", std::process::id()));

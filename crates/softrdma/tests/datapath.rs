@@ -1283,7 +1283,7 @@ fn rc_sender_facing_a_full_lane_waits_for_acks_instead_of_overtaking_it_on_the_w
     let data = pattern(LEN, 7);
     a.buf.write(0, &data).unwrap();
     b.ctx.pause_same_host_receive(true).unwrap();
-    // 16 MiB against a ring of 4 MiB; a sender that gives up on a full ring after a moment
+    // 16 MiB against a ring of 8 MiB; a sender that gives up on a full ring after a moment
     // (and takes the wire) has done so well within the pause.
     const N: u64 = 16;
     for i in 1..=N {

@@ -22,8 +22,8 @@ fn large_runs_are_shared_with_the_helpers() {
     assert_eq!(copy_engines().helpers, 2);
     let before = copy_engines();
     let len = 1 << 20;
-    // (Devices of its own: the same-host lane carries the WRITEs, built in runs of 32 packets
-    // of 32 KiB.)
+    // (Devices of its own: the same-host lane carries the WRITEs, built in runs of 17 packets
+    // of up to 65,280 bytes.)
     let (a, b) = pair_on(&unique(), &unique(), QpType::Rc, 2 << 20, &Opts::default());
     let data = pattern(len, 3);
     a.buf.write(0, &data).unwrap();

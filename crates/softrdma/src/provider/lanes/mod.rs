@@ -46,9 +46,12 @@ use std::time::{Duration, Instant};
 /// the destination QP as a BTH does.
 pub(crate) const WR_RECORD: u8 = 0xe7;
 
-/// Bytes of records in each ring: a send window of 128 packets of 32 KiB (same-host segments)
-/// nearly fills it; an RC QP that finds it full waits for its ACKs (`verbs::datapath::drive`).
-const RING_CAP: usize = 4 << 20;
+/// Bytes of records in each ring: a send window of 128 packets of a same-host segment
+/// ([`SAME_HOST_SEGMENT_MAX`], nearly 64 KiB) about fills it; an RC QP that finds it full
+/// waits for its ACKs (`verbs::datapath::drive`). (With 4 MiB, half a window of such packets,
+/// a 1 MiB WRITE over a lane ran at half the speed of 32 KiB segments: the sender kept
+/// finding the ring full.)
+const RING_CAP: usize = 8 << 20;
 /// How long an offer waits for its answer before the destination counts as not local.
 const OFFER_WAIT: Duration = Duration::from_secs(1);
 /// How long a destination that is not local (or refused) is not offered a lane again.
@@ -69,16 +72,26 @@ pub fn same_host_lanes() -> bool {
     !wire_forced()
 }
 
+/// The largest same-host segment, and the default: 65,280 bytes of payload, whose packet
+/// with the most headers a segmented request carries (BTH, RETH and immediate data: 32
+/// bytes), its pad and its ICRC is 65,319 bytes, within the 65,507 bytes of one UDP datagram
+/// over IPv4, so the packets of a lane take the wire as they are (loopback's MTU is 64 KiB).
+/// Against 32 KiB, the segment of sessions before, one QP's 1 MiB over the wire (one datagram
+/// a packet either way: two 32 KiB packets do not fit one GSO message) went +12-33% and over
+/// a lane +20% (BENCHMARKS.md, "Same-host segments of nearly 64 KiB").
+pub(crate) const SAME_HOST_SEGMENT_MAX: u32 = 65_280;
+
 /// The segment size of RC and UC connections between two QPs of this host (bytes of payload
-/// per packet instead of the path MTU): `SOFTRDMA_SAME_HOST_SEGMENT` (bytes; 0 for the path
-/// MTU), 32 KiB by default. Read once.
+/// per packet instead of the path MTU): `SOFTRDMA_SAME_HOST_SEGMENT` (bytes, at most
+/// [`SAME_HOST_SEGMENT_MAX`]; 0 for the path MTU), [`SAME_HOST_SEGMENT_MAX`] by default. Read
+/// once.
 fn same_host_segment_size() -> u32 {
     static SEG: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     *SEG.get_or_init(|| {
         std::env::var("SOFTRDMA_SAME_HOST_SEGMENT")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(32 << 10)
+            .unwrap_or(SAME_HOST_SEGMENT_MAX)
     })
 }
 
@@ -93,7 +106,7 @@ pub(crate) fn same_host_segment(connected: bool, peer: IpAddr, dest_qpn: u32) ->
     if !connected || seg == 0 || slot == 0 || slot == 0xff {
         return None;
     }
-    unix_names::slot_is_held(peer, slot).then_some(seg.clamp(256, 32 << 10))
+    unix_names::slot_is_held(peer, slot).then_some(seg.clamp(256, SAME_HOST_SEGMENT_MAX))
 }
 
 /// Whether this process moves short RC work requests between two QPs of this host as records
@@ -751,4 +764,24 @@ pub(crate) fn drain_bell(fd: RawFd) {
     let mut b = [0u8; 64];
     // SAFETY: reads into a live buffer from a descriptor the caller keeps open.
     while unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) } > 0 {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softrdma_wire::{bth, immdt, reth, roce};
+
+    #[test]
+    fn a_packet_of_the_largest_same_host_segment_fits_one_udp_datagram() {
+        // The most a segmented RC or UC request packet carries besides its payload: BTH,
+        // RETH and immediate data (an RDMA WRITE with immediate in one packet), up to 3 bytes
+        // of pad, the ICRC.
+        let most = bth::HEADER_LEN + reth::HEADER_LEN + immdt::HEADER_LEN + 3 + roce::ICRC_LEN;
+        // A UDP datagram over IPv4 (a 20-byte header, no options) carries at most 65,507
+        // bytes; over IPv6, 65,527.
+        assert!(SAME_HOST_SEGMENT_MAX as usize + most <= 65_535 - 20 - 8);
+        // Both ends must compute the same segment: the default is the largest, and what the
+        // environment asks is clamped into 256..=SAME_HOST_SEGMENT_MAX the same way.
+        assert_eq!(SAME_HOST_SEGMENT_MAX % 256, 0);
+    }
 }
