@@ -77,8 +77,10 @@ pub fn same_host_lanes() -> bool {
 /// bytes), its pad and its ICRC is 65,319 bytes, within the 65,507 bytes of one UDP datagram
 /// over IPv4, so the packets of a lane take the wire as they are (loopback's MTU is 64 KiB).
 /// Against 32 KiB, the segment of sessions before, one QP's 1 MiB over the wire (one datagram
-/// a packet either way: two 32 KiB packets do not fit one GSO message) went +12-33% and over
-/// a lane +20% (BENCHMARKS.md, "Same-host segments of nearly 64 KiB").
+/// a packet either way: two 32 KiB packets do not fit one GSO message) went 17-34% faster and
+/// a WRITE of 1 MiB over a lane 38%; a round trip of 64-128 KiB over the wire takes 25-40%
+/// longer, its two packets no longer pipelined (BENCHMARKS.md, "Same-host segments of nearly
+/// 64 KiB").
 pub(crate) const SAME_HOST_SEGMENT_MAX: u32 = 65_280;
 
 /// The segment size of RC and UC connections between two QPs of this host (bytes of payload
