@@ -81,7 +81,7 @@ pub fn same_host_lanes() -> bool {
 /// a WRITE of 1 MiB over a lane 38%; a round trip of 64-128 KiB over the wire takes 25-40%
 /// longer, its two packets no longer pipelined (BENCHMARKS.md, "Same-host segments of nearly
 /// 64 KiB").
-pub(crate) const SAME_HOST_SEGMENT_MAX: u32 = 65_280;
+const SAME_HOST_SEGMENT_MAX: u32 = 65_280;
 
 /// The segment size of RC and UC connections between two QPs of this host (bytes of payload
 /// per packet instead of the path MTU): `SOFTRDMA_SAME_HOST_SEGMENT` (bytes, at most
@@ -782,8 +782,7 @@ mod tests {
         // A UDP datagram over IPv4 (a 20-byte header, no options) carries at most 65,507
         // bytes; over IPv6, 65,527.
         assert!(SAME_HOST_SEGMENT_MAX as usize + most <= 65_535 - 20 - 8);
-        // Both ends must compute the same segment: the default is the largest, and what the
-        // environment asks is clamped into 256..=SAME_HOST_SEGMENT_MAX the same way.
+        // A whole number of 256-byte blocks (the largest such that fits, see its doc).
         assert_eq!(SAME_HOST_SEGMENT_MAX % 256, 0);
     }
 }
