@@ -221,6 +221,56 @@ fn send_only_pkt(psn: u32, payload: &[u8]) -> Vec<u8> {
     )
 }
 
+/// In a full send window, the packet that fills it asks for an ACK only if the last request
+/// for one went out at least a sixteenth of the window before (8 packets of 128): the ACKs of
+/// the requests still in flight move the window on, and the responder answers a stream some
+/// eight times less often than a packet each.
+#[test]
+fn full_window_asks_for_acks_spaced() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut qp = Qp::new(cfg());
+    qp.post_send(send(1, SendOp::Send, 256 * 400)).unwrap();
+    let pkts = drain(&mut qp, &mut env, now);
+    assert_eq!(pkts.len(), 128);
+    let first = pkts[0].0.bth.psn;
+    let acks: Vec<usize> = (0..128).filter(|&i| pkts[i].0.bth.ack_req).collect();
+    assert_eq!(acks, vec![63, 127]);
+    // ACKs of 1, then 3, then 4 more packets: each opening fills the window again, and only
+    // the 8th packet since the request on #127 asks again.
+    let mut sent = Vec::new();
+    for acked in [1u32, 4, 8, 9] {
+        qp.handle_packet(
+            now,
+            &ack(Psn::new(first).add(acked - 1).value(), ACK),
+            &META,
+            &mut env,
+        );
+        sent.extend(drain(&mut qp, &mut env, now));
+    }
+    assert_eq!(sent.len(), 9);
+    let asked: Vec<bool> = sent.iter().map(|(r, _)| r.bth.ack_req).collect();
+    assert_eq!(
+        asked,
+        [false, false, false, false, false, false, false, true, false]
+    );
+    // The stream goes on to its end as ACKs come, and completes.
+    let mut total = 128 + sent.len();
+    let mut last = sent.last().unwrap().0.clone();
+    loop {
+        qp.handle_packet(now, &ack(last.bth.psn, ACK), &META, &mut env);
+        let more = drain(&mut qp, &mut env, now);
+        let Some((l, _)) = more.last() else { break };
+        total += more.len();
+        last = l.clone();
+    }
+    assert_eq!(total, 400);
+    assert_eq!(last.bth.opcode, Opcode::RC_SEND_LAST);
+    assert!(last.bth.ack_req);
+    let c = qp.poll_completion().unwrap();
+    assert_eq!((c.wr_id, c.status), (1, WcStatus::Success));
+}
+
 #[test]
 fn segmentation_opcodes_psns_and_ackreq() {
     let now = Instant::now();
