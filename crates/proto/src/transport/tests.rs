@@ -256,13 +256,13 @@ fn full_window_asks_for_acks_spaced() {
     );
     // The stream goes on to its end as ACKs come, and completes.
     let mut total = 128 + sent.len();
-    let mut last = sent.last().unwrap().0.clone();
+    let mut last = sent.last().unwrap().0;
     loop {
         qp.handle_packet(now, &ack(last.bth.psn, ACK), &META, &mut env);
         let more = drain(&mut qp, &mut env, now);
         let Some((l, _)) = more.last() else { break };
         total += more.len();
-        last = l.clone();
+        last = *l;
     }
     assert_eq!(total, 400);
     assert_eq!(last.bth.opcode, Opcode::RC_SEND_LAST);
