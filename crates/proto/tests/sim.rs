@@ -1162,8 +1162,8 @@ fn rc_all_ops_with_a_same_host_segment() {
 }
 
 /// A stream that keeps the send window full (four 64 KiB WRITEs of 256-byte packets: 1,024
-/// packets, eight windows), where the requester asks for an ACK only every eighth of a
-/// window (`full_window_asks_for_acks_spaced`), lands byte-exact and completes in order: on
+/// packets, eight windows), where the requester asks for an ACK only every sixteenth of a
+/// window (8 packets; `full_window_asks_for_acks_spaced`), lands byte-exact and completes in order: on
 /// a perfect network with nothing resent and no probe, and under loss, duplication,
 /// reordering and corruption (the ACKs asked for in flight, probes and sequence NAKs keep it
 /// going).

@@ -31,8 +31,8 @@ const WINDOW: u32 = 128;
 /// Most packets between two AckReq bits inside a long message.
 const MAX_PKT_PER_ACK: u32 = 64;
 /// With the send window full, an ACK is asked for every `cwnd / FULL_WINDOW_ACKS` packets
-/// (at least every packet): about that many ACK requests are in flight at once, each ACK
-/// opening the window by that many packets. (Asking on every packet sent into a full window,
+/// (every packet while the window is under 16): about `FULL_WINDOW_ACKS` requests are in
+/// flight at once, and each ACK opens the window by `cwnd / FULL_WINDOW_ACKS` packets. (Asking on every packet sent into a full window,
 /// as before, had the responder answer nearly every packet of a long stream: 1 MiB WRITEs over
 /// the wire, 2 cores, sent 100,000 ACKs for 130,000 packets; with 16, 17,000, and WRITE and
 /// SEND gained 5-15%: BENCHMARKS.md, "ACK requests in a full window".)
