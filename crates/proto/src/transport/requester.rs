@@ -37,6 +37,13 @@ const MAX_PKT_PER_ACK: u32 = 64;
 /// the wire, 2 cores, sent 100,000 ACKs for 130,000 packets; with 16, 17,000, and WRITE and
 /// SEND gained 5-15%: BENCHMARKS.md, "ACK requests in a full window".)
 const FULL_WINDOW_ACKS: u32 = 16;
+/// At the end of a message with a plain RDMA WRITE queued right behind it (nothing that could
+/// hold the sending back: no credits to wait for, no fence, no local operation, no drain),
+/// an ACK is asked for only if this many packets went without one: the WRITE's own request
+/// acknowledges both. (Where every packet is its own datagram, as over IPv4 between hosts,
+/// a stream of 4 KiB WRITEs drew an ACK for every packet: BENCHMARKS.md, "ACK requests in a
+/// stream of messages".)
+const MESSAGE_ACKS_APART: u32 = 8;
 /// The shortest tail-loss probe interval.
 const PROBE_MIN: Duration = Duration::from_micros(50);
 /// The probe interval before any round trip was measured.
@@ -770,13 +777,22 @@ impl Requester {
             };
             let noack = self.noack + 1;
             let after = psn.add(consumed);
-            // An ACK is asked for at the end of each message, every MAX_PKT_PER_ACK packets,
+            // An ACK is asked for at the end of each message (but see MESSAGE_ACKS_APART),
+            // every MAX_PKT_PER_ACK packets,
             // on a packet that fills the window if the last request for an ACK went out
             // cwnd / FULL_WINDOW_ACKS packets ago or more (the ACKs of those in flight move
             // the window on meanwhile), and at the end of a resent tail: the ACK that moves
             // the window on comes without a probe.
+            // (A message's end asks unless a plain WRITE follows at once, see
+            // MESSAGE_ACKS_APART.)
+            let end_asks = last
+                && (noack >= MESSAGE_ACKS_APART
+                    || self.drain_limit.is_some()
+                    || !self.wqes.get(idx + 1).is_some_and(|n| {
+                        matches!(n.req.op, SendOp::RdmaWrite { .. }) && !n.req.fence
+                    }));
             let ack_req = rc
-                && (last
+                && (end_asks
                     || self.probe_ack_req
                     || noack >= MAX_PKT_PER_ACK
                     || (self.comp_psn.distance_to(after) >= self.cwnd

@@ -271,6 +271,52 @@ fn full_window_asks_for_acks_spaced() {
     assert_eq!((c.wr_id, c.status), (1, WcStatus::Success));
 }
 
+/// A message with a plain RDMA WRITE queued right behind it asks for no ACK unless 8
+/// packets went without one (the WRITE's request acknowledges both); the last message queued
+/// always asks, and so does one followed by a SEND (which may wait for credits), a WRITE with
+/// immediate data or a fenced WRITE. One coalesced ACK completes everything in order.
+#[test]
+fn writes_queued_back_to_back_share_ack_requests() {
+    let now = Instant::now();
+    let mut env = FlatEnv::new();
+    let mut qp = Qp::new(cfg());
+    for i in 0..20 {
+        qp.post_send(send(i, write_op(), 200)).unwrap();
+    }
+    let pkts = drain(&mut qp, &mut env, now);
+    assert_eq!(pkts.len(), 20);
+    let asked: Vec<usize> = (0..20).filter(|&i| pkts[i].0.bth.ack_req).collect();
+    assert_eq!(asked, vec![7, 15, 19]);
+    qp.handle_packet(now, &ack(pkts[19].0.bth.psn, ACK), &META, &mut env);
+    let done: Vec<u64> = completions(&mut qp).iter().map(|c| c.0).collect();
+    assert_eq!(done, (0..20).collect::<Vec<_>>());
+    // What follows decides: a SEND, a WRITE with immediate data, a fenced WRITE.
+    let mut fenced = send(25, write_op(), 200);
+    fenced.fence = true;
+    for r in [
+        send(20, write_op(), 200),
+        send(21, SendOp::Send, 200),
+        send(22, write_op(), 200),
+        send(
+            23,
+            SendOp::RdmaWriteWithImm {
+                remote_addr: 0,
+                rkey: 7,
+                imm: 5,
+            },
+            200,
+        ),
+        send(24, write_op(), 200),
+        fenced,
+        send(26, write_op(), 200),
+    ] {
+        qp.post_send(r).unwrap();
+    }
+    let pkts = drain(&mut qp, &mut env, now);
+    let asked: Vec<bool> = pkts.iter().map(|(r, _)| r.bth.ack_req).collect();
+    assert_eq!(asked, [true, false, true, false, true, false, true]);
+}
+
 #[test]
 fn segmentation_opcodes_psns_and_ackreq() {
     let now = Instant::now();
