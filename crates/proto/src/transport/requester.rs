@@ -32,10 +32,11 @@ const WINDOW: u32 = 128;
 const MAX_PKT_PER_ACK: u32 = 64;
 /// With the send window full, an ACK is asked for every `cwnd / FULL_WINDOW_ACKS` packets
 /// (every packet while the window is under 16): about `FULL_WINDOW_ACKS` requests are in
-/// flight at once, and each ACK opens the window by `cwnd / FULL_WINDOW_ACKS` packets. (Asking on every packet sent into a full window,
-/// as before, had the responder answer nearly every packet of a long stream: 1 MiB WRITEs over
-/// the wire, 2 cores, sent 100,000 ACKs for 130,000 packets; with 16, 17,000, and WRITE and
-/// SEND gained 5-15%: BENCHMARKS.md, "ACK requests in a full window".)
+/// flight at once, and each ACK opens the window by `cwnd / FULL_WINDOW_ACKS` packets.
+/// (Asking on every packet sent into a full window, as before, had the responder answer
+/// nearly every packet of a long stream: 1 MiB WRITEs over the wire, 2 cores, drew 100,000
+/// ACKs for 130,000 packets; with 16, 17,000, and WRITE and SEND gained 5-15%:
+/// BENCHMARKS.md, "ACK requests in a full window".)
 const FULL_WINDOW_ACKS: u32 = 16;
 /// At the end of a message with a plain RDMA WRITE queued right behind it (nothing that could
 /// hold the sending back: no credits to wait for, no fence, no local operation, no drain),
@@ -777,14 +778,12 @@ impl Requester {
             };
             let noack = self.noack + 1;
             let after = psn.add(consumed);
-            // An ACK is asked for at the end of each message (but see MESSAGE_ACKS_APART),
-            // every MAX_PKT_PER_ACK packets,
-            // on a packet that fills the window if the last request for an ACK went out
-            // cwnd / FULL_WINDOW_ACKS packets ago or more (the ACKs of those in flight move
-            // the window on meanwhile), and at the end of a resent tail: the ACK that moves
-            // the window on comes without a probe.
-            // (A message's end asks unless a plain WRITE follows at once, see
-            // MESSAGE_ACKS_APART.)
+            // An ACK is asked for at the end of each message (unless a plain WRITE follows
+            // at once: MESSAGE_ACKS_APART), every MAX_PKT_PER_ACK packets, on a packet that
+            // fills the window if the last request for an ACK went out cwnd /
+            // FULL_WINDOW_ACKS packets ago or more (the ACKs of those in flight move the
+            // window on meanwhile), and at the end of a resent tail: the ACK that moves the
+            // window on comes without a probe.
             let end_asks = last
                 && (noack >= MESSAGE_ACKS_APART
                     || self.drain_limit.is_some()
