@@ -1161,81 +1161,79 @@ fn rc_all_ops_with_a_same_host_segment() {
     }
 }
 
+/// `n` RDMA WRITEs of `len` bytes each, posted back to back from one source region to
+/// consecutive places of the peer's, over an RC path of 256-byte packets with `loss` (and the
+/// duplication, reordering and corruption that come with it; a perfect network at 0): runs
+/// until every one completes, checks that they completed successfully in posting order and
+/// that the target holds the source byte for byte, and returns the simulation.
+fn write_stream(seed: u64, loss: f64, n: u64, len: u64) -> Sim {
+    let net = if loss == 0.0 {
+        NetCfg::perfect()
+    } else {
+        NetCfg::lossy(loss)
+    };
+    let mut sim = Sim::new(QpType::Rc, Mtu::Mtu256, net, seed);
+    let size = (n * len) as usize;
+    let src = sim.nodes[0].env.add_region(SRC, size, LOCAL_WRITE);
+    for (i, x) in sim.nodes[0]
+        .env
+        .bytes_mut(SRC, src, size)
+        .iter_mut()
+        .enumerate()
+    {
+        *x = (i * 13 + i / 199) as u8;
+    }
+    let dst = sim.nodes[1]
+        .env
+        .add_region(REMOTE, size, LOCAL_WRITE | REMOTE_WRITE);
+    for k in 0..n {
+        let mut r = req(
+            k,
+            SendOp::RdmaWrite {
+                remote_addr: dst + k * len,
+                rkey: REMOTE,
+            },
+            len as u32,
+            &sim,
+        );
+        r.sges[0].addr = src + k * len;
+        sim.post(0, r);
+    }
+    let ctx = format!("seed {seed} loss {loss}");
+    assert!(
+        sim.run(Duration::from_secs(600), |s| s.nodes[0].comps.len()
+            == n as usize),
+        "{ctx}: did not finish"
+    );
+    assert_eq!(
+        statuses(&sim, 0),
+        (0..n).map(|k| (k, WcStatus::Success)).collect::<Vec<_>>(),
+        "{ctx}"
+    );
+    let want = sim.nodes[0].env.bytes(SRC, src, size).to_vec();
+    assert!(
+        sim.nodes[1].env.bytes(REMOTE, dst, size) == &want[..],
+        "{ctx}: data differs"
+    );
+    sim
+}
+
 /// A stream that keeps the send window full (four 64 KiB WRITEs of 256-byte packets: 1,024
 /// packets, eight windows), where the requester asks for an ACK only every sixteenth of a
-/// window (8 packets; `full_window_asks_for_acks_spaced`), lands byte-exact and completes in order: on
-/// a perfect network with nothing resent and no probe, and under loss, duplication,
-/// reordering and corruption (the ACKs asked for in flight, probes and sequence NAKs keep it
-/// going).
+/// window (8 packets; `full_window_asks_for_acks_spaced`), lands byte-exact and completes in
+/// order: on a perfect network with nothing resent and no probe, and under loss,
+/// duplication, reordering and corruption (the ACKs asked for in flight, probes and sequence
+/// NAKs keep it going).
 #[test]
 fn full_window_stream_acks_spaced_and_completes_under_loss() {
-    const LEN: u32 = 64 * 1024;
     for (seed, loss) in [(1u64, 0.0), (2, 0.02), (3, 0.05), (4, 0.1), (5, 0.05)] {
-        let net = if loss == 0.0 {
-            NetCfg::perfect()
-        } else {
-            NetCfg::lossy(loss)
-        };
-        let mut sim = Sim::new(QpType::Rc, Mtu::Mtu256, net, seed);
-        let src = sim.nodes[0]
-            .env
-            .add_region(SRC, 4 * LEN as usize, LOCAL_WRITE);
-        for (i, x) in sim.nodes[0]
-            .env
-            .bytes_mut(SRC, src, 4 * LEN as usize)
-            .iter_mut()
-            .enumerate()
-        {
-            *x = (i * 7 + i / 251) as u8;
-        }
-        let dst = sim.nodes[1]
-            .env
-            .add_region(REMOTE, 4 * LEN as usize, LOCAL_WRITE | REMOTE_WRITE);
-        for k in 0..4u64 {
-            let off = k * u64::from(LEN);
-            sim.post(
-                0,
-                SendRequest {
-                    wr_id: k,
-                    op: SendOp::RdmaWrite {
-                        remote_addr: dst + off,
-                        rkey: REMOTE,
-                    },
-                    sges: [Sge {
-                        addr: src + off,
-                        length: LEN,
-                        lkey: SRC,
-                    }]
-                    .into(),
-                    inline: None,
-                    signaled: true,
-                    solicited: false,
-                    fence: false,
-                    ud: None,
-                },
-            );
-        }
-        let ctx = format!("seed {seed} loss {loss}");
-        assert!(
-            sim.run(Duration::from_secs(600), |s| s.nodes[0].comps.len() == 4),
-            "{ctx}: did not finish"
-        );
-        assert_eq!(
-            statuses(&sim, 0),
-            (0..4).map(|k| (k, WcStatus::Success)).collect::<Vec<_>>(),
-            "{ctx}"
-        );
-        let want = sim.nodes[0].env.bytes(SRC, src, 4 * LEN as usize).to_vec();
-        assert!(
-            sim.nodes[1].env.bytes(REMOTE, dst, 4 * LEN as usize) == &want[..],
-            "{ctx}: data differs"
-        );
+        let sim = write_stream(seed, loss, 4, 64 * 1024);
         if loss == 0.0 {
             let st = sim.nodes[0].qp.stats();
             assert_eq!(
                 (st.retransmitted_packets, st.probes, st.timeouts),
                 (0, 0, 0),
-                "{ctx}"
+                "seed {seed}"
             );
         }
     }
@@ -1247,66 +1245,7 @@ fn full_window_stream_acks_spaced_and_completes_under_loss() {
 /// corruption.
 #[test]
 fn back_to_back_writes_share_ack_requests_and_complete_under_loss() {
-    const N: u64 = 300;
-    const LEN: u64 = 200;
     for (seed, loss) in [(11u64, 0.0), (12, 0.02), (13, 0.05), (14, 0.1)] {
-        let net = if loss == 0.0 {
-            NetCfg::perfect()
-        } else {
-            NetCfg::lossy(loss)
-        };
-        let mut sim = Sim::new(QpType::Rc, Mtu::Mtu256, net, seed);
-        let size = (N * LEN) as usize;
-        let src = sim.nodes[0].env.add_region(SRC, size, LOCAL_WRITE);
-        for (i, x) in sim.nodes[0]
-            .env
-            .bytes_mut(SRC, src, size)
-            .iter_mut()
-            .enumerate()
-        {
-            *x = (i * 13 + i / 199) as u8;
-        }
-        let dst = sim.nodes[1]
-            .env
-            .add_region(REMOTE, size, LOCAL_WRITE | REMOTE_WRITE);
-        for k in 0..N {
-            sim.post(
-                0,
-                SendRequest {
-                    wr_id: k,
-                    op: SendOp::RdmaWrite {
-                        remote_addr: dst + k * LEN,
-                        rkey: REMOTE,
-                    },
-                    sges: [Sge {
-                        addr: src + k * LEN,
-                        length: LEN as u32,
-                        lkey: SRC,
-                    }]
-                    .into(),
-                    inline: None,
-                    signaled: true,
-                    solicited: false,
-                    fence: false,
-                    ud: None,
-                },
-            );
-        }
-        let ctx = format!("seed {seed} loss {loss}");
-        assert!(
-            sim.run(Duration::from_secs(600), |s| s.nodes[0].comps.len()
-                == N as usize),
-            "{ctx}: did not finish"
-        );
-        assert_eq!(
-            statuses(&sim, 0),
-            (0..N).map(|k| (k, WcStatus::Success)).collect::<Vec<_>>(),
-            "{ctx}"
-        );
-        let want = sim.nodes[0].env.bytes(SRC, src, size).to_vec();
-        assert!(
-            sim.nodes[1].env.bytes(REMOTE, dst, size) == &want[..],
-            "{ctx}: data differs"
-        );
+        write_stream(seed, loss, 300, 200);
     }
 }
