@@ -147,9 +147,9 @@ pub fn fmt_num(v: f64) -> String {
 pub fn fmt_size(bytes: u64) -> String {
     const KI: u64 = 1024;
     const MI: u64 = 1024 * 1024;
-    if bytes >= MI && bytes % MI == 0 {
+    if bytes >= MI && bytes.is_multiple_of(MI) {
         format!("{} MiB", bytes / MI)
-    } else if bytes >= KI && bytes % KI == 0 {
+    } else if bytes >= KI && bytes.is_multiple_of(KI) {
         format!("{} KiB", bytes / KI)
     } else {
         format!("{bytes} B")

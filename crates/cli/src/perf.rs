@@ -1083,7 +1083,7 @@ fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point>
     let mut idle = Idle::new(false);
     while completed < limit {
         rounds = rounds.wrapping_add(1);
-        if rounds % 1024 == 0 {
+        if rounds.is_multiple_of(1024) {
             progress.tick(|| {
                 let secs = t0.elapsed().as_secs_f64();
                 format!(
@@ -1110,7 +1110,7 @@ fn bandwidth(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point>
             } else {
                 [c.sge(0, size)]
             };
-            let signaled = (posted + 1) % cq_mod == 0 || posted + 1 == limit;
+            let signaled = (posted + 1).is_multiple_of(cq_mod) || posted + 1 == limit;
             let mut flags = if signaled {
                 SendFlags::SIGNALED
             } else {
@@ -1186,7 +1186,7 @@ fn latency(args: &PerfArgs, c: &End, t: &Target, size: usize) -> Result<Point> {
     let mut samples = Vec::with_capacity(iters.min(1 << 20) as usize);
     let mut progress = Progress::new();
     let mut tick = |samples: &Vec<f64>| {
-        if samples.len() % 256 == 0 {
+        if samples.len().is_multiple_of(256) {
             progress.tick(|| {
                 let last = &samples[samples.len().saturating_sub(256)..];
                 let avg = last.iter().sum::<f64>() / last.len().max(1) as f64;

@@ -283,7 +283,7 @@ impl IcrcPrefix {
     #[inline(always)]
     fn short_state(&self, ib_len: usize) -> Option<Hasher> {
         let short = self.short.as_ref()?;
-        if !(SHORT_MIN..=ONE_PASS_SHORT).contains(&ib_len) || ib_len % 4 != 0 {
+        if !(SHORT_MIN..=ONE_PASS_SHORT).contains(&ib_len) || !ib_len.is_multiple_of(4) {
             return None;
         }
         Some(short[(ib_len - SHORT_MIN) / 4].clone())
@@ -501,6 +501,24 @@ impl IcrcHasher {
         self.pos = self.pos.saturating_add(bytes.len());
     }
 
+    /// Hashes the next `len` transport bytes with `crc_of`, for bytes the caller cannot lend
+    /// as a slice (a payload in memory another thread may write, say): `crc_of` gets the
+    /// CRC-32 of everything hashed so far, in the form [`crc32fast::Hasher::finalize`] gives,
+    /// and returns it continued over those bytes, in the same form.
+    ///
+    /// The bytes must come after the masked BTH byte (offset 4): fails with
+    /// [`Error::Malformed`], hashing nothing, when fewer than 5 transport bytes were hashed
+    /// before.
+    pub fn update_with(&mut self, len: usize, crc_of: impl FnOnce(u32) -> u32) -> Result<()> {
+        if self.pos <= BTH_MASKED_BYTE {
+            return Err(Error::Malformed);
+        }
+        let crc = crc_of(self.hasher.clone().finalize());
+        self.hasher = Hasher::new_with_initial(crc);
+        self.pos = self.pos.saturating_add(len);
+        Ok(())
+    }
+
     /// The ICRC, as [`crate::roce::Packet::icrc`] reads it from the wire.
     pub fn finalize(self) -> u32 {
         self.hasher.finalize()
@@ -685,6 +703,36 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn bytes_hashed_by_the_caller_continue_the_hash() {
+        let prefix = IcrcPrefix::ipv4(
+            Ipv4Addr::new(10, 0, 0, 1),
+            Ipv4Addr::new(10, 0, 0, 2),
+            0xd00d,
+            ROCE_V2_UDP_PORT,
+        );
+        let ib: Vec<u8> = (0..300u32).map(|i| (i * 29 + 5) as u8).collect();
+        let whole = prefix.compute(&ib).unwrap();
+        for (from, to) in [(5, 5), (5, 6), (12, 300), (40, 200), (299, 300)] {
+            let mut h = prefix.start(ib.len()).unwrap();
+            h.update(&ib[..from]);
+            h.update_with(to - from, |crc| {
+                let mut c = Hasher::new_with_initial(crc);
+                c.update(&ib[from..to]);
+                c.finalize()
+            })
+            .unwrap();
+            h.update(&ib[to..]);
+            assert_eq!(h.finalize(), whole, "bytes {from}..{to} by the caller");
+        }
+        // Not over the masked BTH byte: refused, nothing hashed.
+        let mut h = prefix.start(ib.len()).unwrap();
+        h.update(&ib[..4]);
+        assert_eq!(h.update_with(8, |_| 0), Err(Error::Malformed));
+        h.update(&ib[4..]);
+        assert_eq!(h.finalize(), whole);
     }
 
     #[test]

@@ -72,7 +72,7 @@ fn mutate(pool: &[Vec<u8>], pick: usize, flips: &[(usize, u8)], cut: usize) -> V
             v[at % n] ^= x;
         }
     }
-    let keep = if cut % 4 == 0 {
+    let keep = if cut.is_multiple_of(4) {
         v.len()
     } else {
         cut % (v.len() + 1)

@@ -41,7 +41,7 @@ pub const CHUNK: usize = 32;
 const _: () = {
     assert!(offset_of!(CQp, ex) == size_of::<ibv_qp>());
     assert!(offset_of!(CCq, ex) == size_of::<ibv_cq>());
-    assert!(QP_TAIL % 8 == 0 && CQ_TAIL % 8 == 0);
+    assert!(QP_TAIL.is_multiple_of(8) && CQ_TAIL.is_multiple_of(8));
     assert!(size_of::<Sge>() == size_of::<ibv_sge>());
     assert!(offset_of!(Sge, addr) == offset_of!(ibv_sge, addr));
     assert!(offset_of!(Sge, length) == offset_of!(ibv_sge, length));

@@ -273,6 +273,9 @@ pub enum SealError {
     Truncated,
     /// Too long for the IP and UDP length fields.
     TooLong,
+    /// A gap ([`Sealer::seal_around`]) out of order, overlapping the BTH or past the bytes
+    /// the ICRC covers.
+    BadGap,
 }
 
 /// Seals the packets one device sends: computes each one's ICRC over the pseudo-header of
@@ -319,11 +322,55 @@ impl Sealer {
         Ok(())
     }
 
+    /// [`Sealer::seal`] of a packet whose bytes in `gaps` (offset and length in `packet`,
+    /// in order, none overlapping, all after the BTH and before the ICRC) are not in `packet`
+    /// but hashed by `crc_of(k, crc)` for gap `k` (see
+    /// [`IcrcHasher::update_with`](softrdma_wire::icrc::IcrcHasher::update_with)): a payload
+    /// sent from memory the packet's buffer does not hold. Fails like [`Sealer::seal`], and
+    /// with [`SealError::BadGap`] for gaps out of place; `packet` is left as it was then.
+    pub fn seal_around(
+        &mut self,
+        dst: IpAddr,
+        packet: &mut [u8],
+        gaps: &[(usize, usize)],
+        mut crc_of: impl FnMut(usize, u32) -> u32,
+    ) -> Result<(), SealError> {
+        if packet.len() < roce::MIN_LEN {
+            return Err(SealError::Truncated);
+        }
+        let covered = packet.len() - roce::ICRC_LEN;
+        let mut at = softrdma_wire::bth::HEADER_LEN;
+        for &(off, len) in gaps {
+            if off < at || off.checked_add(len).is_none_or(|end| end > covered) {
+                return Err(SealError::BadGap);
+            }
+            at = off + len;
+        }
+        let mut h = self
+            .prefix(dst)
+            .start(covered)
+            .map_err(|_| SealError::TooLong)?;
+        let mut at = 0;
+        for (k, &(off, len)) in gaps.iter().enumerate() {
+            h.update(&packet[at..off]);
+            h.update_with(len, |crc| crc_of(k, crc))
+                .map_err(|_| SealError::BadGap)?;
+            at = off + len;
+        }
+        h.update(&packet[at..covered]);
+        packet[covered..].copy_from_slice(&h.finalize().to_le_bytes());
+        Ok(())
+    }
+
     /// The ICRC of `covered` (BTH through pad) sent to `dst`.
     fn icrc(&mut self, dst: IpAddr, covered: &[u8]) -> softrdma_wire::Result<u32> {
-        match &self.last {
-            Some((d, p)) if *d == dst => return p.compute(covered),
-            _ => {}
+        self.prefix(dst).compute(covered)
+    }
+
+    /// The prefix of the flow to `dst`, made and kept (up to the bound) when new.
+    fn prefix(&mut self, dst: IpAddr) -> &IcrcPrefix {
+        if matches!(&self.last, Some((d, _)) if *d == dst) {
+            return &self.last.as_ref().expect("just matched").1;
         }
         let p = match self.flows.get(&dst) {
             Some(p) => p.clone(),
@@ -339,7 +386,7 @@ impl Sealer {
                 }
             }
         };
-        self.last.insert((dst, p)).1.compute(covered)
+        &self.last.insert((dst, p)).1
     }
 }
 
@@ -381,6 +428,53 @@ mod tests {
             (p.src_addr(), p.dst_addr()),
             ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap())
         );
+    }
+
+    #[test]
+    fn a_packet_sealed_around_its_gaps_gets_the_icrc_of_the_whole() {
+        use super::{SealError, Sealer};
+        let (a, b): (IpAddr, IpAddr) =
+            ("127.91.0.1".parse().unwrap(), "127.91.0.2".parse().unwrap());
+        // An RC SEND (BTH, 2,000 payload bytes, ICRC) and its payload's bytes elsewhere.
+        let payload: Vec<u8> = (0..2000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let mut whole = vec![0u8; 12 + 2000 + 4];
+        whole[0] = 0x04;
+        whole[7] = 0x12;
+        whole[12..2012].copy_from_slice(&payload);
+        let mut s = Sealer::new(a, 4791, 8);
+        s.seal(b, &mut whole).unwrap();
+        for gaps in [
+            vec![(12, 2000)],
+            vec![(12, 1000), (1012, 1000)],
+            vec![(100, 10), (500, 1500)],
+            vec![],
+        ] {
+            let mut p = whole.clone();
+            for &(off, len) in &gaps {
+                p[off..off + len].fill(0xee);
+            }
+            p[2012..].fill(0);
+            s.seal_around(b, &mut p, &gaps, |k, crc| {
+                let (off, len) = gaps[k];
+                let mut h = crc32fast::Hasher::new_with_initial(crc);
+                h.update(&payload[off - 12..off - 12 + len]);
+                h.finalize()
+            })
+            .unwrap();
+            assert_eq!(p[2012..], whole[2012..], "gaps {gaps:?}");
+        }
+        // Gaps out of place: refused, the packet untouched.
+        for gaps in [
+            vec![(4, 20)],
+            vec![(12, 2001)],
+            vec![(500, 10), (100, 10)],
+            vec![(100, 10), (105, 10)],
+        ] {
+            let mut p = whole.clone();
+            let r = s.seal_around(b, &mut p, &gaps, |_, c| c);
+            assert_eq!(r, Err(SealError::BadGap), "gaps {gaps:?}");
+            assert_eq!(p, whole);
+        }
     }
 
     #[test]

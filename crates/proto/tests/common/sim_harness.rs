@@ -176,7 +176,7 @@ impl Env for SimEnv {
         Ok(())
     }
     fn atomic_remote(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
-        if va % 8 != 0 {
+        if !va.is_multiple_of(8) {
             return Err(AccessError::Misaligned);
         }
         let (d, at) = self.range(rkey, va, 8, REMOTE_ATOMIC)?;
@@ -336,7 +336,7 @@ impl Sim {
     pub fn new(qp_type: QpType, mtu: Mtu, net: NetCfg, seed: u64) -> Sim {
         let mut rng = Rng(seed ^ 0x5eed_0000_0000);
         let psn_a = (rng.next_u64() as u32) & 0xff_ffff;
-        let psn_b = if seed % 3 == 0 {
+        let psn_b = if seed.is_multiple_of(3) {
             0xff_fff0 // exercise PSN wrap-around
         } else {
             (rng.next_u64() as u32) & 0xff_ffff

@@ -28,6 +28,7 @@ pub(crate) struct Counters {
     pub(crate) misrouted: AtomicU64,
     pub(crate) same_host_packets: AtomicU64,
     pub(crate) wr_records: AtomicU64,
+    pub(crate) tx_in_place_bytes: AtomicU64,
 }
 
 /// A snapshot of a device's packet counters.
@@ -97,6 +98,12 @@ pub struct DeviceCounters {
     /// device's lane (`SOFTRDMA_PAIR_RINGS=0` turns those rings off): the peer's CQ poll
     /// finds them without the device's receive path.
     pub pair_records: u64,
+    /// Payload bytes that the kernel took straight from the program's registered memory
+    /// (also counted in `tx_bytes`): RC and UC request payloads of at least 1 KiB sent on the
+    /// wire, whose ICRC was computed over that memory in place, with no copy into a packet
+    /// first (`SOFTRDMA_TX_GATHER=0` turns this off; a capture or fault injection copies
+    /// them in).
+    pub tx_in_place_bytes: u64,
 }
 
 /// How often a device probes the peers it has connections with (see
@@ -129,6 +136,7 @@ impl DeviceCounters {
         self.same_host_packets += other.same_host_packets;
         self.wr_records += other.wr_records;
         self.pair_records += other.pair_records;
+        self.tx_in_place_bytes += other.tx_in_place_bytes;
     }
 }
 
@@ -160,6 +168,7 @@ impl Counters {
             same_host_packets: g(&self.same_host_packets),
             wr_records: g(&self.wr_records),
             pair_records: 0,
+            tx_in_place_bytes: g(&self.tx_in_place_bytes),
         }
     }
 }

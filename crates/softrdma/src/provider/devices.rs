@@ -503,6 +503,9 @@ impl Provider for Engine {
     fn lane_is_up(&self, peer: IpAddr, dest_qpn: u32) -> bool {
         self.wire.lane_is_up(peer, dest_qpn)
     }
+    fn may_gather(&self, peer: IpAddr, dest_qpn: u32) -> bool {
+        self.wire.may_gather(peer, dest_qpn)
+    }
     fn prepare_lane(&self, peer: IpAddr, dest_qpn: u32) {
         self.wire.prepare_lane(peer, dest_qpn)
     }

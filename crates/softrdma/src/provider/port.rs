@@ -85,6 +85,10 @@ pub(crate) trait Provider: Send + Sync {
     /// a run of packets: other senders to the device's lanes wait). `None` when no lane is
     /// up there (one is offered: send through a batch meanwhile).
     fn direct_lane(&self, peer: IpAddr, dest_qpn: u32) -> Option<DirectTx<'_>>;
+    /// Whether packets to QP `dest_qpn` of the device at `peer` may leave their payload in
+    /// the program's registered memory, to be read in place when they go
+    /// ([`TxBatch::commit_gapped`]): they go on the wire, and nothing needs them whole.
+    fn may_gather(&self, peer: IpAddr, dest_qpn: u32) -> bool;
     /// Whether a same-host lane to QP `dest_qpn` of the device at `peer` is up now (its
     /// packets cost no system call).
     fn lane_is_up(&self, peer: IpAddr, dest_qpn: u32) -> bool;

@@ -6,7 +6,8 @@ use super::counters::Counters;
 use super::faults::{FaultConfig, Faults};
 use super::fd::EventFd;
 use super::lanes::{LaneWriter, Lanes};
-use super::sock::{UdpSock, ROCE_PORT};
+use super::memory::Hold;
+use super::sock::{Gap, UdpSock, ROCE_PORT};
 use softrdma_proto::device::Sealer;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
@@ -22,8 +23,54 @@ pub(crate) const BATCH: usize = 64;
 /// The most destinations whose ICRC prefixes a transmit batch keeps per source address.
 const MAX_TX_FLOWS: usize = 4096;
 
+/// The most gaps a packet may have ([`PacketGaps`]); further pieces of its payload are copied.
+pub(crate) const MAX_GAPS: usize = 4;
+
+/// The gaps of the packet being built into a [`TxBatch`]'s slot: pieces of its payload left
+/// in the program's registered memory (offsets in the slot), each with the [`Hold`] that keeps
+/// that memory valid. Handed to the batch with the packet ([`TxBatch::commit_gapped`]).
+#[derive(Default)]
+pub(crate) struct PacketGaps {
+    gaps: [Option<(Gap, Hold)>; MAX_GAPS],
+    n: usize,
+}
+
+impl PacketGaps {
+    /// Whether another gap fits.
+    #[inline]
+    pub(crate) fn has_room(&self) -> bool {
+        self.n < MAX_GAPS
+    }
+
+    /// Adds a gap: `len` bytes at `src` (memory `hold` keeps valid) stand at offset `at` of
+    /// the packet, after the gaps added before. Ignored (the hold released) when none fits.
+    #[inline]
+    pub(crate) fn push(&mut self, at: usize, src: *const u8, len: usize, hold: Hold) {
+        if self.n < MAX_GAPS {
+            self.gaps[self.n] = Some((Gap { at, src, len }, hold));
+            self.n += 1;
+        }
+    }
+
+    /// Forgets every gap (the packet was not sent), releasing their holds.
+    #[inline]
+    pub(crate) fn clear(&mut self) {
+        for g in &mut self.gaps[..self.n] {
+            *g = None;
+        }
+        self.n = 0;
+    }
+}
+
 /// Packets being prepared for one `sendmmsg`, with the sealers of the devices they leave
 /// from ([`Sealer`]: the ICRC of each packet for its flow).
+///
+/// A packet may leave pieces of its payload in the program's registered memory (its gaps,
+/// [`TxBatch::commit_gapped`]): the ICRC is computed over that memory in place and the kernel
+/// copies it from there, one copy of the payload less. The batch holds that memory (a lease
+/// of its region) until the packet has gone; where a packet must be whole in its buffer (a
+/// capture, fault injection) its gaps are filled first, and a packet with gaps never takes a
+/// same-host lane.
 pub(crate) struct TxBatch {
     pub(super) bufs: Vec<Vec<u8>>,
     pub(super) lens: Vec<usize>,
@@ -32,6 +79,13 @@ pub(crate) struct TxBatch {
     /// it when they go on the wire: a same-host lane needs none).
     srcs: Vec<IpAddr>,
     sealed: Vec<bool>,
+    /// The gaps of each packet (none for most), in order of offset.
+    gaps: Vec<Vec<Gap>>,
+    /// What keeps the memory of every gap valid until the batch is sent.
+    holds: Vec<Hold>,
+    /// Packets with gaps, and the bytes of their gaps.
+    gapped: usize,
+    gap_bytes: usize,
     pub(super) count: usize,
     /// Bytes of the packets queued.
     bytes: usize,
@@ -105,6 +159,10 @@ impl Drop for DirectTx<'_> {
     }
 }
 
+// SAFETY: the raw pointers are the gaps' (`Gap::src`), into memory that the batch's holds
+// keep valid, read by whichever thread sends the batch.
+unsafe impl Send for TxBatch {}
+
 impl TxBatch {
     pub(crate) fn new() -> TxBatch {
         TxBatch {
@@ -113,6 +171,10 @@ impl TxBatch {
             dests: vec![SocketAddr::from(([0, 0, 0, 0], 0)); BATCH],
             srcs: vec![IpAddr::from([0, 0, 0, 0]); BATCH],
             sealed: vec![false; BATCH],
+            gaps: (0..BATCH).map(|_| Vec::with_capacity(MAX_GAPS)).collect(),
+            holds: Vec::with_capacity(BATCH),
+            gapped: 0,
+            gap_bytes: 0,
             count: 0,
             bytes: 0,
             queueable: true,
@@ -141,6 +203,11 @@ impl TxBatch {
     /// Forgets every packet queued (sent, or dropped).
     #[inline]
     pub(super) fn clear(&mut self) {
+        if self.gapped > 0 {
+            self.gapped = 0;
+            self.gap_bytes = 0;
+            self.holds.clear();
+        }
         self.count = 0;
         self.bytes = 0;
         self.queueable = true;
@@ -187,7 +254,69 @@ impl TxBatch {
         self.dests[self.count] = SocketAddr::new(dst, ROCE_PORT);
         self.srcs[self.count] = src;
         self.sealed[self.count] = false;
+        self.gaps[self.count].clear();
         self.count += 1;
+    }
+
+    /// [`TxBatch::commit`] of a packet whose payload has `gaps` (taken: the batch holds their
+    /// memory until the packet has gone). Gaps are the payload of an RC or UC request: they
+    /// are released unused when the packet is anything else (a response written into the
+    /// slot after a request failed midway there) or when one does not lie within the
+    /// packet, after its BTH and before its ICRC, in order.
+    #[inline]
+    pub(crate) fn commit_gapped(
+        &mut self,
+        len: usize,
+        src: IpAddr,
+        dst: IpAddr,
+        gaps: &mut PacketGaps,
+    ) {
+        let i = self.count;
+        self.commit(len, src, dst);
+        if gaps.n > 0 {
+            // (RC responses are opcodes 0x0D-0x12; UC has 0x20-0x3F, all requests.)
+            let op = self.bufs[i][0];
+            let mut at = softrdma_wire::bth::HEADER_LEN;
+            let fits = op < 0x40
+                && !(0x0d..=0x12).contains(&op)
+                && gaps.gaps[..gaps.n].iter().all(|g| match g {
+                    Some((g, _)) if g.at >= at && g.at + g.len + 4 <= len => {
+                        at = g.at + g.len;
+                        true
+                    }
+                    _ => false,
+                });
+            if !fits {
+                gaps.clear();
+                return;
+            }
+            self.gapped += 1;
+            for g in &mut gaps.gaps[..gaps.n] {
+                if let Some((gap, hold)) = g.take() {
+                    self.gap_bytes += gap.len;
+                    self.gaps[i].push(gap);
+                    self.holds.push(hold);
+                }
+            }
+            gaps.n = 0;
+        }
+    }
+
+    /// Copies the gaps of every packet into its buffer (for what must see packets whole: a
+    /// capture, fault injection).
+    fn fill_gaps(&mut self) {
+        for i in 0..self.count {
+            for g in self.gaps[i].drain(..) {
+                // SAFETY: the gap's memory is held (`holds`) until the batch is cleared; the
+                // gap lies within the packet's buffer (`commit_gapped`).
+                unsafe {
+                    super::memory::copy_from_memory(g.src, &mut self.bufs[i][g.at..g.at + g.len])
+                };
+            }
+        }
+        self.gapped = 0;
+        self.gap_bytes = 0;
+        self.holds.clear();
     }
 
     /// Gives packet `i` its ICRC for its flow (once).
@@ -198,9 +327,25 @@ impl TxBatch {
         }
         self.sealed[i] = true;
         let sealer = sealer_for(&mut self.sealers, self.srcs[i]);
+        let packet = &mut self.bufs[i][..self.lens[i]];
+        let gaps = &self.gaps[i];
         // (A packet the sealer refuses, which `drive` never commits, goes with its ICRC
         // bytes as written: the peer drops it.)
-        let _ = sealer.seal(self.dests[i].ip(), &mut self.bufs[i][..self.lens[i]]);
+        if gaps.is_empty() {
+            let _ = sealer.seal(self.dests[i].ip(), packet);
+        } else {
+            let mut spans = [(0, 0); MAX_GAPS];
+            for (s, g) in spans.iter_mut().zip(gaps) {
+                *s = (g.at, g.len);
+            }
+            let _ = sealer.seal_around(
+                self.dests[i].ip(),
+                packet,
+                &spans[..gaps.len()],
+                // SAFETY: the gap's memory is held until the batch is cleared.
+                |k, crc| unsafe { super::memory::crc32_of_memory(crc, gaps[k].src, gaps[k].len) },
+            );
+        }
     }
 
     /// Gives every queued packet its ICRC.
@@ -339,6 +484,15 @@ impl Wire {
 
     #[inline(never)]
     pub(super) fn send_batch(&self, tx: &mut TxBatch) {
+        if tx.gapped > 0 && (self.faults.on() || super::capture::active()) {
+            // (Both see every packet whole, as the wire would carry it.)
+            tx.fill_gaps();
+        }
+        if tx.gap_bytes > 0 {
+            self.counters
+                .tx_in_place_bytes
+                .fetch_add(tx.gap_bytes as u64, Ordering::Relaxed);
+        }
         if tx.mcast > 0 {
             self.counters
                 .mcast_tx_packets
@@ -361,12 +515,18 @@ impl Wire {
             if delayed {
                 self.wake.signal();
             }
-            self.account(out.len(), |i| (&out[i].0[..], out[i].1));
+            // SAFETY: no gaps.
+            unsafe { self.account(out.len(), |i| (&out[i].0[..], out[i].1, &[][..])) };
         } else {
             let TxBatch {
-                bufs, lens, dests, ..
+                bufs,
+                lens,
+                dests,
+                gaps,
+                ..
             } = &*tx;
-            self.account(tx.count, |i| (&bufs[i][..lens[i]], dests[i]));
+            // SAFETY: the memory of every gap is held (`holds`) until the batch is cleared.
+            unsafe { self.account(tx.count, |i| (&bufs[i][..lens[i]], dests[i], &gaps[i][..])) };
         }
         tx.clear();
     }
@@ -384,36 +544,63 @@ impl Wire {
         let mut keep = [0usize; BATCH];
         let (kept, laned) = {
             let TxBatch {
-                bufs, lens, dests, ..
+                bufs,
+                lens,
+                dests,
+                gaps,
+                ..
             } = &*tx;
-            self.lanes
-                .route(count, &|i| (&bufs[i][..lens[i]], dests[i]), &mut keep)
+            // (A packet with gaps goes on the wire: a lane's ring takes whole packets.)
+            self.lanes.route(
+                count,
+                &|i| (&bufs[i][..lens[i]], dests[i]),
+                &|i| !gaps[i].is_empty(),
+                &mut keep,
+            )
         };
         for &i in &keep[..kept] {
             tx.seal(i);
         }
         let (sent, failed) = if kept > 0 {
             let TxBatch {
-                bufs, lens, dests, ..
+                bufs,
+                lens,
+                dests,
+                gaps,
+                ..
             } = &*tx;
-            self.sock
-                .send_batch(kept, |j| (&bufs[keep[j]][..lens[keep[j]]], dests[keep[j]]))
+            // SAFETY: the memory of every gap is held (`holds`) until the batch is cleared.
+            unsafe {
+                self.sock.send_batch(kept, |j| {
+                    let k = keep[j];
+                    (&bufs[k][..lens[k]], dests[k], &gaps[k][..])
+                })
+            }
         } else {
             (0, 0)
         };
         self.count_sent(sent, laned, bytes, failed);
     }
 
-    /// Sends packets `pkt(0..count)` on the wire and counts them.
-    fn account<'a>(&self, count: usize, pkt: impl Fn(usize) -> (&'a [u8], SocketAddr)) {
+    /// Sends packets `pkt(0..count)` on the wire and counts them. (With a capture on, no
+    /// packet has gaps: see [`Wire::send_batch`].)
+    ///
+    /// # Safety
+    /// As [`UdpSock::send_batch`]: the memory of every gap is valid until the call returns.
+    unsafe fn account<'a>(
+        &self,
+        count: usize,
+        pkt: impl Fn(usize) -> (&'a [u8], SocketAddr, &'a [Gap]),
+    ) {
         if super::capture::active() {
             for i in 0..count {
-                let (p, dst) = pkt(i);
+                let (p, dst, _) = pkt(i);
                 super::capture::record(self.local, dst, p);
             }
         }
         let bytes: usize = (0..count).map(|i| pkt(i).0.len()).sum();
-        let (sent, failed) = self.sock.send_batch(count, pkt);
+        // SAFETY: the caller's contract.
+        let (sent, failed) = unsafe { self.sock.send_batch(count, pkt) };
         self.count_sent(sent, 0, bytes, failed);
     }
 
@@ -451,6 +638,20 @@ impl Wire {
                 super::share::slot_of_qpn(dest_qpn),
             );
         }
+    }
+
+    /// Whether packets to QP `dest_qpn` of the device at `peer` may leave payload in the
+    /// program's memory ([`TxBatch::commit_gapped`]): sending that way is on
+    /// ([`gather_on`]), they go on the wire (no same-host lane there, see
+    /// [`Lanes::known_remote`]), and neither fault injection nor a capture needs them whole.
+    pub(crate) fn may_gather(&self, peer: IpAddr, dest_qpn: u32) -> bool {
+        gather_on()
+            && !self.faults.on()
+            && !super::capture::active()
+            && self.lanes.known_remote(
+                SocketAddr::new(peer, ROCE_PORT),
+                super::share::slot_of_qpn(dest_qpn),
+            )
     }
 
     /// Whether a same-host lane to QP `dest_qpn` of the device at `peer` is up.
@@ -523,7 +724,8 @@ impl Wire {
     pub(crate) fn release_delayed(&self, now: Instant) -> Option<Instant> {
         let (pkts, next) = self.faults.release_delayed(now);
         if !pkts.is_empty() {
-            self.account(pkts.len(), |i| (&pkts[i].0[..], pkts[i].1));
+            // SAFETY: no gaps.
+            unsafe { self.account(pkts.len(), |i| (&pkts[i].0[..], pkts[i].1, &[][..])) };
         }
         next
     }
@@ -556,6 +758,17 @@ pub(crate) fn tx_thread_on() -> bool {
 
 fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Whether payloads may be sent from the program's memory in place (see [`TxBatch`]): the
+/// CPU computes the ICRC over memory in place at full speed
+/// ([`super::memory::crc32_in_place`]), and `SOFTRDMA_TX_GATHER` is not `0` (read once).
+pub(crate) fn gather_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        super::memory::crc32_in_place()
+            && std::env::var("SOFTRDMA_TX_GATHER").map_or(true, |v| v.trim() != "0")
+    })
 }
 
 /// How many transmit threads of this process may have streams at once
@@ -713,7 +926,7 @@ impl TxQueue {
         let mut spins = 0u32;
         while self.sent_total.load(Ordering::Acquire) < target {
             spins += 1;
-            if spins % 16 == 0 {
+            if spins.is_multiple_of(16) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();
@@ -762,6 +975,7 @@ impl TxQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicU64;
 
     /// A batch of one RC WRITE ONLY packet whose second byte is `mark`.
     fn marked(mark: u8) -> TxBatch {
@@ -821,6 +1035,93 @@ mod tests {
         assert_eq!(*seen.lock().unwrap(), (0..40).collect::<Vec<u8>>());
         assert!(most.load(Ordering::Relaxed) <= TX_QUEUE_MAX);
         assert!(q.lock().made <= TX_QUEUE_MAX);
+    }
+
+    /// A batch of one packet of BTH opcode `op`, `len` bytes, whose bytes 28.. (after a BTH
+    /// and a RETH) are `memory`'s: left there as a gap held by `leases` (junk in the buffer),
+    /// and the same packet whole and sealed.
+    fn gapped(op: u8, memory: &[u8], leases: &AtomicU64) -> (TxBatch, Vec<u8>) {
+        let (src, dst) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+        let len = 28 + memory.len() + 4;
+        let mut whole = vec![0u8; len];
+        whole[0] = op;
+        whole[7] = 0x12;
+        whole[28..28 + memory.len()].copy_from_slice(memory);
+        Sealer::new(src, ROCE_PORT, 8)
+            .seal(dst, &mut whole)
+            .unwrap();
+        let mut b = TxBatch::new();
+        let slot = b.slot_of(len);
+        slot[..len].copy_from_slice(&whole);
+        slot[28..28 + memory.len()].fill(0xee);
+        slot[len - 4..len].fill(0);
+        let mut g = PacketGaps::default();
+        leases.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: the count outlives the batch; this lease is the hold's.
+        let hold = unsafe { Hold::from_lease(std::ptr::NonNull::from(leases)) };
+        g.push(28, memory.as_ptr(), memory.len(), hold);
+        b.commit_gapped(len, src, dst, &mut g);
+        (b, whole)
+    }
+
+    #[test]
+    fn a_gap_is_sealed_over_its_memory_filled_on_demand_and_held_until_the_batch_goes() {
+        let leases = AtomicU64::new(0);
+        let memory: Vec<u8> = (0..3000u32).map(|i| (i * 11 + 2) as u8).collect();
+        // An RC WRITE ONLY: its gap is taken, and held.
+        let (mut b, whole) = gapped(0x0a, &memory, &leases);
+        assert_eq!(
+            (b.gapped, b.gap_bytes, leases.load(Ordering::Acquire)),
+            (1, 3000, 1)
+        );
+        b.seal_all();
+        let len = whole.len();
+        assert_eq!(
+            b.bufs[0][len - 4..len],
+            whole[len - 4..],
+            "the ICRC of the whole"
+        );
+        assert_ne!(
+            b.bufs[0][..len],
+            whole[..],
+            "the payload is not in the buffer"
+        );
+        b.fill_gaps();
+        assert_eq!(b.bufs[0][..len], whole[..], "filled: the packet whole");
+        assert_eq!(
+            (b.gapped, leases.load(Ordering::Acquire)),
+            (0, 0),
+            "released"
+        );
+        // Cleared after sending: released too.
+        let (mut b, _) = gapped(0x04, &memory, &leases);
+        assert_eq!(leases.load(Ordering::Acquire), 1);
+        b.clear();
+        assert_eq!(leases.load(Ordering::Acquire), 0);
+        // A response written into a slot where a request failed: its gaps are not its own.
+        for op in [0x0d, 0x10, 0x11, 0x12] {
+            let (b, _) = gapped(op, &memory, &leases);
+            assert_eq!(
+                (b.gapped, leases.load(Ordering::Acquire)),
+                (0, 0),
+                "opcode {op:#x}"
+            );
+            assert!(b.gaps[0].is_empty());
+        }
+        // A gap over the ICRC: refused.
+        let (src, dst) = (IpAddr::from([127, 0, 0, 1]), IpAddr::from([127, 0, 0, 2]));
+        let mut b = TxBatch::new();
+        b.slot_of(100)[0] = 0x0a;
+        let mut g = PacketGaps::default();
+        leases.fetch_add(1, Ordering::AcqRel);
+        // SAFETY: as in `gapped`.
+        let hold = unsafe { Hold::from_lease(std::ptr::NonNull::from(&leases)) };
+        g.push(28, memory.as_ptr(), 70, hold);
+        b.commit_gapped(100, src, dst, &mut g);
+        assert_eq!(
+            (b.count, b.gapped, leases.load(Ordering::Acquire)),
+            (1, 0, 0)
+        );
     }
 
     #[test]

@@ -413,7 +413,7 @@ impl Pool {
         while job.done.load(Ordering::Acquire) < job.groups() {
             // (A helper making the last copies may have lost its core: let it have one.)
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();

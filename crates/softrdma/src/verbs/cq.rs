@@ -620,7 +620,7 @@ impl Cq {
             let hits = self.inner.pair_hits.load(Ordering::Relaxed).wrapping_add(1);
             self.inner.pair_hits.store(hits, Ordering::Relaxed);
             let (n, _) = self.poll_entries(wc)?;
-            if n > 0 && hits % 256 != 0 {
+            if n > 0 && !hits.is_multiple_of(256) {
                 return Ok(n);
             }
             // (Not the empty poll's flush of held ACKs: this poll took records, and the

@@ -88,6 +88,8 @@ pub(crate) fn drive(
     // An RC or UC QP whose peer is reached by a same-host lane writes its packets straight
     // into the lane's ring (one copy less than through the batch), in runs of up to 64,
     // while nothing waits in the batch before them.
+    // Whether payloads may stay in the program's memory (see below), once asked.
+    let mut gather = None;
     let mut direct = matches!(
         qp.qp_type,
         softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
@@ -177,7 +179,22 @@ pub(crate) fn drive(
         let room = t.segment() as usize + 128;
         // (Through the batch, after a lane run that stopped: the ACK is held again.)
         t.set_hold_acks(hold);
-        let Some(out) = t.poll_transmit(now, tx.slot_of(room), &mut env) else {
+        // Request payloads of RC and UC packets that go on the wire stay in the program's
+        // memory until the packet goes: the ICRC is computed over that memory and the kernel
+        // copies it from there (one copy of the payload less; asked once per drive).
+        if gather.is_none() {
+            gather = Some(
+                matches!(
+                    qp.qp_type,
+                    softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
+                ) && engine.may_gather(peer, attr.dest_qp_num),
+            );
+        }
+        let slot = tx.slot_of(room);
+        env.gather = (gather == Some(true))
+            .then(|| (slot.as_ptr() as usize, slot.as_ptr() as usize + slot.len()));
+        env.gaps.clear();
+        let Some(out) = t.poll_transmit(now, slot, &mut env) else {
             break;
         };
         let dst = match out.ud_dest {
@@ -190,8 +207,10 @@ pub(crate) fn drive(
         if out.len < 4 || out.len > room.max(PKT_BUF) {
             continue;
         }
-        tx.commit(out.len, src, dst);
+        tx.commit_gapped(out.len, src, dst, &mut env.gaps);
     }
+    env.gather = None;
+    env.gaps.clear();
     let srq_limit_hit = env.srq_limit_hit;
     drop(env);
     if hold {

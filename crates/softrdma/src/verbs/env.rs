@@ -42,6 +42,13 @@ pub(crate) struct QpEnv<'a> {
     pub(crate) packet: (usize, usize),
     /// The number of deferred copies before the packet being built ([`QpEnv::mark_build`]).
     build_mark: usize,
+    /// The address range of the slot of a transmit batch that the packet being built goes
+    /// into, when its payload may stay in the program's memory (see [`QpEnv::gaps`]).
+    pub(crate) gather: Option<(usize, usize)>,
+    /// The pieces of the payload of the packet being built that stay in the program's memory
+    /// (request payloads of at least [`GATHER_MIN`] bytes, while `gather` is set): the kernel
+    /// reads them in place when the packet goes (`provider::TxBatch::commit_gapped`).
+    pub(crate) gaps: crate::provider::PacketGaps,
 }
 
 thread_local! {
@@ -145,6 +152,8 @@ impl<'a> QpEnv<'a> {
             defer_reads: false,
             packet: (0, 0),
             build_mark: 0,
+            gather: None,
+            gaps: Default::default(),
         }
     }
 
@@ -187,6 +196,11 @@ impl QpEnv<'_> {
         }
     }
 }
+
+/// Request payload pieces shorter than this are copied into the packet even where they could
+/// stay in the program's memory ([`QpEnv::gaps`]): a piece costs the kernel an iovec, and a
+/// copy of a few hundred bytes is cheaper than the bookkeeping.
+pub(crate) const GATHER_MIN: usize = 1024;
 
 /// Copies shorter than this are made on the spot even while deferring: handing a few bytes
 /// to a batch costs more than copying them. (A short read into a packet's room needs no
@@ -256,7 +270,25 @@ impl Env for QpEnv<'_> {
                 AccessFlags::empty(),
                 false,
             )
-            .inspect_err(|_| self.abandon_build())?;
+            .inspect_err(|_| {
+                self.abandon_build();
+                // (The packet is not sent: what it left in place is released.)
+                self.gaps.clear();
+            })?;
+        if let Some((slot, end)) = self.gather {
+            let at = dst.as_ptr() as usize;
+            if dst.len() >= GATHER_MIN
+                && at >= slot
+                && at + dst.len() <= end
+                && self.gaps.has_room()
+            {
+                // (The payload's bytes in the slot stay as they are: the batch sends the
+                // region's in their place.)
+                let src = l.as_ptr().cast_const();
+                self.gaps.push(at - slot, src, dst.len(), l.into_hold());
+                return Ok(());
+            }
+        }
         self.read_into(l, dst);
         Ok(())
     }

@@ -48,7 +48,7 @@
 use crate::error::{Error, Result};
 use std::alloc::{self, Layout};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One of the three counters packed in [`Buffer::state`]: 21 bits each.
 const FIELD: u64 = (1 << 21) - 1;
@@ -62,103 +62,7 @@ const DEVICE: u64 = 1 << 42;
 /// The alignment of every [`Buffer`]: one page.
 pub const BUFFER_ALIGN: usize = 4096;
 
-/// Copies of at least this many bytes to or from shared memory go through [`rep_movsb`].
-#[cfg(target_arch = "x86_64")]
-const ASM_COPY_MIN: usize = 128;
-
-/// Copies `n` bytes from `src` to `dst` with one `rep movsb` (the CPU's fast string copy).
-///
-/// Why an instruction rather than `ptr::copy`: the memory may be read or written by the
-/// program at the same time (that is the device's contract), and a plain copy racing with
-/// another access is undefined behaviour in Rust's memory model, while word-by-word atomic
-/// copies (the fallback below) run at a fraction of memory speed. An `asm!` block is opaque
-/// to the compiler: its accesses are the hardware's, where a race yields some mix of old and
-/// new bytes, which is what a NIC's DMA gives a racing program too.
-///
-/// # Safety
-/// `src..src + n` valid for reads and `dst..dst + n` for writes for the whole call; the two
-/// ranges do not overlap.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-unsafe fn rep_movsb(dst: *mut u8, src: *const u8, n: usize) {
-    // SAFETY: the caller's contract; the direction flag is clear on entry to asm (the ABI),
-    // and `rep movsb` changes no flags and touches no stack.
-    unsafe {
-        std::arch::asm!(
-            "rep movsb",
-            inout("rcx") n => _,
-            inout("rdi") dst => _,
-            inout("rsi") src => _,
-            options(nostack, preserves_flags)
-        );
-    }
-}
-
-/// Copies `src` into memory the device shares, starting at `dst`.
-///
-/// # Safety
-/// `dst..dst + src.len()` must be valid for writes for the whole call, and every concurrent
-/// access to it must go through these routines (or be otherwise atomic).
-pub(crate) unsafe fn copy_to_memory(dst: *mut u8, src: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if src.len() >= ASM_COPY_MIN {
-        // SAFETY: the caller's contract; `src` is a distinct live slice.
-        unsafe { rep_movsb(dst, src.as_ptr(), src.len()) };
-        return;
-    }
-    let mut i = 0;
-    let n = src.len();
-    // Bytes up to the first 8-aligned destination address.
-    while i < n && (dst as usize + i) % 8 != 0 {
-        // SAFETY: in bounds per the caller's contract; AtomicU8 needs no alignment.
-        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(src[i], Ordering::Relaxed);
-        i += 1;
-    }
-    while i + 8 <= n {
-        let w = u64::from_ne_bytes(src[i..i + 8].try_into().expect("8 bytes"));
-        // SAFETY: dst + i is 8-aligned and in bounds per the caller's contract.
-        unsafe { AtomicU64::from_ptr(dst.add(i).cast()) }.store(w, Ordering::Relaxed);
-        i += 8;
-    }
-    while i < n {
-        // SAFETY: as above.
-        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(src[i], Ordering::Relaxed);
-        i += 1;
-    }
-}
-
-/// Copies memory the device shares, starting at `src`, into `dst`.
-///
-/// # Safety
-/// `src..src + dst.len()` must be valid for reads for the whole call, and every concurrent
-/// write to it must go through these routines (or be otherwise atomic).
-pub(crate) unsafe fn copy_from_memory(src: *const u8, dst: &mut [u8]) {
-    #[cfg(target_arch = "x86_64")]
-    if dst.len() >= ASM_COPY_MIN {
-        // SAFETY: the caller's contract; `dst` is a distinct live slice.
-        unsafe { rep_movsb(dst.as_mut_ptr(), src, dst.len()) };
-        return;
-    }
-    let mut i = 0;
-    let n = dst.len();
-    let src = src.cast_mut();
-    while i < n && (src as usize + i) % 8 != 0 {
-        // SAFETY: in bounds per the caller's contract; only loads are performed.
-        dst[i] = unsafe { AtomicU8::from_ptr(src.add(i)) }.load(Ordering::Relaxed);
-        i += 1;
-    }
-    while i + 8 <= n {
-        // SAFETY: src + i is 8-aligned and in bounds per the caller's contract.
-        let w = unsafe { AtomicU64::from_ptr(src.add(i).cast()) }.load(Ordering::Relaxed);
-        dst[i..i + 8].copy_from_slice(&w.to_ne_bytes());
-        i += 8;
-    }
-    while i < n {
-        // SAFETY: as above.
-        dst[i] = unsafe { AtomicU8::from_ptr(src.add(i)) }.load(Ordering::Relaxed);
-        i += 1;
-    }
-}
+pub(crate) use crate::provider::memory::{copy_from_memory, copy_to_memory};
 
 /// Owned, zeroed, page-aligned memory that can be registered with the safe face
 /// ([`crate::Pd::reg_buffer`]) and shared with the device while the program reads and writes it.
@@ -302,7 +206,7 @@ impl Buffer {
 
     fn word(&self, offset: usize) -> Result<&AtomicU64> {
         self.check(offset, 8)?;
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return Err(Error::invalid(format!(
                 "offset {offset} is not 8-byte aligned"
             )));

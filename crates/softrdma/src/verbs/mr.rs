@@ -698,7 +698,7 @@ pub(crate) fn check_region(
     if !mr.access.contains(needed) {
         return Err(AccessError::AccessDenied);
     }
-    if atomic && (va % 8 != 0 || len != 8) {
+    if atomic && (!va.is_multiple_of(8) || len != 8) {
         return Err(AccessError::Misaligned);
     }
     let end = va.checked_add(len).ok_or(AccessError::OutOfBounds)?;
@@ -708,7 +708,7 @@ pub(crate) fn check_region(
     let off = (va - mr.iova) as usize;
     // The offset is inside the region (checked above), hence inside the allocation.
     let start = mr.host.wrapping_add(off);
-    if atomic && (start as usize) % 8 != 0 {
+    if atomic && !(start as usize).is_multiple_of(8) {
         return Err(AccessError::Misaligned);
     }
     let prev = mr.leases.fetch_add(1, Ordering::AcqRel);
@@ -768,11 +768,24 @@ impl MrLease {
     #[allow(dead_code)]
     pub(crate) fn atomic_word(&self) -> &AtomicU64 {
         assert!(
-            self.len == 8 && (self.start as usize) % 8 == 0,
+            self.len == 8 && (self.start as usize).is_multiple_of(8),
             "not an atomic lease"
         );
         // SAFETY: aligned, in bounds and alive for the lease's life, which bounds the borrow.
         unsafe { AtomicU64::from_ptr(self.start.cast()) }
+    }
+}
+
+impl MrLease {
+    /// The lease as a [`Hold`](crate::provider::memory::Hold), which the provider keeps until
+    /// a packet that reads the leased memory in place has gone.
+    pub(crate) fn into_hold(self) -> crate::provider::memory::Hold {
+        // SAFETY: the region outlives its leases (see the field), and this one is handed
+        // over: not released here.
+        let leases = std::ptr::NonNull::from(&unsafe { self.mr.as_ref() }.leases);
+        std::mem::forget(self);
+        // SAFETY: as above.
+        unsafe { crate::provider::memory::Hold::from_lease(leases) }
     }
 }
 

@@ -115,7 +115,7 @@ impl<'a> SendWr<'a> {
             )));
         }
         remote.check_fits(8, "an atomic")?;
-        if remote.addr % 8 != 0 {
+        if !remote.addr.is_multiple_of(8) {
             return Err(Error::invalid(format!(
                 "atomic remote address {:#x} is not 8-byte aligned",
                 remote.addr

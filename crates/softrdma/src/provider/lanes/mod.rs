@@ -376,11 +376,13 @@ impl Lanes {
 
     /// Puts each of the `count` packets `pkt(i)` (the UDP payload and its destination) whose
     /// destination has a lane up into it, and the indices of the others into `keep` (room
-    /// for `count`), in order: those go on the wire. Returns how many are kept and how many took a lane.
+    /// for `count`), in order: those go on the wire, as do the packets `wire_only(i)` names.
+    /// Returns how many are kept and how many took a lane.
     pub(crate) fn route<'a>(
         &self,
         count: usize,
         pkt: &impl Fn(usize) -> (&'a [u8], SocketAddr),
+        wire_only: &impl Fn(usize) -> bool,
         keep: &mut [usize],
     ) -> (usize, usize) {
         debug_assert!(count <= keep.len());
@@ -391,7 +393,11 @@ impl Lanes {
             let (p, dst) = pkt(i);
             // The slot byte of the destination QP (0: QP 1; 255: multicast).
             let slot = if p.len() > 8 { p[5] } else { 0 };
-            if slot != 0 && slot != 0xff && self.push(&mut out, &mut last, dst, slot, p) {
+            if slot != 0
+                && slot != 0xff
+                && !wire_only(i)
+                && self.push(&mut out, &mut last, dst, slot, p)
+            {
                 laned += 1;
             } else {
                 keep[kept] = i;
@@ -421,6 +427,18 @@ impl Lanes {
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         let mut last = usize::MAX;
         let _ = self.up(&mut out, &mut last, dst, slot);
+    }
+
+    /// Whether packets to (`dst`, `slot`) go on the wire for now: lanes are off, or the
+    /// destination is not on this host (or refused a lane), as learned from the last offer
+    /// (no side effect: nothing is offered). `false` while that is not known yet.
+    pub(crate) fn known_remote(&self, dst: SocketAddr, slot: u8) -> bool {
+        if !self.on {
+            return true;
+        }
+        let out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        out.iter()
+            .any(|o| o.ip == dst && o.slot == slot && matches!(o.state, OutState::Wire { .. }))
     }
 
     /// Whether a lane to (`dst`, `slot`) is up now (no side effect: nothing is offered).

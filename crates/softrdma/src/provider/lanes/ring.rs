@@ -95,7 +95,7 @@ impl Mapping {
 
     #[inline]
     fn u64_at(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off + 8 <= self.len && off % 8 == 0);
+        debug_assert!(off + 8 <= self.len && off.is_multiple_of(8));
         // SAFETY: callers pass aligned offsets inside the mapping (the header's fixed fields,
         // a record's sequence word).
         unsafe { &*(self.ptr.add(off) as *const AtomicU64) }
@@ -103,7 +103,7 @@ impl Mapping {
 
     #[inline]
     fn u32_at(&self, off: usize) -> &AtomicU32 {
-        debug_assert!(off + 4 <= self.len && off % 4 == 0);
+        debug_assert!(off + 4 <= self.len && off.is_multiple_of(4));
         // SAFETY: callers pass aligned offsets inside the mapping.
         unsafe { &*(self.ptr.add(off) as *const AtomicU32) }
     }

@@ -25,12 +25,19 @@ impl UdpSock {
     /// computed with; a peer that verifies against the header it receives (Linux rxe, a
     /// RoCE NIC) drops them. Toward other IPv4 addresses each packet is its own datagram.
     ///
+    /// A packet's [`Gap`]s (the third field, in order of offset) are bytes the kernel takes
+    /// from the program's memory rather than from the packet's buffer (which holds the rest
+    /// of the packet at their offsets, and its full length).
+    ///
     /// Datagrams the kernel refuses (`EMSGSIZE`, unreachable) are dropped and counted in the
     /// second field of the result, as a NIC drops what it cannot send.
-    pub(crate) fn send_batch<'a>(
+    ///
+    /// # Safety
+    /// Every gap's memory is valid for reads until the call returns.
+    pub(crate) unsafe fn send_batch<'a>(
         &self,
         count: usize,
-        pkt: impl Fn(usize) -> (&'a [u8], SocketAddr),
+        pkt: impl Fn(usize) -> (&'a [u8], SocketAddr, &'a [Gap]),
     ) -> (usize, usize) {
         const MAX_SEGS: usize = 64;
         const MAX_GSO_BYTES: usize = 65000;
@@ -42,13 +49,13 @@ impl UdpSock {
             groups.clear();
             let mut i = 0;
             while i < count {
-                let (first, dst) = pkt(i);
+                let (first, dst, _) = pkt(i);
                 let seg = first.len();
                 let mut n = 1;
                 let mut total = seg;
                 if gso && gso_keeps_ident(dst) {
                     while i + n < count && n < MAX_SEGS {
-                        let (p, d) = pkt(i + n);
+                        let (p, d, _) = pkt(i + n);
                         // One super-datagram carries packets for one process of the
                         // peer device: the peer's steering reads the first packet's QP slot.
                         if d != dst
@@ -77,26 +84,27 @@ impl UdpSock {
             while g < groups.len() {
                 let n = (groups.len() - g).min(MMSG_MAX);
                 iovs.clear();
-                for &(first, count, _) in &groups[g..g + n] {
+                let mut iov_counts = [0usize; MMSG_MAX];
+                for (&(first, count, _), c) in groups[g..g + n].iter().zip(&mut iov_counts) {
+                    let before = iovs.len();
                     for k in first..first + count {
-                        let p = pkt(k).0;
-                        iovs.push(libc::iovec {
-                            iov_base: p.as_ptr() as *mut libc::c_void,
-                            iov_len: p.len(),
-                        });
+                        let (p, _, gaps) = pkt(k);
+                        push_iovecs(iovs, p, gaps);
                     }
+                    *c = iovs.len() - before;
                 }
                 let mut at = 0;
                 for k in 0..n {
-                    let (first, count, seg) = groups[g + k];
+                    let (first, _, seg) = groups[g + k];
+                    let count = groups[g + k].1;
                     hdrs.names[k].len = write_sockaddr(&pkt(first).1, &mut hdrs.names[k].ss);
                     let h = &mut hdrs.msgs[k].msg_hdr;
                     h.msg_name = (&mut hdrs.names[k].ss as *mut libc::sockaddr_storage).cast();
                     h.msg_namelen = hdrs.names[k].len;
                     h.msg_iov = iovs[at..].as_mut_ptr();
-                    h.msg_iovlen = count;
+                    h.msg_iovlen = iov_counts[k];
                     h.msg_flags = 0;
-                    at += count;
+                    at += iov_counts[k];
                     if count > 1 {
                         h.msg_control = hdrs.cmsgs[k].0.as_mut_ptr().cast();
                         h.msg_controllen = cmsg_space;
@@ -118,7 +126,8 @@ impl UdpSock {
                     }
                 }
                 // SAFETY: msgs[..n] point at live buffers, iovecs, names and control data,
-                // all of which outlive the call.
+                // all of which outlive the call, and at gaps' memory, valid until it returns
+                // (the caller's contract).
                 let r = unsafe {
                     libc::sendmmsg(
                         self.fd.as_raw_fd(),
@@ -277,6 +286,41 @@ impl UdpSock {
     }
 }
 
+/// Bytes of a packet that its buffer does not hold: `len` bytes of the program's memory at
+/// `src` stand at offset `at` of the packet (see [`UdpSock::send_batch`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Gap {
+    pub(crate) at: usize,
+    pub(crate) src: *const u8,
+    pub(crate) len: usize,
+}
+
+/// Appends the pieces of packet `p` to `iovs`: its buffer's bytes around its `gaps` (in order
+/// of offset, within the packet), and the gaps' memory.
+#[inline]
+fn push_iovecs(iovs: &mut Vec<libc::iovec>, p: &[u8], gaps: &[Gap]) {
+    let mut at = 0;
+    for g in gaps {
+        if g.at > at {
+            iovs.push(libc::iovec {
+                iov_base: p[at..].as_ptr() as *mut libc::c_void,
+                iov_len: g.at - at,
+            });
+        }
+        iovs.push(libc::iovec {
+            iov_base: g.src as *mut libc::c_void,
+            iov_len: g.len,
+        });
+        at = g.at + g.len;
+    }
+    if at < p.len() {
+        iovs.push(libc::iovec {
+            iov_base: p[at..].as_ptr() as *mut libc::c_void,
+            iov_len: p.len() - at,
+        });
+    }
+}
+
 /// Messages per `sendmmsg` / `recvmmsg`.
 const MMSG_MAX: usize = 64;
 
@@ -368,7 +412,7 @@ struct CmsgBuf([u8; 32]);
 #[cfg(test)]
 mod tests {
     use super::super::UdpSock;
-    use super::{RecvScratch, RxMsg};
+    use super::{Gap, RecvScratch, RxMsg};
     use std::net::{IpAddr, SocketAddr};
 
     /// Two device sockets on loopback addresses of this run's own (ports the kernel picks),
@@ -408,7 +452,9 @@ mod tests {
         // destination QP, is the same), to a loopback peer: one message for a GRO receiver,
         // which takes both at once (see `send_batch`).
         let two = [vec![1u8; 60], vec![1u8; 48]];
-        assert_eq!(a.send_batch(2, |i| (&two[i][..], ba)), (2, 0));
+        // SAFETY: no gaps.
+        let r = unsafe { a.send_batch(2, |i| (&two[i][..], ba, &[][..])) };
+        assert_eq!(r, (2, 0));
         let got = drain(&b, &mut scratch, if gro && gso { 1 } else { 2 });
         if gro && gso {
             assert_eq!(got, vec![(108, 60)], "one GSO message, received whole");
@@ -423,7 +469,9 @@ mod tests {
                 p
             })
             .collect();
-        assert_eq!(a.send_batch(8, |i| (&run[i][..], ba)), (8, 0));
+        // SAFETY: no gaps.
+        let r = unsafe { a.send_batch(8, |i| (&run[i][..], ba, &[][..])) };
+        assert_eq!(r, (8, 0));
         let got = drain(&b, &mut scratch, if gro && gso { 1 } else { 8 });
         let bytes: usize = got.iter().map(|g| g.0).sum();
         assert_eq!(bytes, 8 * 1024, "{got:?}");
@@ -437,7 +485,84 @@ mod tests {
         // Packets for two QP slots of the peer: two messages (its steering reads the first
         // packet's slot).
         let mixed = [vec![1u8; 60], vec![2u8; 48]];
-        assert_eq!(a.send_batch(2, |i| (&mixed[i][..], ba)), (2, 0));
+        // SAFETY: no gaps.
+        let r = unsafe { a.send_batch(2, |i| (&mixed[i][..], ba, &[][..])) };
+        assert_eq!(r, (2, 0));
         assert_eq!(drain(&b, &mut scratch, 2), vec![(60, 0), (48, 0)]);
+    }
+
+    #[test]
+    fn the_bytes_of_gaps_are_sent_from_their_memory_in_place() {
+        let (a, b, ba) = pair();
+        let mut scratch = RecvScratch::new();
+        // Eight packets of 1,024 bytes (one GSO message where the kernel has it): the first
+        // without gaps, then one gap, two gaps, a gap at the very start and one at the end.
+        let memory: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 1) as u8).collect();
+        let gaps: Vec<Vec<Gap>> = (0..8usize)
+            .map(|i| {
+                let m = memory[i * 1024..].as_ptr();
+                // SAFETY: offsets within `memory`.
+                let at = |off: usize| unsafe { m.add(off) };
+                match i {
+                    0 => vec![],
+                    1 | 5 => vec![Gap {
+                        at: 12,
+                        src: at(12),
+                        len: 1000,
+                    }],
+                    2 | 6 => vec![
+                        Gap {
+                            at: 40,
+                            src: at(40),
+                            len: 100,
+                        },
+                        Gap {
+                            at: 140,
+                            src: at(140),
+                            len: 600,
+                        },
+                    ],
+                    3 => vec![Gap {
+                        at: 0,
+                        src: at(0),
+                        len: 512,
+                    }],
+                    _ => vec![Gap {
+                        at: 512,
+                        src: at(512),
+                        len: 512,
+                    }],
+                }
+            })
+            .collect();
+        // The buffers hold the rest; the gaps' bytes in them are junk that must not be sent.
+        let bufs: Vec<Vec<u8>> = (0..8)
+            .map(|i| {
+                let mut p = memory[i * 1024..(i + 1) * 1024].to_vec();
+                for g in &gaps[i] {
+                    p[g.at..g.at + g.len].fill(0xee);
+                }
+                p
+            })
+            .collect();
+        // SAFETY: every gap's memory is `memory`'s, alive until the end.
+        let r = unsafe { a.send_batch(8, |i| (&bufs[i][..], ba, &gaps[i][..])) };
+        assert_eq!(r, (8, 0));
+        let mut rx = vec![vec![0u8; 65536]; 8];
+        let mut meta = vec![RxMsg::default(); 8];
+        let mut got = Vec::new();
+        for _ in 0..100_000 {
+            let n = b.recv_batch(&mut rx, &mut meta, &mut scratch).unwrap();
+            for (m, buf) in meta[..n].iter().zip(&rx) {
+                got.extend_from_slice(&buf[..m.len]);
+            }
+            if got.len() >= memory.len() {
+                break;
+            }
+        }
+        assert!(
+            got == memory,
+            "the datagrams carry the memory's bytes at every gap"
+        );
     }
 }

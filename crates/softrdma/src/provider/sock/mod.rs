@@ -17,7 +17,7 @@ mod batch;
 mod errqueue;
 mod group;
 
-pub(crate) use batch::{RecvScratch, RxMsg};
+pub(crate) use batch::{Gap, RecvScratch, RxMsg};
 
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4};

@@ -396,7 +396,7 @@ impl Qp {
                     "an atomic needs exactly one 8-byte scatter/gather entry",
                 ));
             }
-            if wr.remote_addr % 8 != 0 {
+            if !wr.remote_addr.is_multiple_of(8) {
                 return Err(Error::invalid(format!(
                     "atomic remote address {:#x} is not 8-byte aligned",
                     wr.remote_addr
