@@ -85,11 +85,11 @@ pub(crate) fn drive(
         (true, false) => engine.lane_is_up(peer, attr.dest_qp_num),
         (lane, _) => lane,
     };
+    // Whether payloads may stay in the program's memory (see below), once asked.
+    let mut gather = None;
     // An RC or UC QP whose peer is reached by a same-host lane writes its packets straight
     // into the lane's ring (one copy less than through the batch), in runs of up to 64,
     // while nothing waits in the batch before them.
-    // Whether payloads may stay in the program's memory (see below), once asked.
-    let mut gather = None;
     let mut direct = matches!(
         qp.qp_type,
         softrdma_proto::QpType::Rc | softrdma_proto::QpType::Uc
