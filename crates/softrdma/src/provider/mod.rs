@@ -47,6 +47,11 @@
 //! whose first packets all verify with identification 0 (64 of them, none solved: a softrdma
 //! peer) gets no solving from then on, only the full check: a corrupted packet of a softrdma
 //! peer is never accepted. Packets that fail are counted (`icrc_errors`) and dropped.
+//!
+//! An RC or UC request's payload piece of 1 KiB or more that goes on the wire is not copied
+//! into its packet: the transmit batch leases the region, computes the ICRC over the
+//! program's memory in place ([`memory::crc32_of_memory`]) and the kernel reads the bytes from
+//! there through an iovec (see [`tx::TxBatch`]).
 
 //! # Files
 //! The provider's files import only downward, in this order (xtask's `layers` checks it):
@@ -55,7 +60,8 @@
 //! their timers, held ACKs, the CM hook) over `gsi` (QP 1) over `mcast` (multicast groups)
 //! over `rx` (receiving, ICRC checks) over `tx` (transmit batches and the [`tx::Wire`]: the
 //! socket, counters and faults every part sends through) over `faults` and `counters`, over
-//! `sock`, `fd`, `share` and `capture`. The engine composes the parts the lower files own;
+//! `sock`, `fd`, `share`, `capture` and `memory` (reads and writes of registered memory, which
+//! the verbs' `mem` builds on). The engine composes the parts the lower files own;
 //! they reach it only through [`rx::RxSink`], which it implements.
 
 pub(crate) mod capture;

@@ -72,7 +72,7 @@ pub struct CopyEngineStats {
     pub helper_copies: u64,
     /// Runs of 128 KiB or more made by their caller alone: the helpers were backing off
     /// (every core busy), or the run's copies all overlapped one another (one group, made
-    /// in order: see [`Batch::plan`]).
+    /// in order: see `Batch::plan`).
     pub alone_runs: u64,
     /// Times the helpers proved of no use and the process backed off (made the next runs
     /// alone).
