@@ -484,7 +484,11 @@ impl Wire {
 
     #[inline(never)]
     pub(super) fn send_batch(&self, tx: &mut TxBatch) {
-        if tx.gapped > 0 && (self.faults.on() || super::capture::active()) {
+        // (Each read once: either may be switched on meanwhile, and a packet with gaps must
+        // not reach one that was off when its gaps were kept.)
+        let faults = self.faults.on();
+        let capture = super::capture::active();
+        if tx.gapped > 0 && (faults || capture) {
             // (Both see every packet whole, as the wire would carry it.)
             tx.fill_gaps();
         }
@@ -499,14 +503,14 @@ impl Wire {
                 .fetch_add(tx.mcast as u64, Ordering::Relaxed);
             tx.mcast = 0;
         }
-        let lanes = self.lanes.on() && !self.faults.on();
-        if !lanes || super::capture::active() {
+        let lanes = self.lanes.on() && !faults;
+        if !lanes || capture {
             // (A capture shows every packet as the wire would carry it.)
             tx.seal_all();
         }
         if lanes {
-            self.send_lanes(tx);
-        } else if self.faults.on() {
+            self.send_lanes(tx, capture);
+        } else if faults {
             let (out, delayed) = self.faults.apply(
                 tx.count,
                 |i| (&tx.bufs[i][..tx.lens[i]], tx.dests[i]),
@@ -516,7 +520,7 @@ impl Wire {
                 self.wake.signal();
             }
             // SAFETY: no gaps.
-            unsafe { self.account(out.len(), |i| (&out[i].0[..], out[i].1, &[][..])) };
+            unsafe { self.account(out.len(), capture, |i| (&out[i].0[..], out[i].1, &[][..])) };
         } else {
             let TxBatch {
                 bufs,
@@ -526,16 +530,20 @@ impl Wire {
                 ..
             } = &*tx;
             // SAFETY: the memory of every gap is held (`holds`) until the batch is cleared.
-            unsafe { self.account(tx.count, |i| (&bufs[i][..lens[i]], dests[i], &gaps[i][..])) };
+            unsafe {
+                self.account(tx.count, capture, |i| {
+                    (&bufs[i][..lens[i]], dests[i], &gaps[i][..])
+                })
+            };
         }
         tx.clear();
     }
 
     /// [`Wire::send`] with lanes: routes the batch, seals what goes on the wire, sends it
     /// and counts everything.
-    fn send_lanes(&self, tx: &mut TxBatch) {
+    fn send_lanes(&self, tx: &mut TxBatch, capture: bool) {
         let count = tx.count;
-        if super::capture::active() {
+        if capture {
             for i in 0..count {
                 super::capture::record(self.local, tx.dests[i], &tx.bufs[i][..tx.lens[i]]);
             }
@@ -582,17 +590,18 @@ impl Wire {
         self.count_sent(sent, laned, bytes, failed);
     }
 
-    /// Sends packets `pkt(0..count)` on the wire and counts them. (With a capture on, no
-    /// packet has gaps: see [`Wire::send_batch`].)
+    /// Sends packets `pkt(0..count)` on the wire and counts them, recording them in the
+    /// capture when `capture` (then no packet has gaps: see [`Wire::send_batch`]).
     ///
     /// # Safety
     /// As [`UdpSock::send_batch`]: the memory of every gap is valid until the call returns.
     unsafe fn account<'a>(
         &self,
         count: usize,
+        capture: bool,
         pkt: impl Fn(usize) -> (&'a [u8], SocketAddr, &'a [Gap]),
     ) {
-        if super::capture::active() {
+        if capture {
             for i in 0..count {
                 let (p, dst, _) = pkt(i);
                 super::capture::record(self.local, dst, p);
@@ -724,8 +733,13 @@ impl Wire {
     pub(crate) fn release_delayed(&self, now: Instant) -> Option<Instant> {
         let (pkts, next) = self.faults.release_delayed(now);
         if !pkts.is_empty() {
+            let capture = super::capture::active();
             // SAFETY: no gaps.
-            unsafe { self.account(pkts.len(), |i| (&pkts[i].0[..], pkts[i].1, &[][..])) };
+            unsafe {
+                self.account(pkts.len(), capture, |i| {
+                    (&pkts[i].0[..], pkts[i].1, &[][..])
+                })
+            };
         }
         next
     }
