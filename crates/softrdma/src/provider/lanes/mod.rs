@@ -792,6 +792,23 @@ mod tests {
     use softrdma_wire::{bth, immdt, reth, roce};
 
     #[test]
+    fn a_destination_with_no_device_of_this_host_is_known_remote_once_offered() {
+        let at = |ip: std::net::Ipv4Addr| SocketAddr::new(IpAddr::V4(ip), 4791);
+        let lanes = Lanes::new(at(crate::testing::unique_loopback_addr()), 1);
+        // (No device of this host holds this address.)
+        let dst = at(crate::testing::unique_loopback_addr());
+        if !lanes.on() {
+            assert!(lanes.known_remote(dst, 3), "lanes off: every destination");
+            return;
+        }
+        assert!(!lanes.known_remote(dst, 3), "not known before an offer");
+        lanes.prepare(dst, 3);
+        assert!(lanes.known_remote(dst, 3), "no device there: the wire");
+        assert!(!lanes.is_up(dst, 3));
+        assert!(!lanes.known_remote(dst, 4), "another slot: not known yet");
+    }
+
+    #[test]
     fn a_packet_of_the_largest_same_host_segment_fits_one_udp_datagram() {
         // The most a segmented RC or UC request packet carries besides its payload: BTH,
         // RETH and immediate data (an RDMA WRITE with immediate in one packet), up to 3 bytes
