@@ -95,8 +95,7 @@ impl UdpSock {
                 }
                 let mut at = 0;
                 for k in 0..n {
-                    let (first, _, seg) = groups[g + k];
-                    let count = groups[g + k].1;
+                    let (first, count, seg) = groups[g + k];
                     hdrs.names[k].len = write_sockaddr(&pkt(first).1, &mut hdrs.names[k].ss);
                     let h = &mut hdrs.msgs[k].msg_hdr;
                     h.msg_name = (&mut hdrs.names[k].ss as *mut libc::sockaddr_storage).cast();
