@@ -140,13 +140,11 @@ unsafe impl Send for Hold {}
 /// CPU has carry-less multiplication): otherwise it copies the memory through a buffer, and
 /// sending a payload from the program's memory gains nothing over copying it into the packet.
 pub(crate) fn crc32_in_place() -> bool {
+    // (The standard library keeps what the CPU has: each check is a load.)
     #[cfg(target_arch = "x86_64")]
     {
-        static FAST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *FAST.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("pclmulqdq")
-                && std::arch::is_x86_feature_detected!("sse4.1")
-        })
+        std::arch::is_x86_feature_detected!("pclmulqdq")
+            && std::arch::is_x86_feature_detected!("sse4.1")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -218,17 +216,21 @@ mod fold {
     /// Memory this long or longer is folded 256 bytes at a time where the CPU can.
     pub(super) const WIDE_MIN: usize = 512;
 
+    /// x^(4·128+32) and x^(4·128-32) modulo the polynomial, bit-reflected: folding 512 bits on.
+    const K1: i64 = 0x1_5444_2bd4;
+    const K2: i64 = 0x1_c6e4_1596;
+    /// x^(128+32) and x^(128-32) modulo the polynomial, bit-reflected: folding 128 bits on.
+    const K3: i64 = 0x1_7519_97d0;
+    const K4: i64 = 0x0_ccaa_009e;
+
     /// Folding 2,048 bits on (four 512-bit registers).
     const K2048_LO: i64 = 0x1_1542_778a;
     const K2048_HI: i64 = 0x1_322d_1430;
 
     /// Whether the CPU folds in 512-bit registers (AVX-512F and VPCLMULQDQ).
     pub(super) fn wide() -> bool {
-        static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *WIDE.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("vpclmulqdq")
-        })
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("vpclmulqdq")
     }
 
     /// 64 bytes of shared memory at `p`.
@@ -312,13 +314,6 @@ mod fold {
             finish(x, p, len)
         }
     }
-
-    /// x^(4·128+32) and x^(4·128-32) modulo the polynomial, bit-reflected: folding 512 bits on.
-    const K1: i64 = 0x1_5444_2bd4;
-    const K2: i64 = 0x1_c6e4_1596;
-    /// x^(128+32) and x^(128-32) modulo the polynomial, bit-reflected: folding 128 bits on.
-    const K3: i64 = 0x1_7519_97d0;
-    const K4: i64 = 0x0_ccaa_009e;
 
     /// 16 bytes of shared memory at `p`.
     ///

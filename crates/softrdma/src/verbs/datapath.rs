@@ -181,8 +181,9 @@ pub(crate) fn drive(
         t.set_hold_acks(hold);
         // Request payloads of RC and UC packets that go on the wire stay in the program's
         // memory until the packet goes: the ICRC is computed over that memory and the kernel
-        // copies it from there (one copy of the payload less; asked once per drive).
-        if gather.is_none() {
+        // copies it from there (one copy of the payload less). Asked once per drive, and only
+        // with a request to send (the answer may take the lanes' lock; an ACK needs none).
+        if gather.is_none() && t.unsent_requests() > 0 {
             gather = Some(
                 matches!(
                     qp.qp_type,
