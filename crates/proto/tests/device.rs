@@ -598,7 +598,7 @@ fn seal_with_ident(pkt: &mut [u8], src: SocketAddr, dst: IpAddr, ident: u16) {
 }
 
 #[test]
-fn another_stacks_identification_is_solved_but_never_for_a_softrdma_peer() {
+fn another_stacks_identification_is_solved_but_a_softrdma_peers_only_below_gso_numbers() {
     let to = node_addr(1).ip();
     let now = Instant::now();
     let mut b: Device<u32> = Device::new(DeviceConfig::new(to));
@@ -636,6 +636,28 @@ fn another_stacks_identification_is_solved_but_never_for_a_softrdma_peer() {
         Received::Dropped(DropReason::Icrc)
     );
     assert_eq!(b.counters().icrc_ident_solved, 1);
+    // ... except for the numbers the kernel gives the datagrams of one UDP GSO message (a
+    // softrdma peer's super-datagrams between hosts), which leave it a softrdma peer.
+    let gso = softrdma_proto::device::flows::GSO_IDENTS;
+    for ident in [1, 2, gso - 1] {
+        let mut n = send_only(0x22, 4, b"numbered");
+        seal_with_ident(&mut n, peer, to, ident);
+        assert!(matches!(
+            b.handle_datagram(now, peer, to, &n),
+            Received::Qp { .. }
+        ));
+        assert_eq!(b.last_ident(), ident);
+    }
+    assert_eq!(b.counters().icrc_ident_solved, 4);
+    for ident in [gso, 0x1234] {
+        let mut n = send_only(0x22, 5, b"not numbered");
+        seal_with_ident(&mut n, peer, to, ident);
+        assert_eq!(
+            b.handle_datagram(now, peer, to, &n),
+            Received::Dropped(DropReason::Icrc)
+        );
+    }
+    assert_eq!(b.counters().icrc_ident_solved, 4);
     // The same packet from a sender not known as a softrdma peer is solved.
     let other = SocketAddr::new(node_addr(0).ip(), 49153);
     seal_with_ident(&mut q, other, to, 0x1234);
@@ -643,7 +665,7 @@ fn another_stacks_identification_is_solved_but_never_for_a_softrdma_peer() {
         b.handle_datagram(now, other, to, &q),
         Received::Qp { .. }
     ));
-    assert_eq!(b.counters().icrc_ident_solved, 2);
+    assert_eq!(b.counters().icrc_ident_solved, 5);
 }
 
 // ------------------------------------------------------------------------------------------

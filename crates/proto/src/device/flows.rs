@@ -69,13 +69,22 @@ pub fn grh_for(src: IpAddr, dst: IpAddr, packet_len: usize) -> [u8; 40] {
 /// before this many zeros. The provider's receive path uses the same number.
 pub const ZERO_IDENT_PEER: u32 = 64;
 
+/// Identifications below this are the numbers the kernel gives the datagrams of one UDP GSO
+/// message over IPv4 (0, 1, 2, ...; a softrdma sender's super-datagrams hold at most 64), with
+/// which a softrdma peer seals them: a sender counted as a softrdma peer
+/// ([`ZERO_IDENT_PEER`]) gets its packets accepted with a solved identification below this
+/// too. A corrupted packet passes that check with probability 63 x 2^-32 (about 2^-26), not
+/// 2^-32; a solved identification this small does not make the sender another stack.
+pub const GSO_IDENTS: u16 = 64;
+
 /// What the receive side keeps per sender: its ICRC prefix and how its packets verified.
 #[derive(Debug)]
 struct RxFlow {
     prefix: IcrcPrefix,
     /// Packets verified with identification 0 (saturating).
     zero_ident: u32,
-    /// Whether a packet ever verified through a solved identification (another stack).
+    /// Whether a packet ever verified through a solved identification of [`GSO_IDENTS`] or
+    /// more (another stack).
     solved_any: bool,
 }
 
@@ -209,25 +218,30 @@ impl Sender<'_> {
             SenderFlow::Kept(f) => &mut **f,
             SenderFlow::Spare(f) => f,
         };
-        // A sender whose packets all verified with identification 0 (a softrdma peer) keeps
-        // the full 32-bit check: its packets are never accepted through a solved one.
-        let solve = flow.solved_any || flow.zero_ident < ZERO_IDENT_PEER;
-        let solver = solve.then_some(&mut *self.solver);
+        // A sender whose packets all verified with identification 0 or the small numbers of
+        // a GSO message (a softrdma peer) keeps (nearly) the full 32-bit check: its packets
+        // are accepted through a solved identification only below GSO_IDENTS.
+        let limit = if flow.solved_any || flow.zero_ident < ZERO_IDENT_PEER {
+            u32::from(u16::MAX) + 1
+        } else {
+            u32::from(GSO_IDENTS)
+        };
+        let solver = Some((&mut *self.solver, limit));
         let Ok(view) = roce::Packet::new_checked(pkt) else {
             if is_cnp(pkt) {
                 let (covered, icrc) = pkt.split_at(pkt.len() - roce::ICRC_LEN);
                 let icrc = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]);
-                verify_icrc(c, &flow.prefix, solver, covered, icrc)?;
+                verify_icrc_below(c, &flow.prefix, solver, covered, icrc)?;
                 c.count_drop(DropReason::Cnp, 1);
                 return Err(DropReason::Cnp);
             }
             c.count_drop(DropReason::Malformed, 1);
             return Err(DropReason::Malformed);
         };
-        let ident = verify_icrc(c, &flow.prefix, solver, view.icrc_covered(), view.icrc())?;
+        let ident = verify_icrc_below(c, &flow.prefix, solver, view.icrc_covered(), view.icrc())?;
         if ident == 0 {
             flow.zero_ident = flow.zero_ident.saturating_add(1);
-        } else {
+        } else if ident >= GSO_IDENTS {
             flow.solved_any = true;
         }
         Ok((view.bth().dest_qp(), ident))
@@ -247,9 +261,26 @@ pub fn verify_icrc(
     covered: &[u8],
     icrc: u32,
 ) -> Result<u16, DropReason> {
+    let solver = solver.map(|s| (s, u32::from(u16::MAX) + 1));
+    verify_icrc_below(c, prefix, solver, covered, icrc)
+}
+
+/// [`verify_icrc`], accepting a solved identification only below the limit given with the
+/// solver.
+fn verify_icrc_below(
+    c: &mut DeviceCounters,
+    prefix: &IcrcPrefix,
+    solver: Option<(&mut IdentSolver, u32)>,
+    covered: &[u8],
+    icrc: u32,
+) -> Result<u16, DropReason> {
     match prefix.compute(covered) {
         Ok(crc) if crc == icrc => Ok(0),
-        Ok(crc) => match solver.and_then(|s| prefix.solve_ident(s, covered.len(), crc, icrc)) {
+        Ok(crc) => match solver.and_then(|(s, limit)| {
+            prefix
+                .solve_ident(s, covered.len(), crc, icrc)
+                .filter(|&i| u32::from(i) < limit)
+        }) {
             Some(ident) => {
                 c.icrc_ident_solved = c.icrc_ident_solved.saturating_add(1);
                 Ok(ident)

@@ -1,7 +1,9 @@
 //! Batched I/O on a socket: `sendmmsg` with UDP GSO, `recvmmsg` with GRO.
 
-use super::{from_sockaddr, gso_keeps_ident, write_sockaddr, UdpSock, UDP_GRO, UDP_SEGMENT};
+use super::{from_sockaddr, gso_to, write_sockaddr, GsoTo, UdpSock, UDP_GRO, UDP_SEGMENT};
 use crate::error::{Error, Result};
+use softrdma_wire::icrc::{self, IdentSolver};
+use softrdma_wire::roce::ICRC_LEN;
 use std::mem::{size_of, zeroed};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -18,12 +20,19 @@ impl UdpSock {
     /// answer landed. As two datagrams, `ib_write_lat` over the wire waited for the progress
     /// thread's hand-off: 0.85 ms a round trip instead of 7.6 µs on 2 cores.)
     ///
-    /// UDP GSO is used only where it cannot change the IPv4 identification the ICRC was
-    /// computed with (0): toward loopback addresses and over IPv6 (which has none). When the
-    /// kernel cuts a super-datagram into IPv4 datagrams it numbers them 0, 1, 2, … (even with
-    /// DF), so every datagram but the first would carry an identification its ICRC was not
-    /// computed with; a peer that verifies against the header it receives (Linux rxe, a
-    /// RoCE NIC) drops them. Toward other IPv4 addresses each packet is its own datagram.
+    /// The packets come sealed for IPv4 identification 0, which is what an unconnected
+    /// socket with DF set gives a datagram of its own. When the kernel cuts a super-datagram
+    /// into IPv4 datagrams (software segmentation on the way to a device without UDP
+    /// segmentation offload, or a receiver without GRO) it numbers them 0, 1, 2, … (even with
+    /// DF), and a NIC that segments numbers them alike; a peer that verifies the ICRC against
+    /// the header it receives (Linux rxe, a RoCE NIC) would drop every datagram but the first.
+    /// So toward unicast IPv4 addresses other than loopback the `k`-th packet of a
+    /// super-datagram goes with its ICRC turned into the one for identification `k`
+    /// ([`softrdma_wire::icrc::ipv4_ident_syndrome`]; four bytes from a scratch buffer, the
+    /// packet itself unchanged), unless `SOFTRDMA_GSO_NUMBERED=0`, which sends each packet
+    /// there as a datagram of its own. Toward loopback addresses (whose GRO receiver takes a
+    /// super-datagram whole, every datagram with identification 0) and over IPv6 (which has no
+    /// identification) packets go as sealed; to IPv4 multicast and broadcast one at a time.
     ///
     /// A packet's [`Gap`]s (the third field, in order of offset) are bytes the kernel takes
     /// from the program's memory rather than from the packet's buffer (which holds the rest
@@ -43,9 +52,15 @@ impl UdpSock {
         const MAX_GSO_BYTES: usize = 65000;
         SEND_SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
-            let SendScratch { groups, iovs, hdrs } = &mut *scratch;
+            let SendScratch {
+                groups,
+                iovs,
+                hdrs,
+                icrcs,
+                idents,
+            } = &mut *scratch;
             let gso = self.gso.load(Ordering::Relaxed);
-            // Groups: (first packet, number of packets, segment size).
+            // Groups: (first packet, number of packets, segment size, numbered).
             groups.clear();
             let mut i = 0;
             while i < count {
@@ -53,7 +68,9 @@ impl UdpSock {
                 let seg = first.len();
                 let mut n = 1;
                 let mut total = seg;
-                if gso && gso_keeps_ident(dst) {
+                let to = test_gso_to(gso_to(dst));
+                let numbered = to == GsoTo::Numbered;
+                if gso && (to == GsoTo::AsSealed || numbered && self.gso_numbered) {
                     while i + n < count && n < MAX_SEGS {
                         let (p, d, _) = pkt(i + n);
                         // One super-datagram carries packets for one process of the
@@ -62,7 +79,7 @@ impl UdpSock {
                             || p.get(5) != first.get(5)
                             || p.len() > seg
                             || total + p.len() > MAX_GSO_BYTES
-                            || p.is_empty()
+                            || p.len() < ICRC_LEN
                         {
                             break;
                         }
@@ -73,7 +90,12 @@ impl UdpSock {
                         }
                     }
                 }
-                groups.push((i, n, seg));
+                if numbered && n > 1 && n < NUMBERED_MIN {
+                    // Too few to pay for cutting: each its own datagram, as sealed.
+                    groups.extend((i..i + n).map(|k| (k, 1, pkt(k).0.len(), false)));
+                } else {
+                    groups.push((i, n, seg, numbered && n > 1));
+                }
                 i += n;
             }
             let mut sent = 0;
@@ -83,19 +105,44 @@ impl UdpSock {
             let cmsg_space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
             while g < groups.len() {
                 let n = (groups.len() - g).min(MMSG_MAX);
+                // The numbered packets' ICRCs first: the iovecs below point into `icrcs`,
+                // which must not grow meanwhile.
+                icrcs.clear();
+                for &(first, count, _, numbered) in &groups[g..g + n] {
+                    if numbered {
+                        for k in 1..count {
+                            let p = pkt(first + k).0;
+                            icrcs.push(numbered_icrc(idents, p, k as u16));
+                        }
+                    }
+                }
                 iovs.clear();
                 let mut iov_counts = [0usize; MMSG_MAX];
-                for (&(first, count, _), c) in groups[g..g + n].iter().zip(&mut iov_counts) {
+                let mut numbered_at = 0;
+                for (&(first, count, _, numbered), c) in
+                    groups[g..g + n].iter().zip(&mut iov_counts)
+                {
                     let before = iovs.len();
                     for k in first..first + count {
                         let (p, _, gaps) = pkt(k);
-                        push_iovecs(iovs, p, gaps);
+                        if numbered && k > first {
+                            // Gaps lie before the ICRC (`TxBatch::commit_gapped`).
+                            let icrc_at = p.len().saturating_sub(ICRC_LEN);
+                            push_iovecs(iovs, &p[..icrc_at], gaps);
+                            iovs.push(libc::iovec {
+                                iov_base: icrcs[numbered_at].as_mut_ptr().cast(),
+                                iov_len: ICRC_LEN,
+                            });
+                            numbered_at += 1;
+                        } else {
+                            push_iovecs(iovs, p, gaps);
+                        }
                     }
                     *c = iovs.len() - before;
                 }
                 let mut at = 0;
                 for k in 0..n {
-                    let (first, count, seg) = groups[g + k];
+                    let (first, count, seg, _) = groups[g + k];
                     hdrs.names[k].len = write_sockaddr(&pkt(first).1, &mut hdrs.names[k].ss);
                     let h = &mut hdrs.msgs[k].msg_hdr;
                     h.msg_name = (&mut hdrs.names[k].ss as *mut libc::sockaddr_storage).cast();
@@ -160,9 +207,9 @@ impl UdpSock {
                         // group's packets become groups of one, sent on the next round).
                         tracing::info!(error = %e, "UDP GSO unavailable; sending datagrams one by one");
                         self.gso.store(false, Ordering::Relaxed);
-                        let (first, count, _) = groups[g];
-                        let singles: Vec<(usize, usize, usize)> = (first..first + count)
-                            .map(|k| (k, 1, pkt(k).0.len()))
+                        let (first, count, _, _) = groups[g];
+                        let singles: Vec<(usize, usize, usize, bool)> = (first..first + count)
+                            .map(|k| (k, 1, pkt(k).0.len(), false))
                             .collect();
                         groups.splice(g..g + 1, singles);
                     }
@@ -320,6 +367,30 @@ fn push_iovecs(iovs: &mut Vec<libc::iovec>, p: &[u8], gaps: &[Gap]) {
     }
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Tests: sends of this thread treat loopback addresses as numbered destinations.
+    static NUMBER_LOOPBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// `to`, or in tests of a thread that asked for it, numbered instead of as sealed.
+#[inline]
+fn test_gso_to(to: GsoTo) -> GsoTo {
+    #[cfg(test)]
+    if to == GsoTo::AsSealed && NUMBER_LOOPBACK.with(std::cell::Cell::get) {
+        return GsoTo::Numbered;
+    }
+    to
+}
+
+/// The fewest packets that go to a numbered destination as one UDP GSO message (see
+/// [`UdpSock::send_batch`]); fewer go as datagrams of their own. The kernel cuts such a
+/// message into datagrams in the sender's system call, so the receiver starts on the first
+/// only when the last is cut: a cost to a lone mid-size message (between two network
+/// namespaces over veth, 2 cores: a 16 KiB WRITE's round trip 13-14 µs typical as four
+/// datagrams, 19-24 as one message) that only a run of packets repays (64 KiB: 37 -> 31).
+const NUMBERED_MIN: usize = 8;
+
 /// Messages per `sendmmsg` / `recvmmsg`.
 const MMSG_MAX: usize = 64;
 
@@ -378,9 +449,24 @@ unsafe impl Send for RecvScratch {}
 
 /// A thread's scratch for [`UdpSock::send_batch`].
 struct SendScratch {
-    groups: Vec<(usize, usize, usize)>,
+    groups: Vec<(usize, usize, usize, bool)>,
     iovs: Vec<libc::iovec>,
     hdrs: Box<MsgHdrs>,
+    /// The ICRCs of numbered packets (see [`UdpSock::send_batch`]).
+    icrcs: Vec<[u8; ICRC_LEN]>,
+    /// The effect of an identification on the ICRC, per packet length.
+    idents: IdentSolver,
+}
+
+/// The ICRC with which packet `p` (BTH through ICRC, sealed for IPv4 identification 0) goes
+/// as the datagram with identification `ident`. (A packet shorter than an ICRC never joins
+/// a super-datagram; if one came here, its bytes would be taken for an ICRC of 0.)
+fn numbered_icrc(idents: &mut IdentSolver, p: &[u8], ident: u16) -> [u8; ICRC_LEN] {
+    let Some(ib_len) = p.len().checked_sub(ICRC_LEN) else {
+        return [0; ICRC_LEN];
+    };
+    let sealed = u32::from_le_bytes([p[ib_len], p[ib_len + 1], p[ib_len + 2], p[ib_len + 3]]);
+    (sealed ^ icrc::ipv4_ident_syndrome(idents, ib_len, ident)).to_le_bytes()
 }
 
 thread_local! {
@@ -388,6 +474,8 @@ thread_local! {
         groups: Vec::with_capacity(MMSG_MAX),
         iovs: Vec::with_capacity(MMSG_MAX),
         hdrs: MsgHdrs::new(),
+        icrcs: Vec::new(),
+        idents: IdentSolver::new(),
     });
 }
 
@@ -488,6 +576,79 @@ mod tests {
         let r = unsafe { a.send_batch(2, |i| (&mixed[i][..], ba, &[][..])) };
         assert_eq!(r, (2, 0));
         assert_eq!(drain(&b, &mut scratch, 2), vec![(60, 0), (48, 0)]);
+    }
+
+    #[test]
+    fn datagrams_cut_from_a_gso_message_carry_the_icrc_of_their_identification() {
+        use softrdma_wire::icrc::{ipv4_ident_syndrome, IdentSolver};
+        let (a, _, _) = pair();
+        if !a.gso.load(std::sync::atomic::Ordering::Relaxed) || !a.gso_numbered {
+            return; // SOFTRDMA_NO_GSO / SOFTRDMA_GSO_NUMBERED=0: nothing is numbered.
+        }
+        // A receiver without GRO: the kernel cuts a GSO message into datagrams for it,
+        // numbering their identifications 0, 1, 2, ... as on the way to a device.
+        let plain = std::net::UdpSocket::bind((crate::testing::unique_loopback_addr(), 0)).unwrap();
+        plain.set_nonblocking(true).unwrap();
+        let to = plain.local_addr().unwrap();
+        super::NUMBER_LOOPBACK.with(|n| n.set(true));
+        // Ten packets (the last shorter), one with its middle in a gap, then a run of three
+        // (too few to be numbered: datagrams of their own, as sealed).
+        let memory = vec![0x5au8; 1024];
+        let mut pkts: Vec<Vec<u8>> = (0..13u32)
+            .map(|i| {
+                let len = if i == 9 { 500 } else { 1024 };
+                let mut p: Vec<u8> = (0..len).map(|b| (b as u32 * 7 + i) as u8).collect();
+                p[5] = 3; // one QP slot of the peer
+                p[len - 4..].copy_from_slice(&(0x1234_5678 ^ i).to_le_bytes());
+                p
+            })
+            .collect();
+        pkts[4][100..900].fill(0x5a);
+        let gap = [Gap {
+            at: 100,
+            src: memory.as_ptr(),
+            len: 800,
+        }];
+        let mut junk = pkts[4].clone();
+        junk[100..900].fill(0xee);
+        // SAFETY: the gap's memory lives until the end.
+        let r = unsafe {
+            a.send_batch(13, |i| {
+                let p = if i == 4 { &junk[..] } else { &pkts[i][..] };
+                (p, to, if i == 4 { &gap[..] } else { &[][..] })
+            })
+        };
+        super::NUMBER_LOOPBACK.with(|n| n.set(false));
+        assert_eq!(r, (13, 0));
+        let mut got = Vec::new();
+        let mut buf = [0u8; 2048];
+        for _ in 0..100_000 {
+            if let Ok(n) = plain.recv(&mut buf) {
+                got.push(buf[..n].to_vec());
+                if got.len() == 13 {
+                    break;
+                }
+            }
+        }
+        assert_eq!(got.len(), 13);
+        let mut solver = IdentSolver::new();
+        for (k, (g, p)) in got.iter().zip(&pkts).enumerate() {
+            assert_eq!(g.len(), p.len(), "datagram {k}");
+            let n = p.len() - 4;
+            assert_eq!(
+                g[..n],
+                p[..n],
+                "datagram {k}: the bytes before the ICRC as sent"
+            );
+            let sealed = u32::from_le_bytes(p[n..].try_into().unwrap());
+            let carried = u32::from_le_bytes(g[n..].try_into().unwrap());
+            let ident = if k < 10 { k as u16 } else { 0 };
+            assert_eq!(
+                carried,
+                sealed ^ ipv4_ident_syndrome(&mut solver, n, ident),
+                "datagram {k}: the ICRC for identification {ident}"
+            );
+        }
     }
 
     #[test]

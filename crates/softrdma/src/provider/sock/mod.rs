@@ -31,12 +31,34 @@ const UDP_NO_CHECK6_RX: libc::c_int = 102;
 const UDP_SEGMENT: libc::c_int = 103;
 const UDP_GRO: libc::c_int = 104;
 
-/// Whether datagrams to `dst` may be sent as a UDP GSO super-datagram without their IPv4
-/// identifications differing from 0 on the wire (see [`UdpSock::send_batch`]).
-fn gso_keeps_ident(dst: SocketAddr) -> bool {
-    match dst.ip() {
-        IpAddr::V4(a) => a.is_loopback(),
-        IpAddr::V6(a) => a.to_ipv4_mapped().is_none_or(|m| m.is_loopback()),
+/// How datagrams to `dst` may go in a UDP GSO message (see [`UdpSock::send_batch`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum GsoTo {
+    /// As sealed: their IPv4 identifications stay 0 on the wire (a loopback address, whose
+    /// GRO receiver takes the message whole), or there are none (IPv6).
+    AsSealed,
+    /// Numbered: toward any other unicast IPv4 address the kernel cuts the message into
+    /// datagrams with identifications 0, 1, 2, ..., so datagram `k` must carry the ICRC
+    /// computed with identification `k`.
+    Numbered,
+    /// One datagram a message (IPv4 multicast and broadcast).
+    Never,
+}
+
+fn gso_to(dst: SocketAddr) -> GsoTo {
+    let v4 = match dst.ip() {
+        IpAddr::V4(a) => a,
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(m) => m,
+            None => return GsoTo::AsSealed,
+        },
+    };
+    if v4.is_loopback() {
+        GsoTo::AsSealed
+    } else if v4.is_multicast() || v4.is_broadcast() || v4.is_unspecified() {
+        GsoTo::Never
+    } else {
+        GsoTo::Numbered
     }
 }
 
@@ -138,6 +160,10 @@ pub(crate) struct UdpSock {
     fd: OwnedFd,
     /// Whether sends may use UDP GSO (cleared if the kernel refuses it).
     gso: AtomicBool,
+    /// Whether UDP GSO messages may go to unicast IPv4 addresses other than loopback, their
+    /// datagrams sealed with the identifications the kernel gives them ([`GsoTo::Numbered`];
+    /// `SOFTRDMA_GSO_NUMBERED=0` turns it off).
+    gso_numbered: bool,
     /// Whether the socket delivers GRO-coalesced messages.
     gro: bool,
 }
@@ -258,9 +284,11 @@ impl UdpSock {
         let gro = std::env::var_os("SOFTRDMA_NO_GRO").is_none()
             && setopt(raw, libc::SOL_UDP, UDP_GRO, 1).is_ok();
         let gso = std::env::var_os("SOFTRDMA_NO_GSO").is_none();
+        let gso_numbered = std::env::var_os("SOFTRDMA_GSO_NUMBERED").is_none_or(|v| v != "0");
         Ok(UdpSock {
             fd,
             gso: AtomicBool::new(gso),
+            gso_numbered,
             gro,
         })
     }
