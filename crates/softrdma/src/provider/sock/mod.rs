@@ -3,7 +3,9 @@
 //!
 //! IPv4 sockets set `IP_MTU_DISCOVER = IP_PMTUDISC_DO`: Linux then sends every datagram of an
 //! unconnected socket with DF set and IP Identification 0, so the IPv4 header a receiver sees
-//! is the one the sender predicted when it computed the ICRC (roce_cm_notes.md §5.2). IPv6
+//! is the one the sender predicted when it computed the ICRC (roce_cm_notes.md §5.2); the
+//! datagrams the kernel cuts from a UDP GSO message are numbered 0, 1, 2, … instead, and
+//! `batch` seals each for its number. IPv6
 //! sockets set `IPV6_DONTFRAG`, and `UDP_NO_CHECK6_RX` so that zero-checksum datagrams (as
 //! rxe sends them) are accepted.
 //!
