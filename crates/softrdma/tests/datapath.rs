@@ -1675,6 +1675,19 @@ fn rc_payloads_sent_from_registered_memory_in_place_arrive_byte_exact() {
         // (At least the WRITE's pieces of 1 KiB and more, whatever the segment size.)
         assert!(in_place(&a, &a0) >= 290_000, "{:?}", a.ctx.counters());
     }
+    if numbered_everywhere() && std::env::var_os("SOFTRDMA_NO_GSO").is_none() {
+        // (`datapath_numbered`: the WRITE's runs of packets went as numbered GSO messages,
+        // every datagram but the first of each verified through its identification.)
+        let solved = b.ctx.counters().icrc_ident_solved - b0.icrc_ident_solved;
+        assert!(solved >= 60, "{:?}", b.ctx.counters());
+        assert_eq!(b.ctx.counters().icrc_errors, b0.icrc_errors);
+    }
+}
+
+/// Whether this binary numbers the datagrams of GSO messages toward loopback too
+/// (`datapath_numbered`).
+fn numbered_everywhere() -> bool {
+    std::env::var("SOFTRDMA_GSO_NUMBERED").is_ok_and(|v| v == "all")
 }
 
 /// Whether this binary forces the wire (`datapath_wire`): no lanes, no records.

@@ -68,7 +68,7 @@ impl UdpSock {
                 let seg = first.len();
                 let mut n = 1;
                 let mut total = seg;
-                let to = test_gso_to(gso_to(dst));
+                let to = gso_to(dst, self.gso_number_loopback || test_number_loopback());
                 let numbered = to == GsoTo::Numbered;
                 if gso && (to == GsoTo::AsSealed || numbered && self.gso_numbered) {
                     while i + n < count && n < MAX_SEGS {
@@ -373,14 +373,14 @@ thread_local! {
     static NUMBER_LOOPBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// `to`, or in tests of a thread that asked for it, numbered instead of as sealed.
+/// Tests: whether this thread asked for loopback addresses to be numbered destinations.
 #[inline]
-fn test_gso_to(to: GsoTo) -> GsoTo {
+fn test_number_loopback() -> bool {
     #[cfg(test)]
-    if to == GsoTo::AsSealed && NUMBER_LOOPBACK.with(std::cell::Cell::get) {
-        return GsoTo::Numbered;
+    if NUMBER_LOOPBACK.with(std::cell::Cell::get) {
+        return true;
     }
-    to
+    false
 }
 
 /// The fewest packets that go to a numbered destination as one UDP GSO message (see

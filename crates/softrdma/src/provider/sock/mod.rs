@@ -47,7 +47,9 @@ enum GsoTo {
     Never,
 }
 
-fn gso_to(dst: SocketAddr) -> GsoTo {
+/// `number_loopback`: loopback addresses are numbered destinations too (as if another host:
+/// `SOFTRDMA_GSO_NUMBERED=all`, for tests).
+fn gso_to(dst: SocketAddr, number_loopback: bool) -> GsoTo {
     let v4 = match dst.ip() {
         IpAddr::V4(a) => a,
         IpAddr::V6(a) => match a.to_ipv4_mapped() {
@@ -55,7 +57,7 @@ fn gso_to(dst: SocketAddr) -> GsoTo {
             None => return GsoTo::AsSealed,
         },
     };
-    if v4.is_loopback() {
+    if v4.is_loopback() && !number_loopback {
         GsoTo::AsSealed
     } else if v4.is_multicast() || v4.is_broadcast() || v4.is_unspecified() {
         GsoTo::Never
@@ -166,6 +168,9 @@ pub(crate) struct UdpSock {
     /// datagrams sealed with the identifications the kernel gives them ([`GsoTo::Numbered`];
     /// `SOFTRDMA_GSO_NUMBERED=0` turns it off).
     gso_numbered: bool,
+    /// Whether loopback addresses are numbered destinations too (`SOFTRDMA_GSO_NUMBERED=all`:
+    /// two devices of one host exchange datagrams as if between hosts, for tests).
+    gso_number_loopback: bool,
     /// Whether the socket delivers GRO-coalesced messages.
     gro: bool,
 }
@@ -286,11 +291,14 @@ impl UdpSock {
         let gro = std::env::var_os("SOFTRDMA_NO_GRO").is_none()
             && setopt(raw, libc::SOL_UDP, UDP_GRO, 1).is_ok();
         let gso = std::env::var_os("SOFTRDMA_NO_GSO").is_none();
-        let gso_numbered = std::env::var_os("SOFTRDMA_GSO_NUMBERED").is_none_or(|v| v != "0");
+        let numbered = std::env::var_os("SOFTRDMA_GSO_NUMBERED");
+        let gso_numbered = numbered.as_ref().is_none_or(|v| v != "0");
+        let gso_number_loopback = numbered.is_some_and(|v| v == "all");
         Ok(UdpSock {
             fd,
             gso: AtomicBool::new(gso),
             gso_numbered,
+            gso_number_loopback,
             gro,
         })
     }
