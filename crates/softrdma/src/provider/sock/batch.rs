@@ -26,13 +26,15 @@ impl UdpSock {
     /// segmentation offload, or a receiver without GRO) it numbers them 0, 1, 2, … (even with
     /// DF), and a NIC that segments numbers them alike; a peer that verifies the ICRC against
     /// the header it receives (Linux rxe, a RoCE NIC) would drop every datagram but the first.
-    /// So toward unicast IPv4 addresses other than loopback the `k`-th packet of a
+    /// So toward unicast IPv4 addresses other than loopback (where only runs of [`CUT_MIN`]
+    /// packets or more go as one message) the `k`-th packet of a
     /// super-datagram goes with its ICRC turned into the one for identification `k`
     /// ([`softrdma_wire::icrc::ipv4_ident_syndrome`]; four bytes from a scratch buffer, the
     /// packet itself unchanged), unless `SOFTRDMA_GSO_NUMBERED=0`, which sends each packet
     /// there as a datagram of its own. Toward loopback addresses (whose GRO receiver takes a
     /// super-datagram whole, every datagram with identification 0) and over IPv6 (which has no
-    /// identification) packets go as sealed; to IPv4 multicast and broadcast one at a time.
+    /// identification; toward another host runs of [`CUT_MIN`] or more only) packets go as
+    /// sealed; to IPv4 multicast and broadcast one at a time.
     ///
     /// A packet's [`Gap`]s (the third field, in order of offset) are bytes the kernel takes
     /// from the program's memory rather than from the packet's buffer (which holds the rest
@@ -69,8 +71,14 @@ impl UdpSock {
                 let mut n = 1;
                 let mut total = seg;
                 let to = gso_to(dst, self.gso_number_loopback || test_number_loopback());
-                let numbered = to == GsoTo::Numbered;
-                if gso && (to == GsoTo::AsSealed || numbered && self.gso_numbered) {
+                // (Whether a run may go as one message, whether it is cut on the way,
+                // whether its datagrams are numbered.)
+                let (may, cut, numbered) = match to {
+                    GsoTo::Whole => (true, false, false),
+                    GsoTo::Cut { numbered } => (!numbered || self.gso_numbered, true, numbered),
+                    GsoTo::Never => (false, true, false),
+                };
+                if gso && may {
                     while i + n < count && n < MAX_SEGS {
                         let (p, d, _) = pkt(i + n);
                         // One super-datagram carries packets for one process of the
@@ -90,7 +98,7 @@ impl UdpSock {
                         }
                     }
                 }
-                if numbered && n > 1 && n < NUMBERED_MIN {
+                if cut && n > 1 && n < CUT_MIN {
                     // Too few to pay for cutting: each its own datagram, as sealed.
                     groups.extend((i..i + n).map(|k| (k, 1, pkt(k).0.len(), false)));
                 } else {
@@ -383,13 +391,15 @@ fn test_number_loopback() -> bool {
     false
 }
 
-/// The fewest packets that go to a numbered destination as one UDP GSO message (see
+/// The fewest packets that go as one UDP GSO message to another host (see
 /// [`UdpSock::send_batch`]); fewer go as datagrams of their own. The kernel cuts such a
 /// message into datagrams in the sender's system call, so the receiver starts on the first
 /// only when the last is cut: a cost to a lone mid-size message (between two network
 /// namespaces over veth, 2 cores: a 16 KiB WRITE's round trip 13-14 µs typical as four
-/// datagrams, 19-24 as one message) that only a run of packets repays (64 KiB: 37 -> 31).
-const NUMBERED_MIN: usize = 8;
+/// datagrams, 19-24 as one message) that only a run of packets repays (64 KiB: 37 -> 31), and
+/// to an answer with its ACK behind (IPv6 over that veth: an 8-byte SEND's one-way 8.6-9.4 µs
+/// typical as one message, against 5.8-5.9 over IPv4 as two datagrams).
+const CUT_MIN: usize = 8;
 
 /// Messages per `sendmmsg` / `recvmmsg`.
 const MMSG_MAX: usize = 64;

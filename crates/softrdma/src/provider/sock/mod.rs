@@ -36,33 +36,34 @@ const UDP_GRO: libc::c_int = 104;
 /// How datagrams to `dst` may go in a UDP GSO message (see [`UdpSock::send_batch`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum GsoTo {
-    /// As sealed: their IPv4 identifications stay 0 on the wire (a loopback address, whose
-    /// GRO receiver takes the message whole), or there are none (IPv6).
-    AsSealed,
-    /// Numbered: toward any other unicast IPv4 address the kernel cuts the message into
-    /// datagrams with identifications 0, 1, 2, ..., so datagram `k` must carry the ICRC
-    /// computed with identification `k`.
-    Numbered,
+    /// Whole: to a loopback address, whose GRO receiver takes the message whole, every
+    /// datagram with IPv4 identification 0 as sealed.
+    Whole,
+    /// Cut into datagrams on the way (toward another host): over IPv6 (no identification)
+    /// as sealed; over IPv4 (`numbered`) the kernel numbers the datagrams' identifications 0,
+    /// 1, 2, ..., so datagram `k` must carry the ICRC computed with identification `k`.
+    Cut { numbered: bool },
     /// One datagram a message (IPv4 multicast and broadcast).
     Never,
 }
 
-/// `number_loopback`: loopback addresses are numbered destinations too (as if another host:
+/// `number_loopback`: IPv4 loopback addresses are treated as another host's (numbered;
 /// `SOFTRDMA_GSO_NUMBERED=all`, for tests).
 fn gso_to(dst: SocketAddr, number_loopback: bool) -> GsoTo {
     let v4 = match dst.ip() {
         IpAddr::V4(a) => a,
         IpAddr::V6(a) => match a.to_ipv4_mapped() {
             Some(m) => m,
-            None => return GsoTo::AsSealed,
+            None if a.is_loopback() => return GsoTo::Whole,
+            None => return GsoTo::Cut { numbered: false },
         },
     };
     if v4.is_loopback() && !number_loopback {
-        GsoTo::AsSealed
+        GsoTo::Whole
     } else if v4.is_multicast() || v4.is_broadcast() || v4.is_unspecified() {
         GsoTo::Never
     } else {
-        GsoTo::Numbered
+        GsoTo::Cut { numbered: true }
     }
 }
 
