@@ -4,7 +4,11 @@
 //!
 //! Start it with [`start_capture`] or by setting `SOFTRDMA_PCAP=/path/file.pcap` before the
 //! first device carries traffic; stop it with [`stop_capture`]. Packets exchanged between two
-//! devices of the same process are written once (when sent).
+//! devices of the same process are written once (when sent). A sent packet is written as
+//! sealed, with IPv4 identification 0 and its ICRC for it; where it leaves in a UDP GSO
+//! message toward another host over IPv4, the `k`-th datagram of the message carries
+//! identification `k` on the wire and the ICRC for that instead (see `UdpSock::send_batch`):
+//! the same packet, both forms valid.
 //!
 //! Nothing recorded is lost: records are buffered and written whole (the file is a readable
 //! pcap after every write), at least every [`FLUSH_EVERY`] of traffic, at [`stop_capture`],
