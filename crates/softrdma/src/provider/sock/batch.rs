@@ -397,8 +397,8 @@ fn test_number_loopback() -> bool {
 /// only when the last is cut: a cost to a lone mid-size message (between two network
 /// namespaces over veth, 2 cores: a 16 KiB WRITE's round trip 13-14 µs typical as four
 /// datagrams, 19-24 as one message) that only a run of packets repays (64 KiB: 37 -> 31), and
-/// to an answer with its ACK behind (IPv6 over that veth: an 8-byte SEND's one-way 8.6-9.4 µs
-/// typical as one message, against 5.8-5.9 over IPv4 as two datagrams).
+/// to an answer with its ACK behind (IPv6 over that veth: an 8-byte SEND's one-way 8.5-10.4 µs
+/// typical as one message, 6.2-7.0 as two datagrams).
 const CUT_MIN: usize = 8;
 
 /// Messages per `sendmmsg` / `recvmmsg`.
@@ -469,8 +469,8 @@ struct SendScratch {
 }
 
 /// The ICRC with which packet `p` (BTH through ICRC, sealed for IPv4 identification 0) goes
-/// as the datagram with identification `ident`. (A packet shorter than an ICRC never joins
-/// a super-datagram; if one came here, its bytes would be taken for an ICRC of 0.)
+/// as the datagram with identification `ident`. (A packet shorter than an ICRC joins no
+/// super-datagram; one would get an ICRC of 0.)
 fn numbered_icrc(idents: &mut IdentSolver, p: &[u8], ident: u16) -> [u8; ICRC_LEN] {
     let Some(ib_len) = p.len().checked_sub(ICRC_LEN) else {
         return [0; ICRC_LEN];
