@@ -26,14 +26,14 @@ impl UdpSock {
     /// segmentation offload, or a receiver without GRO) it numbers them 0, 1, 2, … (even with
     /// DF), and a NIC that segments numbers them alike; a peer that verifies the ICRC against
     /// the header it receives (Linux rxe, a RoCE NIC) would drop every datagram but the first.
-    /// So toward unicast IPv4 addresses other than loopback (where only runs of [`CUT_MIN`]
-    /// packets or more go as one message) the `k`-th packet of a
+    /// So toward unicast IPv4 addresses other than loopback (where a batch of fewer than
+    /// [`CUT_MIN`] packets goes one datagram a packet) the `k`-th packet of a
     /// super-datagram goes with its ICRC turned into the one for identification `k`
     /// ([`softrdma_wire::icrc::ipv4_ident_syndrome`]; four bytes from a scratch buffer, the
     /// packet itself unchanged), unless `SOFTRDMA_GSO_NUMBERED=0`, which sends each packet
     /// there as a datagram of its own. Toward loopback addresses (whose GRO receiver takes a
     /// super-datagram whole, every datagram with identification 0) and over IPv6 (which has no
-    /// identification; toward another host runs of [`CUT_MIN`] or more only) packets go as
+    /// identification; toward another host from batches of [`CUT_MIN`] or more only) packets go as
     /// sealed; to IPv4 multicast and broadcast one at a time.
     ///
     /// A packet's [`Gap`]s (the third field, in order of offset) are bytes the kernel takes
@@ -98,7 +98,7 @@ impl UdpSock {
                         }
                     }
                 }
-                if cut && n > 1 && n < CUT_MIN {
+                if cut && n > 1 && count < CUT_MIN {
                     // Too few to pay for cutting: each its own datagram, as sealed.
                     groups.extend((i..i + n).map(|k| (k, 1, pkt(k).0.len(), false)));
                 } else {
@@ -391,12 +391,13 @@ fn test_number_loopback() -> bool {
     false
 }
 
-/// The fewest packets that go as one UDP GSO message to another host (see
-/// [`UdpSock::send_batch`]); fewer go as datagrams of their own. The kernel cuts such a
+/// The fewest packets a batch holds for its runs to go as UDP GSO messages to another host
+/// (see [`UdpSock::send_batch`]); a smaller batch (a lone message, an answer with its ACK
+/// behind) goes one datagram a packet. The kernel cuts such a
 /// message into datagrams in the sender's system call, so the receiver starts on the first
 /// only when the last is cut: a cost to a lone mid-size message (between two network
 /// namespaces over veth, 2 cores: a 16 KiB WRITE's round trip 13-14 µs typical as four
-/// datagrams, 19-24 as one message) that only a run of packets repays (64 KiB: 37 -> 31), and
+/// datagrams, 19-24 as one message) that only a stream repays (64 KiB: 37 -> 31), and
 /// to an answer with its ACK behind (IPv6 over that veth: an 8-byte SEND's one-way 8.5-10.4 µs
 /// typical as one message, 6.2-7.0 as two datagrams).
 const CUT_MIN: usize = 8;
@@ -602,7 +603,8 @@ mod tests {
         let to = plain.local_addr().unwrap();
         super::NUMBER_LOOPBACK.with(|n| n.set(true));
         // Ten packets (the last shorter), one with its middle in a gap, then a run of three
-        // (too few to be numbered: datagrams of their own, as sealed).
+        // (a message of its own, numbered from 0 again); then a batch of three alone (too few
+        // to be cut: datagrams of their own, as sealed).
         let memory = vec![0x5au8; 1024];
         let mut pkts: Vec<Vec<u8>> = (0..13u32)
             .map(|i| {
@@ -628,21 +630,25 @@ mod tests {
                 (p, to, if i == 4 { &gap[..] } else { &[][..] })
             })
         };
-        super::NUMBER_LOOPBACK.with(|n| n.set(false));
         assert_eq!(r, (13, 0));
+        // SAFETY: no gaps.
+        let r = unsafe { a.send_batch(3, |i| (&pkts[10 + i][..], to, &[][..])) };
+        super::NUMBER_LOOPBACK.with(|n| n.set(false));
+        assert_eq!(r, (3, 0));
         let mut got = Vec::new();
         let mut buf = [0u8; 2048];
         for _ in 0..100_000 {
             if let Ok(n) = plain.recv(&mut buf) {
                 got.push(buf[..n].to_vec());
-                if got.len() == 13 {
+                if got.len() == 16 {
                     break;
                 }
             }
         }
-        assert_eq!(got.len(), 13);
+        assert_eq!(got.len(), 16);
         let mut solver = IdentSolver::new();
-        for (k, (g, p)) in got.iter().zip(&pkts).enumerate() {
+        let sent = pkts.iter().chain(&pkts[10..]);
+        for (k, (g, p)) in got.iter().zip(sent).enumerate() {
             assert_eq!(g.len(), p.len(), "datagram {k}");
             let n = p.len() - 4;
             assert_eq!(
@@ -652,7 +658,11 @@ mod tests {
             );
             let sealed = u32::from_le_bytes(p[n..].try_into().unwrap());
             let carried = u32::from_le_bytes(g[n..].try_into().unwrap());
-            let ident = if k < 10 { k as u16 } else { 0 };
+            let ident = match k {
+                0..10 => k as u16,
+                10..13 => k as u16 - 10,
+                _ => 0,
+            };
             assert_eq!(
                 carried,
                 sealed ^ ipv4_ident_syndrome(&mut solver, n, ident),
