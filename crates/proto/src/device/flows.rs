@@ -62,10 +62,10 @@ pub fn grh_for(src: IpAddr, dst: IpAddr, packet_len: usize) -> [u8; 40] {
     g
 }
 
-/// Packets verified with identification 0, and none through a solved one, after which a
-/// sender counts as a softrdma peer whose packets get only the full 32-bit check (a corrupted
-/// packet would otherwise pass the 16-bit check of a solved identification with probability
-/// 2^-16). Linux rxe varies the identification per packet, so its flows solve one long
+/// Packets verified with identification 0, and none through a solved one of [`GSO_IDENTS`]
+/// or more, after which a sender counts as a softrdma peer whose packets get the full 32-bit
+/// check, or that of identifications below [`GSO_IDENTS`] (a corrupted packet would
+/// otherwise pass the 16-bit check of a solved identification with probability 2^-16). Linux rxe varies the identification per packet, so its flows solve one long
 /// before this many zeros. The provider's receive path uses the same number.
 pub const ZERO_IDENT_PEER: u32 = 64;
 

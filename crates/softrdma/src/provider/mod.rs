@@ -34,7 +34,9 @@
 //!
 //! # ICRC
 //! Every packet sent carries the ICRC computed over the IP and UDP headers the kernel will
-//! put in front of it (IPv4: identification 0 and DF, which `IP_PMTUDISC_DO` guarantees).
+//! put in front of it (IPv4: identification 0 and DF, which `IP_PMTUDISC_DO` guarantees; the
+//! `k`-th datagram of a UDP GSO message toward another host, which the kernel numbers `k`,
+//! the ICRC for `k`: see `sock::batch`).
 //! Every packet received is verified against the headers it must have had: for IPv6 that is
 //! exact; for IPv4 the Identification field cannot be read from a UDP socket, so the check
 //! assumes 0 — which is what every softrdma peer, and any sender using the same socket
@@ -44,9 +46,11 @@
 //! the ICRC match ([`softrdma_wire::icrc::ident`]) and accepts the packet if there is one,
 //! counting it in `icrc_ident_solved`. Such packets get a 16-bit check: a corrupted packet
 //! passes it with probability about 2^-16 (the wire crate documents the details). So a sender
-//! whose first packets all verify with identification 0 (64 of them, none solved: a softrdma
-//! peer) gets no solving from then on, only the full check: a corrupted packet of a softrdma
-//! peer is never accepted. Packets that fail are counted (`icrc_errors`) and dropped.
+//! whose first packets all verify with identification 0 (64 of them, none solved beyond the
+//! numbers of a GSO message: a softrdma peer) gets its packets accepted from then on only
+//! with identification 0 or a solved one below 64 (`flows::GSO_IDENTS`): a corrupted packet
+//! of a softrdma peer passes with probability about 2^-26. Packets that fail are counted
+//! (`icrc_errors`) and dropped.
 //!
 //! An RC or UC request's payload piece of 1 KiB or more that goes on the wire is not copied
 //! into its packet: the transmit batch leases the region, computes the ICRC over the
