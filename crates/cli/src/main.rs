@@ -557,7 +557,7 @@ fn outcome_sides_json(sides: &[perf::SideCounters]) -> Vec<String> {
         .map(|s| {
             let (d, q) = (&s.device, &s.qp);
             format!(
-                "{{\"who\":\"{}\",\"addr\":\"{}\",\"device\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"icrc_errors\":{},\"malformed\":{},\"tx_errors\":{},\"unknown_qp\":{},\"misrouted\":{},\"same_host_packets\":{},\"wr_records\":{},\"pair_records\":{},\"tx_in_place_bytes\":{}}},\"qp\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"retransmitted_packets\":{},\"retries\":{},\"timeouts\":{},\"probes\":{},\"duplicates\":{},\"rnr_naks_sent\":{},\"rnr_naks_received\":{},\"seq_naks_sent\":{},\"seq_naks_received\":{},\"err_naks_sent\":{},\"err_naks_received\":{},\"credit_waits\":{}}}}}",
+                "{{\"who\":\"{}\",\"addr\":\"{}\",\"device\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"icrc_errors\":{},\"malformed\":{},\"tx_errors\":{},\"unknown_qp\":{},\"misrouted\":{},\"same_host_packets\":{},\"wr_records\":{},\"pair_records\":{},\"tx_in_place_bytes\":{},\"tx_gso_numbered\":{}}},\"qp\":{{\"tx_packets\":{},\"tx_bytes\":{},\"rx_packets\":{},\"rx_bytes\":{},\"retransmitted_packets\":{},\"retries\":{},\"timeouts\":{},\"probes\":{},\"duplicates\":{},\"rnr_naks_sent\":{},\"rnr_naks_received\":{},\"seq_naks_sent\":{},\"seq_naks_received\":{},\"err_naks_sent\":{},\"err_naks_received\":{},\"credit_waits\":{}}}}}",
                 s.who,
                 s.addr,
                 d.tx_packets,
@@ -573,6 +573,7 @@ fn outcome_sides_json(sides: &[perf::SideCounters]) -> Vec<String> {
                 d.wr_records,
                 d.pair_records,
                 d.tx_in_place_bytes,
+                d.tx_gso_numbered,
                 q.tx_packets,
                 q.tx_bytes,
                 q.rx_packets,
@@ -619,9 +620,10 @@ fn print_copy_engines() {
 
 fn print_device_counters(who: &str, addr: std::net::IpAddr, d: &softrdma::DeviceCounters) {
     println!(
-        " {who} device {addr}: tx {} pkts / {} B, rx {} pkts / {} B, ICRC errors {}, malformed {}, unknown QP {}, wrong source {}, tx errors {}, misrouted {}, same-host {} (records {}, {} by QP rings), sent in place {} B",
+        " {who} device {addr}: tx {} pkts / {} B, rx {} pkts / {} B, ICRC errors {}, malformed {}, unknown QP {}, wrong source {}, tx errors {}, misrouted {}, same-host {} (records {}, {} by QP rings), sent in place {} B, GSO-numbered {}, identifications solved {}",
         d.tx_packets, d.tx_bytes, d.rx_packets, d.rx_bytes, d.icrc_errors, d.malformed, d.unknown_qp, d.wrong_source, d.tx_errors,
-        d.misrouted, d.same_host_packets, d.wr_records, d.pair_records, d.tx_in_place_bytes
+        d.misrouted, d.same_host_packets, d.wr_records, d.pair_records, d.tx_in_place_bytes,
+        d.tx_gso_numbered, d.icrc_ident_solved
     );
 }
 

@@ -1681,6 +1681,10 @@ fn rc_payloads_sent_from_registered_memory_in_place_arrive_byte_exact() {
         let solved = b.ctx.counters().icrc_ident_solved - b0.icrc_ident_solved;
         assert!(solved >= 60, "{:?}", b.ctx.counters());
         assert_eq!(b.ctx.counters().icrc_errors, b0.icrc_errors);
+        let numbered = a.ctx.counters().tx_gso_numbered - a0.tx_gso_numbered;
+        assert!(numbered >= solved, "{:?}", a.ctx.counters());
+    } else {
+        assert_eq!(a.ctx.counters().tx_gso_numbered, 0, "toward loopback");
     }
 }
 

@@ -29,6 +29,7 @@ pub(crate) struct Counters {
     pub(crate) same_host_packets: AtomicU64,
     pub(crate) wr_records: AtomicU64,
     pub(crate) tx_in_place_bytes: AtomicU64,
+    pub(crate) tx_gso_numbered: AtomicU64,
 }
 
 /// A snapshot of a device's packet counters.
@@ -104,6 +105,11 @@ pub struct DeviceCounters {
     /// first (`SOFTRDMA_TX_GATHER=0` turns this off; a capture or fault injection copies
     /// them in).
     pub tx_in_place_bytes: u64,
+    /// Datagrams sent toward another host over IPv4 as part of a UDP GSO message with an
+    /// IPv4 identification other than 0 (the kernel numbers a message's datagrams 0, 1, 2,
+    /// ...; each was sealed with its number; also counted in `tx_packets`). 0 with
+    /// `SOFTRDMA_GSO_NUMBERED=0` or `SOFTRDMA_NO_GSO`, and toward loopback addresses.
+    pub tx_gso_numbered: u64,
 }
 
 /// How often a device probes the peers it has connections with (see
@@ -137,6 +143,7 @@ impl DeviceCounters {
         self.wr_records += other.wr_records;
         self.pair_records += other.pair_records;
         self.tx_in_place_bytes += other.tx_in_place_bytes;
+        self.tx_gso_numbered += other.tx_gso_numbered;
     }
 }
 
@@ -169,6 +176,7 @@ impl Counters {
             wr_records: g(&self.wr_records),
             pair_records: 0,
             tx_in_place_bytes: g(&self.tx_in_place_bytes),
+            tx_gso_numbered: g(&self.tx_gso_numbered),
         }
     }
 }

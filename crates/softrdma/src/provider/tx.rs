@@ -569,7 +569,7 @@ impl Wire {
         for &i in &keep[..kept] {
             tx.seal(i);
         }
-        let (sent, failed) = if kept > 0 {
+        let (sent, failed, numbered) = if kept > 0 {
             let TxBatch {
                 bufs,
                 lens,
@@ -585,9 +585,10 @@ impl Wire {
                 })
             }
         } else {
-            (0, 0)
+            (0, 0, 0)
         };
         self.count_sent(sent, laned, bytes, failed);
+        self.count_numbered(numbered);
     }
 
     /// Sends packets `pkt(0..count)` on the wire and counts them, recording them in the
@@ -609,8 +610,19 @@ impl Wire {
         }
         let bytes: usize = (0..count).map(|i| pkt(i).0.len()).sum();
         // SAFETY: the caller's contract.
-        let (sent, failed) = unsafe { self.sock.send_batch(count, pkt) };
+        let (sent, failed, numbered) = unsafe { self.sock.send_batch(count, pkt) };
         self.count_sent(sent, 0, bytes, failed);
+        self.count_numbered(numbered);
+    }
+
+    /// Counts the datagrams sent with a GSO number ([`UdpSock::send_batch`]).
+    #[inline]
+    fn count_numbered(&self, numbered: usize) {
+        if numbered > 0 {
+            self.counters
+                .tx_gso_numbered
+                .fetch_add(numbered as u64, Ordering::Relaxed);
+        }
     }
 
     /// Counts what a send handed on: `sent` packets to the kernel and `laned` to same-host

@@ -41,7 +41,8 @@ impl UdpSock {
     /// of the packet at their offsets, and its full length).
     ///
     /// Datagrams the kernel refuses (`EMSGSIZE`, unreachable) are dropped and counted in the
-    /// second field of the result, as a NIC drops what it cannot send.
+    /// second field of the result, as a NIC drops what it cannot send. The first counts the
+    /// packets sent, the third those of them sent with a number other than 0 (see above).
     ///
     /// # Safety
     /// Every gap's memory is valid for reads until the call returns.
@@ -49,7 +50,7 @@ impl UdpSock {
         &self,
         count: usize,
         pkt: impl Fn(usize) -> (&'a [u8], SocketAddr, &'a [Gap]),
-    ) -> (usize, usize) {
+    ) -> (usize, usize, usize) {
         const MAX_SEGS: usize = 64;
         const MAX_GSO_BYTES: usize = 65000;
         SEND_SCRATCH.with(|cell| {
@@ -108,6 +109,7 @@ impl UdpSock {
             }
             let mut sent = 0;
             let mut failed = 0;
+            let mut numbered_sent = 0;
             let mut g = 0;
             // SAFETY: CMSG_SPACE is a pure computation.
             let cmsg_space = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as usize;
@@ -191,8 +193,11 @@ impl UdpSock {
                     )
                 };
                 if r > 0 {
-                    for k in 0..r as usize {
-                        sent += groups[g + k].1;
+                    for &(_, count, _, numbered) in &groups[g..g + r as usize] {
+                        sent += count;
+                        if numbered {
+                            numbered_sent += count - 1;
+                        }
                     }
                     g += r as usize;
                     continue;
@@ -229,7 +234,7 @@ impl UdpSock {
                     }
                 }
             }
-            (sent, failed)
+            (sent, failed, numbered_sent)
         })
     }
 
@@ -552,7 +557,7 @@ mod tests {
         let two = [vec![1u8; 60], vec![1u8; 48]];
         // SAFETY: no gaps.
         let r = unsafe { a.send_batch(2, |i| (&two[i][..], ba, &[][..])) };
-        assert_eq!(r, (2, 0));
+        assert_eq!(r, (2, 0, 0));
         let got = drain(&b, &mut scratch, if gro && gso { 1 } else { 2 });
         if gro && gso {
             assert_eq!(got, vec![(108, 60)], "one GSO message, received whole");
@@ -569,7 +574,7 @@ mod tests {
             .collect();
         // SAFETY: no gaps.
         let r = unsafe { a.send_batch(8, |i| (&run[i][..], ba, &[][..])) };
-        assert_eq!(r, (8, 0));
+        assert_eq!(r, (8, 0, 0));
         let got = drain(&b, &mut scratch, if gro && gso { 1 } else { 8 });
         let bytes: usize = got.iter().map(|g| g.0).sum();
         assert_eq!(bytes, 8 * 1024, "{got:?}");
@@ -585,7 +590,7 @@ mod tests {
         let mixed = [vec![1u8; 60], vec![2u8; 48]];
         // SAFETY: no gaps.
         let r = unsafe { a.send_batch(2, |i| (&mixed[i][..], ba, &[][..])) };
-        assert_eq!(r, (2, 0));
+        assert_eq!(r, (2, 0, 0));
         assert_eq!(drain(&b, &mut scratch, 2), vec![(60, 0), (48, 0)]);
     }
 
@@ -630,11 +635,11 @@ mod tests {
                 (p, to, if i == 4 { &gap[..] } else { &[][..] })
             })
         };
-        assert_eq!(r, (13, 0));
+        assert_eq!(r, (13, 0, 9 + 2), "numbered: 1-9 and 1-2");
         // SAFETY: no gaps.
         let r = unsafe { a.send_batch(3, |i| (&pkts[10 + i][..], to, &[][..])) };
         super::NUMBER_LOOPBACK.with(|n| n.set(false));
-        assert_eq!(r, (3, 0));
+        assert_eq!(r, (3, 0, 0));
         let mut got = Vec::new();
         let mut buf = [0u8; 2048];
         for _ in 0..100_000 {
@@ -727,7 +732,7 @@ mod tests {
             .collect();
         // SAFETY: every gap's memory is `memory`'s, alive until the end.
         let r = unsafe { a.send_batch(8, |i| (&bufs[i][..], ba, &gaps[i][..])) };
-        assert_eq!(r, (8, 0));
+        assert_eq!(r, (8, 0, 0));
         let mut rx = vec![vec![0u8; 65536]; 8];
         let mut meta = vec![RxMsg::default(); 8];
         let mut got = Vec::new();
