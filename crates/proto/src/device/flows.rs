@@ -65,8 +65,9 @@ pub fn grh_for(src: IpAddr, dst: IpAddr, packet_len: usize) -> [u8; 40] {
 /// Packets verified with identification 0, and none through a solved one of [`GSO_IDENTS`]
 /// or more, after which a sender counts as a softrdma peer whose packets get the full 32-bit
 /// check, or that of identifications below [`GSO_IDENTS`] (a corrupted packet would
-/// otherwise pass the 16-bit check of a solved identification with probability 2^-16). Linux rxe varies the identification per packet, so its flows solve one long
-/// before this many zeros. The provider's receive path uses the same number.
+/// otherwise pass the 16-bit check of a solved identification with probability 2^-16).
+/// Linux rxe varies the identification per packet, so its flows solve one long before this
+/// many zeros. The provider's receive path uses the same number.
 pub const ZERO_IDENT_PEER: u32 = 64;
 
 /// Identifications below this are the numbers the kernel gives the datagrams of one UDP GSO

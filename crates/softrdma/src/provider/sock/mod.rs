@@ -166,7 +166,7 @@ pub(crate) struct UdpSock {
     /// Whether sends may use UDP GSO (cleared if the kernel refuses it).
     gso: AtomicBool,
     /// Whether UDP GSO messages may go to unicast IPv4 addresses other than loopback, their
-    /// datagrams sealed with the identifications the kernel gives them ([`GsoTo::Numbered`];
+    /// datagrams sealed with the identifications the kernel gives them ([`GsoTo::Cut`];
     /// `SOFTRDMA_GSO_NUMBERED=0` turns it off).
     gso_numbered: bool,
     /// Whether loopback addresses are numbered destinations too (`SOFTRDMA_GSO_NUMBERED=all`:
