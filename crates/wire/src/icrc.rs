@@ -171,10 +171,17 @@ pub fn ipv4_ident_syndrome(solver: &mut IdentSolver, ib_len: usize, ident: u16) 
     if ident == 0 {
         return 0;
     }
+    ipv4_ident_basis(solver, ib_len).syndrome(ident)
+}
+
+/// The [`IdentBasis`] of IPv4 RoCEv2 packets without IP options whose transport packet
+/// (BTH through pad) is `ib_len` bytes long: its [`IdentBasis::syndrome`] is
+/// [`ipv4_ident_syndrome`], for a sender that numbers several packets of one length.
+pub fn ipv4_ident_basis(solver: &mut IdentSolver, ib_len: usize) -> &IdentBasis {
     let after = (IPV4_HEADER_LEN - IPV4_IDENT_END)
         .saturating_add(UDP_HEADER_LEN)
         .saturating_add(ib_len);
-    solver.basis(after).syndrome(ident)
+    solver.basis(after)
 }
 
 /// The masked IP and UDP headers of one flow (addresses, ports, IPv4 identification and

@@ -148,7 +148,7 @@ impl DirectTx<'_> {
 impl Drop for DirectTx<'_> {
     fn drop(&mut self) {
         if self.packets > 0 {
-            self.wire.count_sent(0, self.packets, self.bytes, 0);
+            self.wire.count_sent(0, self.packets, self.bytes, 0, 0);
         }
         if self.records > 0 {
             self.wire
@@ -587,8 +587,7 @@ impl Wire {
         } else {
             (0, 0, 0)
         };
-        self.count_sent(sent, laned, bytes, failed);
-        self.count_numbered(numbered);
+        self.count_sent(sent, laned, bytes, failed, numbered);
     }
 
     /// Sends packets `pkt(0..count)` on the wire and counts them, recording them in the
@@ -611,24 +610,14 @@ impl Wire {
         let bytes: usize = (0..count).map(|i| pkt(i).0.len()).sum();
         // SAFETY: the caller's contract.
         let (sent, failed, numbered) = unsafe { self.sock.send_batch(count, pkt) };
-        self.count_sent(sent, 0, bytes, failed);
-        self.count_numbered(numbered);
-    }
-
-    /// Counts the datagrams sent with a GSO number ([`UdpSock::send_batch`]).
-    #[inline]
-    fn count_numbered(&self, numbered: usize) {
-        if numbered > 0 {
-            self.counters
-                .tx_gso_numbered
-                .fetch_add(numbered as u64, Ordering::Relaxed);
-        }
+        self.count_sent(sent, 0, bytes, failed, numbered);
     }
 
     /// Counts what a send handed on: `sent` packets to the kernel and `laned` to same-host
-    /// lanes (also counted as sent), `bytes` in all, `failed` refused by the kernel.
+    /// lanes (also counted as sent), `bytes` in all, `failed` refused by the kernel,
+    /// `numbered` of `sent` with a GSO number ([`UdpSock::send_batch`]).
     #[inline]
-    fn count_sent(&self, sent: usize, laned: usize, bytes: usize, failed: usize) {
+    fn count_sent(&self, sent: usize, laned: usize, bytes: usize, failed: usize, numbered: usize) {
         let c = &self.counters;
         if laned > 0 {
             c.same_host_packets
@@ -639,6 +628,10 @@ impl Wire {
         c.tx_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
         if failed > 0 {
             c.tx_errors.fetch_add(failed as u64, Ordering::Relaxed);
+        }
+        if numbered > 0 {
+            c.tx_gso_numbered
+                .fetch_add(numbered as u64, Ordering::Relaxed);
         }
     }
 

@@ -2,7 +2,7 @@
 
 use super::{from_sockaddr, gso_to, write_sockaddr, GsoTo, UdpSock, UDP_GRO, UDP_SEGMENT};
 use crate::error::{Error, Result};
-use softrdma_wire::icrc::{self, IdentSolver};
+use softrdma_wire::icrc::{self, IdentBasis, IdentSolver};
 use softrdma_wire::roce::ICRC_LEN;
 use std::mem::{size_of, zeroed};
 use std::net::SocketAddr;
@@ -118,11 +118,23 @@ impl UdpSock {
                 // The numbered packets' ICRCs first: the iovecs below point into `icrcs`,
                 // which must not grow meanwhile.
                 icrcs.clear();
-                for &(first, count, _, numbered) in &groups[g..g + n] {
+                // (One basis for a group's packets of its segment size; only its last may be
+                // shorter.)
+                for &(first, count, seg, numbered) in &groups[g..g + n] {
                     if numbered {
+                        let full = icrc::ipv4_ident_basis(idents, seg - ICRC_LEN);
+                        let mut shorter = None;
                         for k in 1..count {
                             let p = pkt(first + k).0;
-                            icrcs.push(numbered_icrc(idents, p, k as u16));
+                            if p.len() == seg {
+                                icrcs.push(numbered_icrc(full, p, k as u16));
+                            } else {
+                                shorter = Some((p, k as u16));
+                            }
+                        }
+                        if let Some((p, k)) = shorter {
+                            let b = icrc::ipv4_ident_basis(idents, p.len() - ICRC_LEN);
+                            icrcs.push(numbered_icrc(b, p, k));
                         }
                     }
                 }
@@ -475,14 +487,15 @@ struct SendScratch {
 }
 
 /// The ICRC with which packet `p` (BTH through ICRC, sealed for IPv4 identification 0) goes
-/// as the datagram with identification `ident`. (A packet shorter than an ICRC joins no
-/// super-datagram; one would get an ICRC of 0.)
-fn numbered_icrc(idents: &mut IdentSolver, p: &[u8], ident: u16) -> [u8; ICRC_LEN] {
+/// as the datagram with identification `ident`; `basis` is that of its length
+/// ([`icrc::ipv4_ident_basis`]). (A packet shorter than an ICRC joins no super-datagram; one
+/// would get an ICRC of 0.)
+fn numbered_icrc(basis: &IdentBasis, p: &[u8], ident: u16) -> [u8; ICRC_LEN] {
     let Some(ib_len) = p.len().checked_sub(ICRC_LEN) else {
         return [0; ICRC_LEN];
     };
     let sealed = u32::from_le_bytes([p[ib_len], p[ib_len + 1], p[ib_len + 2], p[ib_len + 3]]);
-    (sealed ^ icrc::ipv4_ident_syndrome(idents, ib_len, ident)).to_le_bytes()
+    (sealed ^ basis.syndrome(ident)).to_le_bytes()
 }
 
 thread_local! {
