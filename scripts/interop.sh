@@ -157,6 +157,11 @@ run_case_once() {
     echo "PASS $name"; PASSED=$((PASSED + 1))
   else
     FAILED=$((FAILED + 1))
+    # CI shows only this output: the last lines of each log but the ping lines say why.
+    local f
+    for f in "$OUT/$name".*.log; do
+      [ -s "$f" ] && log "$(basename "$f"): $(grep -v 'ping data' "$f" | tail -4 | tr '\n' '|')"
+    done
     if [ "$REPEAT" -gt 1 ]; then   # keep this failure's files from the next repetition
       mkdir -p "$OUT/failed-$FAILED" && cp "$OUT/$name".* "$OUT/failed-$FAILED/"
       echo "FAIL $name (logs and capture: $OUT/failed-$FAILED/$name.*)"
@@ -164,6 +169,24 @@ run_case_once() {
       echo "FAIL $name (logs and capture: $OUT/$name.*)"
     fi
   fi
+}
+
+# rping_ok LOG [RC]: whether rdma-core's rping exited well (RC, or the "rc=N" line LOG has
+# from the VM). rping 44 (Debian's, here and in the VM) races at exit: when its CM event
+# thread has handled the last event but not yet read again as main destroys the event
+# channel, rdma_get_cm_event fails, perror prints "rdma_get_cm_event: ..." and the thread
+# exit()s with 255 after a test that succeeded (rdma-core f3ae6534, "rping: terminate CM
+# event thread before exiting", fixed it upstream). Only that exit, with that message, counts
+# as success besides 0, and it is logged; the callers still count the pings.
+rping_ok() {
+  local f=$1 rc=${2:-}
+  [ -n "$rc" ] || rc=$(sed -n 's/^rc=//p' "$f" | tail -1)
+  [ "$rc" = 0 ] && return 0
+  if [ "$rc" = 255 ] && grep -q '^rdma_get_cm_event: ' "$f"; then
+    log "(rping 44's exit race in $(basename "$f"): $(grep -m1 '^rdma_get_cm_event: ' "$f"))"
+    return 0
+  fi
+  return 1
 }
 
 # softrdma's rping client against the kernel's rping server.
@@ -195,7 +218,7 @@ rping_from_kernel() {
   srv=$(grep -c '^server ping data: ' "$OUT/$name.server.log")
   log "kernel client: $(grep '^rc=' "$OUT/$name.client.log"), $got pings verified; softrdma server rc=$rc, $srv pings"
   [ $rc = 0 ] && [ "$got" = "$COUNT" ] && [ "$srv" = "$COUNT" ] &&
-    grep -q '^rc=0$' "$OUT/$name.client.log" &&
+    rping_ok "$OUT/$name.client.log" &&
     ! grep -qiE 'mismatch|error' "$OUT/$name.server.log" "$OUT/$name.client.log"
 }
 
@@ -336,8 +359,8 @@ c_rping_to_kernel() {
   got=$(grep -c '^ping data: ' "$OUT/$name.client.log")
   srv=$(grep -c '^server ping data: ' "$OUT/$name.server.log")
   log "Debian rping client on softrdma rc=$rc, $got pings; kernel server: $srv pings, $(grep '^rc=' "$OUT/$name.server.log")"
-  [ $rc = 0 ] && [ "$got" = "$COUNT" ] && [ "$srv" = "$COUNT" ] && grep -q '^rc=0$' "$OUT/$name.server.log" &&
-    ! grep -qiE 'mismatch|error' "$OUT/$name.server.log" "$OUT/$name.client.log"
+  rping_ok "$OUT/$name.client.log" $rc && [ "$got" = "$COUNT" ] && [ "$srv" = "$COUNT" ] &&
+    rping_ok "$OUT/$name.server.log" && ! grep -qiE 'mismatch|error' "$OUT/$name.server.log" "$OUT/$name.client.log"
 }
 c_rping_from_kernel() {
   local name=$1
@@ -353,8 +376,8 @@ c_rping_from_kernel() {
   got=$(grep -c '^ping data: ' "$OUT/$name.client.log")
   srv=$(grep -c '^server ping data: ' "$OUT/$name.server.log")
   log "kernel client: $(grep '^rc=' "$OUT/$name.client.log"), $got pings; Debian rping server on softrdma rc=$rc, $srv pings"
-  [ $rc = 0 ] && [ "$got" = "$COUNT" ] && [ "$srv" = "$COUNT" ] && grep -q '^rc=0$' "$OUT/$name.client.log" &&
-    ! grep -qiE 'mismatch|error' "$OUT/$name.server.log" "$OUT/$name.client.log"
+  rping_ok "$OUT/$name.server.log" $rc && [ "$got" = "$COUNT" ] && [ "$srv" = "$COUNT" ] &&
+    rping_ok "$OUT/$name.client.log" && ! grep -qiE 'mismatch|error' "$OUT/$name.server.log" "$OUT/$name.client.log"
 }
 c_rc_pingpong_to_kernel() {
   local name=$1
@@ -553,7 +576,7 @@ rping_lossy_to_kernel() {
   srv=$(grep -c '^server ping data: ' "$OUT/$name.server.log")
   retry=$(counter_delta "$OUT/$name.hw_before" "$OUT/$name.hw_after" completer_retry_err)
   log "softrdma client rc=$rc, $got pings verified; kernel server: $srv pings, $(grep '^rc=' "$OUT/$name.server.log"), $retry retries (completer_retry_err)"
-  [ $rc = 0 ] && [ "$got" = "$COUNT" ] && [ "$srv" = "$COUNT" ] && grep -q '^rc=0$' "$OUT/$name.server.log" &&
+  [ $rc = 0 ] && [ "$got" = "$COUNT" ] && [ "$srv" = "$COUNT" ] && rping_ok "$OUT/$name.server.log" &&
     ! grep -qiE 'mismatch|error' "$OUT/$name.server.log" "$OUT/$name.client.log"
 }
 rping_lossy_to_kernel_capture() {
