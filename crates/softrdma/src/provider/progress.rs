@@ -386,7 +386,8 @@ impl Engine {
             }
             if rx.lane_polls == 0 || rx.socket_skipped >= SOCKET_EVERY {
                 rx.socket_skipped = 0;
-                rx.rx.receive_rounds(&self.wire, &self.share, self, tx, 4);
+                rx.rx
+                    .receive_rounds(&self.wire, &self.share, self, tx, 4, true);
             } else {
                 rx.socket_skipped += 1;
             }
@@ -483,7 +484,8 @@ impl Engine {
             // (Everything, a new lane's first records too: the caller is about to end a
             // connection.)
             rx.rx.receive_lanes(&self.wire, &self.share, self, tx, true);
-            rx.rx.receive_rounds(&self.wire, &self.share, self, tx, 4);
+            rx.rx
+                .receive_rounds(&self.wire, &self.share, self, tx, 4, false);
             self.send(tx);
         });
     }
@@ -771,7 +773,9 @@ pub(super) fn progress(weak: Weak<Engine>) {
         if fds[0].revents & libc::POLLIN != 0 {
             let mut rx = engine.rx.lock().unwrap_or_else(|p| p.into_inner());
             let e = &*engine;
-            let n = rx.rx.receive_rounds(&e.wire, &e.share, e, &mut tx, 64);
+            let n = rx
+                .rx
+                .receive_rounds(&e.wire, &e.share, e, &mut tx, 64, false);
             took += n;
             if n > 0 {
                 last_rx = Instant::now();

@@ -350,7 +350,10 @@ pub(crate) fn datagrams<'a>(
 
 impl RxState {
     /// Receives and processes what is waiting on the device socket, up to `rounds` batches,
-    /// handing what is good to `sink`. Returns the number of messages received.
+    /// handing what is good to `sink`. Returns the number of messages received. With
+    /// `narrow` (a program's poll) a look asks for as many messages as [`RxWidth`] says;
+    /// otherwise (the progress thread, which ends its turn when a look finds fewer than a
+    /// batch, and a final drain) for a batch.
     pub(crate) fn receive_rounds(
         &mut self,
         wire: &Wire,
@@ -358,6 +361,7 @@ impl RxState {
         sink: &impl RxSink,
         tx: &mut TxBatch,
         rounds: usize,
+        narrow: bool,
     ) -> usize {
         let mut total = 0;
         let RxState {
@@ -370,10 +374,12 @@ impl RxState {
         } = self;
         let local = wire.local.ip();
         for _ in 0..rounds {
-            let n = match wire
-                .sock
-                .recv_batch_upto(bufs, meta, scratch, width.get(BATCH))
-            {
+            let n = match wire.sock.recv_batch_upto(
+                bufs,
+                meta,
+                scratch,
+                if narrow { width.get(BATCH) } else { BATCH },
+            ) {
                 Ok(n) => n,
                 Err(e) => {
                     // An ICMP error for an earlier datagram is reported here once, and its
