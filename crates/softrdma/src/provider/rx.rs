@@ -271,8 +271,9 @@ pub(crate) struct RxState {
     width: RxWidth,
 }
 
-/// How many messages a receiver's next `recvmmsg` asks for. A `recvmmsg` of up to 64 that
-/// finds one message tries for a second and costs some 0.5 µs more than one of up to one
+/// How many messages a program's poll asks `recvmmsg` for (see [`RxState::receive_rounds`]).
+/// A `recvmmsg` of up to 64 that finds one message tries for a second and costs some 0.3-0.5
+/// µs more than one of up to one
 /// ([`UdpSock::recv_batch_upto`](super::sock::UdpSock::recv_batch_upto)), and a ping-pong's
 /// receiver finds one message a look (on loopback an answer and the ACK behind it are one
 /// GSO message). So after a look that took one message and one right after it that found

@@ -265,7 +265,7 @@ impl UdpSock {
     }
 
     /// [`UdpSock::recv_batch`], taking at most `max` messages (at least one). On loopback a
-    /// `recvmmsg` that takes one message of up to 64 costs some 0.5 µs more than one of up to
+    /// `recvmmsg` that takes one message of up to 64 costs some 0.3-0.5 µs more than one of up to
     /// one (`scripts/probes/udp_recv_variants.c`): after the message it tries for another and
     /// finds none. A receiver that expects one message (a ping-pong's answer) asks for one.
     pub(crate) fn recv_batch_upto(
