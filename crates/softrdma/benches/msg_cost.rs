@@ -10,10 +10,10 @@
 //!     cargo bench -p softrdma --bench msg_cost              # ns per message
 //!     MSGS=200000 valgrind --tool=callgrind target/release/deps/msg_cost-*  # instructions
 //!
-//! (Over the wire give valgrind `--fair-sched=yes`: with its default lock the polling thread
-//! can starve a progress thread that holds the device's receive side, the ACKs wait past the
-//! pair's 16.8 ms timeout, and a ping-pong ends in `RetryExcErr` after some hundred round
-//! trips.)
+//! (Over the wire give valgrind `--fair-sched=yes`. With its default, unfair lock between
+//! threads, a ping-pong ended in `RetryExcErr` after 40-700 round trips, its QP counting
+//! local ACK timeouts: the polling thread, running on, starves the device's other threads
+//! past the pair's 16.8 ms timeout. Natively, even beside busy loops on its core, it runs.)
 //!
 //! (`MSGS` sets the number of messages; without `--bench`, as `cargo test --benches` runs
 //! it, a few batches only.)
