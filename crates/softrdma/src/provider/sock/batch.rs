@@ -63,6 +63,7 @@ impl UdpSock {
                 idents,
             } = &mut *scratch;
             let gso = self.gso.load(Ordering::Relaxed);
+            let number_loopback = self.gso_number_loopback || test_number_loopback();
             // Groups: (first packet, number of packets, segment size, numbered).
             groups.clear();
             let mut i = 0;
@@ -71,7 +72,7 @@ impl UdpSock {
                 let seg = first.len();
                 let mut n = 1;
                 let mut total = seg;
-                let to = gso_to(dst, self.gso_number_loopback || test_number_loopback());
+                let to = gso_to(dst, number_loopback);
                 // (Whether a run may go as one message, whether it is cut on the way,
                 // whether its datagrams are numbered.)
                 let (may, cut, numbered) = match to {
