@@ -39,8 +39,9 @@ thread_local! {
 /// processes pinned to a core each, or more busy threads than cores) the holder waits for the
 /// spinner's time slice to end. From [`BusyReceiver::YIELD_AFTER`] such polls in a row on,
 /// each yields the CPU (`sched_yield`): at once back when nothing else waits for the core,
-/// and the holder runs when it does. (`softrdma perf send -s 1048576` over the wire between
-/// two processes pinned to a core each, 8 rounds: 3.75 -> 4.32 GB/s median; BENCHMARKS.md.)
+/// and the holder runs when it does. (`softrdma perf send -s 1048576` over the wire, one
+/// process, 6 rounds: 2.97 -> 4.01 GB/s median; two processes pinned, 8 rounds: 3.53 -> 3.75;
+/// BENCHMARKS.md, "A poll that finds the receive side taken yields the CPU".)
 /// A poll that takes the receive side starts the count again, so a ping-pong, whose polls
 /// find the progress thread receiving only now and then and briefly, never yields.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
