@@ -98,6 +98,11 @@ pub(crate) struct Engine {
     /// A CQ of this device was armed for an event after the last such poll: its program is
     /// going to sleep, so the progress thread must watch the socket.
     pub(super) app_asleep: AtomicBool,
+    /// An application thread's poll yielded the CPU, finding the receive side taken many
+    /// times in a row (see `progress::BusyReceiver`), and no poll has taken it since: the
+    /// progress thread does not stand down for the polls meanwhile (the yielding thread may
+    /// be off its core for a time slice, and nobody would receive).
+    pub(super) app_yielded: AtomicBool,
     /// The progress thread is not watching the socket (an application thread polls it).
     pub(super) standing_down: AtomicBool,
     /// [`Engine::app_polls`] plus one when a polling program may have begun to spin on
@@ -202,6 +207,7 @@ impl Engine {
             app_polls: AtomicU64::new(0),
             app_empty_polls: AtomicU64::new(0),
             app_asleep: AtomicBool::new(false),
+            app_yielded: AtomicBool::new(false),
             standing_down: AtomicBool::new(false),
             lanes_hot: AtomicBool::new(false),
             held_acks: Mutex::new(Vec::new()),

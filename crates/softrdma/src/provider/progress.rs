@@ -413,6 +413,11 @@ impl Engine {
                 b.set(v);
                 y
             }) {
+                // (Stored before the yield: the progress thread, about to stand down for this
+                // thread's polls, keeps receiving until a poll takes the receive side again.)
+                if !self.app_yielded.load(Ordering::Relaxed) {
+                    self.app_yielded.store(true, Ordering::Relaxed);
+                }
                 // SAFETY: no arguments; it cannot fail on Linux.
                 unsafe { libc::sched_yield() };
             }
@@ -423,6 +428,9 @@ impl Engine {
             v.took();
             b.set(v);
         });
+        if self.app_yielded.load(Ordering::Relaxed) {
+            self.app_yielded.store(false, Ordering::Relaxed);
+        }
         let rx = &mut *rx;
         RECEIVING.with(|r| r.set(self as *const Engine as usize));
         with_tx(|tx| {
@@ -575,6 +583,11 @@ impl Engine {
             return None;
         }
         *seen = polls;
+        if self.app_yielded.load(Ordering::Relaxed) {
+            // The polls found the receive side taken and gave the core away: this thread
+            // receives on (see `BusyReceiver`).
+            return None;
+        }
         // (Stored before `app_asleep` and `spinner_at` are read, which their writers store
         // before they read this: one of the two threads sees the other's store, and a
         // writer that sees it wakes this thread.)
@@ -1041,6 +1054,36 @@ mod tests {
         e.note_app_poll(true);
         assert!(e.handoff_until(now, &mut seen).is_some());
         assert_eq!(e.spinner_at.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn polls_that_yield_keep_the_progress_thread_receiving_until_one_takes_the_receive_side() {
+        let (_ctx, e) = started_engine();
+        let now = Instant::now();
+        let mut seen = e.app_polls.load(Ordering::Relaxed);
+        {
+            // Another thread holds the receive side (as the progress thread does while it
+            // sends a stream's window): polls find it taken, and from the 256th in a row on
+            // they yield.
+            let _held = e.rx.lock().unwrap();
+            for _ in 1..BusyReceiver::YIELD_AFTER {
+                e.poll_progress(true, true);
+            }
+            assert!(!e.app_yielded.load(Ordering::Relaxed));
+            e.poll_progress(true, true);
+            assert!(e.app_yielded.load(Ordering::Relaxed));
+            // The program polled, but its thread gave its core away: the progress thread does
+            // not stand down for it.
+            assert!(e.handoff_until(now, &mut seen).is_none());
+        }
+        // A poll that takes the receive side (the progress thread may hold it a moment: poll
+        // until one does) ends that, and the device is left to the program's polls again.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while e.app_yielded.load(Ordering::Relaxed) {
+            assert!(Instant::now() < deadline, "no poll took the receive side");
+            e.poll_progress(true, true);
+        }
+        assert!(e.handoff_until(now, &mut seen).is_some());
     }
 
     #[test]
