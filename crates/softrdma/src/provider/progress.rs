@@ -43,7 +43,13 @@ thread_local! {
 /// process, 6 rounds: 2.97 -> 4.01 GB/s median; two processes pinned, 8 rounds: 3.53 -> 3.75;
 /// BENCHMARKS.md, "A poll that finds the receive side taken yields the CPU".)
 /// A poll that takes the receive side starts the count again, so a ping-pong, whose polls
-/// find the progress thread receiving only now and then and briefly, never yields.
+/// find the progress thread receiving only now and then and briefly, never yields. A poll
+/// that yields marks the device (`Engine::app_yielded`) until a poll takes the receive side
+/// again, and the progress thread does not stand down for the program's polls meanwhile: the
+/// yielding thread may be off its core for a time slice, and with the progress thread
+/// standing down nobody would receive (perftest `ib_read_bw`, whose program spins on its CQ
+/// without end, dropped hundreds of datagrams a run). The count is the thread's, whatever
+/// device its polls looked at.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct BusyReceiver(u32);
 
@@ -425,8 +431,10 @@ impl Engine {
         };
         BUSY_RECEIVER.with(|b| {
             let mut v = b.get();
-            v.took();
-            b.set(v);
+            if v != BusyReceiver::default() {
+                v.took();
+                b.set(v);
+            }
         });
         if self.app_yielded.load(Ordering::Relaxed) {
             self.app_yielded.store(false, Ordering::Relaxed);
