@@ -13,6 +13,7 @@
 //!   against the installed headers by `tests/layout.rs`.
 //! - [`verbs`]: the `ibv_*` functions and the objects behind the pointers they hand out.
 //! - [`rdmacm`]: the `rdma_*` functions.
+//! - [`revocable`]: channel wrappers that a late call on a destroyed channel can still read.
 //!
 //! Every entry point translates: the softrdma library under it stays the one
 //! implementation. Errors set `errno` as rdma-core does; no panic crosses the C boundary
@@ -23,4 +24,5 @@
 pub mod abi;
 pub mod ffi;
 pub mod rdmacm;
+pub mod revocable;
 pub mod verbs;

@@ -522,3 +522,27 @@ fn channels_destroyed_while_a_thread_waits_leave_it_waiting() {
     );
     assert!(out.contains("channel_destroyed_while_waiting: ok"), "{out}");
 }
+
+/// Calls on channels the program has already destroyed (tests/c/channel_used_after_destroy.c),
+/// as rping's CM thread makes one when main destroys the channel between two of its calls:
+/// no crash and no freed memory read; `rdma_get_cm_event`/`ibv_get_cq_event` wait on a
+/// blocking descriptor and fail with EBADF on a non-blocking one, other calls fail with
+/// EBADF, and channels made afterwards work.
+#[test]
+fn calls_on_destroyed_channels_wait_or_fail_with_ebadf() {
+    if !have_headers() {
+        return;
+    }
+    let exe = compile_c(
+        "channel_used_after_destroy",
+        &["channel_used_after_destroy.c"],
+    );
+    let mut c = command(&exe);
+    c.arg(unique_addr().to_string());
+    let (st, out, err) = run_bounded(c, LIMIT);
+    assert!(
+        ok(st),
+        "channel_used_after_destroy failed ({st:?}):\n{out}\n{err}"
+    );
+    assert!(out.contains("channel_used_after_destroy: ok"), "{out}");
+}

@@ -22,6 +22,7 @@ mod sa;
 
 use crate::abi::*;
 use crate::ffi::{guard, ret_neg1};
+use crate::revocable::{Late, Pool, Revocable};
 use libc::{c_char, c_int, c_void, sockaddr};
 use softrdma::rdma_cm::{
     CmEvent, CmEventType, CmId, ConnParam, EventChannel, EventInfo, JoinMcAttrEx, PortSpace,
@@ -42,19 +43,71 @@ pub(crate) fn err(e: softrdma::Error) -> i32 {
 }
 
 /// `struct rdma_event_channel` and the channel behind it.
+///
+/// Destroyed wrappers are kept for reuse, never freed (see [`crate::revocable`]): a call on a
+/// channel that another thread has just destroyed reads a valid wrapper.
 #[repr(C)]
 pub struct CChannel {
     hdr: rdma_event_channel,
-    chan: EventChannel,
+    chan: Revocable<EventChannel>,
 }
+
+/// Destroyed event channel wrappers, for the next channels.
+static CM_CHANNELS: Pool = Pool::new();
 
 impl CChannel {
     fn new_raw(chan: EventChannel) -> *mut rdma_event_channel {
+        let fd = chan.fd();
+        if let Some(w) = CM_CHANNELS.take::<CChannel>() {
+            // SAFETY: the pool holds destroyed CChannels, whose memory is never freed.
+            unsafe {
+                (*w).hdr.fd = fd;
+                (*w).chan.restore(chan);
+            }
+            return w as *mut rdma_event_channel;
+        }
         let b = Box::new(CChannel {
-            hdr: rdma_event_channel { fd: chan.fd() },
-            chan,
+            hdr: rdma_event_channel { fd },
+            chan: Revocable::new(chan),
         });
         Box::into_raw(b) as *mut rdma_event_channel
+    }
+
+    /// The channel behind a C pointer (a handle the caller holds, so that the channel lives
+    /// as long as the call even if another thread destroys it meanwhile).
+    ///
+    /// Fails with [`Late`] when the channel was destroyed.
+    ///
+    /// # Safety
+    /// `p` must come from [`CChannel::new_raw`] (live or destroyed).
+    unsafe fn get(p: *mut rdma_event_channel) -> Result<EventChannel, Late> {
+        (*(p as *mut CChannel)).chan.get()
+    }
+
+    /// The channel of a C pointer that may be NULL, for calls that take one (`EBADF` for a
+    /// destroyed channel, as rdma-core's write to its closed descriptor fails).
+    ///
+    /// # Safety
+    /// As for [`CChannel::get`], or NULL.
+    unsafe fn get_opt(p: *mut rdma_event_channel) -> Res<Option<EventChannel>> {
+        if p.is_null() {
+            return Ok(None);
+        }
+        CChannel::get(p).map(Some).map_err(|_| libc::EBADF)
+    }
+
+    /// Destroys the channel behind `p`: the wrapper gives it up (its descriptor closes once
+    /// no id and no waiting call holds it) and goes to the pool. A second destruction does
+    /// nothing.
+    ///
+    /// # Safety
+    /// As for [`CChannel::get`].
+    unsafe fn destroy_raw(p: *mut rdma_event_channel) {
+        let w = p as *mut CChannel;
+        if let Some(ch) = (*w).chan.revoke((*w).hdr.fd) {
+            drop(ch);
+            CM_CHANNELS.put(w);
+        }
     }
 }
 
@@ -352,12 +405,14 @@ pub unsafe extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel 
 }
 
 /// `rdma_destroy_event_channel`: closes the channel (its descriptor stays open while ids
-/// still use it).
+/// still use it). A later `rdma_get_cm_event` on it (another thread's, as rping's at exit)
+/// waits as one already waiting does: forever on a blocking descriptor, `EBADF` on a
+/// non-blocking one; other calls given it fail with `EBADF`.
 #[export_name = "softrdma_rdma_destroy_event_channel"]
 pub unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     guard((), || {
         if !channel.is_null() {
-            drop(Box::from_raw(channel as *mut CChannel));
+            CChannel::destroy_raw(channel);
         }
     })
 }
@@ -380,8 +435,8 @@ pub unsafe extern "C" fn rdma_create_id(
             .ok()
             .and_then(PortSpace::from_u16)
             .ok_or(libc::EINVAL)?;
-        let ch = (!channel.is_null()).then(|| &(*(channel as *mut CChannel)).chan);
-        let new = CmId::create(ch, 0, ps).map_err(err)?;
+        let ch = CChannel::get_opt(channel)?;
+        let new = CmId::create(ch.as_ref(), 0, ps).map_err(err)?;
         *id = new_cid(new, context, channel) as *mut rdma_cm_id;
         Ok(())
     })
@@ -402,7 +457,7 @@ pub unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             drop(Box::from_raw(x.sync_event));
         }
         if !x.own_chan.is_null() {
-            drop(Box::from_raw(x.own_chan as *mut CChannel));
+            CChannel::destroy_raw(x.own_chan);
         }
         Ok(())
     })
@@ -426,7 +481,9 @@ pub unsafe extern "C" fn rdma_get_cm_event(
         // With librdmacm that thread stays blocked in read(2) on the closed descriptor; here
         // it stays blocked on the channel, which lives as long as the wait, and never touches
         // the freed wrapper (a borrow crashed, or returned EBADF into rping's exit(-1)).
-        let chan = (*(channel as *mut CChannel)).chan.clone();
+        // A channel destroyed before this call: the call waits as it would have had it come
+        // a moment earlier (see crate::revocable).
+        let chan = CChannel::get(channel).map_err(Late::wait)?;
         loop {
             let ev = chan.get_cm_event().map_err(err)?;
             let listen = ev.listen_id.as_ref().map_or(std::ptr::null_mut(), lookup);
@@ -758,8 +815,8 @@ pub unsafe extern "C" fn rdma_migrate_id(
 ) -> c_int {
     ret_neg1(|| {
         let c = cid(id)?;
-        let ch = (!channel.is_null()).then(|| &(*(channel as *mut CChannel)).chan);
-        c.id.migrate_id(ch).map_err(err)?;
+        let ch = CChannel::get_opt(channel)?;
+        c.id.migrate_id(ch.as_ref()).map_err(err)?;
         let old = std::mem::replace(&mut c.extra().own_chan, std::ptr::null_mut());
         if channel.is_null() {
             let own = CChannel::new_raw(c.id.channel());
@@ -769,7 +826,7 @@ pub unsafe extern "C" fn rdma_migrate_id(
             c.hdr.channel = channel;
         }
         if !old.is_null() {
-            drop(Box::from_raw(old as *mut CChannel));
+            CChannel::destroy_raw(old);
         }
         Ok(())
     })

@@ -111,13 +111,14 @@ pub unsafe fn cq_arc<'a>(p: *mut ibv_cq) -> Option<&'a Arc<softrdma::Cq>> {
     unsafe { objects::wrapper::<_, CCq>(p) }.map(|w| &w.cq)
 }
 
-/// The softrdma completion channel behind a C channel (`None` for NULL).
+/// The softrdma completion channel behind a C channel (`None` for NULL or a destroyed
+/// channel): a handle of its own, as the wrapper may be destroyed meanwhile.
 ///
 /// # Safety
-/// `p` must be NULL or a live channel of this library.
-pub unsafe fn channel_arc<'a>(p: *mut ibv_comp_channel) -> Option<&'a Arc<softrdma::CompChannel>> {
+/// `p` must be NULL or a channel of this library (live or destroyed).
+pub unsafe fn channel_arc(p: *mut ibv_comp_channel) -> Option<Arc<softrdma::CompChannel>> {
     // SAFETY: caller's contract.
-    unsafe { objects::wrapper::<_, CChannel>(p) }.map(|w| &w.ch)
+    unsafe { objects::wrapper::<_, CChannel>(p) }.and_then(|w| w.ch.get().ok())
 }
 
 /// The softrdma SRQ behind a C SRQ (`None` for NULL).

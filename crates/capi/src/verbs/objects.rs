@@ -8,6 +8,7 @@
 //! pointers live in the C headers (`cq->cq_context`, `qp->qp_context`, …).
 
 use crate::abi::*;
+use crate::revocable::{Pool, Revocable};
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -69,14 +70,19 @@ pub struct CMw {
     pub mw: softrdma::Mw,
 }
 
-/// A completion channel.
+/// A completion channel. Destroyed wrappers are kept for reuse, never freed
+/// ([`COMP_CHANNELS`], see [`crate::revocable`]): a call on a channel that another thread
+/// has just destroyed reads a valid wrapper.
 #[repr(C)]
 pub struct CChannel {
     /// The C view (`fd` is the softrdma channel's eventfd).
     pub c: ibv_comp_channel,
-    /// The softrdma channel.
-    pub ch: Arc<softrdma::CompChannel>,
+    /// The softrdma channel, until `ibv_destroy_comp_channel`.
+    pub ch: Revocable<Arc<softrdma::CompChannel>>,
 }
+
+/// Destroyed completion channel wrappers, for the next channels.
+pub static COMP_CHANNELS: Pool = Pool::new();
 
 /// A completion queue; the softrdma CQ's `cq_context` is this wrapper's address.
 #[repr(C)]

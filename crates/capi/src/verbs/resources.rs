@@ -5,7 +5,8 @@ use super::device::ctx;
 use super::objects::{self, CAh, CChannel, CContext, CCq, CMr, CMw, CPd, CQp, CSrq};
 use crate::abi::*;
 use crate::ffi::{guard, ret_errno, ret_neg1, ret_ptr, set_errno};
-use libc::{c_int, c_uint, c_void, size_t, EINVAL, EOPNOTSUPP};
+use crate::revocable::Revocable;
+use libc::{c_int, c_uint, c_void, size_t, EBADF, EINVAL, EOPNOTSUPP};
 use std::sync::{Arc, Mutex};
 
 /// `ibv_alloc_pd`: a new PD; NULL with errno (EINVAL for NULL, ENOMEM past `max_pd`).
@@ -283,31 +284,49 @@ pub unsafe extern "C" fn ibv_create_comp_channel(
             fd: ch.fd(),
             refcnt: 0,
         };
+        if let Some(w) = objects::COMP_CHANNELS.take::<CChannel>() {
+            // SAFETY: the pool holds destroyed CChannels, whose memory is never freed.
+            unsafe {
+                (*w).c = hdr;
+                (*w).ch.restore(Arc::new(ch));
+            }
+            return Ok(w.cast());
+        }
         Ok(Box::into_raw(Box::new(CChannel {
             c: hdr,
-            ch: Arc::new(ch),
+            ch: Revocable::new(Arc::new(ch)),
         }))
         .cast())
     })
 }
 
 /// `ibv_destroy_comp_channel@IBVERBS_1.0`: 0, or the errno (EINVAL for NULL, EBUSY while a
-/// CQ uses it).
+/// CQ uses it, EBADF when destroyed already). A later `ibv_get_cq_event` on it (another
+/// thread's) waits as one already waiting does: forever on a blocking descriptor, `EBADF`
+/// on a non-blocking one.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel) -> c_int {
     ret_errno(|| {
         if channel.is_null() {
             return Err(EINVAL);
         }
-        // SAFETY: a live boxed CChannel.
-        unsafe {
-            objects::destroy_arc(
-                channel.cast::<CChannel>(),
-                |w| std::ptr::addr_of_mut!((*w).ch),
-                |_| {},
-                |c| c.destroy(),
-            )
+        let w = channel.cast::<CChannel>();
+        // SAFETY: a channel of this library (live or destroyed: the memory stays).
+        let (slot, fd) = unsafe { (&(*w).ch, (*w).c.fd) };
+        let arc = slot.revoke(fd).ok_or(EBADF)?;
+        // A thread waiting on the channel holds it too: then only the wrapper goes, and the
+        // channel with that thread's handle.
+        match Arc::try_unwrap(arc) {
+            Ok(ch) => {
+                if let Err(e) = ch.destroy() {
+                    slot.restore(Arc::new(e.object));
+                    return Err(e.error.errno());
+                }
+            }
+            Err(arc) => drop(arc),
         }
+        objects::COMP_CHANNELS.put(w);
+        Ok(())
     })
 }
 
@@ -327,17 +346,18 @@ pub unsafe fn create_cq(
     // SAFETY: caller's contract.
     let c = unsafe { ctx(context) }?;
     // SAFETY: as above.
-    let ch = unsafe { objects::wrapper::<_, CChannel>(channel) };
+    let w = unsafe { objects::wrapper::<_, CChannel>(channel) };
     if cqe < 0 || comp_vector < 0 {
         return Err(EINVAL);
     }
-    if let Some(ch) = ch {
-        if ch.c.context != context {
-            return Err(EINVAL);
-        }
-    }
+    let ch = match w {
+        Some(w) if w.c.context != context => return Err(EINVAL),
+        // A destroyed channel: EBADF, as the kernel answers for its closed descriptor.
+        Some(w) => Some(w.ch.get().map_err(|_| EBADF)?),
+        None => None,
+    };
     let w = objects::alloc_wrapper::<CCq>();
-    match c.create_cq(cqe as u32, w as u64, ch.map(|c| &*c.ch), comp_vector as u32) {
+    match c.create_cq(cqe as u32, w as u64, ch.as_deref(), comp_vector as u32) {
         Ok(cq) => {
             let mut hdr: ibv_cq = objects::zeroed();
             hdr.context = context;
@@ -440,8 +460,10 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             return Err(EINVAL);
         }
         // Held for the wait (not borrowed from the wrapper), as rdma_get_cm_event holds its
-        // channel: a channel destroyed while a thread waits on it leaves that thread waiting.
-        let chan = Arc::clone(&ch.ch);
+        // channel: a channel destroyed while a thread waits on it leaves that thread waiting;
+        // a call that comes after the destruction waits as if it had come a moment before
+        // (see crate::revocable).
+        let chan = ch.ch.get().map_err(crate::revocable::Late::wait)?;
         let ev = chan.get_cq_event().map_err(|e| e.errno())?;
         let w = ev.cq_context() as usize as *mut CCq;
         // SAFETY: the event's CQ is live until its events are acknowledged (destroy fails
