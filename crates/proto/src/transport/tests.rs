@@ -523,6 +523,131 @@ fn read_consumes_psns_and_rd_atomic_depth_and_fence() {
     );
 }
 
+/// A READ response packet at `psn` (`i` of `n` in its READ), carrying `payload`.
+fn read_resp(psn: u32, i: u32, n: u32, payload: &[u8]) -> Vec<u8> {
+    let op = match (i, n) {
+        (0, 1) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+        (0, _) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+        (i, n) if i + 1 == n => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+        _ => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+    };
+    let aeth = op != Opcode::RC_RDMA_READ_RESPONSE_MIDDLE;
+    pkt(
+        roce::Repr {
+            bth: bthr(op, psn & 0xff_ffff, false),
+            aeth: aeth.then_some(aeth::Repr {
+                syndrome: ACK,
+                msn: 1,
+            }),
+            payload_len: payload.len(),
+            ..roce::Repr::default()
+        },
+        payload,
+    )
+}
+
+/// A tail-loss probe of a READ whose responses are partly in asks the responder for the
+/// READ's last packet, not for everything from the first PSN missing: the responses may be
+/// waiting unread in this host's socket, and the responder would send them all again. The
+/// rest arriving completes the READ (the probe's answer is then a duplicate, ignored); a
+/// response lost before the probe's answer makes that answer out of order, and the READ is
+/// asked for again from the missing PSN.
+#[test]
+fn a_probe_of_a_read_asks_for_its_last_packet_only() {
+    let t0 = Instant::now();
+    for lost in [None, Some(5u32)] {
+        let mut env = FlatEnv::new();
+        let mut c = cfg();
+        c.sq_psn = 10;
+        let mut qp = Qp::new(c);
+        qp.post_send(send(
+            1,
+            SendOp::RdmaRead {
+                remote_addr: 8192,
+                rkey: 7,
+            },
+            16 * 256,
+        ))
+        .unwrap();
+        let p = drain(&mut qp, &mut env, t0);
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].0.reth.unwrap().dma_len, 4096);
+        // Responses 0..4 arrive (one of them lost, or not), then nothing for a while.
+        for i in 0..5 {
+            qp.handle_packet(
+                t0,
+                &read_resp(10 + i, i, 16, &[i as u8; 256]),
+                &META,
+                &mut env,
+            );
+        }
+        let probe_at = qp.poll_timeout().unwrap();
+        assert!(probe_at < t0 + crate::timer::local_ack_timeout(14).unwrap());
+        qp.handle_timeout(probe_at, &mut env);
+        let p = drain(&mut qp, &mut env, probe_at);
+        assert_eq!(qp.stats().probes, 1);
+        assert_eq!(p.len(), 1, "one packet: the READ's last PSN");
+        assert_eq!(p[0].0.bth.psn, 25);
+        assert!(p[0].0.bth.ack_req);
+        assert_eq!(
+            p[0].0.reth,
+            Some(reth::Repr {
+                va: 8192 + 15 * 256,
+                rkey: 7,
+                dma_len: 256
+            })
+        );
+        let t1 = probe_at + Duration::from_micros(10);
+        for i in 5..16 {
+            if Some(i) != lost {
+                qp.handle_packet(
+                    t1,
+                    &read_resp(10 + i, i, 16, &[i as u8; 256]),
+                    &META,
+                    &mut env,
+                );
+            }
+        }
+        // The probe's answer: psn 25 again (an ONLY response: one packet asked for).
+        qp.handle_packet(t1, &read_resp(25, 0, 1, &[15u8; 256]), &META, &mut env);
+        match lost {
+            None => {
+                let c1 = qp.poll_completion().unwrap();
+                assert_eq!(
+                    (c1.wr_id, c1.status, c1.byte_len),
+                    (1, WcStatus::Success, 4096)
+                );
+                assert!(qp.poll_completion().is_none());
+                assert!(
+                    drain(&mut qp, &mut env, t1).is_empty(),
+                    "nothing asked again"
+                );
+                assert_eq!(qp.stats().retries, 0);
+                for i in 0..16 {
+                    assert!(env.mem[i * 256..(i + 1) * 256]
+                        .iter()
+                        .all(|&b| b == i as u8));
+                }
+            }
+            Some(l) => {
+                assert!(qp.poll_completion().is_none());
+                let p = drain(&mut qp, &mut env, t1);
+                assert_eq!(p.len(), 1);
+                assert_eq!(p[0].0.bth.psn, 10 + l);
+                assert_eq!(
+                    p[0].0.reth,
+                    Some(reth::Repr {
+                        va: 8192 + u64::from(l) * 256,
+                        rkey: 7,
+                        dma_len: (16 - l) * 256
+                    })
+                );
+                assert_eq!(qp.stats().retries, 1);
+            }
+        }
+    }
+}
+
 #[test]
 fn timeout_and_rnr_timers() {
     let t0 = Instant::now();
