@@ -1511,18 +1511,21 @@ impl Requester {
     /// answers duplicates with ACKs), so a dead peer still gets RETRY_EXC_ERR after exactly
     /// `retry_cnt` + 1 local ACK timeouts.
     ///
-    /// When the first unacknowledged PSN lies in a READ, the first packet is that READ's last
-    /// PSN instead: a READ request sent again at a PSN asks for the response from there to
-    /// the READ's end (up to 2 GiB; at a 1 MiB READ's first PSN, 256 packets of 4 KiB), and
-    /// a probe that fires while those responses wait unread in this host's socket (a
-    /// requester descheduled for a moment on a busy host) would have the responder send them
-    /// all again: into the same socket, which overflows and loses some, and the next probe
-    /// doubles them again (perftest's `ib_read_bw` on 2 cores: 522 probes, 2,685 READs
-    /// answered again, 3.7 times the data sent, 425 MB/s). The last PSN asks for one packet
-    /// and still draws what the first one would: its response comes after whatever the
-    /// responder sent before (in order, on one path), so it completes the READ when the
-    /// rest arrived, and arrives out of order (a go-back-N from `comp_psn`) when a response
-    /// before it was lost; a responder that never had the READ NAKs its PSN as a gap.
+    /// When the first unacknowledged PSN lies in a READ, the first probe since the last
+    /// progress sends that READ's last PSN instead: a READ request sent again at a PSN asks
+    /// for the response from there to the READ's end (up to 2 GiB; at a 1 MiB READ's first
+    /// PSN, 256 packets of 4 KiB), and a probe that fires while those responses wait unread
+    /// in this host's socket (a requester descheduled for a moment on a busy host) would have
+    /// the responder send them all again: into the same socket, which overflows and loses
+    /// some, and the next probe doubles them again (perftest's `ib_read_bw` on 2 cores: 522
+    /// probes, 2,685 READs answered again, 3.7 times the data sent, 425 MB/s). The last PSN
+    /// asks for one packet, and its response comes after whatever the responder sent before
+    /// (in order, on one path): it completes the READ when the rest arrived, and arrives out
+    /// of order when a response before it was lost, which starts a go-back-N from
+    /// `comp_psn` (the probe lifts the one-restart-per-PSN guard for it: the restart that
+    /// set it may have lost its own responses). A later probe with still no progress sends
+    /// the first PSN as for any other request (a responder that lost the READ request, or
+    /// whose one NAK of the gap was lost, waits for exactly that PSN).
     fn probe(&mut self, ctx: &mut QpCtx, now: Instant) {
         ctx.stats.probes += 1;
         self.probes = self.probes.saturating_add(1);
@@ -1535,8 +1538,11 @@ impl Requester {
                     && self.comp_psn.is_after_or_eq(w.first_psn)
                     && self.comp_psn.is_before_or_eq(w.last_psn)
             })
-            .filter(|w| w.kind == Kind::Read)
+            .filter(|w| w.kind == Kind::Read && w.last_psn != self.comp_psn && self.probes == 1)
             .map(|w| w.last_psn);
+        if read_end.is_some() {
+            self.retry_mark = None;
+        }
         // (The response to a READ's last PSN moves `comp_psn` past the READ only when all of
         // it arrived: nothing after it was dropped for want of the probed PSN.)
         self.probe_sent = if read_end.is_some() {

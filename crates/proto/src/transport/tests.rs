@@ -546,12 +546,13 @@ fn read_resp(psn: u32, i: u32, n: u32, payload: &[u8]) -> Vec<u8> {
     )
 }
 
-/// A tail-loss probe of a READ whose responses are partly in asks the responder for the
-/// READ's last packet, not for everything from the first PSN missing: the responses may be
-/// waiting unread in this host's socket, and the responder would send them all again. The
+/// The first tail-loss probe of a READ whose responses are partly in asks the responder for
+/// the READ's last packet, not for everything from the first PSN missing: the responses may
+/// be waiting unread in this host's socket, and the responder would send them all again. The
 /// rest arriving completes the READ (the probe's answer is then a duplicate, ignored); a
 /// response lost before the probe's answer makes that answer out of order, and the READ is
-/// asked for again from the missing PSN.
+/// asked for again from the missing PSN. A second probe with no progress between asks from
+/// the missing PSN.
 #[test]
 fn a_probe_of_a_read_asks_for_its_last_packet_only() {
     let t0 = Instant::now();
@@ -646,6 +647,40 @@ fn a_probe_of_a_read_asks_for_its_last_packet_only() {
             }
         }
     }
+    // A first probe that draws nothing: the next one, with still no progress, asks from the
+    // first PSN missing (the responder may wait for exactly that one).
+    let mut env = FlatEnv::new();
+    let mut c = cfg();
+    c.sq_psn = 10;
+    let mut qp = Qp::new(c);
+    let read = SendOp::RdmaRead {
+        remote_addr: 8192,
+        rkey: 7,
+    };
+    qp.post_send(send(1, read, 16 * 256)).unwrap();
+    drain(&mut qp, &mut env, t0);
+    for i in 0..5 {
+        qp.handle_packet(t0, &read_resp(10 + i, i, 16, &[0; 256]), &META, &mut env);
+    }
+    let t1 = qp.poll_timeout().unwrap();
+    qp.handle_timeout(t1, &mut env);
+    let p = drain(&mut qp, &mut env, t1);
+    assert_eq!((p.len(), p[0].0.bth.psn), (1, 25));
+    let t2 = qp.poll_timeout().unwrap();
+    assert!(t2 > t1);
+    qp.handle_timeout(t2, &mut env);
+    let p = drain(&mut qp, &mut env, t2);
+    assert_eq!(qp.stats().probes, 2);
+    assert_eq!(p[0].0.bth.psn, 15);
+    assert_eq!(
+        p[0].0.reth,
+        Some(reth::Repr {
+            va: 8192 + 5 * 256,
+            rkey: 7,
+            dma_len: 11 * 256
+        })
+    );
+    assert_eq!(qp.stats().retries, 0, "a probe is no retry");
 }
 
 #[test]
