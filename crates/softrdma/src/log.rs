@@ -22,8 +22,16 @@ use std::sync::Once;
 /// The environment variable read by [`init_from_env`].
 pub const ENV: &str = "SOFTRDMA_LOG";
 
-/// Installs a standard-error subscriber filtered by `SOFTRDMA_LOG`, once per process, when the
-/// variable is set and no global subscriber exists yet. Returns whether this call (or an
+/// The tracing target of the line each RC, UC or UD QP logs at debug level when it is freed,
+/// with its transport's counters (`softrdma_proto::transport::QpStats`: packets and bytes
+/// each way, packets sent again, restarts, timeouts, tail-loss probes, NAKs, duplicates,
+/// READs answered again …), for programs that cannot read them otherwise (a C program on
+/// the drop-in libraries): `SOFTRDMA_LOG=softrdma::counters=debug`.
+pub const COUNTERS_TARGET: &str = "softrdma::counters";
+
+/// Installs a standard-error subscriber filtered by `SOFTRDMA_LOG` (coloured when standard
+/// error is a terminal), once per process, when the variable is set and no global subscriber
+/// exists yet. Returns whether this call (or an
 /// earlier one) installed it. Never fails: an unparsable directive is reported on standard
 /// error and the valid part of it (possibly nothing) is used.
 pub fn init_from_env() -> bool {
@@ -43,6 +51,8 @@ pub fn init_from_env() -> bool {
         let ok = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
+            // (Colours only on a terminal: a log redirected to a file stays plain text.)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .try_init()
             .is_ok();
         INSTALLED.store(ok, Ordering::Release);

@@ -1,6 +1,11 @@
 //! SOFTRDMA_LOG works in a program that installs no tracing subscriber of its own (a library
 //! user, or a C program on the drop-in libraries): the test runs itself as that program.
 
+#[path = "common/pair.rs"]
+mod pair;
+
+use pair::{connect, Opts, Side};
+use softrdma::{QpType, SendFlags, SendWr, WrOpcode};
 use std::process::Command;
 
 /// Set in the child's environment: the device address the parent reserved for it.
@@ -52,4 +57,79 @@ fn softrdma_log_turns_on_logging_without_a_subscriber() {
     // A filter that excludes it: nothing either.
     let err = run_child(&addr, Some("softrdma=warn"));
     assert!(!err.contains("device engine started"), "{err}");
+}
+
+/// Set in the child's environment: the two device addresses, for the counters child.
+const COUNTERS_CHILD: &str = "SOFTRDMA_LOG_TEST_COUNTERS_CHILD";
+
+/// The child: one RC SEND between two QPs of its own, then the QPs are freed.
+#[test]
+fn child_sends_one_message() {
+    let Some(addrs) = std::env::var_os(COUNTERS_CHILD) else {
+        return;
+    };
+    let addrs = addrs.into_string().unwrap();
+    let (a, b) = addrs.split_once(',').unwrap();
+    let (a, _) = Side::new(a, QpType::Rc, 4096, false);
+    let (b, _) = Side::new(b, QpType::Rc, 4096, false);
+    connect(&a, &b, &Opts::default());
+    b.post_recv(1, 0, 100);
+    a.qp.post_send(&[SendWr {
+        wr_id: 2,
+        sg_list: &[a.sge(0, 100)],
+        opcode: WrOpcode::Send,
+        send_flags: SendFlags::SIGNALED,
+        ..Default::default()
+    }])
+    .unwrap();
+    a.wait(1);
+    b.wait(1);
+    eprintln!("qps {} {}", a.qp.qp_num(), b.qp.qp_num());
+}
+
+/// `SOFTRDMA_LOG=softrdma::counters=debug`: each QP freed logs its transport's counters (what a
+/// C program on the drop-in libraries has no other way to read).
+#[test]
+fn a_freed_qp_logs_its_counters() {
+    if std::env::var_os(CHILD).is_some() || std::env::var_os(COUNTERS_CHILD).is_some() {
+        return;
+    }
+    let a = softrdma::testing::unique_loopback_addr().to_string();
+    let b = softrdma::testing::unique_loopback_addr().to_string();
+    let run = |log: Option<&str>| {
+        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--exact",
+            "child_sends_one_message",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(COUNTERS_CHILD, format!("{a},{b}"));
+        match log {
+            Some(l) => cmd.env(softrdma::log::ENV, l),
+            None => cmd.env_remove(softrdma::log::ENV),
+        };
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = run(Some("softrdma::counters=debug"));
+    let qps = err
+        .lines()
+        .find_map(|l| l.strip_prefix("qps "))
+        .unwrap_or_else(|| panic!("{err}"));
+    let freed: Vec<&str> = err.lines().filter(|l| l.contains("QP freed")).collect();
+    for qpn in qps.split(' ') {
+        let line = freed
+            .iter()
+            .find(|l| l.contains(&format!("qp_num={qpn} ")))
+            .unwrap_or_else(|| panic!("no line for QP {qpn}: {err}"));
+        assert!(line.contains("softrdma::counters"), "{line}");
+        // The sender sent the SEND (and took its ACK); the receiver took it (and acknowledged).
+        assert!(line.contains("tx_packets: 1,"), "{line}");
+        assert!(line.contains("rx_packets: 1,"), "{line}");
+    }
+    // Not asked for: nothing.
+    let err = run(None);
+    assert!(!err.contains("QP freed"), "{err}");
 }

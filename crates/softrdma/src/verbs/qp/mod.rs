@@ -134,6 +134,16 @@ impl Drop for QpInner {
     fn drop(&mut self) {
         let res = &self.pd.shared().resources;
         let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        // What the QP's transport counted, for programs that cannot read them (a C program on
+        // the drop-in libraries): see crate::log::COUNTERS_TARGET.
+        if let Some(t) = st.transport.as_ref() {
+            tracing::debug!(
+                target: crate::log::COUNTERS_TARGET,
+                qp_num = self.qp_num,
+                counters = ?t.stats(),
+                "QP freed"
+            );
+        }
         if let Some(e) = st.engine.take() {
             e.unregister(self.qp_num);
         }
