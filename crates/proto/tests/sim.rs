@@ -1172,34 +1172,53 @@ fn write_stream(seed: u64, loss: f64, n: u64, len: u64) -> Sim {
     } else {
         NetCfg::lossy(loss)
     };
+    stream(seed, net, n, len, false)
+}
+
+fn read_stream(seed: u64, net: NetCfg, n: u64, len: u64) -> Sim {
+    stream(seed, net, n, len, true)
+}
+
+/// `n` RDMA WRITEs (or READs) of `len` bytes each, posted at once on node 0, moving a
+/// patterned region of node 0 into node 1 (of node 1 into node 0): all complete in order,
+/// successfully, and the bytes land exactly.
+fn stream(seed: u64, net: NetCfg, n: u64, len: u64, read: bool) -> Sim {
     let mut sim = Sim::new(QpType::Rc, Mtu::Mtu256, net, seed);
     let size = (n * len) as usize;
-    let src = sim.nodes[0].env.add_region(SRC, size, LOCAL_WRITE);
-    for (i, x) in sim.nodes[0]
+    let (from, to) = if read { (1, 0) } else { (0, 1) };
+    let local = sim.nodes[0].env.add_region(SRC, size, LOCAL_WRITE);
+    let remote_access = if read { REMOTE_READ } else { REMOTE_WRITE };
+    let remote = sim.nodes[1]
         .env
-        .bytes_mut(SRC, src, size)
+        .add_region(REMOTE, size, LOCAL_WRITE | remote_access);
+    let (src_key, src) = if read { (REMOTE, remote) } else { (SRC, local) };
+    let (dst_key, dst) = if read { (SRC, local) } else { (REMOTE, remote) };
+    for (i, x) in sim.nodes[from]
+        .env
+        .bytes_mut(src_key, src, size)
         .iter_mut()
         .enumerate()
     {
         *x = (i * 13 + i / 199) as u8;
     }
-    let dst = sim.nodes[1]
-        .env
-        .add_region(REMOTE, size, LOCAL_WRITE | REMOTE_WRITE);
     for k in 0..n {
-        let mut r = req(
-            k,
-            SendOp::RdmaWrite {
-                remote_addr: dst + k * len,
+        let remote_addr = remote + k * len;
+        let op = if read {
+            SendOp::RdmaRead {
+                remote_addr,
                 rkey: REMOTE,
-            },
-            len as u32,
-            &sim,
-        );
-        r.sges[0].addr = src + k * len;
+            }
+        } else {
+            SendOp::RdmaWrite {
+                remote_addr,
+                rkey: REMOTE,
+            }
+        };
+        let mut r = req(k, op, len as u32, &sim);
+        r.sges[0].addr = local + k * len;
         sim.post(0, r);
     }
-    let ctx = format!("seed {seed} loss {loss}");
+    let ctx = format!("seed {seed} loss {} read {read}", sim.net.loss);
     assert!(
         sim.run(Duration::from_secs(600), |s| s.nodes[0].comps.len()
             == n as usize),
@@ -1210,9 +1229,9 @@ fn write_stream(seed: u64, loss: f64, n: u64, len: u64) -> Sim {
         (0..n).map(|k| (k, WcStatus::Success)).collect::<Vec<_>>(),
         "{ctx}"
     );
-    let want = sim.nodes[0].env.bytes(SRC, src, size).to_vec();
+    let want = sim.nodes[from].env.bytes(src_key, src, size).to_vec();
     assert!(
-        sim.nodes[1].env.bytes(REMOTE, dst, size) == &want[..],
+        sim.nodes[to].env.bytes(dst_key, dst, size) == &want[..],
         "{ctx}: data differs"
     );
     sim
@@ -1248,53 +1267,6 @@ fn back_to_back_writes_share_ack_requests_and_complete_under_loss() {
     for (seed, loss) in [(11u64, 0.0), (12, 0.02), (13, 0.05), (14, 0.1)] {
         write_stream(seed, loss, 300, 200);
     }
-}
-
-fn read_stream(seed: u64, net: NetCfg, n: u64, len: u64) -> Sim {
-    let mut sim = Sim::new(QpType::Rc, Mtu::Mtu256, net, seed);
-    let size = (n * len) as usize;
-    let dst = sim.nodes[0].env.add_region(SRC, size, LOCAL_WRITE);
-    let src = sim.nodes[1]
-        .env
-        .add_region(REMOTE, size, LOCAL_WRITE | REMOTE_READ);
-    for (i, x) in sim.nodes[1]
-        .env
-        .bytes_mut(REMOTE, src, size)
-        .iter_mut()
-        .enumerate()
-    {
-        *x = (i * 7 + i / 251) as u8;
-    }
-    for k in 0..n {
-        let mut r = req(
-            k,
-            SendOp::RdmaRead {
-                remote_addr: src + k * len,
-                rkey: REMOTE,
-            },
-            len as u32,
-            &sim,
-        );
-        r.sges[0].addr = dst + k * len;
-        sim.post(0, r);
-    }
-    let ctx = format!("seed {seed}");
-    assert!(
-        sim.run(Duration::from_secs(600), |s| s.nodes[0].comps.len()
-            == n as usize),
-        "{ctx}: did not finish"
-    );
-    assert_eq!(
-        statuses(&sim, 0),
-        (0..n).map(|k| (k, WcStatus::Success)).collect::<Vec<_>>(),
-        "{ctx}"
-    );
-    let want = sim.nodes[1].env.bytes(REMOTE, src, size).to_vec();
-    assert!(
-        sim.nodes[0].env.bytes(SRC, dst, size) == &want[..],
-        "{ctx}: data differs"
-    );
-    sim
 }
 
 /// Forty 64 KiB READs (256 packets of 256 bytes each) back to back land byte-exact and

@@ -25,14 +25,15 @@ fn child_starts_a_device() {
 }
 
 fn run_child(addr: &str, log: Option<&str>) -> String {
+    run_test_child("child_starts_a_device", CHILD, addr, log)
+}
+
+/// Runs this test binary's test `name` alone, with `key=value` and `SOFTRDMA_LOG` set to `log`
+/// (or unset), and returns its standard error.
+fn run_test_child(name: &str, key: &str, value: &str, log: Option<&str>) -> String {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "child_starts_a_device",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD, addr);
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(key, value);
     match log {
         Some(l) => cmd.env(softrdma::log::ENV, l),
         None => cmd.env_remove(softrdma::log::ENV),
@@ -96,23 +97,8 @@ fn a_freed_qp_logs_its_counters() {
     }
     let a = softrdma::testing::unique_loopback_addr().to_string();
     let b = softrdma::testing::unique_loopback_addr().to_string();
-    let run = |log: Option<&str>| {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args([
-            "--exact",
-            "child_sends_one_message",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(COUNTERS_CHILD, format!("{a},{b}"));
-        match log {
-            Some(l) => cmd.env(softrdma::log::ENV, l),
-            None => cmd.env_remove(softrdma::log::ENV),
-        };
-        let out = cmd.output().unwrap();
-        assert!(out.status.success(), "{out:?}");
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
+    let addrs = format!("{a},{b}");
+    let run = |log| run_test_child("child_sends_one_message", COUNTERS_CHILD, &addrs, log);
     let err = run(Some("softrdma::counters=debug"));
     let qps = err
         .lines()

@@ -14,27 +14,7 @@
 #include <rdma/rdma_cma.h>
 #include <infiniband/verbs.h>
 
-static volatile int returned;
-
-static void *cm_waiter(void *arg)
-{
-	struct rdma_cm_event *ev;
-	int ret = rdma_get_cm_event(arg, &ev);
-	/* (Never here: the channel has no event, and is destroyed meanwhile.) */
-	printf("FAIL rdma_get_cm_event returned %d (%s)\n", ret, strerror(errno));
-	returned = 1;
-	return NULL;
-}
-
-static void *cq_waiter(void *arg)
-{
-	struct ibv_cq *cq;
-	void *ctx;
-	int ret = ibv_get_cq_event(arg, &cq, &ctx);
-	printf("FAIL ibv_get_cq_event returned %d (%s)\n", ret, strerror(errno));
-	returned = 1;
-	return NULL;
-}
+#include "channel_waiters.h"
 
 int main(int argc, char **argv)
 {

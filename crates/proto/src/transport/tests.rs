@@ -367,22 +367,24 @@ fn segmentation_opcodes_psns_and_ackreq() {
     assert!(qp.poll_timeout().is_none());
 }
 
-#[test]
-fn read_consumes_psns_and_rd_atomic_depth_and_fence() {
-    let now = Instant::now();
-    let mut env = FlatEnv::new();
+/// A QP (send PSN 10) with one READ posted: work request 1, `len` bytes from `remote_addr`
+/// (rkey 7) into local address 0.
+fn read_qp(remote_addr: u64, len: u32) -> (Qp, FlatEnv) {
     let mut c = cfg();
     c.sq_psn = 10;
     let mut qp = Qp::new(c);
-    qp.post_send(send(
-        1,
-        SendOp::RdmaRead {
-            remote_addr: 4096,
-            rkey: 7,
-        },
-        600,
-    ))
-    .unwrap();
+    let read = SendOp::RdmaRead {
+        remote_addr,
+        rkey: 7,
+    };
+    qp.post_send(send(1, read, len)).unwrap();
+    (qp, FlatEnv::new())
+}
+
+#[test]
+fn read_consumes_psns_and_rd_atomic_depth_and_fence() {
+    let now = Instant::now();
+    let (mut qp, mut env) = read_qp(4096, 600);
     qp.post_send(send(
         2,
         SendOp::FetchAndAdd {
@@ -427,30 +429,16 @@ fn read_consumes_psns_and_rd_atomic_depth_and_fence() {
         (3, 0, Opcode::RC_FETCH_ADD)
     );
     // READ responses: FIRST, (lost MIDDLE), LAST → retry resumes at the missing PSN.
-    let resp = |op, psn, payload: &[u8], aeth: bool| {
-        pkt(
-            roce::Repr {
-                bth: bthr(op, psn, false),
-                aeth: aeth.then_some(aeth::Repr {
-                    syndrome: ACK,
-                    msn: 1,
-                }),
-                payload_len: payload.len(),
-                ..roce::Repr::default()
-            },
-            payload,
-        )
-    };
     let chunk = [9u8; 256];
     qp.handle_packet(
         now,
-        &resp(Opcode::RC_RDMA_READ_RESPONSE_FIRST, 10, &chunk, true),
+        &read_response(Opcode::RC_RDMA_READ_RESPONSE_FIRST, 10, &chunk),
         &META,
         &mut env,
     );
     qp.handle_packet(
         now,
-        &resp(Opcode::RC_RDMA_READ_RESPONSE_LAST, 12, &chunk[..88], true),
+        &read_response(Opcode::RC_RDMA_READ_RESPONSE_LAST, 12, &chunk[..88]),
         &META,
         &mut env,
     );
@@ -468,13 +456,13 @@ fn read_consumes_psns_and_rd_atomic_depth_and_fence() {
     assert_eq!(qp.stats().retries, 1);
     qp.handle_packet(
         now,
-        &resp(Opcode::RC_RDMA_READ_RESPONSE_FIRST, 11, &[8u8; 256], true),
+        &read_response(Opcode::RC_RDMA_READ_RESPONSE_FIRST, 11, &[8u8; 256]),
         &META,
         &mut env,
     );
     qp.handle_packet(
         now,
-        &resp(Opcode::RC_RDMA_READ_RESPONSE_LAST, 12, &[7u8; 88], true),
+        &read_response(Opcode::RC_RDMA_READ_RESPONSE_LAST, 12, &[7u8; 88]),
         &META,
         &mut env,
     );
@@ -511,7 +499,7 @@ fn read_consumes_psns_and_rd_atomic_depth_and_fence() {
     );
     qp.handle_packet(
         now,
-        &resp(Opcode::RC_RDMA_READ_RESPONSE_ONLY, 14, &[], true),
+        &read_response(Opcode::RC_RDMA_READ_RESPONSE_ONLY, 14, &[]),
         &META,
         &mut env,
     );
@@ -523,14 +511,9 @@ fn read_consumes_psns_and_rd_atomic_depth_and_fence() {
     );
 }
 
-/// A READ response packet at `psn` (`i` of `n` in its READ), carrying `payload`.
-fn read_resp(psn: u32, i: u32, n: u32, payload: &[u8]) -> Vec<u8> {
-    let op = match (i, n) {
-        (0, 1) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
-        (0, _) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
-        (i, n) if i + 1 == n => Opcode::RC_RDMA_READ_RESPONSE_LAST,
-        _ => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
-    };
+/// A READ response packet with opcode `op` at `psn` carrying `payload` (an AETH, MSN 1, on all
+/// but a MIDDLE).
+fn read_response(op: Opcode, psn: u32, payload: &[u8]) -> Vec<u8> {
     let aeth = op != Opcode::RC_RDMA_READ_RESPONSE_MIDDLE;
     pkt(
         roce::Repr {
@@ -546,6 +529,17 @@ fn read_resp(psn: u32, i: u32, n: u32, payload: &[u8]) -> Vec<u8> {
     )
 }
 
+/// The READ response packet at `psn`, `i` of `n` in its READ, carrying `payload`.
+fn read_resp(psn: u32, i: u32, n: u32, payload: &[u8]) -> Vec<u8> {
+    let op = match (i, n) {
+        (0, 1) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+        (0, _) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+        (i, n) if i + 1 == n => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+        _ => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+    };
+    read_response(op, psn, payload)
+}
+
 /// The first tail-loss probe of a READ whose responses are partly in asks the responder for
 /// the READ's last packet, not for everything from the first PSN missing: the responses may
 /// be waiting unread in this host's socket, and the responder would send them all again. The
@@ -557,19 +551,7 @@ fn read_resp(psn: u32, i: u32, n: u32, payload: &[u8]) -> Vec<u8> {
 fn a_probe_of_a_read_asks_for_its_last_packet_only() {
     let t0 = Instant::now();
     for lost in [None, Some(5u32)] {
-        let mut env = FlatEnv::new();
-        let mut c = cfg();
-        c.sq_psn = 10;
-        let mut qp = Qp::new(c);
-        qp.post_send(send(
-            1,
-            SendOp::RdmaRead {
-                remote_addr: 8192,
-                rkey: 7,
-            },
-            16 * 256,
-        ))
-        .unwrap();
+        let (mut qp, mut env) = read_qp(8192, 16 * 256);
         let p = drain(&mut qp, &mut env, t0);
         assert_eq!(p.len(), 1);
         assert_eq!(p[0].0.reth.unwrap().dma_len, 4096);
@@ -649,15 +631,7 @@ fn a_probe_of_a_read_asks_for_its_last_packet_only() {
     }
     // A first probe that draws nothing: the next one, with still no progress, asks from the
     // first PSN missing (the responder may wait for exactly that one).
-    let mut env = FlatEnv::new();
-    let mut c = cfg();
-    c.sq_psn = 10;
-    let mut qp = Qp::new(c);
-    let read = SendOp::RdmaRead {
-        remote_addr: 8192,
-        rkey: 7,
-    };
-    qp.post_send(send(1, read, 16 * 256)).unwrap();
+    let (mut qp, mut env) = read_qp(8192, 16 * 256);
     drain(&mut qp, &mut env, t0);
     for i in 0..5 {
         qp.handle_packet(t0, &read_resp(10 + i, i, 16, &[0; 256]), &META, &mut env);
