@@ -223,6 +223,11 @@ pub(super) struct Requester {
     /// that PSN, short of `high_psn`, restarts the sending after it (the responder was
     /// waiting for that packet, and dropped what followed it).
     probe_sent: Option<Psn>,
+    /// The last PSN of a READ whose first probe asked for that packet only (see
+    /// [`Requester::probe`]), until progress or a restart: a response there that comes out of
+    /// order (the probe's answer, or the original one) sends the READ again from `comp_psn`,
+    /// as a probe would have, without counting a retry.
+    read_probe: Option<Psn>,
     /// The send window in PSNs ([`CWND_MIN`]..=[`WINDOW`]): halved by each go-back-N
     /// restart (sequence NAK, missing response), set to [`CWND_MIN`] by a timeout (a probe,
     /// which may be spurious on a busy host, leaves it),
@@ -317,6 +322,7 @@ impl Requester {
             probe_psns: [None; 2],
             probe_ack_req: false,
             probe_sent: None,
+            read_probe: None,
             cwnd: WINDOW,
             ssthresh: WINDOW,
             cwnd_acc: 0,
@@ -1111,6 +1117,7 @@ impl Requester {
         self.noack = MAX_PKT_PER_ACK;
         self.reposition(ctx, psn);
         self.retry_mark = Some(psn);
+        self.read_probe = None;
         self.rtt_sample = None;
         self.probe_deadline = None;
         self.probe_psns = [None; 2];
@@ -1162,6 +1169,7 @@ impl Requester {
         self.retry_left = ctx.cfg.retry_cnt;
         self.rnr_left = ctx.cfg.rnr_retry;
         self.retry_mark = None;
+        self.read_probe = None;
         if self
             .rtt_sample
             .is_some_and(|(psn, _)| psn.is_before(self.comp_psn))
@@ -1396,6 +1404,16 @@ impl Requester {
             return false;
         }
         let blocked = self.advance(ctx, now, psn);
+        if psn != self.comp_psn && self.read_probe == Some(psn) {
+            // What the READ's probe asked for came, and responses before it did not: the
+            // READ goes again from the first one missing: a loss, so the window halves and
+            // the local ACK timer restarts with the resend, as on a restart, but as a probe's
+            // resend it counts no retry.
+            self.on_loss(false);
+            self.go_back(ctx, now);
+            self.retrans_deadline = None;
+            return false;
+        }
         if blocked || psn != self.comp_psn {
             self.start_retry(ctx, now, false);
             return false;
@@ -1520,12 +1538,14 @@ impl Requester {
     /// some, and the next probe doubles them again (perftest's `ib_read_bw` on 2 cores: 522
     /// probes, 2,685 READs answered again, 3.7 times the data sent, 425 MB/s). The last PSN
     /// asks for one packet, and its response comes after whatever the responder sent before
-    /// (in order, on one path): it completes the READ when the rest arrived, and arrives out
-    /// of order when a response before it was lost, which starts a go-back-N from
-    /// `comp_psn` (the probe lifts the one-restart-per-PSN guard for it: the restart that
-    /// set it may have lost its own responses). A later probe with still no progress sends
-    /// the first PSN as for any other request (a responder that lost the READ request, or
-    /// whose one NAK of the gap was lost, waits for exactly that PSN).
+    /// (in order, on one path; a responder that restarts its answer at a duplicate's PSN, as
+    /// rxe does, costs one restart more): it completes the READ when the rest arrived, and
+    /// arrives out of order when a response before it was lost, which sends the READ again
+    /// from `comp_psn` as the probe would have (no retry counted: `read_probe`; the window
+    /// halves, as after any loss). The probe also lifts the one-restart-per-PSN guard, since
+    /// the restart that set it may have lost its own responses. A later probe with still no
+    /// progress sends the first PSN as for any other request (a responder that lost the READ
+    /// request, or whose one NAK of the gap was lost, waits for exactly that PSN).
     fn probe(&mut self, ctx: &mut QpCtx, now: Instant) {
         ctx.stats.probes += 1;
         self.probes = self.probes.saturating_add(1);
@@ -1540,7 +1560,10 @@ impl Requester {
             })
             .filter(|w| w.kind == Kind::Read && w.last_psn != self.comp_psn && self.probes == 1)
             .map(|w| w.last_psn);
+        self.read_probe = read_end;
         if read_end.is_some() {
+            // (Any response out of order may restart the READ again: the restart that set
+            // the guard may have lost its own responses.)
             self.retry_mark = None;
         }
         // (The response to a READ's last PSN moves `comp_psn` past the READ only when all of

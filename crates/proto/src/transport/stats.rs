@@ -20,8 +20,10 @@ pub struct QpStats {
     pub retries: u64,
     /// Retransmit-timer expiries with packets outstanding.
     pub timeouts: u64,
-    /// Tail-loss probes: go-back-N resends after a short wait without ACK progress (a
-    /// round-trip estimate, well before the local ACK timeout); they consume no retry.
+    /// Tail-loss probes: after a short wait without ACK progress (a round-trip estimate, well
+    /// before the local ACK timeout), the first unacknowledged packet (for a READ partly
+    /// answered, first its last packet) and the last one sent go again, asking for an ACK;
+    /// they consume no retry.
     pub probes: u64,
     /// Times the requester held a new SEND back because the responder's end-to-end credits
     /// (the receives it advertised in its ACKs) were used up; it goes on when an ACK brings
