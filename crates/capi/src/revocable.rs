@@ -8,13 +8,16 @@
 //! channel [revokes](Revocable::revoke) the object inside it and puts the wrapper on its
 //! kind's [`Pool`], from which the next channel of that kind is made.
 //!
-//! A call that finds its channel destroyed behaves as the same call made a moment before
-//! the destruction: on a blocking descriptor it waits, and as nothing can arrive on a
-//! destroyed channel it waits until the process ends (what a thread blocked in `read(2)` on
-//! rdma-core's closed descriptor does); on a descriptor that was non-blocking it fails with
-//! `EBADF` (what `read(2)` on the closed descriptor returns). A call that comes after the
-//! wrapper was reused for a new channel reads that channel, as a call on reused memory does
-//! with rdma-core.
+//! A wait that finds its channel destroyed (`rdma_get_cm_event`, `ibv_get_cq_event`) on a
+//! blocking descriptor waits as if it had come a moment before the destruction: as nothing
+//! can arrive on a destroyed channel, until the process ends (what a thread already blocked
+//! in `read(2)` on rdma-core's closed descriptor does; with rdma-core a call that comes later
+//! gets `EBADF`, on which rping's CM thread calls `exit(-1)` while `main` returns). Such a
+//! thread cannot be joined or cancelled: a program that destroys a channel must stop the
+//! threads that use it first. On a descriptor that was non-blocking the call fails with
+//! `EBADF` (what `read(2)` on the closed descriptor returns), as do the other calls given a
+//! destroyed channel. A call that comes after the wrapper was reused for a new channel
+//! reads that channel, as a call on reused memory does with rdma-core.
 
 use std::os::fd::RawFd;
 use std::sync::{Mutex, MutexGuard};
@@ -44,16 +47,11 @@ impl Late {
         if self.nonblocking {
             return libc::EBADF;
         }
-        LATE_WAITERS.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         loop {
             std::thread::park();
         }
     }
 }
-
-/// Threads that have called [`Late::wait`] on a blocking channel (they wait until the
-/// process ends); the tests read it.
-pub static LATE_WAITERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 impl<T: Clone> Revocable<T> {
     /// A live slot holding `v`.
@@ -82,9 +80,7 @@ impl<T: Clone> Revocable<T> {
     /// Takes the object out, recording whether `fd` (its descriptor, still open) is
     /// non-blocking for the calls that come later. `None` when already revoked.
     pub fn revoke(&self, fd: RawFd) -> Option<T> {
-        // SAFETY: F_GETFL reads the flags of a descriptor the object still holds open.
-        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        let nonblocking = fl >= 0 && fl & libc::O_NONBLOCK != 0;
+        let nonblocking = nonblocking(fd);
         let mut g = self.lock();
         if let State::Destroyed { .. } = *g {
             return None;
@@ -95,18 +91,59 @@ impl<T: Clone> Revocable<T> {
         }
     }
 
-    /// Makes the slot live again with `v` (a destruction that failed gives its object back;
-    /// a pooled wrapper takes a new channel).
+    /// Makes the slot live again with `v` (a pooled wrapper takes a new channel).
     pub fn restore(&self, v: T) {
         *self.lock() = State::Live(v);
     }
+
+    /// Takes the object out if `destroy` accepts it, recording whether `fd` is non-blocking
+    /// as [`Revocable::revoke`] does. `destroy` runs under the slot's lock, so no other
+    /// thread sees the slot destroyed while the destruction may still fail; when it fails it
+    /// gives the object back with the error, and the slot stays as it was.
+    ///
+    /// Returns `Ok(true)` when destroyed, `Ok(false)` when destroyed already, `Err` with
+    /// `destroy`'s error otherwise.
+    pub fn revoke_with<E>(
+        &self,
+        fd: RawFd,
+        destroy: impl FnOnce(T) -> Result<(), (T, E)>,
+    ) -> Result<bool, E> {
+        let mut g = self.lock();
+        let State::Live(_) = *g else {
+            return Ok(false);
+        };
+        let nonblocking = nonblocking(fd);
+        let State::Live(v) = std::mem::replace(&mut *g, State::Destroyed { nonblocking }) else {
+            return Ok(false);
+        };
+        match destroy(v) {
+            Ok(()) => Ok(true),
+            Err((v, e)) => {
+                *g = State::Live(v);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Whether `fd` is open and `O_NONBLOCK`.
+fn nonblocking(fd: RawFd) -> bool {
+    // SAFETY: F_GETFL only reads the descriptor's flags (an invalid one gives -1).
+    let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    fl >= 0 && fl & libc::O_NONBLOCK != 0
 }
 
 /// Destroyed wrappers of one kind, kept for the next wrapper of that kind (their memory is
 /// never freed, so a late call on a destroyed channel reads a valid wrapper).
 pub struct Pool {
-    free: Mutex<Vec<usize>>,
+    free: Mutex<Vec<Kept>>,
 }
+
+/// A wrapper kept in a [`Pool`].
+struct Kept(*mut ());
+
+// SAFETY: a kept wrapper is memory no thread owns until `Pool::take` hands it out.
+unsafe impl Send for Kept {}
 
 impl Pool {
     /// An empty pool.
@@ -122,7 +159,7 @@ impl Pool {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .pop()
-            .map(|p| p as *mut W)
+            .map(|k| k.0.cast::<W>())
     }
 
     /// Keeps a destroyed wrapper for reuse.
@@ -130,7 +167,7 @@ impl Pool {
         self.free
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(w as usize);
+            .push(Kept(w.cast()));
     }
 }
 
@@ -170,6 +207,23 @@ mod tests {
             libc::close(r);
             libc::close(w);
         }
+    }
+
+    #[test]
+    fn a_destruction_that_fails_leaves_the_slot_live() {
+        let s = Revocable::new(3u32);
+        // (-1: no descriptor; taken as blocking.)
+        assert_eq!(s.revoke_with(-1, |v| Err((v, "busy"))), Err("busy"));
+        assert_eq!(s.get(), Ok(3));
+        assert_eq!(
+            s.revoke_with::<()>(-1, |v| {
+                assert_eq!(v, 3);
+                Ok(())
+            }),
+            Ok(true)
+        );
+        assert_eq!(s.get(), Err(Late { nonblocking: false }));
+        assert_eq!(s.revoke_with::<()>(-1, |_| panic!("not called")), Ok(false));
     }
 
     #[test]

@@ -479,10 +479,10 @@ pub unsafe extern "C" fn rdma_get_cm_event(
         // The channel is held for the wait, not borrowed from its wrapper: a program may
         // destroy the channel while a thread of its own waits on it (rping does, at exit).
         // With librdmacm that thread stays blocked in read(2) on the closed descriptor; here
-        // it stays blocked on the channel, which lives as long as the wait, and never touches
-        // the freed wrapper (a borrow crashed, or returned EBADF into rping's exit(-1)).
-        // A channel destroyed before this call: the call waits as it would have had it come
-        // a moment earlier (see crate::revocable).
+        // it stays blocked on the channel, which lives as long as the wait (the wrapper, kept
+        // for reuse, may hold another channel by then). A channel destroyed before this call:
+        // the call waits as it would have had it come a moment earlier (see
+        // crate::revocable).
         let chan = CChannel::get(channel).map_err(Late::wait)?;
         loop {
             let ev = chan.get_cm_event().map_err(err)?;

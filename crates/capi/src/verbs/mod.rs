@@ -16,15 +16,15 @@
 //!   process; `ibv_close_device` on it is a no-op).
 //! - [`cm_pd`]`(ctx, &Arc<softrdma::Pd>)`: the C `ibv_pd` of the CM's default PD; cached the
 //!   same way (`ibv_dealloc_pd` on it is a no-op).
-//! - [`context_arc`], [`pd_arc`], [`cq_arc`], [`channel_arc`], [`srq_arc`], [`qp_arc`]: the
-//!   `Arc` behind a C pointer (`None` for NULL).
+//! - [`context_arc`], [`pd_arc`], [`cq_arc`], [`srq_arc`], [`qp_arc`]: the `Arc` behind a C
+//!   pointer (`None` for NULL); [`objects::comp_channel`] for a completion channel.
 //! - [`wrap_qp`]: makes the C `ibv_qp` for a QP the CM creates: the wrapper is allocated
 //!   first and its address handed to the creating closure, which must use it as the
 //!   softrdma QP's `qp_context`; the given PD/CQ/SRQ pointers fill the header.
 //!   [`unwrap_qp`] frees that wrapper again (for `rdma_destroy_qp`), giving the `Arc` back.
 //! - CQs and completion channels for the CM: call [`ibv_create_comp_channel`] /
-//!   [`ibv_create_cq`] (plain Rust functions too) and take the `Arc` with [`cq_arc`] /
-//!   [`channel_arc`], so the CQ's `cq_context` is its wrapper as everywhere else.
+//!   [`ibv_create_cq`] (plain Rust functions too) and take the `Arc` with [`cq_arc`], so the
+//!   CQ's `cq_context` is its wrapper as everywhere else.
 //!
 //! # The extended API
 //! [`ex`] (branch capi-ex) fills the `verbs_context` slots `create_qp_ex`,
@@ -47,7 +47,7 @@ pub use resources::*;
 
 use crate::abi::*;
 pub use objects::cm_pd;
-use objects::{CChannel, CCq, CPd, CQp, CSrq};
+use objects::{CCq, CPd, CQp, CSrq};
 use std::sync::Arc;
 
 /// Fills the function slots of a new context: the `ops` table of the inline data-path
@@ -109,16 +109,6 @@ pub unsafe fn pd_arc<'a>(p: *mut ibv_pd) -> Option<&'a Arc<softrdma::Pd>> {
 pub unsafe fn cq_arc<'a>(p: *mut ibv_cq) -> Option<&'a Arc<softrdma::Cq>> {
     // SAFETY: caller's contract.
     unsafe { objects::wrapper::<_, CCq>(p) }.map(|w| &w.cq)
-}
-
-/// The softrdma completion channel behind a C channel (`None` for NULL or a destroyed
-/// channel): a handle of its own, as the wrapper may be destroyed meanwhile.
-///
-/// # Safety
-/// `p` must be NULL or a channel of this library (live or destroyed).
-pub unsafe fn channel_arc(p: *mut ibv_comp_channel) -> Option<Arc<softrdma::CompChannel>> {
-    // SAFETY: caller's contract.
-    unsafe { objects::wrapper::<_, CChannel>(p) }.and_then(|w| w.ch.get().ok())
 }
 
 /// The softrdma SRQ behind a C SRQ (`None` for NULL).

@@ -84,6 +84,29 @@ pub struct CChannel {
 /// Destroyed completion channel wrappers, for the next channels.
 pub static COMP_CHANNELS: Pool = Pool::new();
 
+/// The slot of the completion channel behind a C pointer and the channel's context (`None`
+/// for NULL), read through the raw pointer: no reference to the whole wrapper, whose header
+/// another thread may rewrite when it reuses a destroyed wrapper.
+///
+/// # Safety
+/// `p` must be NULL or a channel of this library (live or destroyed).
+pub unsafe fn comp_channel<'a>(
+    p: *mut ibv_comp_channel,
+) -> Option<(&'a Revocable<Arc<softrdma::CompChannel>>, *mut ibv_context)> {
+    if p.is_null() {
+        return None;
+    }
+    let w = p.cast::<CChannel>();
+    // SAFETY: caller's contract: the wrapper's memory is valid (never freed); the slot is
+    // only ever reached through shared references, the context read by value.
+    unsafe {
+        Some((
+            &*ptr::addr_of!((*w).ch),
+            ptr::addr_of!((*w).c.context).read(),
+        ))
+    }
+}
+
 /// A completion queue; the softrdma CQ's `cq_context` is this wrapper's address.
 #[repr(C)]
 pub struct CCq {

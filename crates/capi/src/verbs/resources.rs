@@ -310,22 +310,29 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         if channel.is_null() {
             return Err(EINVAL);
         }
-        let w = channel.cast::<CChannel>();
         // SAFETY: a channel of this library (live or destroyed: the memory stays).
-        let (slot, fd) = unsafe { (&(*w).ch, (*w).c.fd) };
-        let arc = slot.revoke(fd).ok_or(EBADF)?;
-        // A thread waiting on the channel holds it too: then only the wrapper goes, and the
-        // channel with that thread's handle.
-        match Arc::try_unwrap(arc) {
-            Ok(ch) => {
-                if let Err(e) = ch.destroy() {
-                    slot.restore(Arc::new(e.object));
-                    return Err(e.error.errno());
-                }
+        let (slot, _) = unsafe { objects::comp_channel(channel) }.ok_or(EINVAL)?;
+        // SAFETY: as above; the descriptor's number, read through the raw pointer.
+        let fd = unsafe { std::ptr::addr_of!((*channel).fd).read() };
+        // (Under the slot's lock: a thread that looks meanwhile waits, and never sees the
+        // channel destroyed when the destruction fails.)
+        let destroyed = slot.revoke_with(fd, |arc| {
+            if arc.cqs() > 0 {
+                return Err((arc, libc::EBUSY));
             }
-            Err(arc) => drop(arc),
+            // A thread waiting on the channel holds it too: then the channel goes with that
+            // thread's handle.
+            match Arc::try_unwrap(arc) {
+                Ok(ch) => ch
+                    .destroy()
+                    .map_err(|e| (Arc::new(e.object), e.error.errno())),
+                Err(_) => Ok(()),
+            }
+        })?;
+        if !destroyed {
+            return Err(EBADF);
         }
-        objects::COMP_CHANNELS.put(w);
+        objects::COMP_CHANNELS.put(channel.cast::<CChannel>());
         Ok(())
     })
 }
@@ -346,14 +353,14 @@ pub unsafe fn create_cq(
     // SAFETY: caller's contract.
     let c = unsafe { ctx(context) }?;
     // SAFETY: as above.
-    let w = unsafe { objects::wrapper::<_, CChannel>(channel) };
+    let w = unsafe { objects::comp_channel(channel) };
     if cqe < 0 || comp_vector < 0 {
         return Err(EINVAL);
     }
     let ch = match w {
-        Some(w) if w.c.context != context => return Err(EINVAL),
+        Some((_, ctx)) if ctx != context => return Err(EINVAL),
         // A destroyed channel: EBADF, as the kernel answers for its closed descriptor.
-        Some(w) => Some(w.ch.get().map_err(|_| EBADF)?),
+        Some((slot, _)) => Some(slot.get().map_err(|_| EBADF)?),
         None => None,
     };
     let w = objects::alloc_wrapper::<CCq>();
@@ -454,8 +461,8 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     cq_context: *mut *mut c_void,
 ) -> c_int {
     ret_neg1(|| {
-        // SAFETY: NULL or a live channel.
-        let ch = unsafe { objects::wrapper::<_, CChannel>(channel) }.ok_or(EINVAL)?;
+        // SAFETY: NULL or a channel of this library (live or destroyed).
+        let (slot, _) = unsafe { objects::comp_channel(channel) }.ok_or(EINVAL)?;
         if cq.is_null() || cq_context.is_null() {
             return Err(EINVAL);
         }
@@ -463,7 +470,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
         // channel: a channel destroyed while a thread waits on it leaves that thread waiting;
         // a call that comes after the destruction waits as if it had come a moment before
         // (see crate::revocable).
-        let chan = ch.ch.get().map_err(crate::revocable::Late::wait)?;
+        let chan = slot.get().map_err(crate::revocable::Late::wait)?;
         let ev = chan.get_cq_event().map_err(|e| e.errno())?;
         let w = ev.cq_context() as usize as *mut CCq;
         // SAFETY: the event's CQ is live until its events are acknowledged (destroy fails

@@ -45,6 +45,9 @@ int main(int argc, char **argv)
 	rdma_destroy_event_channel(blocking);
 	rdma_destroy_event_channel(nonblocking);
 	pthread_create(&t1, NULL, cm_waiter, blocking);
+	/* (The waiter reaches its call before a new channel may take the destroyed one's place:
+	 * then it would wait on that one.) */
+	usleep(200000);
 	errno = 0;
 	ret = rdma_get_cm_event(nonblocking, &ev);
 	CHECK(ret == -1 && errno == EBADF, "rdma_get_cm_event on a destroyed non-blocking channel: %d (%s)",
@@ -84,6 +87,7 @@ int main(int argc, char **argv)
 	ret = ibv_destroy_comp_channel(cc_nb);
 	CHECK(ret == EBADF, "a second ibv_destroy_comp_channel: %d", ret);
 	pthread_create(&t2, NULL, cq_waiter, cc);
+	usleep(200000);
 	{
 		struct ibv_cq *c2;
 		void *ctx;
@@ -101,6 +105,19 @@ int main(int argc, char **argv)
 	cq = ibv_create_cq(verbs, 4, NULL, cc2, 0);
 	CHECK(cq, "ibv_create_cq on a new channel: %s", strerror(errno));
 	CHECK(ibv_req_notify_cq(cq, 0) == 0, "ibv_req_notify_cq: %s", strerror(errno));
+	/* A channel a CQ uses is not destroyed (EBUSY) and stays as it was. */
+	ret = ibv_destroy_comp_channel(cc2);
+	CHECK(ret == EBUSY, "ibv_destroy_comp_channel of a channel in use: %d", ret);
+	CHECK(fcntl(cc2->fd, F_SETFL, fcntl(cc2->fd, F_GETFL) | O_NONBLOCK) == 0, "fcntl: %s",
+	      strerror(errno));
+	{
+		struct ibv_cq *c2;
+		void *ctx;
+		errno = 0;
+		ret = ibv_get_cq_event(cc2, &c2, &ctx);
+		CHECK(ret == -1 && errno == EAGAIN, "ibv_get_cq_event on a channel kept: %d (%s)", ret,
+		      strerror(errno));
+	}
 	CHECK(ibv_destroy_cq(cq) == 0, "ibv_destroy_cq: %s", strerror(errno));
 	CHECK(ibv_destroy_comp_channel(cc2) == 0, "ibv_destroy_comp_channel: %s", strerror(errno));
 

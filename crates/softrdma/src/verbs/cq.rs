@@ -256,6 +256,12 @@ impl CompChannel {
         }
     }
 
+    /// How many CQs use the channel (made with it and not destroyed yet): while any do,
+    /// [`CompChannel::destroy`] fails with `EBUSY`.
+    pub fn cqs(&self) -> usize {
+        users_of(&*self.inner)
+    }
+
     /// Destroys the channel (`ibv_destroy_comp_channel`).
     ///
     /// Fails with `EBUSY`, giving the channel back, while a CQ uses it.
