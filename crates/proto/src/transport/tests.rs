@@ -541,6 +541,20 @@ fn read_resp(psn: u32, i: u32, n: u32, payload: &[u8]) -> Vec<u8> {
     read_response(op, psn, payload)
 }
 
+/// `r` asks for the 16-packet READ of [`read_qp`]`(8192, ..)` again from its sixth packet
+/// (PSN 15) to its end.
+fn assert_read_again_from_5(r: &roce::Repr) {
+    assert_eq!(r.bth.psn, 15);
+    assert_eq!(
+        r.reth,
+        Some(reth::Repr {
+            va: 8192 + 5 * 256,
+            rkey: 7,
+            dma_len: 11 * 256
+        })
+    );
+}
+
 /// The first tail-loss probe of a READ whose responses are partly in asks the responder for
 /// the READ's last packet, not for everything from the first PSN missing: the responses may
 /// be waiting unread in this host's socket, and the responder would send them all again. The
@@ -620,15 +634,7 @@ fn a_probe_of_a_read_asks_for_its_last_packet_only() {
         assert!(qp.poll_completion().is_none(), "{:?}", qp.poll_completion());
         let p = drain(&mut qp, &mut env, t1);
         assert_eq!(p.len(), 1);
-        assert_eq!(p[0].0.bth.psn, 15);
-        assert_eq!(
-            p[0].0.reth,
-            Some(reth::Repr {
-                va: 8192 + 5 * 256,
-                rkey: 7,
-                dma_len: 11 * 256
-            })
-        );
+        assert_read_again_from_5(&p[0].0);
         // A tail lost is repaired as the probe's resend (no retry: retry_cnt 0 is enough); a
         // response lost midway, by the restart its successor's arrival starts.
         let retries = if lost.len() == 1 { 1 } else { 0 };
@@ -661,15 +667,7 @@ fn a_probe_of_a_read_asks_for_its_last_packet_only() {
     qp.handle_timeout(t2, &mut env);
     let p = drain(&mut qp, &mut env, t2);
     assert_eq!(qp.stats().probes, 2);
-    assert_eq!(p[0].0.bth.psn, 15);
-    assert_eq!(
-        p[0].0.reth,
-        Some(reth::Repr {
-            va: 8192 + 5 * 256,
-            rkey: 7,
-            dma_len: 11 * 256
-        })
-    );
+    assert_read_again_from_5(&p[0].0);
     assert_eq!(qp.stats().retries, 0, "a probe is no retry");
 }
 
