@@ -80,15 +80,12 @@ impl<T: Clone> Revocable<T> {
     /// Takes the object out, recording whether `fd` (its descriptor, still open) is
     /// non-blocking for the calls that come later. `None` when already revoked.
     pub fn revoke(&self, fd: RawFd) -> Option<T> {
-        let nonblocking = nonblocking(fd);
-        let mut g = self.lock();
-        if let State::Destroyed { .. } = *g {
-            return None;
-        }
-        match std::mem::replace(&mut *g, State::Destroyed { nonblocking }) {
-            State::Live(v) => Some(v),
-            State::Destroyed { .. } => None,
-        }
+        let mut taken = None;
+        let Ok(_) = self.revoke_with::<std::convert::Infallible>(fd, |v| {
+            taken = Some(v);
+            Ok(())
+        });
+        taken
     }
 
     /// Makes the slot live again with `v` (a pooled wrapper takes a new channel).
@@ -109,12 +106,12 @@ impl<T: Clone> Revocable<T> {
         destroy: impl FnOnce(T) -> Result<(), (T, E)>,
     ) -> Result<bool, E> {
         let mut g = self.lock();
-        let State::Live(_) = *g else {
+        if let State::Destroyed { .. } = *g {
             return Ok(false);
-        };
+        }
         let nonblocking = nonblocking(fd);
         let State::Live(v) = std::mem::replace(&mut *g, State::Destroyed { nonblocking }) else {
-            return Ok(false);
+            unreachable!("checked live above, under the same lock");
         };
         match destroy(v) {
             Ok(()) => Ok(true),

@@ -316,18 +316,14 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(channel: *mut ibv_comp_channel
         let fd = unsafe { std::ptr::addr_of!((*channel).fd).read() };
         // (Under the slot's lock: a thread that looks meanwhile waits, and never sees the
         // channel destroyed when the destruction fails.)
-        let destroyed = slot.revoke_with(fd, |arc| {
-            if arc.cqs() > 0 {
-                return Err((arc, libc::EBUSY));
-            }
-            // A thread waiting on the channel holds it too: then the channel goes with that
-            // thread's handle.
-            match Arc::try_unwrap(arc) {
-                Ok(ch) => ch
-                    .destroy()
-                    .map_err(|e| (Arc::new(e.object), e.error.errno())),
-                Err(_) => Ok(()),
-            }
+        let destroyed = slot.revoke_with(fd, |arc| match Arc::try_unwrap(arc) {
+            Ok(ch) => ch
+                .destroy()
+                .map_err(|e| (Arc::new(e.object), e.error.errno())),
+            // A thread waiting on the channel holds it too: unless a CQ uses it, the channel
+            // goes with that thread's handle.
+            Err(arc) if arc.cqs() > 0 => Err((arc, libc::EBUSY)),
+            Err(_) => Ok(()),
         })?;
         if !destroyed {
             return Err(EBADF);

@@ -1563,16 +1563,12 @@ impl Requester {
         self.read_probe = read_end;
         if read_end.is_some() {
             // (Any response out of order may restart the READ again: the restart that set
-            // the guard may have lost its own responses.)
+            // the guard may have lost its own responses. And the response to a READ's last
+            // PSN moves `comp_psn` past the READ only when all of it arrived: nothing after
+            // it was dropped for want of the probed PSN, so no `probe_sent`.)
             self.retry_mark = None;
         }
-        // (The response to a READ's last PSN moves `comp_psn` past the READ only when all of
-        // it arrived: nothing after it was dropped for want of the probed PSN.)
-        self.probe_sent = if read_end.is_some() {
-            None
-        } else {
-            Some(self.comp_psn)
-        };
+        self.probe_sent = read_end.is_none().then_some(self.comp_psn);
         let first = read_end.unwrap_or(self.comp_psn);
         let last = self.high_psn.sub(1);
         self.probe_psns = [Some(first), (last != first).then_some(last)];
