@@ -109,13 +109,13 @@ pub use verbs::copy::{copy_engines, CopyEngineStats};
 pub use verbs::cq::{CompChannel, Cq, CqEvent, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use verbs::device::{
     get_device_list, AtomicCap, Device, DeviceAttr, DeviceCapFlags, GidEntry, LinkLayer, NodeType,
-    PortAttr, PortCapFlags, PortState, TransportType, DEFAULT_PKEY, GID_TABLE_LEN, PORT_NUM,
+    OdpCaps, OdpGeneralCaps, OdpTransportCaps, PortAttr, PortCapFlags, PortState, TransportType, DEFAULT_PKEY, GID_TABLE_LEN, PORT_NUM,
     QPF_GRH_REQUIRED,
 };
 pub use verbs::event::{AsyncElement, AsyncEvent, EventType};
 pub use verbs::mem;
 pub use verbs::mem::{Buffer, BufferView};
-pub use verbs::mr::{AccessFlags, Mr, MrSlice, RemoteMr};
+pub use verbs::mr::{AccessFlags, AdviseMr, Mr, MrSlice, RemoteMr, ADVISE_MR_FLAG_FLUSH};
 pub use verbs::mw::{inc_rkey, BindMwWr, Mw, MwBind, MwBindInfo, MwType};
 pub use verbs::pd::Pd;
 pub use verbs::qp::{MigState, Qp, QpAttr, QpCap, QpInitAttr, QpInitInfo};

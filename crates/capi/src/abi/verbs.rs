@@ -793,6 +793,8 @@ pub type create_qp_ex_fn = unsafe extern "C" fn(*mut ibv_context, *mut c_void) -
 /// `verbs_context.create_cq_ex` (attr `struct ibv_cq_init_attr_ex`, result `struct
 /// ibv_cq_ex`, see `verbs::ex`).
 pub type create_cq_ex_fn = unsafe extern "C" fn(*mut ibv_context, *mut c_void) -> *mut c_void;
+/// `verbs_context.advise_mr` (`ibv_advise_mr`).
+pub type advise_mr_fn = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
 /// A `verbs_context` slot the library leaves NULL.
 pub type vslot = Option<unsafe extern "C" fn()>;
 
@@ -801,7 +803,7 @@ pub type vslot = Option<unsafe extern "C" fn()>;
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<query_port_fn>,
-    pub advise_mr: vslot,
+    pub advise_mr: Option<advise_mr_fn>,
     pub alloc_null_mr: vslot,
     pub read_counters: vslot,
     pub attach_counters_point_flow: vslot,

@@ -97,11 +97,12 @@ fn qp_type_of(t: u32) -> Option<QpType> {
 }
 
 /// Fills the extended slots of a new context's `verbs_context`: `create_qp_ex`,
-/// `create_cq_ex`, `query_device_ex`.
+/// `create_cq_ex`, `query_device_ex`, `advise_mr`.
 pub fn install(vctx: &mut verbs_context) {
     vctx.create_qp_ex = Some(create_qp_ex);
     vctx.create_cq_ex = Some(create_cq_ex);
     vctx.query_device_ex = Some(query_device_ex);
+    vctx.advise_mr = Some(super::resources::advise_mr);
 }
 
 /// `ibv_qp_to_qp_ex`: the `struct ibv_qp_ex` of a QP made with
@@ -897,9 +898,10 @@ unsafe extern "C" fn read_tm_info(_cq: *mut ibv_cq_ex, info: *mut ibv_wc_tm_info
 }
 
 /// `verbs_context.query_device_ex` (`ibv_query_device_ex`): `ibv_query_device`'s answer in
-/// `orig_attr`, no extended capabilities (no ODP, timestamps, TSO, RSS, pacing, tag
-/// matching, device memory), `device_cap_flags_ex` = the basic flags, `phys_port_cnt_ex` =
-/// the port count; writes at most `attr_size` bytes. Returns 0, `EINVAL` for NULL
+/// `orig_attr`, the on-demand paging capabilities in `odp_caps` (`softrdma::OdpCaps`), no
+/// other extended capabilities (no timestamps, TSO, RSS, pacing, tag matching, device memory,
+/// XRC), `device_cap_flags_ex` = the basic flags, `phys_port_cnt_ex` = the port count;
+/// writes at most `attr_size` bytes. Returns 0, `EINVAL` for NULL
 /// arguments, an input `comp_mask` or a size below `struct ibv_device_attr`, or
 /// `ibv_query_device`'s error.
 unsafe extern "C" fn query_device_ex(
@@ -926,6 +928,21 @@ unsafe extern "C" fn query_device_ex(
             return r;
         }
         full.device_cap_flags_ex = u64::from(full.orig_attr.device_cap_flags);
+        // SAFETY: NULL or a live context (checked above; ibv_query_device accepted it).
+        let odp = match unsafe { super::device::ctx(context) }
+            .and_then(|c| c.query_device().map_err(|e| e.errno()))
+        {
+            Ok(a) => a.odp_caps,
+            Err(e) => return e,
+        };
+        full.odp_caps = ibv_odp_caps {
+            general_caps: odp.general_caps.bits(),
+            per_transport_caps: ibv_odp_caps_per_transport {
+                rc_odp_caps: odp.rc_odp_caps.bits(),
+                uc_odp_caps: odp.uc_odp_caps.bits(),
+                ud_odp_caps: odp.ud_odp_caps.bits(),
+            },
+        };
         full.phys_port_cnt_ex = u32::from(full.orig_attr.phys_port_cnt);
         let n = attr_size.min(size_of::<ibv_device_attr_ex>());
         // SAFETY: the program gave attr_size writable bytes at attr; n <= both sizes.

@@ -63,7 +63,9 @@ unsafe fn reg(
 ) -> Result<*mut ibv_mr, i32> {
     // SAFETY: NULL or a live PD.
     let w = unsafe { objects::wrapper::<_, CPd>(pd) }.ok_or(EINVAL)?;
-    if addr.is_null() && length > 0 {
+    // (A null address is implicit on-demand paging's: the whole address space.)
+    let implicit_odp = length == usize::MAX && access & softrdma::AccessFlags::ON_DEMAND.bits() != 0;
+    if addr.is_null() && length > 0 && !implicit_odp {
         return Err(EINVAL);
     }
     // SAFETY: the program registers its own memory, with ibv_reg_mr's contract.
@@ -84,7 +86,10 @@ unsafe fn reg(
 }
 
 /// `ibv_reg_mr@IBVERBS_1.1`: registers `length` bytes at `addr`; NULL with errno (EINVAL
-/// for NULL, zero length, bad access bits; ENOMEM past `max_mr`).
+/// for NULL, zero length, bad access bits; ENOMEM past `max_mr`). With
+/// `IBV_ACCESS_ON_DEMAND` the range need not be mapped (each access populates its pages and
+/// fails where they are not mapped), and a NULL `addr` with `SIZE_MAX` bytes registers the
+/// whole address space (implicit on-demand paging); see `softrdma::Pd::reg_mr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr(
     pd: *mut ibv_pd,
@@ -848,4 +853,37 @@ pub fn wc_from_c(c: &ibv_wc) -> softrdma::WorkCompletion {
         dlid_path_bits: c.dlid_path_bits,
         ..Default::default()
     }
+}
+
+/// `verbs_context.advise_mr` (`ibv_advise_mr`): populates the pages of the entries' ranges of
+/// on-demand regions (`IBV_ADVISE_MR_ADVICE_PREFETCH`, `_PREFETCH_WRITE`, `_PREFETCH_NO_FAULT`)
+/// before returning. Returns 0, `EOPNOTSUPP` for another advice, `EINVAL` for a NULL PD or
+/// list, no entries, unknown flags, an lkey of no on-demand region of the PD or a range
+/// outside it, `EFAULT` for pages not mapped (see `softrdma::Pd::advise_mr`).
+pub(crate) unsafe extern "C" fn advise_mr(
+    pd: *mut ibv_pd,
+    advice: u32,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sge: u32,
+) -> c_int {
+    ret_errno(|| {
+        // SAFETY: NULL or a live PD.
+        let w = unsafe { objects::wrapper::<_, CPd>(pd) }.ok_or(EINVAL)?;
+        let advice = softrdma::AdviseMr::from_raw(advice).ok_or(EOPNOTSUPP)?;
+        if sg_list.is_null() || num_sge == 0 {
+            return Err(EINVAL);
+        }
+        // SAFETY: the program's array of num_sge entries.
+        let list = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
+        let sges: Vec<softrdma::Sge> = list
+            .iter()
+            .map(|s| softrdma::Sge {
+                addr: s.addr,
+                length: s.length,
+                lkey: s.lkey,
+            })
+            .collect();
+        w.pd.advise_mr(advice, flags, &sges).map_err(|e| e.errno())
+    })
 }

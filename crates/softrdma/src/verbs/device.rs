@@ -357,6 +357,52 @@ pub struct DeviceAttr {
     /// Most bytes of inline data in a send work request (softrdma extension of the table;
     /// rdma-core reports it through the QP caps).
     pub max_inline_data: u32,
+    /// On-demand paging (`ibv_device_attr_ex.odp_caps`, the extended table's): which
+    /// operations may use regions registered with ON_DEMAND ([`crate::Pd::reg_mr`]).
+    pub odp_caps: OdpCaps,
+}
+
+bitflags::bitflags! {
+    /// `enum ibv_odp_general_caps`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct OdpGeneralCaps: u64 {
+        /// `IBV_ODP_SUPPORT`: regions may be registered with ON_DEMAND.
+        const SUPPORT = 1 << 0;
+        /// `IBV_ODP_SUPPORT_IMPLICIT`: one region may cover the whole address space (a null
+        /// address, length `SIZE_MAX`).
+        const SUPPORT_IMPLICIT = 1 << 1;
+    }
+
+    /// `enum ibv_odp_transport_cap_bits`: the operations of one transport that may use
+    /// on-demand regions.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct OdpTransportCaps: u32 {
+        /// `IBV_ODP_SUPPORT_SEND`.
+        const SEND = 1 << 0;
+        /// `IBV_ODP_SUPPORT_RECV`.
+        const RECV = 1 << 1;
+        /// `IBV_ODP_SUPPORT_WRITE`.
+        const WRITE = 1 << 2;
+        /// `IBV_ODP_SUPPORT_READ`.
+        const READ = 1 << 3;
+        /// `IBV_ODP_SUPPORT_ATOMIC`.
+        const ATOMIC = 1 << 4;
+        /// `IBV_ODP_SUPPORT_SRQ_RECV`.
+        const SRQ_RECV = 1 << 5;
+    }
+}
+
+/// `struct ibv_odp_caps`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OdpCaps {
+    /// What the device offers in general.
+    pub general_caps: OdpGeneralCaps,
+    /// RC's operations.
+    pub rc_odp_caps: OdpTransportCaps,
+    /// UC's operations.
+    pub uc_odp_caps: OdpTransportCaps,
+    /// UD's operations.
+    pub ud_odp_caps: OdpTransportCaps,
 }
 
 /// The limits every softrdma device enforces.
@@ -403,6 +449,19 @@ pub(crate) fn device_attr(dev: &Device) -> DeviceAttr {
         local_ca_ack_delay: 15,
         phys_port_cnt: 1,
         max_inline_data: 1024,
+        // Every access to registered memory goes through one check, which populates an
+        // on-demand region's pages: every operation of every transport may use one.
+        odp_caps: OdpCaps {
+            general_caps: OdpGeneralCaps::all(),
+            rc_odp_caps: OdpTransportCaps::all(),
+            uc_odp_caps: OdpTransportCaps::SEND
+                | OdpTransportCaps::RECV
+                | OdpTransportCaps::WRITE
+                | OdpTransportCaps::SRQ_RECV,
+            ud_odp_caps: OdpTransportCaps::SEND
+                | OdpTransportCaps::RECV
+                | OdpTransportCaps::SRQ_RECV,
+        },
     }
 }
 

@@ -126,7 +126,9 @@ impl Drop for QpEnv<'_> {
 fn map_err(e: MrAccessError) -> AccessError {
     match e {
         MrAccessError::InvalidKey | MrAccessError::WrongPd => AccessError::InvalidKey,
-        MrAccessError::OutOfBounds => AccessError::OutOfBounds,
+        // (An on-demand region's unmapped pages fail as memory outside a region does: a NIC
+        // whose page fault cannot be resolved reports a protection error.)
+        MrAccessError::OutOfBounds | MrAccessError::NotMapped => AccessError::OutOfBounds,
         MrAccessError::AccessDenied => AccessError::AccessDenied,
         MrAccessError::Misaligned => AccessError::Misaligned,
     }

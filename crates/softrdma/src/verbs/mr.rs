@@ -30,7 +30,10 @@ bitflags::bitflags! {
         const MW_BIND = 1 << 4;
         /// `IBV_ACCESS_ZERO_BASED`: keys address the region from 0, not from its address.
         const ZERO_BASED = 1 << 5;
-        /// `IBV_ACCESS_ON_DEMAND`: on-demand paging (not supported).
+        /// `IBV_ACCESS_ON_DEMAND`: on-demand paging. The range need not be mapped when it
+        /// is registered; each access of the device populates the pages it touches, as a
+        /// page fault would, and fails as an access outside the region does where they are
+        /// not mapped (or not writable, for a write). See [`Pd::reg_mr`].
         const ON_DEMAND = 1 << 6;
         /// `IBV_ACCESS_HUGETLB`: the memory is backed by huge pages (a hint; accepted).
         const HUGETLB = 1 << 7;
@@ -45,8 +48,7 @@ bitflags::bitflags! {
 
 impl AccessFlags {
     /// Checks the rules of `ibv_reg_mr`: no unknown bits (`EINVAL`), REMOTE_WRITE and
-    /// REMOTE_ATOMIC only with LOCAL_WRITE (`EINVAL`), and no on-demand paging
-    /// (`EOPNOTSUPP`).
+    /// REMOTE_ATOMIC only with LOCAL_WRITE (`EINVAL`).
     pub(crate) fn check_for_mr(self, raw: u32) -> Result<()> {
         if AccessFlags::from_bits(raw).is_none() {
             return Err(Error::invalid(format!(
@@ -60,9 +62,6 @@ impl AccessFlags {
             return Err(Error::invalid(
                 "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE",
             ));
-        }
-        if self.contains(AccessFlags::ON_DEMAND) {
-            return Err(Error::not_supported("on-demand paging is not supported"));
         }
         Ok(())
     }
@@ -88,6 +87,9 @@ pub(crate) struct MrInner {
     host: *mut u8,
     pub(crate) length: u64,
     pub(crate) access: AccessFlags,
+    /// Registered with ON_DEMAND: every access populates its pages first, and fails where
+    /// they are not mapped ([`populate`]).
+    on_demand: bool,
     /// The memory of the safe face, kept alive by the region.
     backing: Option<Arc<Buffer>>,
     /// Whether the region counts as a way for the device to write `backing` (it has
@@ -110,16 +112,28 @@ unsafe impl Sync for MrInner {}
 impl Pd {
     /// Registers `length` bytes at `addr` (`ibv_reg_mr`); the keys address them from `addr`.
     ///
+    /// With ON_DEMAND in `access` (on-demand paging, `IBV_ACCESS_ON_DEMAND`) the range need
+    /// not be mapped now: each access of the device populates the pages it touches first
+    /// (`madvise` `MADV_POPULATE_READ`/`MADV_POPULATE_WRITE`, as a page fault would) and fails
+    /// where they are not mapped, or not writable for a write, as an access outside the region
+    /// does (`LOC_PROT_ERR` for a local access, a remote access error for a peer's). A null
+    /// `addr` with a `length` of `usize::MAX` registers the whole address space (implicit
+    /// on-demand paging): the keys then address every byte at its own address.
+    ///
     /// Fails with `EINVAL` for a zero length, an address range that overflows, a length above
-    /// the device's `max_mr_size`, unknown access bits or REMOTE_WRITE/REMOTE_ATOMIC without
-    /// LOCAL_WRITE; `EOPNOTSUPP` for ON_DEMAND; `ENOMEM` past `max_mr`.
+    /// the device's `max_mr_size` (the whole address space of implicit on-demand paging
+    /// aside), implicit on-demand paging with ZERO_BASED or an iova other than 0, unknown
+    /// access bits or REMOTE_WRITE/REMOTE_ATOMIC without LOCAL_WRITE; `ENOMEM` past `max_mr`.
     ///
     /// # Safety
     /// `addr..addr + length` must stay allocated until the region is deregistered (dropped
     /// or [`Mr::dereg`]), and the program's own accesses to it must not race with the
     /// device's (wait for the completions, as with any RDMA stack). The memory is read and
     /// written only with atomic word copies, so it may be shared with other threads that use
-    /// atomics too.
+    /// atomics too. With ON_DEMAND the range may be unmapped and mapped again at will, except
+    /// while an operation that accesses it is in progress (posted and not yet completed, on
+    /// either side): a page unmapped under an access in progress faults the process, where a
+    /// NIC's page-fault machinery would have stopped the access.
     pub unsafe fn reg_mr(&self, addr: *mut u8, length: usize, access: u32) -> Result<Mr> {
         // SAFETY: forwarded contract.
         unsafe { self.reg_mr_iova(addr, length, addr as u64, access) }
@@ -173,7 +187,15 @@ impl Pd {
         if len == 0 {
             return Err(Error::invalid("a memory region cannot be empty"));
         }
-        if len > shared.attr.max_mr_size {
+        let on_demand = access.contains(AccessFlags::ON_DEMAND);
+        let implicit = on_demand && addr.is_null() && length == usize::MAX;
+        if implicit && (access.contains(AccessFlags::ZERO_BASED) || iova != 0) {
+            return Err(Error::invalid(
+                "implicit on-demand paging addresses every byte at its own address: no \
+                 ZERO_BASED, iova 0",
+            ));
+        }
+        if len > shared.attr.max_mr_size && !implicit {
             return Err(Error::invalid(format!(
                 "length {len} exceeds the device's max_mr_size {}",
                 shared.attr.max_mr_size
@@ -209,6 +231,7 @@ impl Pd {
                 host: addr,
                 length: len,
                 access,
+                on_demand,
                 backing,
                 device_writes,
                 leases: AtomicU64::new(0),
@@ -217,6 +240,116 @@ impl Pd {
             })
         });
         Ok(Mr { inner })
+    }
+}
+
+/// `enum ibv_advise_mr_advice`: what [`Pd::advise_mr`] does to the pages of on-demand
+/// regions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum AdviseMr {
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH`: populate the pages for reading.
+    Prefetch = 0,
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE`: populate the pages for writing.
+    PrefetchWrite = 1,
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT`: populate what is mapped already, and leave
+    /// the rest without failing.
+    PrefetchNoFault = 2,
+}
+
+impl AdviseMr {
+    /// The advice of its C value, if it is one.
+    pub fn from_raw(raw: u32) -> Option<AdviseMr> {
+        match raw {
+            0 => Some(AdviseMr::Prefetch),
+            1 => Some(AdviseMr::PrefetchWrite),
+            2 => Some(AdviseMr::PrefetchNoFault),
+            _ => None,
+        }
+    }
+}
+
+/// `IBV_ADVISE_MR_FLAG_FLUSH`: [`Pd::advise_mr`] returns once the pages are populated (which
+/// it always does here).
+pub const ADVISE_MR_FLAG_FLUSH: u32 = 1 << 0;
+
+impl Pd {
+    /// Populates the pages of ranges of on-demand regions of this PD ahead of the accesses
+    /// that will need them (`ibv_advise_mr`), each entry a range of the region its lkey
+    /// names; synchronous, with or without [`ADVISE_MR_FLAG_FLUSH`].
+    ///
+    /// Fails with `EINVAL` for no entries, flag bits other than FLUSH, an lkey that names no
+    /// region of this PD, a region not registered with ON_DEMAND, a range outside its region
+    /// or PrefetchWrite on a region without LOCAL_WRITE; `EFAULT` when pages of a range are
+    /// not mapped (or not writable, for PrefetchWrite), except with PrefetchNoFault, which
+    /// populates what it can and succeeds. The entries before a failing one are populated.
+    pub fn advise_mr(&self, advice: AdviseMr, flags: u32, sg_list: &[Sge]) -> Result<()> {
+        if sg_list.is_empty() {
+            return Err(Error::invalid("ibv_advise_mr needs at least one entry"));
+        }
+        if flags & !ADVISE_MR_FLAG_FLUSH != 0 {
+            return Err(Error::invalid(format!(
+                "unknown ibv_advise_mr flag bits {:#x}",
+                flags & !ADVISE_MR_FLAG_FLUSH
+            )));
+        }
+        let res = &self.inner.shared().resources;
+        for (i, sge) in sg_list.iter().enumerate() {
+            let mr = res
+                .mr_by_lkey::<MrInner>(sge.lkey)
+                .filter(|m| Arc::ptr_eq(m.pd.arc(), &self.inner))
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "entry {i}: lkey {:#x} names no region of this PD",
+                        sge.lkey
+                    ))
+                })?;
+            if !mr.on_demand {
+                return Err(Error::invalid(format!(
+                    "entry {i}: the region was not registered with ON_DEMAND"
+                )));
+            }
+            let write = advice == AdviseMr::PrefetchWrite;
+            if write && !mr.access.contains(AccessFlags::LOCAL_WRITE) {
+                return Err(Error::invalid(format!(
+                    "entry {i}: PREFETCH_WRITE on a region without LOCAL_WRITE"
+                )));
+            }
+            let len = u64::from(sge.length);
+            let end = sge.addr.checked_add(len);
+            if sge.addr < mr.iova || end.is_none_or(|e| e > mr.iova + mr.length) {
+                return Err(Error::invalid(format!(
+                    "entry {i}: {:#x}+{len} is outside its region",
+                    sge.addr
+                )));
+            }
+            let start = mr.host.wrapping_add((sge.addr - mr.iova) as usize);
+            match advice {
+                AdviseMr::PrefetchNoFault => {
+                    // Page by page, so that what is mapped is populated around what is not.
+                    let page = page_size() as u64;
+                    let mut at = 0;
+                    while at < len {
+                        let k = (page - (start as u64 + at) % page).min(len - at);
+                        populate(start.wrapping_add(at as usize), k as usize, false);
+                        at += k;
+                    }
+                }
+                _ => {
+                    if !populate(start, len as usize, write) {
+                        return Err(Error::new(
+                            crate::error::ErrorKind::Os(libc::EFAULT),
+                            format!(
+                                "entry {i}: pages of {:#x}+{len} are not mapped{}",
+                                sge.addr,
+                                if write { " writable" } else { "" }
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -591,6 +724,75 @@ pub(crate) enum AccessError {
     AccessDenied,
     /// An atomic operation on an address that is not 8-byte aligned.
     Misaligned,
+    /// An on-demand region's pages there are not mapped (or not writable, for a write).
+    NotMapped,
+}
+
+/// Whether an access that needs `needed` (or is an atomic) writes the memory.
+pub(crate) fn writes(needed: AccessFlags, atomic: bool) -> bool {
+    atomic
+        || needed.intersects(
+            AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC,
+        )
+}
+
+/// Populates the pages of `len` bytes at `start` as a read (or, with `write`, a write) would
+/// fault them in, without touching the bytes (`madvise` `MADV_POPULATE_READ` or
+/// `MADV_POPULATE_WRITE`, Linux 5.14 and later); `false` where a page is not mapped, or not
+/// readable (writable). On a kernel without these advices (`EINVAL` for a mapped range),
+/// each page is probed with `process_vm_readv` of one byte from this process instead, which
+/// checks that it can be read (a write to a read-only page then faults the process).
+fn populate(start: *mut u8, len: usize, write: bool) -> bool {
+    if len == 0 {
+        return true;
+    }
+    let page = page_size();
+    let first = start as usize & !(page - 1);
+    let Some(end) = (start as usize).checked_add(len) else {
+        return false;
+    };
+    let Some(last) = end.checked_add(page - 1) else {
+        return false;
+    };
+    let span = (last & !(page - 1)) - first;
+    let advice = if write {
+        libc::MADV_POPULATE_WRITE
+    } else {
+        libc::MADV_POPULATE_READ
+    };
+    // SAFETY: the advice populates page tables and neither reads nor writes the memory; any
+    // address range is acceptable to the call (it fails on what is not mapped).
+    let r = unsafe { libc::madvise(first as *mut libc::c_void, span, advice) };
+    if r == 0 {
+        return true;
+    }
+    if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+        return false;
+    }
+    (0..span / page).all(|i| {
+        let mut byte = 0u8;
+        let local = libc::iovec {
+            iov_base: (&mut byte as *mut u8).cast(),
+            iov_len: 1,
+        };
+        let remote = libc::iovec {
+            iov_base: (first + i * page) as *mut libc::c_void,
+            iov_len: 1,
+        };
+        // SAFETY: the kernel reads one byte of this process at `remote` (failing with
+        // EFAULT where it cannot) into `byte`.
+        unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) == 1 }
+    })
+}
+
+/// The system's page size.
+fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 && (n as usize).is_power_of_two() => n as usize,
+        _ => 4096,
+    })
 }
 
 /// An access to registered memory in progress: the region cannot finish deregistering until
@@ -659,7 +861,7 @@ impl Resources {
         };
         if let Some((k, mr)) = slot {
             if *k == key {
-                match check_region(mr, pd, va, len, needed, atomic) {
+                match check_region(mr, pd, va, len, needed, atomic, writes(needed, atomic)) {
                     Err(AccessError::InvalidKey) => {} // deregistered: look it up again
                     r => return r,
                 }
@@ -670,7 +872,7 @@ impl Resources {
             KeyKind::Remote => self.mr_by_rkey::<MrInner>(key),
         }
         .ok_or(AccessError::InvalidKey)?;
-        let r = check_region(&mr, pd, va, len, needed, atomic);
+        let r = check_region(&mr, pd, va, len, needed, atomic, writes(needed, atomic));
         *slot = Some((key, mr));
         r
     }
@@ -684,6 +886,9 @@ pub(crate) struct MrCache {
 }
 
 /// Checks PD, access, alignment and bounds of an access to `mr`, and takes a lease on it.
+///
+/// `write`: whether the access writes the memory (for an on-demand region, which pages are
+/// populated writable; see [`writes`]).
 pub(crate) fn check_region(
     mr: &Arc<MrInner>,
     pd: &Arc<PdInner>,
@@ -691,6 +896,7 @@ pub(crate) fn check_region(
     len: u64,
     needed: AccessFlags,
     atomic: bool,
+    write: bool,
 ) -> std::result::Result<MrLease, AccessError> {
     if !Arc::ptr_eq(mr.pd.arc(), pd) {
         return Err(AccessError::WrongPd);
@@ -710,6 +916,9 @@ pub(crate) fn check_region(
     let start = mr.host.wrapping_add(off);
     if atomic && !(start as usize).is_multiple_of(8) {
         return Err(AccessError::Misaligned);
+    }
+    if mr.on_demand && !populate(start, len as usize, write) {
+        return Err(AccessError::NotMapped);
     }
     let prev = mr.leases.fetch_add(1, Ordering::AcqRel);
     if prev & REVOKED != 0 {

@@ -395,7 +395,9 @@ impl Resources {
             }
             (b.mr.clone(), b.addr + (va - base))
         };
-        check_region(&mr, pd, mr_va, len, AccessFlags::empty(), atomic)
+        // (The window's access, checked above, says what the access does to the memory.)
+        let write = crate::verbs::mr::writes(needed, atomic);
+        check_region(&mr, pd, mr_va, len, AccessFlags::empty(), atomic, write)
     }
 }
 
