@@ -345,6 +345,17 @@ fn ib_read_bw() {
     }
 }
 
+/// perftest's `--odp`: buffers registered with IBV_ACCESS_ON_DEMAND once `odp_caps` say the
+/// operation may use them.
+#[test]
+fn ib_write_and_read_bw_on_demand() {
+    if have_perftest() {
+        perftest("ib_write_bw", &["-n", "50", "--odp"], "RDMA_Write BW Test");
+        perftest("ib_read_bw", &["-n", "50", "--odp"], "RDMA_Read BW Test");
+        perftest("ib_send_bw", &["-n", "50", "--odp"], "Send BW Test");
+    }
+}
+
 #[test]
 fn ib_read_lat() {
     if have_perftest() {

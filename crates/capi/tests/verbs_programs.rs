@@ -113,6 +113,20 @@ fn rc_pingpong_validated_small() {
     pingpong("/usr/bin/ibv_rc_pingpong", &["-c", "-s", "64"]);
 }
 
+/// On-demand paging (`-o`): the buffer registered with IBV_ACCESS_ON_DEMAND, after the
+/// program checked `odp_caps` through `ibv_query_device_ex`; data validated.
+#[test]
+fn rc_pingpong_on_demand() {
+    pingpong("/usr/bin/ibv_rc_pingpong", &["-o", "-c"]);
+}
+
+/// Implicit on-demand paging (`-O`: one region over the whole address space, a NULL address
+/// and SIZE_MAX bytes) with the buffer prefetched through `ibv_advise_mr` (`-P`).
+#[test]
+fn rc_pingpong_implicit_on_demand_prefetched() {
+    pingpong("/usr/bin/ibv_rc_pingpong", &["-O", "-P", "-c"]);
+}
+
 #[test]
 fn uc_pingpong() {
     pingpong("/usr/bin/ibv_uc_pingpong", &[]);

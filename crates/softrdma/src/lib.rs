@@ -109,8 +109,8 @@ pub use verbs::copy::{copy_engines, CopyEngineStats};
 pub use verbs::cq::{CompChannel, Cq, CqEvent, WcFlags, WcOpcode, WcStatus, WorkCompletion};
 pub use verbs::device::{
     get_device_list, AtomicCap, Device, DeviceAttr, DeviceCapFlags, GidEntry, LinkLayer, NodeType,
-    OdpCaps, OdpGeneralCaps, OdpTransportCaps, PortAttr, PortCapFlags, PortState, TransportType, DEFAULT_PKEY, GID_TABLE_LEN, PORT_NUM,
-    QPF_GRH_REQUIRED,
+    OdpCaps, OdpGeneralCaps, OdpTransportCaps, PortAttr, PortCapFlags, PortState, TransportType,
+    DEFAULT_PKEY, GID_TABLE_LEN, PORT_NUM, QPF_GRH_REQUIRED,
 };
 pub use verbs::event::{AsyncElement, AsyncEvent, EventType};
 pub use verbs::mem;

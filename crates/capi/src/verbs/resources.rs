@@ -64,7 +64,8 @@ unsafe fn reg(
     // SAFETY: NULL or a live PD.
     let w = unsafe { objects::wrapper::<_, CPd>(pd) }.ok_or(EINVAL)?;
     // (A null address is implicit on-demand paging's: the whole address space.)
-    let implicit_odp = length == usize::MAX && access & softrdma::AccessFlags::ON_DEMAND.bits() != 0;
+    let implicit_odp =
+        length == usize::MAX && access & softrdma::AccessFlags::ON_DEMAND.bits() != 0;
     if addr.is_null() && length > 0 && !implicit_odp {
         return Err(EINVAL);
     }

@@ -10,6 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdint.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 static int checks;
 
@@ -196,6 +199,44 @@ int main(int argc, char **argv)
 	CHECK(ibv_dealloc_pd(pd) == EBUSY);
 	CHECK(ibv_dealloc_pd(NULL) == EINVAL);
 	CHECK(ibv_dereg_mr(NULL) == EINVAL);
+
+	/* On-demand paging: the capabilities, a region over a hole, an implicit one, and
+	 * ibv_advise_mr's checks. */
+	struct ibv_device_attr_ex dx;
+	memset(&dx, 0, sizeof(dx));
+	CHECK(ibv_query_device_ex(ctx, NULL, &dx) == 0);
+	CHECK(dx.odp_caps.general_caps == (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT));
+	CHECK((dx.odp_caps.per_transport_caps.rc_odp_caps & 0x3f) == 0x3f);
+	CHECK(dx.odp_caps.per_transport_caps.ud_odp_caps & IBV_ODP_SUPPORT_SEND);
+	long pg = sysconf(_SC_PAGESIZE);
+	char *odp_mem = mmap(NULL, 3 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			     -1, 0);
+	CHECK(odp_mem != MAP_FAILED && munmap(odp_mem + pg, pg) == 0);
+	struct ibv_mr *odp = ibv_reg_mr(pd, odp_mem, 3 * pg,
+					IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+	CHECK(odp && odp->addr == odp_mem && odp->length == (size_t)(3 * pg));
+	struct ibv_sge as = { .addr = (uintptr_t)odp_mem, .length = (uint32_t)pg,
+			      .lkey = odp->lkey };
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
+			    IBV_ADVISE_MR_FLAG_FLUSH, &as, 1) == 0);
+	as.length = (uint32_t)(3 * pg);
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &as, 1) == EFAULT);
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT, 0, &as, 1) == 0);
+	CHECK(ibv_advise_mr(pd, 7, 0, &as, 1) == EOPNOTSUPP);
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &as, 0) == EINVAL);
+	CHECK(ibv_advise_mr(opd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &as, 1) == EINVAL);
+	as.lkey = mr->lkey; /* not on demand */
+	as.addr = (uintptr_t)buf;
+	as.length = 64;
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &as, 1) == EINVAL);
+	struct ibv_mr *implicit = ibv_reg_mr(pd, NULL, SIZE_MAX,
+					     IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+	CHECK(implicit && implicit->addr == NULL && implicit->length == SIZE_MAX);
+	as.lkey = implicit->lkey; /* any mapped address */
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, 0, &as, 1) == 0);
+	FAILS_PTR(ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_LOCAL_WRITE), EINVAL);
+	CHECK(ibv_dereg_mr(implicit) == 0 && ibv_dereg_mr(odp) == 0);
+	munmap(odp_mem, 3 * pg);
 
 	/* Completion channels and CQs. */
 	FAILS_PTR(ibv_create_comp_channel(NULL), EINVAL);

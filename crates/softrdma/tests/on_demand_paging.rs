@@ -1,0 +1,311 @@
+//! On-demand paging over real UDP sockets on loopback (two devices of this test's own):
+//! regions registered with ON_DEMAND over memory that is mapped, unmapped and mapped again
+//! after registration, implicit regions over the whole address space, `Pd::advise_mr`, and
+//! the statuses of accesses to pages that are not there.
+
+#[path = "common/pair.rs"]
+mod pair;
+
+use pair::*;
+use softrdma::*;
+
+fn x() -> &'static str {
+    &pair_addrs().0
+}
+
+fn y() -> &'static str {
+    &pair_addrs().1
+}
+
+const ODP_ALL: u32 = ALL | AccessFlags::ON_DEMAND.bits();
+
+fn page() -> usize {
+    // SAFETY: no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+/// `n` pages of fresh anonymous memory, unmapped when dropped (what is still mapped of it).
+struct Pages {
+    base: *mut u8,
+    n: usize,
+}
+
+impl Pages {
+    fn new(n: usize) -> Pages {
+        // SAFETY: a fresh private anonymous mapping.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                n * page(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        Pages { base: p.cast(), n }
+    }
+
+    fn at(&self, i: usize) -> *mut u8 {
+        assert!(i < self.n);
+        self.base.wrapping_add(i * page())
+    }
+
+    fn addr(&self, i: usize) -> u64 {
+        self.at(i) as u64
+    }
+
+    /// Unmaps page `i` (no access to it is in progress).
+    fn unmap(&self, i: usize) {
+        // SAFETY: a page of our own mapping, which nothing references.
+        assert_eq!(unsafe { libc::munmap(self.at(i).cast(), page()) }, 0);
+    }
+
+    /// Maps page `i` again (zeroed), at the same address.
+    fn remap(&self, i: usize) {
+        // SAFETY: MAP_FIXED over our own (unmapped) page.
+        let p = unsafe {
+            libc::mmap(
+                self.at(i).cast(),
+                page(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            )
+        };
+        assert_eq!(p, self.at(i).cast());
+    }
+
+    /// Reads `len` bytes at page `i`, offset `off` (mapped, and no access in progress).
+    fn read(&self, i: usize, off: usize, len: usize) -> Vec<u8> {
+        // SAFETY: mapped memory of our own that the device is not writing now.
+        unsafe { std::slice::from_raw_parts(self.at(i).add(off), len) }.to_vec()
+    }
+}
+
+impl Drop for Pages {
+    fn drop(&mut self) {
+        // SAFETY: our mapping (unmapping pages unmapped already is harmless).
+        unsafe { libc::munmap(self.base.cast(), self.n * page()) };
+    }
+}
+
+/// A's RDMA `op` of `len` bytes from (or into) its own buffer at B's `addr` under `rkey`;
+/// its status.
+fn rdma(a: &Side, op: WrOpcode, addr: u64, rkey: u32, len: usize) -> WcStatus {
+    send(a, 5, op, &[a.sge(0, len)], |w| {
+        w.remote_addr = addr;
+        w.rkey = rkey;
+    });
+    a.wait(1)[0].status
+}
+
+#[test]
+fn the_device_reports_on_demand_paging_for_every_operation() {
+    let ctx = Device::from_addr(ip(x())).unwrap().open().unwrap();
+    let odp = ctx.query_device().unwrap().odp_caps;
+    assert_eq!(odp.general_caps, OdpGeneralCaps::all());
+    assert_eq!(odp.rc_odp_caps, OdpTransportCaps::all());
+    assert!(odp
+        .uc_odp_caps
+        .contains(OdpTransportCaps::SEND | OdpTransportCaps::RECV | OdpTransportCaps::WRITE));
+    assert!(odp
+        .ud_odp_caps
+        .contains(OdpTransportCaps::SEND | OdpTransportCaps::RECV));
+}
+
+#[test]
+fn a_peer_reaches_pages_mapped_after_registration_and_fails_where_none_are() {
+    let mem = Pages::new(4);
+    mem.unmap(1);
+    mem.unmap(2);
+    let (a, b) = pair_on(x(), y(), QpType::Rc, 8192, &Opts::default());
+    // Registered over a hole: with ON_DEMAND nothing is checked now.
+    // SAFETY: our mapping, outliving the region; no page goes while an access is in
+    // progress.
+    let mr = unsafe { b.pd.reg_mr(mem.at(0), 4 * page(), ODP_ALL) }.unwrap();
+    let data = pattern(4096, 3);
+    a.buf.write(0, &data).unwrap();
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaWrite, mem.addr(0), mr.rkey(), 4096),
+        WcStatus::Success
+    );
+    assert_eq!(mem.read(0, 0, 4096), data);
+    // A READ of the mapped last page.
+    a.buf.write(0, &[0; 64]).unwrap();
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaRead, mem.addr(3), mr.rkey(), 64),
+        WcStatus::Success
+    );
+    assert_eq!(
+        a.buf.to_vec()[..64].to_vec(),
+        vec![0u8; 64],
+        "fresh pages read as zero"
+    );
+    // A WRITE that ends in the hole: a remote access error, as outside the region.
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaWrite, mem.addr(1) - 64, mr.rkey(), 128),
+        WcStatus::RemAccessErr
+    );
+
+    // The page mapped again is reached through the same region.
+    mem.remap(1);
+    let (a, b2) = pair_on(x(), y(), QpType::Rc, 8192, &Opts::default());
+    let mr2 = unsafe { b2.pd.reg_mr(mem.at(0), 4 * page(), ODP_ALL) }.unwrap();
+    a.buf.write(0, &data).unwrap();
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaWrite, mem.addr(1), mr2.rkey(), 4096),
+        WcStatus::Success
+    );
+    assert_eq!(mem.read(1, 0, 4096), data);
+    // A READ from the page still unmapped.
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaRead, mem.addr(2), mr2.rkey(), 8),
+        WcStatus::RemAccessErr
+    );
+    drop((mr, b, mr2, b2));
+}
+
+#[test]
+fn local_accesses_to_unmapped_pages_fail_with_a_protection_error() {
+    let mem = Pages::new(2);
+    mem.unmap(1);
+    let (a, b) = pair_on(x(), y(), QpType::Rc, 8192, &Opts::default());
+    // SAFETY: as above.
+    let mr = unsafe { a.pd.reg_mr(mem.at(0), 2 * page(), ODP_ALL) }.unwrap();
+    // A SEND from the mapped page arrives; one from the unmapped page fails locally.
+    b.post_recv(1, 0, 4096);
+    // SAFETY: our mapped page, not being accessed by the device.
+    unsafe { std::ptr::write_bytes(mem.at(0), 0x5a, 32) };
+    let ok = [Sge {
+        addr: mem.addr(0),
+        length: 32,
+        lkey: mr.lkey(),
+    }];
+    send(&a, 1, WrOpcode::Send, &ok, |_| {});
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    let got = b.wait(1)[0];
+    assert_eq!((got.status, got.byte_len), (WcStatus::Success, 32));
+    assert_eq!(b.buf.to_vec()[..32].to_vec(), vec![0x5a; 32]);
+    b.post_recv(2, 0, 4096);
+    let bad = [Sge {
+        addr: mem.addr(1),
+        length: 32,
+        lkey: mr.lkey(),
+    }];
+    send(&a, 2, WrOpcode::Send, &bad, |_| {});
+    assert_eq!(a.wait(1)[0].status, WcStatus::LocProtErr);
+}
+
+#[test]
+fn an_implicit_region_covers_the_whole_address_space() {
+    let (a, b) = pair_on(x(), y(), QpType::Rc, 8192, &Opts::default());
+    // SAFETY: implicit on-demand paging; the target below is our own live allocation.
+    let mr = unsafe { b.pd.reg_mr(std::ptr::null_mut(), usize::MAX, ODP_ALL) }.unwrap();
+    assert_eq!((mr.addr(), mr.iova(), mr.length()), (0, 0, u64::MAX));
+    let target = Buffer::new(4096);
+    let data = pattern(1000, 9);
+    a.buf.write(0, &data).unwrap();
+    assert_eq!(
+        rdma(
+            &a,
+            WrOpcode::RdmaWrite,
+            target.addr() + 100,
+            mr.rkey(),
+            1000
+        ),
+        WcStatus::Success
+    );
+    assert_eq!(target.to_vec()[100..1100], data[..]);
+    // Atomics too.
+    assert_eq!(
+        rdma(&a, WrOpcode::AtomicFetchAndAdd, target.addr(), mr.rkey(), 8),
+        WcStatus::Success
+    );
+    // Address 0's page is never mapped.
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaWrite, 64, mr.rkey(), 8),
+        WcStatus::RemAccessErr
+    );
+    // The whole address space only with ON_DEMAND, from address 0, not zero-based.
+    let nul = std::ptr::null_mut();
+    let e = unsafe { b.pd.reg_mr(nul, usize::MAX, ALL) }.unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
+    let zb = ODP_ALL | AccessFlags::ZERO_BASED.bits();
+    let e = unsafe { b.pd.reg_mr(nul, usize::MAX, zb) }.unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
+    let e = unsafe { b.pd.reg_mr_iova(nul, usize::MAX, 4096, ODP_ALL) }.unwrap_err();
+    assert_eq!(e.errno(), libc::EINVAL);
+}
+
+#[test]
+fn advise_mr_populates_on_demand_ranges_and_checks_its_arguments() {
+    let ctx = Device::from_addr(ip(x())).unwrap().open().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let other = ctx.alloc_pd().unwrap();
+    let mem = Pages::new(3);
+    mem.unmap(1);
+    // SAFETY: as above.
+    let mr = unsafe { pd.reg_mr(mem.at(0), 3 * page(), ODP_ALL) }.unwrap();
+    let ro = AccessFlags::ON_DEMAND.bits() | AccessFlags::REMOTE_READ.bits();
+    let read_only = unsafe { pd.reg_mr(mem.at(0), page(), ro) }.unwrap();
+    let (_buf, pinned) = {
+        let b = std::sync::Arc::new(Buffer::new(4096));
+        let m = pd.reg_buffer(&b, ALL).unwrap();
+        (b, m)
+    };
+    let sge = |addr: u64, length: u32, lkey: u32| Sge { addr, length, lkey };
+    let page = page() as u32;
+    let errno =
+        |advice, flags, list: &[Sge]| pd.advise_mr(advice, flags, list).map_err(|e| e.errno());
+
+    assert_eq!(
+        errno(AdviseMr::Prefetch, 0, &[sge(mem.addr(0), page, mr.lkey())]),
+        Ok(())
+    );
+    let both = [
+        sge(mem.addr(0), page, mr.lkey()),
+        sge(mem.addr(2), 64, mr.lkey()),
+    ];
+    assert_eq!(
+        errno(AdviseMr::PrefetchWrite, ADVISE_MR_FLAG_FLUSH, &both),
+        Ok(())
+    );
+    // Unmapped pages: EFAULT, unless NO_FAULT.
+    let hole = [sge(mem.addr(0), 3 * page, mr.lkey())];
+    assert_eq!(errno(AdviseMr::Prefetch, 0, &hole), Err(libc::EFAULT));
+    assert_eq!(errno(AdviseMr::PrefetchWrite, 0, &hole), Err(libc::EFAULT));
+    assert_eq!(errno(AdviseMr::PrefetchNoFault, 0, &hole), Ok(()));
+    // Arguments.
+    assert_eq!(errno(AdviseMr::Prefetch, 0, &[]), Err(libc::EINVAL));
+    let one = [sge(mem.addr(0), 64, mr.lkey())];
+    assert_eq!(
+        errno(AdviseMr::Prefetch, 2, &one),
+        Err(libc::EINVAL),
+        "unknown flag"
+    );
+    let pinned_sge = [sge(pinned.addr(), 64, pinned.lkey())];
+    assert_eq!(
+        errno(AdviseMr::Prefetch, 0, &pinned_sge),
+        Err(libc::EINVAL),
+        "not ON_DEMAND"
+    );
+    let outside = [sge(mem.addr(2), 2 * page, mr.lkey())];
+    assert_eq!(errno(AdviseMr::Prefetch, 0, &outside), Err(libc::EINVAL));
+    let ro_sge = [sge(mem.addr(0), 64, read_only.lkey())];
+    assert_eq!(errno(AdviseMr::Prefetch, 0, &ro_sge), Ok(()));
+    assert_eq!(
+        errno(AdviseMr::PrefetchWrite, 0, &ro_sge),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(
+        other
+            .advise_mr(AdviseMr::Prefetch, 0, &one)
+            .map_err(|e| e.errno()),
+        Err(libc::EINVAL),
+        "a region of another PD"
+    );
+    assert_eq!(AdviseMr::from_raw(3), None);
+}
