@@ -96,6 +96,8 @@ fn pingpong(prog: &str, extra: &[&str]) {
         assert!(out.contains("remote address"), "{report}");
     }
     assert!(cout.contains(&format!("GID ::ffff:{a}")), "{report}");
+    // (ibv_rc_pingpong -P goes on when its prefetch fails, saying so.)
+    assert!(!report.contains("Couldn't prefetch"), "{report}");
 }
 
 #[test]

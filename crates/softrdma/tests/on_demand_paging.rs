@@ -24,7 +24,10 @@ fn page() -> usize {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
 }
 
-/// `n` pages of fresh anonymous memory, unmapped when dropped (what is still mapped of it).
+/// `n` pages of fresh anonymous memory of this test's own, unmapped when dropped. A "hole"
+/// is an inaccessible page mapped over one of them (`PROT_NONE`, its contents gone): to the
+/// device as good as unmapped, while the address range stays reserved, so that no other test
+/// of this binary (they run in parallel) gets a mapping there.
 struct Pages {
     base: *mut u8,
     n: usize,
@@ -56,20 +59,15 @@ impl Pages {
         self.at(i) as u64
     }
 
-    /// Unmaps page `i` (no access to it is in progress).
-    fn unmap(&self, i: usize) {
-        // SAFETY: a page of our own mapping, which nothing references.
-        assert_eq!(unsafe { libc::munmap(self.at(i).cast(), page()) }, 0);
-    }
-
-    /// Maps page `i` again (zeroed), at the same address.
-    fn remap(&self, i: usize) {
-        // SAFETY: MAP_FIXED over our own (unmapped) page.
+    /// Maps a fresh page with protection `prot` over page `i` (no access to it is in
+    /// progress).
+    fn map(&self, i: usize, prot: libc::c_int) {
+        // SAFETY: MAP_FIXED over a page of our own reservation, which nothing references.
         let p = unsafe {
             libc::mmap(
                 self.at(i).cast(),
                 page(),
-                libc::PROT_READ | libc::PROT_WRITE,
+                prot,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
                 -1,
                 0,
@@ -78,16 +76,46 @@ impl Pages {
         assert_eq!(p, self.at(i).cast());
     }
 
+    /// Page `i` becomes a hole.
+    fn unmap(&self, i: usize) {
+        self.map(i, libc::PROT_NONE);
+    }
+
+    /// Page `i` is mapped again, zeroed.
+    fn remap(&self, i: usize) {
+        self.map(i, libc::PROT_READ | libc::PROT_WRITE);
+    }
+
+    /// Page `i` becomes read-only (its contents kept).
+    fn read_only(&self, i: usize) {
+        // SAFETY: a page of our own.
+        assert_eq!(
+            unsafe { libc::mprotect(self.at(i).cast(), page(), libc::PROT_READ) },
+            0
+        );
+    }
+
     /// Reads `len` bytes at page `i`, offset `off` (mapped, and no access in progress).
     fn read(&self, i: usize, off: usize, len: usize) -> Vec<u8> {
         // SAFETY: mapped memory of our own that the device is not writing now.
         unsafe { std::slice::from_raw_parts(self.at(i).add(off), len) }.to_vec()
     }
+
+    /// Whether page `i` is resident (`mincore`).
+    fn resident(&self, i: usize) -> bool {
+        let mut v = 0u8;
+        // SAFETY: one page of our own, one byte of output.
+        assert_eq!(
+            unsafe { libc::mincore(self.at(i).cast(), page(), &mut v) },
+            0
+        );
+        v & 1 != 0
+    }
 }
 
 impl Drop for Pages {
     fn drop(&mut self) {
-        // SAFETY: our mapping (unmapping pages unmapped already is harmless).
+        // SAFETY: our whole reservation.
         unsafe { libc::munmap(self.base.cast(), self.n * page()) };
     }
 }
@@ -169,6 +197,29 @@ fn a_peer_reaches_pages_mapped_after_registration_and_fails_where_none_are() {
 }
 
 #[test]
+fn a_peer_reads_a_read_only_page_and_may_not_write_it() {
+    let mem = Pages::new(1);
+    let data = pattern(256, 5);
+    // SAFETY: our page, not accessed by the device now.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), mem.at(0), data.len()) };
+    mem.read_only(0);
+    let (a, b) = pair_on(x(), y(), QpType::Rc, 8192, &Opts::default());
+    // SAFETY: as above.
+    let mr = unsafe { b.pd.reg_mr(mem.at(0), page(), ODP_ALL) }.unwrap();
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaRead, mem.addr(0), mr.rkey(), 256),
+        WcStatus::Success
+    );
+    assert_eq!(a.buf.to_vec()[..256], data[..]);
+    // A WRITE would fault the process on a page it cannot write: it fails instead.
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaWrite, mem.addr(0), mr.rkey(), 8),
+        WcStatus::RemAccessErr
+    );
+    assert_eq!(mem.read(0, 0, 256), data);
+}
+
+#[test]
 fn local_accesses_to_unmapped_pages_fail_with_a_protection_error() {
     let mem = Pages::new(2);
     mem.unmap(1);
@@ -220,10 +271,15 @@ fn an_implicit_region_covers_the_whole_address_space() {
     );
     assert_eq!(target.to_vec()[100..1100], data[..]);
     // Atomics too.
-    assert_eq!(
-        rdma(&a, WrOpcode::AtomicFetchAndAdd, target.addr(), mr.rkey(), 8),
-        WcStatus::Success
-    );
+    target.store_u64(0, 40).unwrap();
+    send(&a, 6, WrOpcode::AtomicFetchAndAdd, &[a.sge(0, 8)], |w| {
+        w.remote_addr = target.addr();
+        w.rkey = mr.rkey();
+        w.compare_add = 2;
+    });
+    assert_eq!(a.wait(1)[0].status, WcStatus::Success);
+    assert_eq!(target.load_u64(0).unwrap(), 42);
+    assert_eq!(a.buf.load_u64(0).unwrap(), 40, "the value before");
     // Address 0's page is never mapped.
     assert_eq!(
         rdma(&a, WrOpcode::RdmaWrite, 64, mr.rkey(), 8),
@@ -245,67 +301,74 @@ fn advise_mr_populates_on_demand_ranges_and_checks_its_arguments() {
     let ctx = Device::from_addr(ip(x())).unwrap().open().unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let other = ctx.alloc_pd().unwrap();
-    let mem = Pages::new(3);
+    let mem = Pages::new(4);
     mem.unmap(1);
     // SAFETY: as above.
-    let mr = unsafe { pd.reg_mr(mem.at(0), 3 * page(), ODP_ALL) }.unwrap();
+    let mr = unsafe { pd.reg_mr(mem.at(0), 4 * page(), ODP_ALL) }.unwrap();
     let ro = AccessFlags::ON_DEMAND.bits() | AccessFlags::REMOTE_READ.bits();
+    // SAFETY: as above.
     let read_only = unsafe { pd.reg_mr(mem.at(0), page(), ro) }.unwrap();
-    let (_buf, pinned) = {
-        let b = std::sync::Arc::new(Buffer::new(4096));
-        let m = pd.reg_buffer(&b, ALL).unwrap();
-        (b, m)
-    };
+    let b = std::sync::Arc::new(Buffer::new(4096));
+    let pinned = pd.reg_buffer(&b, ALL).unwrap();
     let sge = |addr: u64, length: u32, lkey: u32| Sge { addr, length, lkey };
     let page = page() as u32;
     let errno =
         |advice, flags, list: &[Sge]| pd.advise_mr(advice, flags, list).map_err(|e| e.errno());
+    const FLUSH: u32 = ADVISE_MR_FLAG_FLUSH;
 
+    // The pages are populated: fresh, untouched pages become resident.
+    assert!(!mem.resident(2) && !mem.resident(3));
+    let two = [
+        sge(mem.addr(2), 64, mr.lkey()),
+        sge(mem.addr(3), 64, mr.lkey()),
+    ];
+    assert_eq!(errno(AdviseMr::PrefetchWrite, FLUSH, &two), Ok(()));
+    assert!(mem.resident(2) && mem.resident(3));
     assert_eq!(
         errno(AdviseMr::Prefetch, 0, &[sge(mem.addr(0), page, mr.lkey())]),
         Ok(())
     );
-    let both = [
-        sge(mem.addr(0), page, mr.lkey()),
-        sge(mem.addr(2), 64, mr.lkey()),
-    ];
-    assert_eq!(
-        errno(AdviseMr::PrefetchWrite, ADVISE_MR_FLAG_FLUSH, &both),
-        Ok(())
-    );
-    // Unmapped pages: EFAULT, unless NO_FAULT.
+    // A hole, or a range past the region: a hint passes over them; with FLUSH, EFAULT,
+    // unless NO_FAULT.
     let hole = [sge(mem.addr(0), 3 * page, mr.lkey())];
-    assert_eq!(errno(AdviseMr::Prefetch, 0, &hole), Err(libc::EFAULT));
-    assert_eq!(errno(AdviseMr::PrefetchWrite, 0, &hole), Err(libc::EFAULT));
-    assert_eq!(errno(AdviseMr::PrefetchNoFault, 0, &hole), Ok(()));
-    // Arguments.
-    assert_eq!(errno(AdviseMr::Prefetch, 0, &[]), Err(libc::EINVAL));
+    let past = [sge(mem.addr(3), 2 * page, mr.lkey())];
+    for list in [&hole, &past] {
+        assert_eq!(errno(AdviseMr::Prefetch, 0, list), Ok(()));
+        assert_eq!(errno(AdviseMr::Prefetch, FLUSH, list), Err(libc::EFAULT));
+        assert_eq!(
+            errno(AdviseMr::PrefetchWrite, FLUSH, list),
+            Err(libc::EFAULT)
+        );
+        assert_eq!(errno(AdviseMr::PrefetchNoFault, FLUSH, list), Ok(()));
+    }
+    // Arguments, checked whatever the flags.
     let one = [sge(mem.addr(0), 64, mr.lkey())];
+    assert_eq!(errno(AdviseMr::Prefetch, 0, &[]), Err(libc::EINVAL));
     assert_eq!(
         errno(AdviseMr::Prefetch, 2, &one),
         Err(libc::EINVAL),
         "unknown flag"
     );
-    let pinned_sge = [sge(pinned.addr(), 64, pinned.lkey())];
-    assert_eq!(
-        errno(AdviseMr::Prefetch, 0, &pinned_sge),
-        Err(libc::EINVAL),
-        "not ON_DEMAND"
-    );
-    let outside = [sge(mem.addr(2), 2 * page, mr.lkey())];
-    assert_eq!(errno(AdviseMr::Prefetch, 0, &outside), Err(libc::EINVAL));
-    let ro_sge = [sge(mem.addr(0), 64, read_only.lkey())];
-    assert_eq!(errno(AdviseMr::Prefetch, 0, &ro_sge), Ok(()));
-    assert_eq!(
-        errno(AdviseMr::PrefetchWrite, 0, &ro_sge),
-        Err(libc::EINVAL)
-    );
-    assert_eq!(
-        other
-            .advise_mr(AdviseMr::Prefetch, 0, &one)
-            .map_err(|e| e.errno()),
-        Err(libc::EINVAL),
-        "a region of another PD"
-    );
+    let pinned_sge = [sge(b.addr(), 64, pinned.lkey())];
+    for flags in [0, FLUSH] {
+        assert_eq!(
+            errno(AdviseMr::Prefetch, flags, &pinned_sge),
+            Err(libc::EINVAL),
+            "not ON_DEMAND"
+        );
+        let ro_sge = [sge(mem.addr(0), 64, read_only.lkey())];
+        assert_eq!(errno(AdviseMr::Prefetch, flags, &ro_sge), Ok(()));
+        assert_eq!(
+            errno(AdviseMr::PrefetchWrite, flags, &ro_sge),
+            Err(libc::EPERM)
+        );
+        assert_eq!(
+            other
+                .advise_mr(AdviseMr::Prefetch, flags, &one)
+                .map_err(|e| e.errno()),
+            Err(libc::EINVAL),
+            "a region of another PD"
+        );
+    }
     assert_eq!(AdviseMr::from_raw(3), None);
 }

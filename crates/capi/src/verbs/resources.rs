@@ -858,9 +858,11 @@ pub fn wc_from_c(c: &ibv_wc) -> softrdma::WorkCompletion {
 
 /// `verbs_context.advise_mr` (`ibv_advise_mr`): populates the pages of the entries' ranges of
 /// on-demand regions (`IBV_ADVISE_MR_ADVICE_PREFETCH`, `_PREFETCH_WRITE`, `_PREFETCH_NO_FAULT`)
-/// before returning. Returns 0, `EOPNOTSUPP` for another advice, `EINVAL` for a NULL PD or
-/// list, no entries, unknown flags, an lkey of no on-demand region of the PD or a range
-/// outside it, `EFAULT` for pages not mapped (see `softrdma::Pd::advise_mr`).
+/// before returning. Returns 0; `EINVAL` for a NULL PD or list, no entries, unknown flags
+/// (checked before the advice, as the kernel does), an lkey of no on-demand region of the PD;
+/// `EOPNOTSUPP` for another advice; `EPERM` for PREFETCH_WRITE on a region without
+/// LOCAL_WRITE; with `IBV_ADVISE_MR_FLAG_FLUSH`, `EFAULT` for a range outside its region or
+/// pages not mapped (see `softrdma::Pd::advise_mr`).
 pub(crate) unsafe extern "C" fn advise_mr(
     pd: *mut ibv_pd,
     advice: u32,
@@ -871,10 +873,10 @@ pub(crate) unsafe extern "C" fn advise_mr(
     ret_errno(|| {
         // SAFETY: NULL or a live PD.
         let w = unsafe { objects::wrapper::<_, CPd>(pd) }.ok_or(EINVAL)?;
-        let advice = softrdma::AdviseMr::from_raw(advice).ok_or(EOPNOTSUPP)?;
-        if sg_list.is_null() || num_sge == 0 {
+        if sg_list.is_null() || num_sge == 0 || flags & !softrdma::ADVISE_MR_FLAG_FLUSH != 0 {
             return Err(EINVAL);
         }
+        let advice = softrdma::AdviseMr::from_raw(advice).ok_or(EOPNOTSUPP)?;
         // SAFETY: the program's array of num_sge entries.
         let list = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
         let sges: Vec<softrdma::Sge> = list

@@ -211,7 +211,10 @@ int main(int argc, char **argv)
 	long pg = sysconf(_SC_PAGESIZE);
 	char *odp_mem = mmap(NULL, 3 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
 			     -1, 0);
-	CHECK(odp_mem != MAP_FAILED && munmap(odp_mem + pg, pg) == 0);
+	CHECK(odp_mem != MAP_FAILED);
+	/* A hole: an inaccessible page over the middle one (the range stays this program's). */
+	CHECK(mmap(odp_mem + pg, pg, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) ==
+	      odp_mem + pg);
 	struct ibv_mr *odp = ibv_reg_mr(pd, odp_mem, 3 * pg,
 					IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
 	CHECK(odp && odp->addr == odp_mem && odp->length == (size_t)(3 * pg));
@@ -220,10 +223,15 @@ int main(int argc, char **argv)
 	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE,
 			    IBV_ADVISE_MR_FLAG_FLUSH, &as, 1) == 0);
 	as.length = (uint32_t)(3 * pg);
-	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &as, 1) == EFAULT);
-	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT, 0, &as, 1) == 0);
+	/* Over the hole: a hint without FLUSH, EFAULT with it, unless NO_FAULT. */
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &as, 1) == 0);
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, IBV_ADVISE_MR_FLAG_FLUSH, &as, 1) ==
+	      EFAULT);
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT, IBV_ADVISE_MR_FLAG_FLUSH,
+			    &as, 1) == 0);
 	CHECK(ibv_advise_mr(pd, 7, 0, &as, 1) == EOPNOTSUPP);
-	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &as, 0) == EINVAL);
+	CHECK(ibv_advise_mr(pd, 7, 0, &as, 0) == EINVAL); /* (arguments before the advice) */
+	CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 2, &as, 1) == EINVAL);
 	CHECK(ibv_advise_mr(opd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &as, 1) == EINVAL);
 	as.lkey = mr->lkey; /* not on demand */
 	as.addr = (uintptr_t)buf;

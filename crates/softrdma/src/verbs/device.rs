@@ -450,17 +450,22 @@ pub(crate) fn device_attr(dev: &Device) -> DeviceAttr {
         phys_port_cnt: 1,
         max_inline_data: 1024,
         // Every access to registered memory goes through one check, which populates an
-        // on-demand region's pages: every operation of every transport may use one.
-        odp_caps: OdpCaps {
-            general_caps: OdpGeneralCaps::all(),
-            rc_odp_caps: OdpTransportCaps::all(),
-            uc_odp_caps: OdpTransportCaps::SEND
-                | OdpTransportCaps::RECV
-                | OdpTransportCaps::WRITE
-                | OdpTransportCaps::SRQ_RECV,
-            ud_odp_caps: OdpTransportCaps::SEND
-                | OdpTransportCaps::RECV
-                | OdpTransportCaps::SRQ_RECV,
+        // on-demand region's pages: every operation of every transport may use one (where
+        // the kernel populates pages on request).
+        odp_caps: if !crate::verbs::mr::on_demand_supported() {
+            OdpCaps::default()
+        } else {
+            OdpCaps {
+                general_caps: OdpGeneralCaps::all(),
+                rc_odp_caps: OdpTransportCaps::all(),
+                uc_odp_caps: OdpTransportCaps::SEND
+                    | OdpTransportCaps::RECV
+                    | OdpTransportCaps::WRITE
+                    | OdpTransportCaps::SRQ_RECV,
+                ud_odp_caps: OdpTransportCaps::SEND
+                    | OdpTransportCaps::RECV
+                    | OdpTransportCaps::SRQ_RECV,
+            }
         },
     }
 }

@@ -48,7 +48,8 @@ bitflags::bitflags! {
 
 impl AccessFlags {
     /// Checks the rules of `ibv_reg_mr`: no unknown bits (`EINVAL`), REMOTE_WRITE and
-    /// REMOTE_ATOMIC only with LOCAL_WRITE (`EINVAL`).
+    /// REMOTE_ATOMIC only with LOCAL_WRITE (`EINVAL`), ON_DEMAND only where the kernel lets
+    /// it work (`EOPNOTSUPP`; see [`on_demand_supported`]).
     pub(crate) fn check_for_mr(self, raw: u32) -> Result<()> {
         if AccessFlags::from_bits(raw).is_none() {
             return Err(Error::invalid(format!(
@@ -61,6 +62,11 @@ impl AccessFlags {
         {
             return Err(Error::invalid(
                 "REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE",
+            ));
+        }
+        if self.contains(AccessFlags::ON_DEMAND) && !on_demand_supported() {
+            return Err(Error::not_supported(
+                "on-demand paging needs MADV_POPULATE_READ/WRITE (Linux 5.14)",
             ));
         }
         Ok(())
@@ -102,6 +108,18 @@ pub(crate) struct MrInner {
     _count: CountGuard,
 }
 
+impl MrInner {
+    /// The host address `off` bytes into the region. (An implicit on-demand region's `host`
+    /// is null: its offsets are addresses, of memory the program exposed to the device.)
+    fn host_at(&self, off: usize) -> *mut u8 {
+        if self.host.is_null() {
+            std::ptr::with_exposed_provenance_mut(off)
+        } else {
+            self.host.wrapping_add(off)
+        }
+    }
+}
+
 // SAFETY: `host` is only dereferenced through the atomic copy routines of `mem`, under a lease
 // that deregistration waits for; the memory is either owned (`_backing`) or promised alive by
 // the caller of the unsafe registration until deregistration returns.
@@ -130,10 +148,13 @@ impl Pd {
     /// or [`Mr::dereg`]), and the program's own accesses to it must not race with the
     /// device's (wait for the completions, as with any RDMA stack). The memory is read and
     /// written only with atomic word copies, so it may be shared with other threads that use
-    /// atomics too. With ON_DEMAND the range may be unmapped and mapped again at will, except
-    /// while an operation that accesses it is in progress (posted and not yet completed, on
-    /// either side): a page unmapped under an access in progress faults the process, where a
-    /// NIC's page-fault machinery would have stopped the access.
+    /// atomics too. With ON_DEMAND the range may be unmapped, mapped again or protected at
+    /// will while the device does not access it: not while an operation of this process that
+    /// names it is outstanding, nor while a peer may access it (a READ, WRITE or atomic aimed
+    /// at it). An access finds a page missing when it begins and fails; a page unmapped while
+    /// an access is in progress faults the process, where a NIC's page-fault handling would
+    /// fail the access. (Freeing memory a peer may write is a bug anyway: without the unmap,
+    /// the write would land in memory put to another use.)
     pub unsafe fn reg_mr(&self, addr: *mut u8, length: usize, access: u32) -> Result<Mr> {
         // SAFETY: forwarded contract.
         unsafe { self.reg_mr_iova(addr, length, addr as u64, access) }
@@ -269,31 +290,43 @@ impl AdviseMr {
     }
 }
 
-/// `IBV_ADVISE_MR_FLAG_FLUSH`: [`Pd::advise_mr`] returns once the pages are populated (which
-/// it always does here).
+/// `IBV_ADVISE_MR_FLAG_FLUSH`: [`Pd::advise_mr`] reports ranges it could not populate
+/// (without it, as a NIC that prefetches in the background, it does not; it populates before
+/// returning either way).
 pub const ADVISE_MR_FLAG_FLUSH: u32 = 1 << 0;
 
 impl Pd {
     /// Populates the pages of ranges of on-demand regions of this PD ahead of the accesses
     /// that will need them (`ibv_advise_mr`), each entry a range of the region its lkey
-    /// names; synchronous, with or without [`ADVISE_MR_FLAG_FLUSH`].
+    /// names. The regions are checked first, for every entry; then the pages are populated,
+    /// before the call returns. Without [`ADVISE_MR_FLAG_FLUSH`] the advice is a hint, as a
+    /// NIC that prefetches in the background makes it: ranges outside their region and pages
+    /// that are not mapped are passed over, and the call succeeds. With FLUSH, such a range
+    /// fails the call with `EFAULT` (the entries before it populated), except under
+    /// PrefetchNoFault, which populates what it can and succeeds either way.
     ///
     /// Fails with `EINVAL` for no entries, flag bits other than FLUSH, an lkey that names no
-    /// region of this PD, a region not registered with ON_DEMAND, a range outside its region
-    /// or PrefetchWrite on a region without LOCAL_WRITE; `EFAULT` when pages of a range are
-    /// not mapped (or not writable, for PrefetchWrite), except with PrefetchNoFault, which
-    /// populates what it can and succeeds. The entries before a failing one are populated.
+    /// region of this PD or a region not registered with ON_DEMAND; `EPERM` for PrefetchWrite
+    /// on a region without LOCAL_WRITE; `EOPNOTSUPP` where the device offers no on-demand
+    /// paging; `EFAULT` as above.
     pub fn advise_mr(&self, advice: AdviseMr, flags: u32, sg_list: &[Sge]) -> Result<()> {
-        if sg_list.is_empty() {
-            return Err(Error::invalid("ibv_advise_mr needs at least one entry"));
-        }
         if flags & !ADVISE_MR_FLAG_FLUSH != 0 {
             return Err(Error::invalid(format!(
                 "unknown ibv_advise_mr flag bits {:#x}",
                 flags & !ADVISE_MR_FLAG_FLUSH
             )));
         }
+        if sg_list.is_empty() {
+            return Err(Error::invalid("ibv_advise_mr needs at least one entry"));
+        }
+        if !on_demand_supported() {
+            return Err(Error::not_supported(
+                "the device offers no on-demand paging",
+            ));
+        }
+        let write = advice == AdviseMr::PrefetchWrite;
         let res = &self.inner.shared().resources;
+        let mut regions = Vec::with_capacity(sg_list.len());
         for (i, sge) in sg_list.iter().enumerate() {
             let mr = res
                 .mr_by_lkey::<MrInner>(sge.lkey)
@@ -309,44 +342,44 @@ impl Pd {
                     "entry {i}: the region was not registered with ON_DEMAND"
                 )));
             }
-            let write = advice == AdviseMr::PrefetchWrite;
             if write && !mr.access.contains(AccessFlags::LOCAL_WRITE) {
-                return Err(Error::invalid(format!(
-                    "entry {i}: PREFETCH_WRITE on a region without LOCAL_WRITE"
-                )));
+                return Err(Error::new(
+                    crate::error::ErrorKind::PermissionDenied,
+                    format!("entry {i}: PREFETCH_WRITE on a region without LOCAL_WRITE"),
+                ));
             }
+            regions.push(mr);
+        }
+        let strict = flags & ADVISE_MR_FLAG_FLUSH != 0 && advice != AdviseMr::PrefetchNoFault;
+        let fault = |i: usize, sge: &Sge, what: &str| {
+            Error::new(
+                crate::error::ErrorKind::Os(libc::EFAULT),
+                format!("entry {i}: {:#x}+{} {what}", sge.addr, sge.length),
+            )
+        };
+        for (i, (sge, mr)) in sg_list.iter().zip(&regions).enumerate() {
             let len = u64::from(sge.length);
             let end = sge.addr.checked_add(len);
             if sge.addr < mr.iova || end.is_none_or(|e| e > mr.iova + mr.length) {
-                return Err(Error::invalid(format!(
-                    "entry {i}: {:#x}+{len} is outside its region",
-                    sge.addr
-                )));
+                if strict {
+                    return Err(fault(i, sge, "is outside its region"));
+                }
+                continue;
             }
-            let start = mr.host.wrapping_add((sge.addr - mr.iova) as usize);
-            match advice {
-                AdviseMr::PrefetchNoFault => {
-                    // Page by page, so that what is mapped is populated around what is not.
-                    let page = page_size() as u64;
-                    let mut at = 0;
-                    while at < len {
-                        let k = (page - (start as u64 + at) % page).min(len - at);
-                        populate(start.wrapping_add(at as usize), k as usize, false);
-                        at += k;
-                    }
-                }
-                _ => {
-                    if !populate(start, len as usize, write) {
-                        return Err(Error::new(
-                            crate::error::ErrorKind::Os(libc::EFAULT),
-                            format!(
-                                "entry {i}: pages of {:#x}+{len} are not mapped{}",
-                                sge.addr,
-                                if write { " writable" } else { "" }
-                            ),
-                        ));
-                    }
-                }
+            let start = mr.host_at((sge.addr - mr.iova) as usize);
+            if populate(start, len as usize, write) {
+                continue;
+            }
+            if strict {
+                return Err(fault(i, sge, "has pages that are not mapped"));
+            }
+            // Page by page, so that what is mapped around what is not is populated.
+            let page = page_size() as u64;
+            let mut at = 0;
+            while at < len {
+                let k = (page - (start as u64 + at) % page).min(len - at);
+                populate(start.wrapping_add(at as usize), k as usize, write);
+                at += k;
             }
         }
         Ok(())
@@ -738,10 +771,8 @@ pub(crate) fn writes(needed: AccessFlags, atomic: bool) -> bool {
 
 /// Populates the pages of `len` bytes at `start` as a read (or, with `write`, a write) would
 /// fault them in, without touching the bytes (`madvise` `MADV_POPULATE_READ` or
-/// `MADV_POPULATE_WRITE`, Linux 5.14 and later); `false` where a page is not mapped, or not
-/// readable (writable). On a kernel without these advices (`EINVAL` for a mapped range),
-/// each page is probed with `process_vm_readv` of one byte from this process instead, which
-/// checks that it can be read (a write to a read-only page then faults the process).
+/// `MADV_POPULATE_WRITE`); `false` where a page is not mapped (`ENOMEM`), not readable
+/// (not writable, for a write: `EINVAL` or `EFAULT`). Only where [`on_demand_supported`].
 fn populate(start: *mut u8, len: usize, write: bool) -> bool {
     if len == 0 {
         return true;
@@ -762,26 +793,34 @@ fn populate(start: *mut u8, len: usize, write: bool) -> bool {
     };
     // SAFETY: the advice populates page tables and neither reads nor writes the memory; any
     // address range is acceptable to the call (it fails on what is not mapped).
-    let r = unsafe { libc::madvise(first as *mut libc::c_void, span, advice) };
-    if r == 0 {
-        return true;
-    }
-    if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
-        return false;
-    }
-    (0..span / page).all(|i| {
-        let mut byte = 0u8;
-        let local = libc::iovec {
-            iov_base: (&mut byte as *mut u8).cast(),
-            iov_len: 1,
-        };
-        let remote = libc::iovec {
-            iov_base: (first + i * page) as *mut libc::c_void,
-            iov_len: 1,
-        };
-        // SAFETY: the kernel reads one byte of this process at `remote` (failing with
-        // EFAULT where it cannot) into `byte`.
-        unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) == 1 }
+    unsafe { libc::madvise(std::ptr::without_provenance_mut(first), span, advice) == 0 }
+}
+
+/// Whether this kernel populates pages on request (`MADV_POPULATE_READ`/`_WRITE`, Linux
+/// 5.14), which on-demand paging needs to fail an access to a page that is not there rather
+/// than fault the process: found once, on a page of its own. (Without them, the device
+/// offers no on-demand paging: no `odp_caps`, ON_DEMAND is `EOPNOTSUPP`.)
+pub(crate) fn on_demand_supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        let page = page_size();
+        // SAFETY: a fresh private anonymous page, advised, then unmapped.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                return false;
+            }
+            let ok = libc::madvise(p, page, libc::MADV_POPULATE_WRITE) == 0;
+            libc::munmap(p, page);
+            ok
+        }
     })
 }
 
@@ -913,7 +952,7 @@ pub(crate) fn check_region(
     }
     let off = (va - mr.iova) as usize;
     // The offset is inside the region (checked above), hence inside the allocation.
-    let start = mr.host.wrapping_add(off);
+    let start = mr.host_at(off);
     if atomic && !(start as usize).is_multiple_of(8) {
         return Err(AccessError::Misaligned);
     }
