@@ -109,7 +109,9 @@ int main(int argc, char **argv)
 	CHECK(!ibv_query_device_ex(ctx, NULL, &dx), "ibv_query_device_ex");
 	CHECK(dx.orig_attr.max_qp_wr > 0 && dx.orig_attr.phys_port_cnt == 1,
 	      "orig_attr: max_qp_wr %d ports %d", dx.orig_attr.max_qp_wr, dx.orig_attr.phys_port_cnt);
-	CHECK(dx.comp_mask == 0 && dx.odp_caps.general_caps == 0 && dx.phys_port_cnt_ex == 1,
+	CHECK(dx.comp_mask == 0 &&
+	      dx.odp_caps.general_caps == (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT) &&
+	      dx.phys_port_cnt_ex == 1,
 	      "extended attributes: comp_mask %u odp %llu ports %u", dx.comp_mask,
 	      (unsigned long long)dx.odp_caps.general_caps, dx.phys_port_cnt_ex);
 	struct ibv_query_device_ex_input in = { .comp_mask = 1 };
