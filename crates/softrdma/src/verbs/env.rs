@@ -5,7 +5,7 @@
 
 use crate::verbs::copy::Batch;
 use crate::verbs::cq::WorkCompletion;
-use crate::verbs::mr::{AccessError as MrAccessError, AccessFlags, KeyKind};
+use crate::verbs::mr::{AccessError as MrAccessError, AccessFlags, KeyKind, SpanUse};
 use crate::verbs::pd::PdInner;
 use crate::verbs::qp::QpInner;
 use crate::verbs::requests::RecvWqe;
@@ -123,6 +123,20 @@ impl Drop for QpEnv<'_> {
     }
 }
 
+/// The span of an access to a scatter/gather entry at `offset`: its first access (offset 0:
+/// every use of an entry by a request or receive starts there) populates the whole entry's
+/// pages, the later ones find them populated (see [`SpanUse`]).
+fn entry_span(sge: &Sge, offset: u32) -> SpanUse {
+    if offset == 0 {
+        SpanUse::Begin {
+            start: sge.addr,
+            len: u64::from(sge.length),
+        }
+    } else {
+        SpanUse::Within
+    }
+}
+
 fn map_err(e: MrAccessError) -> AccessError {
     match e {
         MrAccessError::InvalidKey | MrAccessError::WrongPd => AccessError::InvalidKey,
@@ -159,6 +173,9 @@ impl<'a> QpEnv<'a> {
         }
     }
 
+    /// A lease of `len` bytes at `va` under `key` (see [`Resources::check_access_cached`];
+    /// `span`: which of an on-demand region's pages to populate).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn lease(
         &mut self,
         key: u32,
@@ -167,10 +184,11 @@ impl<'a> QpEnv<'a> {
         len: usize,
         need: AccessFlags,
         atomic: bool,
+        span: SpanUse,
     ) -> std::result::Result<crate::verbs::mr::MrLease, AccessError> {
-        let r = self
-            .res
-            .check_access_cached(self.mrs, key, kind, self.pd, va, len as u64, need, atomic);
+        let r = self.res.check_access_cached(
+            self.mrs, key, kind, self.pd, va, len as u64, need, atomic, span,
+        );
         match r {
             // Not a region's rkey: perhaps a memory window's (never cached: a window can be
             // rebound or invalidated under the same region).
@@ -271,6 +289,7 @@ impl Env for QpEnv<'_> {
                 dst.len(),
                 AccessFlags::empty(),
                 false,
+                entry_span(sge, offset),
             )
             .inspect_err(|_| {
                 self.abandon_build();
@@ -312,6 +331,7 @@ impl Env for QpEnv<'_> {
             src.len(),
             AccessFlags::LOCAL_WRITE,
             false,
+            entry_span(sge, offset),
         )?;
         self.write_from(l, src);
         Ok(())
@@ -332,8 +352,17 @@ impl Env for QpEnv<'_> {
         } else {
             AccessFlags::REMOTE_READ
         };
-        self.lease(rkey, KeyKind::Remote, va, len as usize, need, false)
-            .map(drop)
+        // (The check at a READ's or WRITE's first packet: its span is the message's.)
+        self.lease(
+            rkey,
+            KeyKind::Remote,
+            va,
+            len as usize,
+            need,
+            false,
+            SpanUse::Message,
+        )
+        .map(drop)
     }
 
     fn write_remote(
@@ -352,6 +381,7 @@ impl Env for QpEnv<'_> {
             src.len(),
             AccessFlags::REMOTE_WRITE,
             false,
+            SpanUse::Within,
         )?;
         self.write_from(l, src);
         Ok(())
@@ -374,6 +404,7 @@ impl Env for QpEnv<'_> {
                 dst.len(),
                 AccessFlags::REMOTE_READ,
                 false,
+                SpanUse::Within,
             )
             .inspect_err(|_| self.abandon_build())?;
         self.read_into(l, dst);
@@ -394,6 +425,7 @@ impl Env for QpEnv<'_> {
             8,
             AccessFlags::REMOTE_ATOMIC,
             true,
+            SpanUse::None,
         )?;
         let w = l.atomic_word();
         Ok(match op {

@@ -94,7 +94,7 @@ pub(crate) struct MrInner {
     pub(crate) length: u64,
     pub(crate) access: AccessFlags,
     /// Registered with ON_DEMAND: every access populates its pages first, and fails where
-    /// they are not mapped ([`populate`]).
+    /// they are not mapped ([`populate_pages`]).
     on_demand: bool,
     /// The memory of the safe face, kept alive by the region.
     backing: Option<Arc<Buffer>>,
@@ -367,7 +367,7 @@ impl Pd {
                 continue;
             }
             let start = mr.host_at((sge.addr - mr.iova) as usize);
-            if populate(start, len as usize, write) {
+            if populate_pages(start, len as usize, write) {
                 continue;
             }
             if strict {
@@ -378,7 +378,7 @@ impl Pd {
             let mut at = 0;
             while at < len {
                 let k = (page - (start as u64 + at) % page).min(len - at);
-                populate(start.wrapping_add(at as usize), k as usize, write);
+                populate_pages(start.wrapping_add(at as usize), k as usize, write);
                 at += k;
             }
         }
@@ -773,10 +773,12 @@ pub(crate) fn writes(needed: AccessFlags, atomic: bool) -> bool {
 /// fault them in, without touching the bytes (`madvise` `MADV_POPULATE_READ` or
 /// `MADV_POPULATE_WRITE`); `false` where a page is not mapped (`ENOMEM`), not readable
 /// (not writable, for a write: `EINVAL` or `EFAULT`). Only where [`on_demand_supported`].
-fn populate(start: *mut u8, len: usize, write: bool) -> bool {
+fn populate_pages(start: *mut u8, len: usize, write: bool) -> bool {
     if len == 0 {
         return true;
     }
+    #[cfg(test)]
+    tests::POPULATED.with(|c| c.borrow_mut().push((start as u64, len as u64)));
     let page = page_size();
     let first = start as usize & !(page - 1);
     let Some(end) = (start as usize).checked_add(len) else {
@@ -869,6 +871,7 @@ impl Resources {
             len,
             needed,
             atomic,
+            SpanUse::None,
         )
     }
 
@@ -882,6 +885,10 @@ impl Resources {
     /// inline sends find the region of the next access without the key table's lock. A
     /// cached region that was deregistered fails its lease and is looked up again, so the
     /// cache never extends a region's life as far as accesses go.
+    ///
+    /// For an on-demand region, `span` says which pages to populate (see [`SpanUse`]): the
+    /// cache also keeps, per kind, the range populated for the operation in progress, which
+    /// its later packets need not populate again.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn check_access_cached(
         &self,
@@ -893,14 +900,15 @@ impl Resources {
         len: u64,
         needed: AccessFlags,
         atomic: bool,
+        span: SpanUse,
     ) -> std::result::Result<MrLease, AccessError> {
-        let slot = match kind {
-            KeyKind::Local => &mut cache.local,
-            KeyKind::Remote => &mut cache.remote,
+        let (slot, spans) = match kind {
+            KeyKind::Local => (&mut cache.local, &mut cache.local_span),
+            KeyKind::Remote => (&mut cache.remote, &mut cache.remote_span),
         };
         if let Some((k, mr)) = slot {
             if *k == key {
-                match check_region(mr, pd, va, len, needed, atomic, writes(needed, atomic)) {
+                match check_with_span(mr, pd, va, len, needed, atomic, span, spans) {
                     Err(AccessError::InvalidKey) => {} // deregistered: look it up again
                     r => return r,
                 }
@@ -911,23 +919,147 @@ impl Resources {
             KeyKind::Remote => self.mr_by_rkey::<MrInner>(key),
         }
         .ok_or(AccessError::InvalidKey)?;
-        let r = check_region(&mr, pd, va, len, needed, atomic, writes(needed, atomic));
+        let r = check_with_span(&mr, pd, va, len, needed, atomic, span, spans);
         *slot = Some((key, mr));
         r
     }
 }
 
-/// The last region found for each kind of key, per QP.
+/// Which pages of an on-demand region an access populates ([`Resources::check_access_cached`]).
+///
+/// The program may unmap an on-demand region's pages between operations, but not while an
+/// operation that accesses them is in progress ([`Pd::reg_mr`]): pages populated for an
+/// operation stay there until it ends. So an operation's accesses populate its pages ahead
+/// in growing chunks, and its later packets skip the system call where they fall inside: the
+/// first access of a scatter/gather entry populates four times its own length, the check of
+/// a READ's or WRITE's message at its first packet the message's pages, and each access that continues right after the chunk populates twice as much again, up to
+/// [`SPAN_MAX`] at a time and never past the entry or message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SpanUse {
+    /// Populate the pages of this access.
+    None,
+    /// The first access of an operation that will access at most `len` bytes at `start`
+    /// (iova space).
+    Begin { start: u64, len: u64 },
+    /// A later access of the operation whose span was kept.
+    Within,
+    /// The check of a whole READ or WRITE message at its first packet (no data access): its
+    /// pages are populated up to [`SPAN_MAX`] bytes, and kept as the message's span.
+    Message,
+}
+
+/// The most bytes one access populates ahead (see [`SpanUse`]).
+pub(crate) const SPAN_MAX: u64 = 4 << 20;
+
+/// Pages populated for the operation in progress (`start..end` of one region, for reads or
+/// writes), and how far the operation may reach (`limit`).
+pub(crate) struct OdpSpan {
+    mr: Arc<MrInner>,
+    start: u64,
+    end: u64,
+    limit: u64,
+    write: bool,
+}
+
+/// [`check_region`], populating an on-demand region's pages as `span` says.
+#[allow(clippy::too_many_arguments)]
+fn check_with_span(
+    mr: &Arc<MrInner>,
+    pd: &Arc<PdInner>,
+    va: u64,
+    len: u64,
+    needed: AccessFlags,
+    atomic: bool,
+    span: SpanUse,
+    kept: &mut Option<OdpSpan>,
+) -> std::result::Result<MrLease, AccessError> {
+    let write = writes(needed, atomic);
+    let own = Some((va, len));
+    if !mr.on_demand {
+        return check_region(mr, pd, va, len, needed, atomic, write, own);
+    }
+    let Some(end) = va.checked_add(len) else {
+        return Err(AccessError::OutOfBounds);
+    };
+    let region_end = mr.iova.saturating_add(mr.length);
+    // The chunk to populate ahead from `va`, and where the operation ends.
+    let (chunk, limit) = match span {
+        SpanUse::None => return check_region(mr, pd, va, len, needed, atomic, write, own),
+        SpanUse::Message => {
+            *kept = None;
+            let to = va.saturating_add(len.min(SPAN_MAX));
+            let l = check_region(mr, pd, va, len, needed, atomic, write, Some((va, to - va)))?;
+            *kept = Some(OdpSpan {
+                mr: mr.clone(),
+                start: va,
+                end: to,
+                limit: end,
+                write,
+            });
+            return Ok(l);
+        }
+        SpanUse::Begin { start, len: whole } => {
+            *kept = None;
+            let limit = start.saturating_add(whole).min(region_end);
+            (len.saturating_mul(4), limit)
+        }
+        SpanUse::Within => match kept.as_ref() {
+            Some(s) if Arc::ptr_eq(&s.mr, mr) && (s.write || !write) => {
+                if va >= s.start && end <= s.end {
+                    return check_region(mr, pd, va, len, needed, atomic, write, None);
+                }
+                if va != s.end {
+                    return check_region(mr, pd, va, len, needed, atomic, write, own);
+                }
+                ((s.end - s.start).saturating_mul(2), s.limit)
+            }
+            _ => return check_region(mr, pd, va, len, needed, atomic, write, own),
+        },
+    };
+    let to = va
+        .saturating_add(chunk.min(SPAN_MAX))
+        .min(limit)
+        .max(end)
+        .min(region_end.max(end));
+    match check_region(mr, pd, va, len, needed, atomic, write, Some((va, to - va))) {
+        Ok(l) => {
+            *kept = Some(OdpSpan {
+                mr: mr.clone(),
+                start: va,
+                end: to,
+                limit,
+                write,
+            });
+            Ok(l)
+        }
+        // Pages ahead are not mapped: perhaps not the access's own.
+        Err(AccessError::NotMapped) if to > end => {
+            *kept = None;
+            check_region(mr, pd, va, len, needed, atomic, write, own)
+        }
+        Err(e) => {
+            *kept = None;
+            Err(e)
+        }
+    }
+}
+
+/// The last region found for each kind of key, per QP, and the on-demand pages populated
+/// for the operation in progress of each kind ([`SpanUse`]).
 #[derive(Default)]
 pub(crate) struct MrCache {
     local: Option<(u32, Arc<MrInner>)>,
     remote: Option<(u32, Arc<MrInner>)>,
+    local_span: Option<OdpSpan>,
+    remote_span: Option<OdpSpan>,
 }
 
 /// Checks PD, access, alignment and bounds of an access to `mr`, and takes a lease on it.
 ///
-/// `write`: whether the access writes the memory (for an on-demand region, which pages are
-/// populated writable; see [`writes`]).
+/// For an on-demand region, first populates the pages of `populate` (a range in iova space,
+/// inside the region; `None`: populated for the operation already), writable if `write`
+/// (see [`writes`]), and fails with `NotMapped` where they are not mapped.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn check_region(
     mr: &Arc<MrInner>,
     pd: &Arc<PdInner>,
@@ -936,6 +1068,7 @@ pub(crate) fn check_region(
     needed: AccessFlags,
     atomic: bool,
     write: bool,
+    populate: Option<(u64, u64)>,
 ) -> std::result::Result<MrLease, AccessError> {
     if !Arc::ptr_eq(mr.pd.arc(), pd) {
         return Err(AccessError::WrongPd);
@@ -956,8 +1089,10 @@ pub(crate) fn check_region(
     if atomic && !(start as usize).is_multiple_of(8) {
         return Err(AccessError::Misaligned);
     }
-    if mr.on_demand && !populate(start, len as usize, write) {
-        return Err(AccessError::NotMapped);
+    if let (true, Some((at, n))) = (mr.on_demand, populate) {
+        if !populate_pages(mr.host_at((at - mr.iova) as usize), n as usize, write) {
+            return Err(AccessError::NotMapped);
+        }
     }
     let prev = mr.leases.fetch_add(1, Ordering::AcqRel);
     if prev & REVOKED != 0 {
@@ -1098,6 +1233,152 @@ pub(crate) mod tests_support {
 mod tests {
     use super::*;
     use crate::Buffer;
+
+    thread_local! {
+        /// The ranges this thread's accesses populated (`populate_pages`), in order.
+        pub(super) static POPULATED: std::cell::RefCell<Vec<(u64, u64)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    fn populated() -> Vec<(u64, u64)> {
+        POPULATED.with(|c| std::mem::take(&mut *c.borrow_mut()))
+    }
+
+    #[test]
+    fn an_operation_populates_its_on_demand_pages_ahead_in_growing_chunks() {
+        let (ctx, pd, _other) = setup();
+        let page = page_size();
+        const N: usize = 64;
+        // SAFETY: a fresh private anonymous mapping of our own, unmapped at the end.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                N * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let at = |i: usize| base as u64 + (i * page) as u64;
+        // Page 40 is a hole (inaccessible; the range stays ours).
+        // SAFETY: a page of our mapping.
+        assert_eq!(
+            unsafe { libc::mprotect(at(40) as *mut _, page, libc::PROT_NONE) },
+            0
+        );
+        let access = ALL | AccessFlags::ON_DEMAND.bits();
+        // SAFETY: our mapping outlives the region (dropped below).
+        let mr = unsafe { pd.reg_mr(base.cast(), N * page, access) }.unwrap();
+        let res = &ctx.inner.shared.resources;
+        let mut cache = MrCache::default();
+        let p = page as u64;
+        let mut go = |va: u64, len: u64, span: SpanUse| {
+            res.check_access_cached(
+                &mut cache,
+                mr.lkey(),
+                KeyKind::Local,
+                &pd.inner,
+                va,
+                len,
+                AccessFlags::LOCAL_WRITE,
+                false,
+                span,
+            )
+            .map(drop)
+        };
+        populated();
+        // An entry of 32 pages, a page a packet: 4 pages, then 8, then 16 (the entry's end
+        // bounds the last), each chunk at the packet that continues past the one before.
+        let entry = SpanUse::Begin {
+            start: at(0),
+            len: 32 * p,
+        };
+        go(at(0), p, entry).unwrap();
+        for i in 1..32 {
+            go(at(i), p, SpanUse::Within).unwrap();
+        }
+        assert_eq!(
+            populated(),
+            vec![
+                (at(0), 4 * p),
+                (at(4), 8 * p),
+                (at(12), 16 * p),
+                (at(28), 4 * p)
+            ]
+        );
+        // An access outside the last chunk that does not continue it (a retransmission from
+        // the middle; past the entry) populates its own pages only.
+        go(at(2), p, SpanUse::Within).unwrap();
+        go(at(33), p, SpanUse::Within).unwrap();
+        assert_eq!(populated(), vec![(at(2), p), (at(33), p)]);
+        // A chunk ahead over the hole: the access's own pages, and no span kept.
+        let entry = SpanUse::Begin {
+            start: at(38),
+            len: 8 * p,
+        };
+        go(at(38), p, entry).unwrap();
+        assert_eq!(populated(), vec![(at(38), 4 * p), (at(38), p)]);
+        assert_eq!(go(at(39), p, SpanUse::Within), Ok(()));
+        assert_eq!(go(at(40), 64, SpanUse::Within), Err(AccessError::NotMapped));
+        // A new operation's span replaces the last: the pages of the old are populated again.
+        let entry = SpanUse::Begin {
+            start: at(50),
+            len: p,
+        };
+        go(at(50), p, entry).unwrap();
+        go(at(0), p, SpanUse::Within).unwrap();
+        assert_eq!(
+            populated(),
+            vec![(at(39), p), (at(40), 64), (at(50), p), (at(0), p)]
+        );
+        // A message's check populates the message (up to SPAN_MAX), and its packets inside
+        // it nothing; one over the hole fails.
+        let remote = |va: u64, len: u64, span: SpanUse| {
+            res.check_access_cached(
+                &mut MrCache::default(),
+                mr.rkey(),
+                KeyKind::Remote,
+                &pd.inner,
+                va,
+                len,
+                AccessFlags::REMOTE_WRITE,
+                false,
+                span,
+            )
+            .map(drop)
+        };
+        assert_eq!(remote(at(41), 20 * p, SpanUse::Message), Ok(()));
+        assert_eq!(
+            remote(at(30), 20 * p, SpanUse::Message),
+            Err(AccessError::NotMapped)
+        );
+        assert_eq!(populated(), vec![(at(41), 20 * p), (at(30), 20 * p)]);
+        let mut cache = MrCache::default();
+        let mut msg = |va: u64, len: u64, span: SpanUse| {
+            res.check_access_cached(
+                &mut cache,
+                mr.rkey(),
+                KeyKind::Remote,
+                &pd.inner,
+                va,
+                len,
+                AccessFlags::REMOTE_WRITE,
+                false,
+                span,
+            )
+            .map(drop)
+        };
+        msg(at(0), 16 * p, SpanUse::Message).unwrap();
+        for i in 0..16 {
+            msg(at(i), p, SpanUse::Within).unwrap();
+        }
+        assert_eq!(populated(), vec![(at(0), 16 * p)]);
+        drop(mr);
+        // SAFETY: our mapping, no region on it any more.
+        unsafe { libc::munmap(base, N * page) };
+    }
 
     fn setup() -> (crate::Context, Pd, Pd) {
         crate::testing::context_with_two_pds()

@@ -397,7 +397,16 @@ impl Resources {
         };
         // (The window's access, checked above, says what the access does to the memory.)
         let write = crate::verbs::mr::writes(needed, atomic);
-        check_region(&mr, pd, mr_va, len, AccessFlags::empty(), atomic, write)
+        check_region(
+            &mr,
+            pd,
+            mr_va,
+            len,
+            AccessFlags::empty(),
+            atomic,
+            write,
+            Some((mr_va, len)),
+        )
     }
 }
 

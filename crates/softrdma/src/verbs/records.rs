@@ -559,6 +559,7 @@ fn copy_sges(
             k as u64,
             need,
             false,
+            crate::verbs::mr::SpanUse::None,
         );
         let Ok(l) = lease else {
             return false;

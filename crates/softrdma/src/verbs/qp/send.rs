@@ -512,6 +512,7 @@ impl Qp {
                     u64::from(s.length),
                     AccessFlags::empty(),
                     false,
+                    crate::verbs::mr::SpanUse::None,
                 )
                 .map_err(|e| {
                     Error::invalid(format!(
