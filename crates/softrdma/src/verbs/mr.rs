@@ -31,9 +31,9 @@ bitflags::bitflags! {
         /// `IBV_ACCESS_ZERO_BASED`: keys address the region from 0, not from its address.
         const ZERO_BASED = 1 << 5;
         /// `IBV_ACCESS_ON_DEMAND`: on-demand paging. The range need not be mapped when it
-        /// is registered; each access of the device populates the pages it touches, as a
-        /// page fault would, and fails as an access outside the region does where they are
-        /// not mapped (or not writable, for a write). See [`Pd::reg_mr`].
+        /// is registered; each operation of the device checks the pages it touches first,
+        /// and fails as an access outside the region does where they are not mapped (or not
+        /// writable, for a write). See [`Pd::reg_mr`].
         const ON_DEMAND = 1 << 6;
         /// `IBV_ACCESS_HUGETLB`: the memory is backed by huge pages (a hint; accepted).
         const HUGETLB = 1 << 7;
@@ -131,10 +131,10 @@ impl Pd {
     /// Registers `length` bytes at `addr` (`ibv_reg_mr`); the keys address them from `addr`.
     ///
     /// With ON_DEMAND in `access` (on-demand paging, `IBV_ACCESS_ON_DEMAND`) the range need
-    /// not be mapped now: each access of the device populates the pages it touches first
-    /// (`madvise` `MADV_POPULATE_READ`/`MADV_POPULATE_WRITE`, as a page fault would) and fails
-    /// where they are not mapped, or not writable for a write, as an access outside the region
-    /// does (`LOC_PROT_ERR` for a local access, a remote access error for a peer's). A null
+    /// not be mapped now: each operation checks the pages it touches before it touches them
+    /// (see `accessible`: `PROCMAP_QUERY`, or `madvise` `MADV_POPULATE_READ`/`_WRITE` as a page
+    /// fault would populate them) and fails where they are not mapped, or not writable for a
+    /// write, as an access outside the region does (`LOC_PROT_ERR` for a local access, a remote access error for a peer's). A null
     /// `addr` with a `length` of `usize::MAX` registers the whole address space (implicit
     /// on-demand paging): the keys then address every byte at its own address.
     ///
