@@ -812,8 +812,8 @@ fn accessible(start: *mut u8, len: usize, write: bool) -> bool {
 /// `PROCMAP_QUERY` (Linux 6.11): the mapping that covers an address, from an ioctl on
 /// `/proc/self/maps`.
 mod maps {
-    use std::os::fd::{AsRawFd, OwnedFd};
-    use std::sync::Mutex;
+    use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+    use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
     pub(super) const READABLE: u64 = 0x01;
     pub(super) const WRITABLE: u64 = 0x02;
@@ -861,26 +861,58 @@ mod maps {
         }
     }
 
-    /// This process's `/proc/self/maps`, with the process it was opened in (a forked child
-    /// opens its own), or `None` where the kernel has no `PROCMAP_QUERY`.
-    static MAPS: Mutex<Option<(u32, Option<OwnedFd>)>> = Mutex::new(None);
+    /// This process's `/proc/self/maps` (a raw descriptor, shared by every thread, never
+    /// closed): `UNKNOWN` until first needed, `NONE` where the kernel has no `PROCMAP_QUERY`.
+    static MAPS: AtomicI32 = AtomicI32::new(UNKNOWN);
+    const UNKNOWN: i32 = -2;
+    const NONE: i32 = -1;
+    /// Set in a forked child (`pthread_atfork`), whose `MAPS` still names the parent's
+    /// mappings: the child opens its own.
+    static FORKED: AtomicBool = AtomicBool::new(false);
+
+    extern "C" fn forked() {
+        FORKED.store(true, Ordering::Relaxed);
+    }
+
+    /// The descriptor to query, if the kernel answers queries.
+    fn maps_fd() -> Option<i32> {
+        if FORKED.load(Ordering::Relaxed) && FORKED.swap(false, Ordering::AcqRel) {
+            // (The parent's descriptor is left open: another thread may be using it.)
+            MAPS.store(UNKNOWN, Ordering::Release);
+        }
+        let fd = MAPS.load(Ordering::Acquire);
+        if fd != UNKNOWN {
+            return (fd >= 0).then_some(fd);
+        }
+        static AT_FORK: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registers a handler that only stores to an atomic.
+        AT_FORK.call_once(|| unsafe {
+            libc::pthread_atfork(None, None, Some(forked));
+        });
+        let new = open().map_or(NONE, |f| f.into_raw_fd());
+        match MAPS.compare_exchange(UNKNOWN, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => (new >= 0).then_some(new),
+            Err(other) => {
+                if new >= 0 {
+                    // SAFETY: our own descriptor, which no one else saw.
+                    unsafe { libc::close(new) };
+                }
+                (other >= 0).then_some(other)
+            }
+        }
+    }
 
     /// The mapping that covers `addr`: `Some(None)` where none does, `None` where the kernel
     /// cannot say (no `PROCMAP_QUERY`).
     pub(super) fn query(addr: usize) -> Option<Option<Vma>> {
-        let pid = std::process::id();
-        let mut maps = MAPS.lock().unwrap_or_else(|p| p.into_inner());
-        if maps.as_ref().is_none_or(|(p, _)| *p != pid) {
-            *maps = Some((pid, open()));
-        }
-        let fd = maps.as_ref()?.1.as_ref()?;
+        let fd = maps_fd()?;
         let mut q = ProcmapQuery {
             size: std::mem::size_of::<ProcmapQuery>() as u64,
             query_addr: addr as u64,
             ..Default::default()
         };
         // SAFETY: a query of the size it states; no name or build id asked for.
-        let r = unsafe { libc::ioctl(fd.as_raw_fd(), PROCMAP_QUERY as _, &mut q) };
+        let r = unsafe { libc::ioctl(fd, PROCMAP_QUERY as _, &mut q) };
         if r == 0 {
             return Some(Some(Vma {
                 end: q.vma_end,
@@ -1424,6 +1456,41 @@ mod tests {
         // SAFETY: our mapping.
         unsafe { libc::munmap(p.cast(), 2 * page) };
         populated();
+    }
+
+    #[test]
+    fn a_forked_child_queries_its_own_mappings() {
+        if maps::query(setup as *const () as usize).is_none() {
+            return; // no PROCMAP_QUERY here
+        }
+        // SAFETY: the child only maps a page, queries and exits (glibc's fork hands it a
+        // usable malloc).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: a fresh mapping the parent does not have.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    page_size(),
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            let seen = p != libc::MAP_FAILED
+                && matches!(maps::query(p as usize), Some(Some(v)) if v.private_anonymous());
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(if seen { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: our child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "{status:#x}"
+        );
     }
 
     #[test]
