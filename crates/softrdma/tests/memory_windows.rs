@@ -75,15 +75,6 @@ fn bind2(b: &Side, mw: &Mw, rkey: u32, i: MwBindInfo<'_>) -> WorkCompletion {
     b.wait(1)[0]
 }
 
-/// A's RDMA operation `op` of `len` bytes at B's `addr` under `rkey`; its status.
-fn rdma(a: &Side, op: WrOpcode, addr: u64, rkey: u32, len: usize) -> WcStatus {
-    send(a, 5, op, &[a.sge(0, len)], |w| {
-        w.remote_addr = addr;
-        w.rkey = rkey;
-    });
-    a.wait(1)[0].status
-}
-
 #[test]
 fn device_reports_memory_windows_and_a_window_holds_its_pd() {
     let ctx = Device::from_addr(ip(x())).unwrap().open().unwrap();

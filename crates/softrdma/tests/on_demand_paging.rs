@@ -120,16 +120,6 @@ impl Drop for Pages {
     }
 }
 
-/// A's RDMA `op` of `len` bytes from (or into) its own buffer at B's `addr` under `rkey`;
-/// its status.
-fn rdma(a: &Side, op: WrOpcode, addr: u64, rkey: u32, len: usize) -> WcStatus {
-    send(a, 5, op, &[a.sge(0, len)], |w| {
-        w.remote_addr = addr;
-        w.rkey = rkey;
-    });
-    a.wait(1)[0].status
-}
-
 #[test]
 fn the_device_reports_on_demand_paging_for_every_operation() {
     let ctx = Device::from_addr(ip(x())).unwrap().open().unwrap();

@@ -1417,6 +1417,27 @@ mod tests {
         POPULATED.with(|c| std::mem::take(&mut *c.borrow_mut()))
     }
 
+    /// An access of `len` bytes at `va` to `mr` through `cache` (a local write, or a remote
+    /// one), as the data path makes it.
+    #[allow(clippy::too_many_arguments)]
+    fn touch(
+        pd: &Pd,
+        cache: &mut MrCache,
+        mr: &Mr,
+        kind: KeyKind,
+        va: u64,
+        len: u64,
+        span: SpanUse,
+    ) -> std::result::Result<(), AccessError> {
+        let (key, need) = match kind {
+            KeyKind::Local => (mr.lkey(), AccessFlags::LOCAL_WRITE),
+            KeyKind::Remote => (mr.rkey(), AccessFlags::REMOTE_WRITE),
+        };
+        let res = &pd.inner.shared().resources;
+        res.check_access_cached(cache, key, kind, &pd.inner, va, len, need, false, span)
+            .map(drop)
+    }
+
     #[test]
     fn procmap_query_tells_mappings_and_their_permissions() {
         let heap = Box::new([0u8; 64]);
@@ -1520,23 +1541,9 @@ mod tests {
         let access = ALL | AccessFlags::ON_DEMAND.bits();
         // SAFETY: our mapping outlives the region (dropped below).
         let mr = unsafe { pd.reg_mr(base.cast(), N * page, access) }.unwrap();
-        let res = &ctx.inner.shared.resources;
         let mut cache = MrCache::default();
         let p = page as u64;
-        let mut go = |va: u64, len: u64, span: SpanUse| {
-            res.check_access_cached(
-                &mut cache,
-                mr.lkey(),
-                KeyKind::Local,
-                &pd.inner,
-                va,
-                len,
-                AccessFlags::LOCAL_WRITE,
-                false,
-                span,
-            )
-            .map(drop)
-        };
+        let mut go = |va, len, span| touch(&pd, &mut cache, &mr, KeyKind::Local, va, len, span);
         populated();
         // An entry of 32 pages, a page a packet: 4 pages, then 8, then 16 (the entry's end
         // bounds the last), each chunk at the packet that continues past the one before.
@@ -1584,19 +1591,16 @@ mod tests {
         );
         // A message's check populates the message (up to SPAN_MAX), and its packets inside
         // it nothing; one over the hole fails.
-        let remote = |va: u64, len: u64, span: SpanUse| {
-            res.check_access_cached(
+        let remote = |va, len, span| {
+            touch(
+                &pd,
                 &mut MrCache::default(),
-                mr.rkey(),
+                &mr,
                 KeyKind::Remote,
-                &pd.inner,
                 va,
                 len,
-                AccessFlags::REMOTE_WRITE,
-                false,
                 span,
             )
-            .map(drop)
         };
         assert_eq!(remote(at(41), 20 * p, SpanUse::Message), Ok(()));
         assert_eq!(
@@ -1605,20 +1609,7 @@ mod tests {
         );
         assert_eq!(populated(), vec![(at(41), 20 * p), (at(30), 20 * p)]);
         let mut cache = MrCache::default();
-        let mut msg = |va: u64, len: u64, span: SpanUse| {
-            res.check_access_cached(
-                &mut cache,
-                mr.rkey(),
-                KeyKind::Remote,
-                &pd.inner,
-                va,
-                len,
-                AccessFlags::REMOTE_WRITE,
-                false,
-                span,
-            )
-            .map(drop)
-        };
+        let mut msg = |va, len, span| touch(&pd, &mut cache, &mr, KeyKind::Remote, va, len, span);
         msg(at(0), 16 * p, SpanUse::Message).unwrap();
         for i in 0..16 {
             msg(at(i), p, SpanUse::Within).unwrap();

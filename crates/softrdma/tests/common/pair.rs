@@ -311,3 +311,13 @@ impl Side {
         self.cq.poll(&mut [WorkCompletion::default(); 4]).unwrap() == 0
     }
 }
+
+/// A's RDMA `op` of `len` bytes from (or into) its own buffer at B's `addr` under `rkey`;
+/// its status.
+pub fn rdma(a: &Side, op: WrOpcode, addr: u64, rkey: u32, len: usize) -> WcStatus {
+    send(a, 5, op, &[a.sge(0, len)], |w| {
+        w.remote_addr = addr;
+        w.rkey = rkey;
+    });
+    a.wait(1)[0].status
+}
