@@ -1516,7 +1516,7 @@ mod tests {
 
     #[test]
     fn an_operation_populates_its_on_demand_pages_ahead_in_growing_chunks() {
-        let (ctx, pd, _other) = setup();
+        let (_ctx, pd, _other) = setup();
         let page = page_size();
         const N: usize = 64;
         // SAFETY: a fresh private anonymous mapping of our own, unmapped at the end.
