@@ -210,6 +210,34 @@ fn a_peer_reads_a_read_only_page_and_may_not_write_it() {
 }
 
 #[test]
+fn pages_unmapped_between_two_writes_fail_the_second() {
+    // The first WRITE (many packets) has its pages checked ahead; once it is done the
+    // program may unmap them, and the next WRITE there (a short one, which goes as a
+    // same-host record, or a packet) must fail, not find them checked.
+    let mem = Pages::new(4);
+    let (a, b) = pair_on(x(), y(), QpType::Rc, 4 * page(), &Opts::default());
+    // SAFETY: as above.
+    let mr = unsafe { b.pd.reg_mr(mem.at(0), 4 * page(), ODP_ALL) }.unwrap();
+    let len = 4 * page();
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaWrite, mem.addr(0), mr.rkey(), len),
+        WcStatus::Success
+    );
+    mem.unmap(1);
+    for _ in 0..2 {
+        assert_eq!(
+            rdma(&a, WrOpcode::RdmaWrite, mem.addr(0), mr.rkey(), 8),
+            WcStatus::Success
+        );
+    }
+    assert_eq!(
+        rdma(&a, WrOpcode::RdmaWrite, mem.addr(1) + 8, mr.rkey(), 8),
+        WcStatus::RemAccessErr
+    );
+    drop((mr, b));
+}
+
+#[test]
 fn local_accesses_to_unmapped_pages_fail_with_a_protection_error() {
     let mem = Pages::new(2);
     mem.unmap(1);

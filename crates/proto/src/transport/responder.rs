@@ -341,7 +341,7 @@ impl Responder {
         }
         if diff < 0 {
             ctx.stats.duplicates += 1;
-            self.rc_duplicate(ctx, repr, info, psn);
+            self.rc_duplicate(ctx, repr, info, psn, env);
             return;
         }
         self.nak_sent = false;
@@ -633,8 +633,18 @@ impl Responder {
     }
 
     /// A request whose PSN is below the expected one: re-ACK SEND/WRITE, replay READ and
-    /// atomic from the resources, drop the rest.
-    fn rc_duplicate(&mut self, ctx: &mut QpCtx, repr: &roce::Repr, info: &OpcodeInfo, psn: Psn) {
+    /// atomic from the resources, drop the rest. A READ is replayed only if its range still
+    /// passes the check of a new one (`Env::check_remote`: the region may be gone, or an
+    /// on-demand region's pages, since the READ was first answered); else the duplicate is
+    /// dropped.
+    fn rc_duplicate(
+        &mut self,
+        ctx: &mut QpCtx,
+        repr: &roce::Repr,
+        info: &OpcodeInfo,
+        psn: Psn,
+        env: &mut dyn Env,
+    ) {
         match info.operation {
             Operation::Send | Operation::RdmaWrite => {
                 let last_good = self.epsn.prev();
@@ -660,7 +670,7 @@ impl Responder {
                     }
                     _ => None,
                 });
-                if found.is_some() {
+                if found.is_some() && env.check_remote(r.rkey, va, len, false).is_ok() {
                     ctx.stats.read_replays += 1;
                     self.out.push_back(Out::Read {
                         psn,

@@ -405,6 +405,219 @@ mod fold {
     }
 }
 
+/// `PROCMAP_QUERY` (Linux 6.11): the mapping that covers an address, from an ioctl on
+/// `/proc/self/maps`.
+pub(crate) mod maps {
+    use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+    use std::sync::atomic::{AtomicI32, Ordering};
+
+    pub(crate) const READABLE: u64 = 0x01;
+    pub(crate) const WRITABLE: u64 = 0x02;
+    const SHARED: u64 = 0x08;
+
+    /// `struct procmap_query` (`linux/fs.h`).
+    #[repr(C)]
+    #[derive(Default)]
+    struct ProcmapQuery {
+        size: u64,
+        query_flags: u64,
+        query_addr: u64,
+        vma_start: u64,
+        vma_end: u64,
+        vma_flags: u64,
+        vma_page_size: u64,
+        vma_offset: u64,
+        inode: u64,
+        dev_major: u32,
+        dev_minor: u32,
+        vma_name_size: u32,
+        build_id_size: u32,
+        vma_name_addr: u64,
+        build_id_addr: u64,
+    }
+
+    /// `_IOWR('f', 17, struct procmap_query)`.
+    const PROCMAP_QUERY: libc::c_ulong = (3 << 30)
+        | ((std::mem::size_of::<ProcmapQuery>() as libc::c_ulong) << 16)
+        | ((b'f' as libc::c_ulong) << 8)
+        | 17;
+
+    /// A mapping: where it ends, its permissions (`READABLE`...), and what backs it.
+    pub(crate) struct Vma {
+        pub(crate) end: u64,
+        pub(crate) flags: u64,
+        inode: u64,
+        dev: (u32, u32),
+        /// Whether `/proc/self/maps` names it, other than `[heap]`, `[stack]` or an
+        /// anonymous mapping's own name (`[vvar]`, `[vdso]` and the like: the kernel's).
+        special: bool,
+    }
+
+    impl Vma {
+        /// Private anonymous memory of the program's (no file, not shared, not one of the
+        /// kernel's special mappings, some of whose pages fault when read).
+        pub(crate) fn private_anonymous(&self) -> bool {
+            self.inode == 0 && self.dev == (0, 0) && self.flags & SHARED == 0 && !self.special
+        }
+    }
+
+    /// The length of the name buffer of a query (a longer name fails the query, which then
+    /// says nothing).
+    const NAME_MAX: usize = 64;
+
+    /// This process's `/proc/self/maps` (a raw descriptor, shared by every thread, never
+    /// closed): `UNKNOWN` until first needed, `NONE` where the kernel has no `PROCMAP_QUERY`.
+    static MAPS: AtomicI32 = AtomicI32::new(UNKNOWN);
+    const UNKNOWN: i32 = -2;
+    const NONE: i32 = -1;
+    /// In a forked child, before any other thread exists: its own descriptor is opened at
+    /// the next query. (The parent's stays open in the child.)
+    extern "C" fn forked() {
+        MAPS.store(UNKNOWN, Ordering::Release);
+    }
+
+    /// The descriptor to query, if the kernel answers queries.
+    fn maps_fd() -> Option<i32> {
+        let fd = MAPS.load(Ordering::Acquire);
+        if fd != UNKNOWN {
+            return (fd >= 0).then_some(fd);
+        }
+        static AT_FORK: std::sync::Once = std::sync::Once::new();
+        // SAFETY: registers a handler that only stores to an atomic.
+        AT_FORK.call_once(|| unsafe {
+            libc::pthread_atfork(None, None, Some(forked));
+        });
+        let new = open().map_or(NONE, |f| f.into_raw_fd());
+        match MAPS.compare_exchange(UNKNOWN, new, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => (new >= 0).then_some(new),
+            Err(other) => {
+                if new >= 0 {
+                    // SAFETY: our own descriptor, which no one else saw.
+                    unsafe { libc::close(new) };
+                }
+                (other >= 0).then_some(other)
+            }
+        }
+    }
+
+    /// The mapping that covers `addr`: `Some(None)` where none does, `None` where the kernel
+    /// cannot say (no `PROCMAP_QUERY`).
+    pub(crate) fn query(addr: usize) -> Option<Option<Vma>> {
+        let fd = maps_fd()?;
+        let mut name = [0u8; NAME_MAX];
+        let mut q = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_addr: addr as u64,
+            vma_name_size: NAME_MAX as u32,
+            vma_name_addr: name.as_mut_ptr() as u64,
+            ..Default::default()
+        };
+        // SAFETY: a query of the size it states, with a name buffer of the size it states; no
+        // build id asked for.
+        let r = unsafe { libc::ioctl(fd, PROCMAP_QUERY as _, &mut q) };
+        if r == 0 {
+            let n = (q.vma_name_size as usize).min(NAME_MAX);
+            let name = name[..n].split(|&b| b == 0).next().unwrap_or(&[]);
+            let special = !(name.is_empty()
+                || name == b"[heap]"
+                || name == b"[stack]"
+                || name.starts_with(b"[anon:"));
+            return Some(Some(Vma {
+                end: q.vma_end,
+                flags: q.vma_flags,
+                inode: q.inode,
+                dev: (q.dev_major, q.dev_minor),
+                special,
+            }));
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::ENOENT) => Some(None),
+            _ => None,
+        }
+    }
+
+    /// `/proc/self/maps`, if `PROCMAP_QUERY` works on it (asked about a mapping that
+    /// certainly exists: this function's own code).
+    fn open() -> Option<OwnedFd> {
+        let f = std::fs::File::open("/proc/self/maps").ok()?;
+        let fd = OwnedFd::from(f);
+        let mut q = ProcmapQuery {
+            size: std::mem::size_of::<ProcmapQuery>() as u64,
+            query_addr: open as *const () as usize as u64,
+            ..Default::default()
+        };
+        // SAFETY: as in `query`.
+        let r = unsafe { libc::ioctl(fd.as_raw_fd(), PROCMAP_QUERY as _, &mut q) };
+        (r == 0 && q.vma_flags & READABLE != 0).then_some(fd)
+    }
+}
+
+/// Populates the pages of `len` bytes at `start` as a read (or, with `write`, a write) would
+/// fault them in, without touching the bytes (`madvise` `MADV_POPULATE_READ` or
+/// `MADV_POPULATE_WRITE`); `false` where a page is not mapped (`ENOMEM`), not readable
+/// (not writable, for a write: `EINVAL` or `EFAULT`). Only where [`on_demand_supported`].
+pub(crate) fn populate_pages(start: *mut u8, len: usize, write: bool) -> bool {
+    if len == 0 {
+        return true;
+    }
+
+    let page = page_size();
+    let first = start as usize & !(page - 1);
+    let Some(end) = (start as usize).checked_add(len) else {
+        return false;
+    };
+    let Some(last) = end.checked_add(page - 1) else {
+        return false;
+    };
+    let span = (last & !(page - 1)) - first;
+    let advice = if write {
+        libc::MADV_POPULATE_WRITE
+    } else {
+        libc::MADV_POPULATE_READ
+    };
+    // SAFETY: the advice populates page tables and neither reads nor writes the memory; any
+    // address range is acceptable to the call (it fails on what is not mapped).
+    unsafe { libc::madvise(std::ptr::without_provenance_mut(first), span, advice) == 0 }
+}
+
+/// Whether this kernel populates pages on request (`MADV_POPULATE_READ`/`_WRITE`, Linux
+/// 5.14), which on-demand paging needs to fail an access to a page that is not there rather
+/// than fault the process: found once, on a page of its own. (Without them, the device
+/// offers no on-demand paging: no `odp_caps`, ON_DEMAND is `EOPNOTSUPP`.)
+pub(crate) fn on_demand_supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        let page = page_size();
+        // SAFETY: a fresh private anonymous page, advised, then unmapped.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                return false;
+            }
+            let ok = libc::madvise(p, page, libc::MADV_POPULATE_WRITE) == 0;
+            libc::munmap(p, page);
+            ok
+        }
+    })
+}
+
+/// The system's page size.
+pub(crate) fn page_size() -> usize {
+    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 && (n as usize).is_power_of_two() => n as usize,
+        _ => 4096,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

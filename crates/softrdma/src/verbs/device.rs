@@ -452,7 +452,7 @@ pub(crate) fn device_attr(dev: &Device) -> DeviceAttr {
         // Every access to registered memory goes through one check, which populates an
         // on-demand region's pages: every operation of every transport may use one (where
         // the kernel populates pages on request).
-        odp_caps: if !crate::verbs::mr::on_demand_supported() {
+        odp_caps: if !crate::provider::memory::on_demand_supported() {
             OdpCaps::default()
         } else {
             OdpCaps {

@@ -202,6 +202,40 @@ impl<'a> QpEnv<'a> {
 }
 
 impl QpEnv<'_> {
+    /// [`Env::write_remote`] of a whole WRITE that no `check_remote` announced (a same-host
+    /// record): the pages of an on-demand region are checked for it alone.
+    pub(crate) fn write_remote_whole(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        src: &[u8],
+    ) -> std::result::Result<(), AccessError> {
+        self.write_remote_in(rkey, va, src, SpanUse::None)
+    }
+
+    fn write_remote_in(
+        &mut self,
+        rkey: u32,
+        va: u64,
+        src: &[u8],
+        span: SpanUse,
+    ) -> std::result::Result<(), AccessError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        let l = self.lease(
+            rkey,
+            KeyKind::Remote,
+            va,
+            src.len(),
+            AccessFlags::REMOTE_WRITE,
+            false,
+            span,
+        )?;
+        self.write_from(l, src);
+        Ok(())
+    }
+
     /// Puts a receive request taken with [`Env::take_recv`] back at the head of its queue
     /// (the QP's, or its SRQ's).
     pub(crate) fn put_back_recv(&mut self, w: RecvRequest) {
@@ -371,20 +405,8 @@ impl Env for QpEnv<'_> {
         va: u64,
         src: &[u8],
     ) -> std::result::Result<(), AccessError> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        let l = self.lease(
-            rkey,
-            KeyKind::Remote,
-            va,
-            src.len(),
-            AccessFlags::REMOTE_WRITE,
-            false,
-            SpanUse::Within,
-        )?;
-        self.write_from(l, src);
-        Ok(())
+        // (A packet of the message whose first packet's check_remote kept the span.)
+        self.write_remote_in(rkey, va, src, SpanUse::Within)
     }
 
     fn read_remote(

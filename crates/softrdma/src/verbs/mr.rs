@@ -2,6 +2,7 @@
 //! every access to registered memory.
 
 use crate::error::{DestroyError, Error, Result};
+use crate::provider::memory::{maps, on_demand_supported, page_size, populate_pages};
 use crate::verbs::hold::Hold;
 use crate::verbs::mem::{copy_from_memory, copy_to_memory, Buffer};
 use crate::verbs::pd::{Pd, PdInner};
@@ -49,7 +50,7 @@ bitflags::bitflags! {
 impl AccessFlags {
     /// Checks the rules of `ibv_reg_mr`: no unknown bits (`EINVAL`), REMOTE_WRITE and
     /// REMOTE_ATOMIC only with LOCAL_WRITE (`EINVAL`), ON_DEMAND only where the kernel lets
-    /// it work (`EOPNOTSUPP`; see [`on_demand_supported`]).
+    /// it work (`EOPNOTSUPP`; see `provider::memory::on_demand_supported`).
     pub(crate) fn check_for_mr(self, raw: u32) -> Result<()> {
         if AccessFlags::from_bits(raw).is_none() {
             return Err(Error::invalid(format!(
@@ -774,9 +775,12 @@ pub(crate) fn writes(needed: AccessFlags, atomic: bool) -> bool {
 /// the kernel answers `PROCMAP_QUERY` on `/proc/self/maps` (Linux 6.11), one query per mapping
 /// in the range: a private anonymous mapping with the permissions passes as is (a page the
 /// access touches first is allocated by the fault, as for any memory of the process), other
-/// mappings (files, which fault beyond their end, and shared memory) have their pages
-/// populated ([`populate_pages`]). Elsewhere every page is populated: a walk of the range's
-/// pages, some 90 ns a page here, where a query costs about as much as a whole mapping.
+/// mappings (files, which fault beyond their end, shared memory, the kernel's special
+/// mappings) have their pages populated ([`populate_pages`]). Elsewhere every page is
+/// populated: a walk of the range's pages, some 90 ns a page here, where a query costs about
+/// as much as a whole mapping. (Not seen by the query: guard regions installed inside an
+/// anonymous mapping with `MADV_GUARD_INSTALL`, Linux 6.13, which fault the process where a
+/// NIC would fail the access.)
 fn accessible(start: *mut u8, len: usize, write: bool) -> bool {
     #[cfg(test)]
     tests::POPULATED.with(|c| c.borrow_mut().push((start as u64, len as u64)));
@@ -807,206 +811,6 @@ fn accessible(start: *mut u8, len: usize, write: bool) -> bool {
         at = upto;
     }
     true
-}
-
-/// `PROCMAP_QUERY` (Linux 6.11): the mapping that covers an address, from an ioctl on
-/// `/proc/self/maps`.
-mod maps {
-    use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
-    use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-
-    pub(super) const READABLE: u64 = 0x01;
-    pub(super) const WRITABLE: u64 = 0x02;
-    const SHARED: u64 = 0x08;
-
-    /// `struct procmap_query` (`linux/fs.h`).
-    #[repr(C)]
-    #[derive(Default)]
-    struct ProcmapQuery {
-        size: u64,
-        query_flags: u64,
-        query_addr: u64,
-        vma_start: u64,
-        vma_end: u64,
-        vma_flags: u64,
-        vma_page_size: u64,
-        vma_offset: u64,
-        inode: u64,
-        dev_major: u32,
-        dev_minor: u32,
-        vma_name_size: u32,
-        build_id_size: u32,
-        vma_name_addr: u64,
-        build_id_addr: u64,
-    }
-
-    /// `_IOWR('f', 17, struct procmap_query)`.
-    const PROCMAP_QUERY: libc::c_ulong = (3 << 30)
-        | ((std::mem::size_of::<ProcmapQuery>() as libc::c_ulong) << 16)
-        | ((b'f' as libc::c_ulong) << 8)
-        | 17;
-
-    /// A mapping: where it ends, its permissions (`READABLE`...), and what backs it.
-    pub(super) struct Vma {
-        pub(super) end: u64,
-        pub(super) flags: u64,
-        inode: u64,
-        dev: (u32, u32),
-    }
-
-    impl Vma {
-        /// Private anonymous memory (no file, not shared).
-        pub(super) fn private_anonymous(&self) -> bool {
-            self.inode == 0 && self.dev == (0, 0) && self.flags & SHARED == 0
-        }
-    }
-
-    /// This process's `/proc/self/maps` (a raw descriptor, shared by every thread, never
-    /// closed): `UNKNOWN` until first needed, `NONE` where the kernel has no `PROCMAP_QUERY`.
-    static MAPS: AtomicI32 = AtomicI32::new(UNKNOWN);
-    const UNKNOWN: i32 = -2;
-    const NONE: i32 = -1;
-    /// Set in a forked child (`pthread_atfork`), whose `MAPS` still names the parent's
-    /// mappings: the child opens its own.
-    static FORKED: AtomicBool = AtomicBool::new(false);
-
-    extern "C" fn forked() {
-        FORKED.store(true, Ordering::Relaxed);
-    }
-
-    /// The descriptor to query, if the kernel answers queries.
-    fn maps_fd() -> Option<i32> {
-        if FORKED.load(Ordering::Relaxed) && FORKED.swap(false, Ordering::AcqRel) {
-            // (The parent's descriptor is left open: another thread may be using it.)
-            MAPS.store(UNKNOWN, Ordering::Release);
-        }
-        let fd = MAPS.load(Ordering::Acquire);
-        if fd != UNKNOWN {
-            return (fd >= 0).then_some(fd);
-        }
-        static AT_FORK: std::sync::Once = std::sync::Once::new();
-        // SAFETY: registers a handler that only stores to an atomic.
-        AT_FORK.call_once(|| unsafe {
-            libc::pthread_atfork(None, None, Some(forked));
-        });
-        let new = open().map_or(NONE, |f| f.into_raw_fd());
-        match MAPS.compare_exchange(UNKNOWN, new, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => (new >= 0).then_some(new),
-            Err(other) => {
-                if new >= 0 {
-                    // SAFETY: our own descriptor, which no one else saw.
-                    unsafe { libc::close(new) };
-                }
-                (other >= 0).then_some(other)
-            }
-        }
-    }
-
-    /// The mapping that covers `addr`: `Some(None)` where none does, `None` where the kernel
-    /// cannot say (no `PROCMAP_QUERY`).
-    pub(super) fn query(addr: usize) -> Option<Option<Vma>> {
-        let fd = maps_fd()?;
-        let mut q = ProcmapQuery {
-            size: std::mem::size_of::<ProcmapQuery>() as u64,
-            query_addr: addr as u64,
-            ..Default::default()
-        };
-        // SAFETY: a query of the size it states; no name or build id asked for.
-        let r = unsafe { libc::ioctl(fd, PROCMAP_QUERY as _, &mut q) };
-        if r == 0 {
-            return Some(Some(Vma {
-                end: q.vma_end,
-                flags: q.vma_flags,
-                inode: q.inode,
-                dev: (q.dev_major, q.dev_minor),
-            }));
-        }
-        match std::io::Error::last_os_error().raw_os_error() {
-            Some(libc::ENOENT) => Some(None),
-            _ => None,
-        }
-    }
-
-    /// `/proc/self/maps`, if `PROCMAP_QUERY` works on it (asked about a mapping that
-    /// certainly exists: this function's own code).
-    fn open() -> Option<OwnedFd> {
-        let f = std::fs::File::open("/proc/self/maps").ok()?;
-        let fd = OwnedFd::from(f);
-        let mut q = ProcmapQuery {
-            size: std::mem::size_of::<ProcmapQuery>() as u64,
-            query_addr: open as *const () as usize as u64,
-            ..Default::default()
-        };
-        // SAFETY: as in `query`.
-        let r = unsafe { libc::ioctl(fd.as_raw_fd(), PROCMAP_QUERY as _, &mut q) };
-        (r == 0 && q.vma_flags & READABLE != 0).then_some(fd)
-    }
-}
-
-/// Populates the pages of `len` bytes at `start` as a read (or, with `write`, a write) would
-/// fault them in, without touching the bytes (`madvise` `MADV_POPULATE_READ` or
-/// `MADV_POPULATE_WRITE`); `false` where a page is not mapped (`ENOMEM`), not readable
-/// (not writable, for a write: `EINVAL` or `EFAULT`). Only where [`on_demand_supported`].
-fn populate_pages(start: *mut u8, len: usize, write: bool) -> bool {
-    if len == 0 {
-        return true;
-    }
-
-    let page = page_size();
-    let first = start as usize & !(page - 1);
-    let Some(end) = (start as usize).checked_add(len) else {
-        return false;
-    };
-    let Some(last) = end.checked_add(page - 1) else {
-        return false;
-    };
-    let span = (last & !(page - 1)) - first;
-    let advice = if write {
-        libc::MADV_POPULATE_WRITE
-    } else {
-        libc::MADV_POPULATE_READ
-    };
-    // SAFETY: the advice populates page tables and neither reads nor writes the memory; any
-    // address range is acceptable to the call (it fails on what is not mapped).
-    unsafe { libc::madvise(std::ptr::without_provenance_mut(first), span, advice) == 0 }
-}
-
-/// Whether this kernel populates pages on request (`MADV_POPULATE_READ`/`_WRITE`, Linux
-/// 5.14), which on-demand paging needs to fail an access to a page that is not there rather
-/// than fault the process: found once, on a page of its own. (Without them, the device
-/// offers no on-demand paging: no `odp_caps`, ON_DEMAND is `EOPNOTSUPP`.)
-pub(crate) fn on_demand_supported() -> bool {
-    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SUPPORTED.get_or_init(|| {
-        let page = page_size();
-        // SAFETY: a fresh private anonymous page, advised, then unmapped.
-        unsafe {
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                page,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            );
-            if p == libc::MAP_FAILED {
-                return false;
-            }
-            let ok = libc::madvise(p, page, libc::MADV_POPULATE_WRITE) == 0;
-            libc::munmap(p, page);
-            ok
-        }
-    })
-}
-
-/// The system's page size.
-fn page_size() -> usize {
-    static PAGE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    // SAFETY: sysconf has no preconditions.
-    *PAGE.get_or_init(|| match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-        n if n > 0 && (n as usize).is_power_of_two() => n as usize,
-        _ => 4096,
-    })
 }
 
 /// An access to registered memory in progress: the region cannot finish deregistering until
@@ -1451,6 +1255,11 @@ mod tests {
         assert!(maps::query(64).unwrap().is_none(), "page 0 is never mapped");
         let code = maps::query(setup as *const () as usize).unwrap().unwrap();
         assert!(code.flags & maps::WRITABLE == 0 && !code.private_anonymous());
+        // The kernel's special mappings go the careful way.
+        let vdso = unsafe { libc::getauxval(libc::AT_SYSINFO_EHDR) } as usize;
+        if vdso != 0 {
+            assert!(!maps::query(vdso).unwrap().unwrap().private_anonymous());
+        }
         // Private anonymous memory is checked without populating; read-only is refused for
         // writes; and a hole refused either way.
         let page = page_size();

@@ -615,7 +615,7 @@ fn take(
     };
     let done = if write {
         QpEnv::of(qp, rq, mrs)
-            .write_remote(rec.rkey, rec.remote_addr, payload)
+            .write_remote_whole(rec.rkey, rec.remote_addr, payload)
             .is_ok()
     } else {
         let w = wqe.as_ref().expect("a SEND took a receive request");
