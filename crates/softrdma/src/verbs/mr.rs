@@ -94,8 +94,8 @@ pub(crate) struct MrInner {
     host: *mut u8,
     pub(crate) length: u64,
     pub(crate) access: AccessFlags,
-    /// Registered with ON_DEMAND: every access populates its pages first, and fails where
-    /// they are not mapped ([`accessible`]).
+    /// Registered with ON_DEMAND: every operation checks its pages first, and an access fails
+    /// where they are not mapped ([`accessible`]).
     on_demand: bool,
     /// The memory of the safe face, kept alive by the region.
     backing: Option<Arc<Buffer>>,
@@ -867,6 +867,7 @@ impl Resources {
     /// cache also keeps, per kind, the range populated for the operation in progress, which
     /// its later packets need not populate again.
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(crate) fn check_access_cached(
         &self,
         cache: &mut MrCache,
@@ -883,9 +884,17 @@ impl Resources {
             KeyKind::Local => (&mut cache.local, &mut cache.local_span),
             KeyKind::Remote => (&mut cache.remote, &mut cache.remote_span),
         };
+        // (Regions pinned as usual take the short way: the data path's every access.)
+        let check = |mr: &Arc<MrInner>, spans: &mut Option<OdpSpan>| {
+            if mr.on_demand {
+                check_with_span(mr, pd, va, len, needed, atomic, span, spans)
+            } else {
+                check_region(mr, pd, va, len, needed, atomic, false, None)
+            }
+        };
         if let Some((k, mr)) = slot {
             if *k == key {
-                match check_with_span(mr, pd, va, len, needed, atomic, span, spans) {
+                match check(mr, spans) {
                     Err(AccessError::InvalidKey) => {} // deregistered: look it up again
                     r => return r,
                 }
@@ -896,7 +905,7 @@ impl Resources {
             KeyKind::Remote => self.mr_by_rkey::<MrInner>(key),
         }
         .ok_or(AccessError::InvalidKey)?;
-        let r = check_with_span(&mr, pd, va, len, needed, atomic, span, spans);
+        let r = check(&mr, spans);
         *slot = Some((key, mr));
         r
     }
@@ -940,6 +949,8 @@ pub(crate) struct OdpSpan {
 
 /// [`check_region`], populating an on-demand region's pages as `span` says.
 #[allow(clippy::too_many_arguments)]
+#[cold]
+#[inline(never)]
 fn check_with_span(
     mr: &Arc<MrInner>,
     pd: &Arc<PdInner>,
@@ -952,9 +963,6 @@ fn check_with_span(
 ) -> std::result::Result<MrLease, AccessError> {
     let write = writes(needed, atomic);
     let own = Some((va, len));
-    if !mr.on_demand {
-        return check_region(mr, pd, va, len, needed, atomic, write, own);
-    }
     let Some(end) = va.checked_add(len) else {
         return Err(AccessError::OutOfBounds);
     };
