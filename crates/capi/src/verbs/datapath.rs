@@ -19,7 +19,7 @@ pub const CHUNK: usize = 16;
 ///
 /// # Safety
 /// `sg` must point at `n` entries (when `n > 0`).
-unsafe fn sges<'a>(sg: *mut ibv_sge, n: c_int) -> Result<&'a [Sge], i32> {
+pub(super) unsafe fn sges<'a>(sg: *mut ibv_sge, n: c_int) -> Result<&'a [Sge], i32> {
     if n < 0 || (n > 0 && sg.is_null()) {
         return Err(EINVAL);
     }

@@ -877,16 +877,9 @@ pub(crate) unsafe extern "C" fn advise_mr(
             return Err(EINVAL);
         }
         let advice = softrdma::AdviseMr::from_raw(advice).ok_or(EOPNOTSUPP)?;
+        let n = c_int::try_from(num_sge).map_err(|_| EINVAL)?;
         // SAFETY: the program's array of num_sge entries.
-        let list = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
-        let sges: Vec<softrdma::Sge> = list
-            .iter()
-            .map(|s| softrdma::Sge {
-                addr: s.addr,
-                length: s.length,
-                lkey: s.lkey,
-            })
-            .collect();
-        w.pd.advise_mr(advice, flags, &sges).map_err(|e| e.errno())
+        let sges = unsafe { super::datapath::sges(sg_list, n) }?;
+        w.pd.advise_mr(advice, flags, sges).map_err(|e| e.errno())
     })
 }

@@ -560,7 +560,6 @@ pub(crate) fn populate_pages(start: *mut u8, len: usize, write: bool) -> bool {
     if len == 0 {
         return true;
     }
-
     let page = page_size();
     let first = start as usize & !(page - 1);
     let Some(end) = (start as usize).checked_add(len) else {

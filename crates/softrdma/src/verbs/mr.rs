@@ -110,6 +110,16 @@ pub(crate) struct MrInner {
 }
 
 impl MrInner {
+    /// Whether `len` bytes at `va` (iova space) lie inside the region (`false` when the end
+    /// overflows).
+    #[inline]
+    pub(crate) fn covers(&self, va: u64, len: u64) -> bool {
+        va >= self.iova
+            && va
+                .checked_add(len)
+                .is_some_and(|e| e <= self.iova + self.length)
+    }
+
     /// The host address `off` bytes into the region. (An implicit on-demand region's `host`
     /// is null: its offsets are addresses, of memory the program exposed to the device.)
     fn host_at(&self, off: usize) -> *mut u8 {
@@ -360,8 +370,7 @@ impl Pd {
         };
         for (i, (sge, mr)) in sg_list.iter().zip(&regions).enumerate() {
             let len = u64::from(sge.length);
-            let end = sge.addr.checked_add(len);
-            if sge.addr < mr.iova || end.is_none_or(|e| e > mr.iova + mr.length) {
+            if !mr.covers(sge.addr, len) {
                 if strict {
                     return Err(fault(i, sge, "is outside its region"));
                 }
@@ -390,10 +399,10 @@ impl Pd {
 impl Pd {
     /// The lkey of a region of this PD that covers `addr..addr + len` (iova space), if any.
     pub(crate) fn lkey_covering(&self, addr: u64, len: u64) -> Option<u32> {
-        let end = addr.checked_add(len)?;
-        self.inner.shared().resources.lkey_where(|m: &MrInner| {
-            Arc::ptr_eq(m.pd.arc(), &self.inner) && m.iova <= addr && end <= m.iova + m.length
-        })
+        self.inner
+            .shared()
+            .resources
+            .lkey_where(|m: &MrInner| Arc::ptr_eq(m.pd.arc(), &self.inner) && m.covers(addr, len))
     }
 }
 
@@ -1064,8 +1073,7 @@ pub(crate) fn check_region(
     if atomic && (!va.is_multiple_of(8) || len != 8) {
         return Err(AccessError::Misaligned);
     }
-    let end = va.checked_add(len).ok_or(AccessError::OutOfBounds)?;
-    if va < mr.iova || end > mr.iova + mr.length {
+    if !mr.covers(va, len) {
         return Err(AccessError::OutOfBounds);
     }
     let off = (va - mr.iova) as usize;

@@ -291,14 +291,12 @@ impl Resources {
             let Some(mr) = self.mr_by_lkey::<MrInner>(b.lkey) else {
                 return ERR;
             };
-            let end = b.addr.checked_add(b.length);
             if !Arc::ptr_eq(mr.pd.arc(), mw.pd.arc())
                 || !mr.access.contains(AccessFlags::MW_BIND)
                 || mr.access.contains(AccessFlags::ZERO_BASED)
                 || (access.intersects(AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_ATOMIC)
                     && !mr.access.contains(AccessFlags::LOCAL_WRITE))
-                || b.addr < mr.iova
-                || end.is_none_or(|e| e > mr.iova + mr.length)
+                || !mr.covers(b.addr, b.length)
             {
                 return ERR;
             }
