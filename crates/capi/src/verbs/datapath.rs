@@ -7,28 +7,14 @@
 //! array and converted.
 
 use super::objects::{CAh, CCq, CMw, CQp, CSrq};
+use super::resources::sges;
 use crate::abi::*;
 use crate::ffi::guard;
 use libc::{c_int, EINVAL};
-use softrdma::{RecvWr, SendFlags, SendWr, Sge, WcFlags, WorkCompletion, WrOpcode};
+use softrdma::{RecvWr, SendFlags, SendWr, WcFlags, WorkCompletion, WrOpcode};
 
 /// Work requests or completions translated per step.
 pub const CHUNK: usize = 16;
-
-/// The C scatter/gather list as softrdma entries.
-///
-/// # Safety
-/// `sg` must point at `n` entries (when `n > 0`).
-pub(super) unsafe fn sges<'a>(sg: *mut ibv_sge, n: c_int) -> Result<&'a [Sge], i32> {
-    if n < 0 || (n > 0 && sg.is_null()) {
-        return Err(EINVAL);
-    }
-    if n == 0 {
-        return Ok(&[]);
-    }
-    // SAFETY: softrdma::Sge is #[repr(C)] with ibv_sge's layout; the caller's contract.
-    Ok(unsafe { std::slice::from_raw_parts(sg.cast::<Sge>(), n as usize) })
-}
 
 fn wr_opcode(op: u32) -> Option<WrOpcode> {
     Some(match op {

@@ -879,7 +879,22 @@ pub(crate) unsafe extern "C" fn advise_mr(
         let advice = softrdma::AdviseMr::from_raw(advice).ok_or(EOPNOTSUPP)?;
         let n = c_int::try_from(num_sge).map_err(|_| EINVAL)?;
         // SAFETY: the program's array of num_sge entries.
-        let sges = unsafe { super::datapath::sges(sg_list, n) }?;
+        let sges = unsafe { sges(sg_list, n) }?;
         w.pd.advise_mr(advice, flags, sges).map_err(|e| e.errno())
     })
+}
+
+/// The C scatter/gather list as softrdma entries.
+///
+/// # Safety
+/// `sg` must point at `n` entries (when `n > 0`).
+pub(super) unsafe fn sges<'a>(sg: *mut ibv_sge, n: c_int) -> Result<&'a [softrdma::Sge], i32> {
+    if n < 0 || (n > 0 && sg.is_null()) {
+        return Err(EINVAL);
+    }
+    if n == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: softrdma::Sge is #[repr(C)] with ibv_sge's layout; the caller's contract.
+    Ok(unsafe { std::slice::from_raw_parts(sg.cast::<softrdma::Sge>(), n as usize) })
 }
