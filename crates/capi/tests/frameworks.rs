@@ -20,6 +20,10 @@
 //! opens the device of that name: so every process names its own address `srdma_ucx`
 //! (`SOFTRDMA_DEVICES=srdma_ucx=<addr>`).
 //!
+//! Open MPI 4.1 (Debian's openmpi-bin) runs an MPI program of ours, `tests/c/mpi_check.c`,
+//! in the same namespace, its ranks talking through UCX (`pml ucx`) over `rc_verbs` on one
+//! shared softrdma device, with Open MPI's and UCX's shared-memory transports left out.
+//!
 //! libfabric 1.17's verbs provider (Debian's libfabric-bin has only fi_info and
 //! fi_pingpong) offers MSG endpoints, and so RDM over them (`verbs;ofi_rxm`), only on the
 //! devices it finds by binding an rdma_cm id to each address of a non-loopback interface
@@ -416,5 +420,207 @@ fn fi_info_msg_and_rxm_with_a_node() {
             assert!(out.contains(&w), "{prov}: no {w:?} in\n{out}");
         }
         assert!(!out.contains("-dgram"), "{prov}: {out}");
+    }
+}
+
+/// Whether Debian's Open MPI (`mpirun`, and `mpicc` to build the test program) is installed.
+fn have_mpi() -> bool {
+    have("/usr/bin/mpirun", "openmpi-bin")
+        && have("/usr/bin/mpicc", "libopenmpi-dev")
+        && have_userns()
+}
+
+/// The hang guard of an MPI run (never a timing assertion): up to four ranks busy-poll on
+/// the two cores of a CI machine that runs other tests at the same time.
+const MPI_LIMIT: Duration = Duration::from_secs(240);
+
+/// Builds tests/c/mpi_check.c with Open MPI's `mpicc` (its libraries load the drop-in
+/// libibverbs.so.1 at run time through `LD_LIBRARY_PATH`); returns the program's path.
+fn mpi_check_program() -> PathBuf {
+    let exe = libdir().join(format!("mpi_check-{}", std::process::id()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_check.c");
+    let out = Command::new("mpicc")
+        .args(["-O1", "-g", "-Wall", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("running mpicc");
+    assert!(
+        out.status.success(),
+        "mpicc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    exe
+}
+
+/// Runs tests/c/mpi_check.c under Open MPI with `ranks` ranks on this host, every rank on
+/// the one softrdma device `srdma_ucx` (a fresh address): MPI's point-to-point traffic goes
+/// through UCX's `pml ucx` over `rc_verbs` (with `ud_verbs` as its auxiliary transport, and
+/// `self`), with no shared-memory transport of Open MPI's (`btl self` only) or UCX's
+/// (`UCX_TLS` lists none), so every byte between ranks crosses softrdma. `wire`: the ranks
+/// talk over RoCEv2 packets (`SOFTRDMA_TRANSPORT=wire`), each capturing its own to a pcap
+/// file that tshark (when installed; required in CI) must decode, with RDMA READs among
+/// them (UCX fetches large messages with them); otherwise through the same-host lanes.
+/// Returns rank 0's output.
+fn mpi_check(ranks: usize, wire: bool) -> Option<String> {
+    if !have_mpi() {
+        return None;
+    }
+    let exe = mpi_check_program();
+    let _exe = TempPath(exe.clone());
+    let pcaps = TempPath::new("mpi-pcap");
+    let np = ranks.to_string();
+    let mut args: Vec<String> = [
+        "mpirun",
+        "--oversubscribe",
+        "-np",
+        &np,
+        "--mca",
+        "pml",
+        "ucx",
+        "--mca",
+        "btl",
+        "self",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for v in [
+        "LD_LIBRARY_PATH",
+        "SOFTRDMA_DEVICES",
+        "UCX_TLS",
+        "UCX_NET_DEVICES",
+        "UCX_UD_VERBS_ETH_DGID_CHECK",
+        "UCX_WARN_UNUSED_ENV_VARS",
+    ] {
+        args.push("-x".into());
+        args.push(v.into());
+    }
+    if wire {
+        args.extend(["-x", "SOFTRDMA_TRANSPORT"].map(String::from));
+        std::fs::create_dir_all(&pcaps.0).unwrap();
+        // (Each rank its own capture file, named by its rank.)
+        args.extend(
+            [
+                "sh",
+                "-c",
+                "SOFTRDMA_PCAP=\"$0/$OMPI_COMM_WORLD_RANK.pcap\" exec \"$1\"",
+            ]
+            .map(String::from),
+        );
+        args.push(pcaps.0.display().to_string());
+    }
+    args.push(exe.display().to_string());
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let devices = format!("srdma_ucx={}", unique_addr());
+    let (mut cmd, _dir) = ucx_cmd(&["srdma_ucx"], &devices, argv[0], &argv[1..]);
+    cmd.env("UCX_TLS", "self,rc_verbs,ud_verbs:aux")
+        .env("UCX_NET_DEVICES", "srdma_ucx:1")
+        .env("UCX_UD_VERBS_ETH_DGID_CHECK", "n")
+        .env("SOFTRDMA_TRANSPORT", "wire")
+        // (Root inside the test's user namespace.)
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    if !wire {
+        cmd.env_remove("SOFTRDMA_TRANSPORT");
+    }
+    let (st, out, err) = run_bounded(cmd, MPI_LIMIT);
+    assert!(st.is_some_and(|s| s.success()), "{st:?}\n{out}\n{err}");
+    assert!(
+        out.contains(&format!("mpi_check: ok ({ranks} ranks)")),
+        "{out}\n{err}"
+    );
+    if wire {
+        for r in 0..ranks {
+            let file = pcaps.0.join(format!("{r}.pcap"));
+            let opcodes = pcap_opcodes(&file);
+            let _ = std::fs::remove_file(&file);
+            let Some(opcodes) = opcodes else {
+                continue;
+            };
+            let n = opcodes.len();
+            let count = |want: &[u8]| opcodes.iter().filter(|o| want.contains(o)).count();
+            // (RC SEND first/middle/last/only, RDMA READ request; 4 MiB messages go as
+            // READs between ranks 0 and 1, 1 MiB ones between all in the Bcast.)
+            let (sends, reads) = (count(&[0, 1, 2, 3, 4, 5]), count(&[12]));
+            eprintln!("rank {r}: {n} packets captured, {sends} SEND, {reads} READ request");
+            assert!(
+                sends > 0 && reads > 0,
+                "rank {r}: {n} packets, {sends} SEND, {reads} READ request"
+            );
+        }
+    }
+    Some(out)
+}
+
+/// The BTH opcodes of every packet of the capture `file`, as tshark decodes them (none
+/// when tshark is not installed, outside CI). Wireshark's guesses at what an InfiniBand
+/// payload carries (RPC over RDMA, SMB Direct, NVMe over RDMA, ...) are off: MPI's
+/// messages are none of those, and a guess that fails marks the frame malformed.
+fn pcap_opcodes(file: &Path) -> Option<Vec<u8>> {
+    let mut tshark = Command::new("tshark");
+    if let Ok(o) = Command::new("tshark")
+        .args(["-G", "heuristic-decodes"])
+        .output()
+    {
+        for l in String::from_utf8_lossy(&o.stdout).lines() {
+            if let ["infiniband.payload", name, ..] = l.split('\t').collect::<Vec<_>>()[..] {
+                tshark.args(["--disable-protocol", name]);
+            }
+        }
+    }
+    let out = match tshark
+        .arg("-r")
+        .arg(file)
+        .args([
+            "-T",
+            "fields",
+            "-e",
+            "infiniband.bth.opcode",
+            "-e",
+            "_ws.malformed",
+        ])
+        .output()
+    {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Ok(o) => panic!(
+            "tshark -r {}: {}",
+            file.display(),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+        Err(_) => {
+            assert!(std::env::var_os("CI").is_none(), "CI must install tshark");
+            eprintln!("tshark is not installed: the capture is not decoded");
+            return None;
+        }
+    };
+    let opcodes = out
+        .lines()
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            assert!(f.get(1).is_none_or(|m| m.is_empty()), "malformed: {l}");
+            f[0].parse()
+                .unwrap_or_else(|_| panic!("not decoded as InfiniBand: {l}"))
+        })
+        .collect();
+    Some(opcodes)
+}
+
+/// Open MPI (pml ucx over rc_verbs), two ranks on one device, through the same-host lanes:
+/// ping-pong from 1 byte to 4 MiB, a burst of non-blocking sends, collectives; every byte
+/// checked.
+#[test]
+fn open_mpi_two_ranks_on_one_device() {
+    if let Some(out) = mpi_check(2, false) {
+        eprintln!("{out}");
+    }
+}
+
+/// Open MPI with four ranks on one device over RoCEv2 packets, each rank's traffic captured
+/// and decoded (SENDs and RDMA READs among it).
+#[test]
+fn open_mpi_four_ranks_over_the_wire() {
+    if let Some(out) = mpi_check(4, true) {
+        eprintln!("{out}");
     }
 }
