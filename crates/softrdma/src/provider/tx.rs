@@ -125,6 +125,13 @@ impl DirectTx<'_> {
         self.lane.wait_for_room(max, wait)
     }
 
+    /// Makes the packets committed so far visible to the receiver now (waking it when it
+    /// sleeps), before the writer is dropped; their payloads must be in place.
+    #[inline]
+    pub(crate) fn publish(&mut self, awake_only: bool) {
+        self.lane.publish(awake_only);
+    }
+
     /// Queues the packet built in the reserved room, `len` bytes (at most the `max` of the
     /// reservation); a length under 4 (no packet) abandons the room.
     #[inline]

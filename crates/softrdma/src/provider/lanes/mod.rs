@@ -256,6 +256,18 @@ impl LaneWriter<'_> {
         l.prod.wait_for_room(max, wait)
     }
 
+    /// Makes what was committed visible now (see [`LaneWriter`]'s drop), if anything was,
+    /// and if the receiver is awake (`awake_only`: a sleeping one is left for the drop,
+    /// which wakes it once).
+    #[inline]
+    pub(crate) fn publish(&mut self, awake_only: bool) {
+        if let Some(l) = self.lane().filter(|l| l.dirty) {
+            if !(awake_only && l.prod.consumer_sleeps()) {
+                l.publish();
+            }
+        }
+    }
+
     /// Queues the first `len` bytes of the reserved room as a packet ([`Producer::commit`]).
     #[inline]
     pub(crate) fn commit(&mut self, len: usize) {

@@ -296,6 +296,14 @@ impl Producer {
         s.load(Ordering::Relaxed) != 0 && s.swap(0, Ordering::AcqRel) != 0
     }
 
+    /// Whether the consumer said it sleeps (waits for a wake-up) at its last look: a hint,
+    /// read without ordering (the flag is set and cleared by [`Producer::publish`] and the
+    /// consumer's `arm` with the fences that matter).
+    #[inline]
+    pub(crate) fn consumer_sleeps(&self) -> bool {
+        self.map.u32_at(SLEEPING_AT).load(Ordering::Relaxed) != 0
+    }
+
     /// Writes `len` as the length of the record committed last (tests of a reader that
     /// finds nonsense).
     #[cfg(test)]
