@@ -21,7 +21,7 @@
 //! (`SOFTRDMA_DEVICES=srdma_ucx=<addr>`).
 //!
 //! Open MPI 4.1 (Debian's openmpi-bin) runs an MPI program of ours, `tests/c/mpi_check.c`,
-//! in the same namespace, its ranks talking through UCX (`pml ucx`) over `rc_verbs` on one
+//! in the same namespace, its ranks talking through UCX (`pml ucx`, `osc ucx`) over `rc_verbs` on one
 //! shared softrdma device, with Open MPI's and UCX's shared-memory transports left out.
 //!
 //! libfabric 1.17's verbs provider (Debian's libfabric-bin has only fi_info and
@@ -454,8 +454,8 @@ fn mpi_check_program() -> PathBuf {
 }
 
 /// Runs tests/c/mpi_check.c under Open MPI with `ranks` ranks on this host, every rank on
-/// the one softrdma device `srdma_ucx` (a fresh address): MPI's point-to-point traffic goes
-/// through UCX's `pml ucx` over `rc_verbs` (with `ud_verbs` as its auxiliary transport, and
+/// the one softrdma device `srdma_ucx` (a fresh address): MPI's point-to-point and one-sided
+/// traffic goes through UCX (`pml ucx`, `osc ucx`) over `rc_verbs` (with `ud_verbs` as its auxiliary transport, and
 /// `self`), with no shared-memory transport of Open MPI's (`btl self` only) or UCX's
 /// (`UCX_TLS` lists none), so every byte between ranks crosses softrdma. `wire`: the ranks
 /// talk over RoCEv2 packets (`SOFTRDMA_TRANSPORT=wire`), each capturing its own to a pcap
@@ -477,6 +477,9 @@ fn mpi_check(ranks: usize, wire: bool) -> Option<String> {
         &np,
         "--mca",
         "pml",
+        "ucx",
+        "--mca",
+        "osc",
         "ucx",
         "--mca",
         "btl",
@@ -540,14 +543,17 @@ fn mpi_check(ranks: usize, wire: bool) -> Option<String> {
             };
             let n = opcodes.len();
             let count = |want: &[u8]| opcodes.iter().filter(|o| want.contains(o)).count();
-            // (RC SEND first/middle/last/only, RDMA READ request; 4 MiB messages go as
-            // READs between ranks 0 and 1, 1 MiB ones between all in the Bcast.)
-            let (sends, reads) = (count(&[0, 1, 2, 3, 4, 5]), count(&[12]));
-            eprintln!("rank {r}: {n} packets captured, {sends} SEND, {reads} READ request");
-            assert!(
-                sends > 0 && reads > 0,
-                "rank {r}: {n} packets, {sends} SEND, {reads} READ request"
+            // (RC SEND first/middle/last/only, RDMA WRITE first/middle/last/only, RDMA READ
+            // request: 4 MiB messages go as READs between ranks 0 and 1, 1 MiB ones between
+            // all in the Bcast; every rank's MPI_Put is a WRITE.)
+            let sends = count(&[0, 1, 2, 3, 4, 5]);
+            let writes = count(&[6, 7, 8, 9, 10, 11]);
+            let reads = count(&[12]);
+            let what = format!(
+                "rank {r}: {n} packets captured, {sends} SEND, {writes} RDMA WRITE, {reads} READ request"
             );
+            eprintln!("{what}");
+            assert!(sends > 0 && writes > 0 && reads > 0, "{what}");
         }
     }
     Some(out)
@@ -606,9 +612,9 @@ fn pcap_opcodes(file: &Path) -> Option<Vec<u8>> {
     Some(opcodes)
 }
 
-/// Open MPI (pml ucx over rc_verbs), two ranks on one device, through the same-host lanes:
-/// ping-pong from 1 byte to 4 MiB, a burst of non-blocking sends, collectives; every byte
-/// checked.
+/// Open MPI (pml ucx and osc ucx over rc_verbs), two ranks on one device, through the
+/// same-host lanes: ping-pong from 1 byte to 4 MiB, a burst of non-blocking sends,
+/// collectives, one-sided puts, gets and atomics; every byte checked.
 #[test]
 fn open_mpi_two_ranks_on_one_device() {
     if let Some(out) = mpi_check(2, false) {
@@ -617,7 +623,7 @@ fn open_mpi_two_ranks_on_one_device() {
 }
 
 /// Open MPI with four ranks on one device over RoCEv2 packets, each rank's traffic captured
-/// and decoded (SENDs and RDMA READs among it).
+/// and decoded (SENDs, RDMA WRITEs and READs among it).
 #[test]
 fn open_mpi_four_ranks_over_the_wire() {
     if let Some(out) = mpi_check(4, true) {

@@ -13,6 +13,13 @@
  *    rank 1 posts the receives in the reverse order of their tags.
  * 3. Collectives over every rank: Allreduce (sum of 2^16 doubles), Bcast (1 MiB from the
  *    last rank), Alltoall (4 KiB blocks), Barrier.
+ * 4. One-sided communication (Open MPI's osc ucx: RDMA WRITEs and READs of UCX's): in a
+ *    window of 1 MiB per rank, each rank puts 256 KiB into its right neighbour's and gets
+ *    it back from its left neighbour's (fences); then, in a passive epoch, every rank adds
+ *    1 to a counter of rank 0's 100 times (MPI_Fetch_and_op), the values fetched, gathered
+ *    at rank 0, being each number below 100 * N once; every rank tries to swap its number
+ *    into a slot of the last rank's that holds -1 (MPI_Compare_and_swap), exactly one
+ *    wins; and MPI_Accumulate sums an array into rank 0's window.
  * Prints one line of one-way times from rank 0 (not checked by the test) and "mpi_check: ok
  * (N ranks)" when every check passed; a failed check prints what differed and aborts.
  */
@@ -165,6 +172,94 @@ static void collectives(unsigned char *buf)
 	free(from);
 }
 
+static int cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static void one_sided(void)
+{
+	enum { WIN = 1 << 20, PUT = 256 << 10, ADDS = 100, ACC = 1024 };
+	unsigned char *win_mem, *got = malloc(PUT);
+	int64_t *fetched = malloc(ADDS * sizeof(int64_t)), *all = NULL;
+	int right = (rank + 1) % nranks, left = (rank + nranks - 1) % nranks;
+	MPI_Win win;
+
+	if (!got || !fetched)
+		FAIL("out of memory");
+	MPI_Win_allocate(WIN, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &win_mem, &win);
+	memset(win_mem, 0, WIN);
+	/* Counter at 0 (rank 0), swap slot at 8 (last rank), accumulated array from 4096. */
+	if (rank == nranks - 1)
+		*(int64_t *)(win_mem + 8) = -1;
+	MPI_Win_fence(0, win);
+
+	/* Put into the right neighbour's window at offset 64 KiB; get from the left one's. */
+	fill(got, PUT, 11, rank);
+	MPI_Put(got, PUT, MPI_BYTE, right, 64 << 10, PUT, MPI_BYTE, win);
+	MPI_Win_fence(0, win);
+	check(win_mem + (64 << 10), PUT, 11, left, "MPI_Put");
+	memset(got, 0, PUT);
+	MPI_Get(got, PUT, MPI_BYTE, left, 64 << 10, PUT, MPI_BYTE, win);
+	MPI_Win_fence(0, win);
+	check(got, PUT, 11, (left + nranks - 1) % nranks, "MPI_Get");
+
+	MPI_Win_lock_all(0, win);
+	for (int i = 0; i < ADDS; i++) {
+		int64_t one = 1;
+		MPI_Fetch_and_op(&one, &fetched[i], MPI_INT64_T, 0, 0, MPI_SUM, win);
+		MPI_Win_flush(0, win);
+	}
+	{
+		int64_t mine = rank, minus = -1, was = 0;
+		MPI_Compare_and_swap(&mine, &minus, &was, MPI_INT64_T, nranks - 1, 8, win);
+		MPI_Win_flush(nranks - 1, win);
+		int won = was == -1, winners = 0;
+		MPI_Allreduce(&won, &winners, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+		if (winners != 1)
+			FAIL("MPI_Compare_and_swap: %d ranks found the slot empty", winners);
+	}
+	{
+		int64_t add[ACC];
+		for (int i = 0; i < ACC; i++)
+			add[i] = (int64_t)(rank + 1) * i;
+		MPI_Accumulate(add, ACC, MPI_INT64_T, 0, 4096, ACC, MPI_INT64_T, MPI_SUM, win);
+	}
+	MPI_Win_unlock_all(win);
+	MPI_Barrier(MPI_COMM_WORLD);
+
+	if (rank == 0) {
+		int64_t *acc = (int64_t *)(win_mem + 4096);
+		if (*(int64_t *)win_mem != (int64_t)ADDS * nranks)
+			FAIL("MPI_Fetch_and_op: counter %lld, expected %d",
+			     (long long)*(int64_t *)win_mem, ADDS * nranks);
+		for (int i = 0; i < ACC; i++)
+			if (acc[i] != (int64_t)nranks * (nranks + 1) / 2 * i)
+				FAIL("MPI_Accumulate: element %d is %lld", i, (long long)acc[i]);
+		all = malloc((size_t)ADDS * nranks * sizeof(int64_t));
+		if (!all)
+			FAIL("out of memory");
+	}
+	if (rank == nranks - 1) {
+		int64_t slot = *(int64_t *)(win_mem + 8);
+		if (slot < 0 || slot >= nranks)
+			FAIL("MPI_Compare_and_swap: the slot holds %lld", (long long)slot);
+	}
+	MPI_Gather(fetched, ADDS, MPI_INT64_T, all, ADDS, MPI_INT64_T, 0, MPI_COMM_WORLD);
+	if (rank == 0) {
+		qsort(all, (size_t)ADDS * nranks, sizeof(int64_t), cmp_i64);
+		for (int i = 0; i < ADDS * nranks; i++)
+			if (all[i] != i)
+				FAIL("MPI_Fetch_and_op: the values fetched, sorted, have %lld at %d",
+				     (long long)all[i], i);
+		free(all);
+	}
+	MPI_Win_free(&win);
+	free(got);
+	free(fetched);
+}
+
 int main(int argc, char **argv)
 {
 	int iters = argc > 1 ? atoi(argv[1]) : 20;
@@ -181,6 +276,7 @@ int main(int argc, char **argv)
 	ping_pong(buf, iters < 1 ? 1 : iters);
 	burst();
 	collectives(buf);
+	one_sided();
 	free(buf);
 	if (rank == 0)
 		printf("mpi_check: ok (%d ranks)\n", nranks);
