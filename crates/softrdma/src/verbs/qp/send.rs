@@ -528,14 +528,57 @@ impl Qp {
     }
 }
 
-/// Copies inline data from the entries' addresses (see [`Qp::post_send_raw_inline`]).
+/// Copies inline data from the entries' addresses (see [`Qp::post_send_raw_inline`]). An
+/// entry of no bytes is skipped whatever its address (UCX's inline sends name a null one).
 fn raw_inline_copy(sges: &[Sge], data: &mut [u8]) {
     let mut at = 0;
     for s in sges {
         let n = s.length as usize;
-        // SAFETY: the caller of post_send_raw_inline promised n readable bytes at addr.
+        if n == 0 {
+            continue;
+        }
+        // SAFETY: the caller of post_send_raw_inline promised n readable bytes at addr (not
+        // null, then).
         let src = unsafe { std::slice::from_raw_parts(s.addr as usize as *const u8, n) };
         data[at..at + n].copy_from_slice(src);
         at += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Entries of no bytes at a null or dangling address are skipped (a slice at a null
+    /// pointer is undefined behaviour even when empty); the others are copied in order.
+    #[test]
+    fn raw_inline_copy_skips_entries_of_no_bytes() {
+        let a = *b"abc";
+        let b = *b"defgh";
+        let sges = [
+            Sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            },
+            Sge {
+                addr: a.as_ptr() as u64,
+                length: 3,
+                lkey: 0,
+            },
+            Sge {
+                addr: 1,
+                length: 0,
+                lkey: 0,
+            },
+            Sge {
+                addr: b.as_ptr() as u64,
+                length: 5,
+                lkey: 0,
+            },
+        ];
+        let mut data = [0u8; 8];
+        raw_inline_copy(&sges, &mut data);
+        assert_eq!(&data, b"abcdefgh");
     }
 }
