@@ -630,23 +630,21 @@ pub unsafe extern "C" fn rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_i
 
 /// `rdma_listen`: CONNECT_REQUEST events follow (an unbound id binds to the wildcard). An id
 /// bound to the wildcard listens on every device `ibv_get_device_list` lists, those of
-/// `SOFTRDMA_DEVICES` too (their engines start here if they do not run yet; one that cannot
-/// start is skipped, as softrdma's wildcard listen skips a device where another process
-/// listens).
+/// `SOFTRDMA_DEVICES` too, which start first (their engines start here if they do not run
+/// yet; one that cannot start is skipped, as softrdma's wildcard listen skips a device where
+/// another process listens).
 ///
 /// Fails with -1 and `EINVAL` in the wrong state, `EADDRINUSE`.
 #[export_name = "softrdma_rdma_listen"]
 pub unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int {
     on_id(id, |c| {
-        c.id.listen(backlog).map_err(err)?;
-        if c.id.local_addr().is_some_and(|a| a.ip().is_unspecified()) {
-            // (A wildcard listener listens on each device of this process as it starts.)
-            for (_, ip) in crate::verbs::env_devices() {
-                // (One that cannot start is skipped, as softrdma's wildcard listen skips it.)
-                let _ = softrdma::rdma_cm::start_device(ip);
-            }
-        }
-        Ok(())
+        // (A wildcard listener starts these before the host's other devices: a program told
+        // to use one may have told its peer the port already, as qperf's server does.)
+        let first: Vec<_> = crate::verbs::env_devices()
+            .into_iter()
+            .map(|(_, ip)| ip)
+            .collect();
+        c.id.listen_starting(backlog, &first).map_err(err)
     })
 }
 

@@ -90,6 +90,14 @@ enum State {
     SidrAnswered,
 }
 
+/// How many ICMP port unreachables a REQ or SIDR_REQ waiting for its first answer takes
+/// before it ends ([`Cm::handle_port_unreachable`]).
+pub const REFUSED_RETRIES: u8 = 5;
+
+/// How long after the first ICMP port unreachable a REQ or SIDR_REQ is sent again
+/// (doubling after each further one: 10, 20, 40, 80 and 160 ms).
+pub const REFUSED_RETRY_MS: u64 = 10;
+
 #[derive(Debug, Clone)]
 struct Retx {
     mad: Box<MadBuf>,
@@ -127,6 +135,9 @@ struct Conn {
     pending: bool,
     /// The owner destroyed it: no more events.
     destroyed: bool,
+    /// ICMP port unreachables answered to this REQ or SIDR_REQ so far (each sends it again
+    /// sooner: see [`Cm::handle_port_unreachable`]).
+    refusals: u8,
     /// Key in `Cm::sidr_in`.
     sidr_key: Option<(IpAddr, u32)>,
 }
@@ -151,6 +162,7 @@ impl Conn {
             expiry: None,
             pending: false,
             destroyed: false,
+            refusals: 0,
             sidr_key: None,
         }
     }
@@ -989,10 +1001,13 @@ impl Cm {
 
     /// The host `peer` answered that nothing listens on its RoCEv2 port (an ICMP port
     /// unreachable for a datagram sent there, which the I/O layer learns from the socket's
-    /// error queue): no device is there any more, or never was. What a kernel's CM would
-    /// learn from the DREQ it sends for a dying process, or from its REQ going unanswered,
-    /// this CM learns at once:
-    /// - a REQ or SIDR_REQ waiting for its first answer (also after an MRA) ends with
+    /// error queue): no device is there any more, or never was, or it is starting. What a
+    /// kernel's CM would learn from the DREQ it sends for a dying process, or from its REQ
+    /// going unanswered, this CM learns at once:
+    /// - a REQ or SIDR_REQ waiting for its first answer (also after an MRA) is sent again
+    ///   after [`REFUSED_RETRY_MS`], then twice as long after each further refusal, up to
+    ///   [`REFUSED_RETRIES`] times (310 ms in all: a device that a program starts after it
+    ///   told its peer the port, as qperf's server does, is up by then), and then ends with
     ///   [`CmEvent::Refused`] instead of retrying for the full timeout;
     /// - a passive side waiting for the RTU ends with [`CmEvent::Unreachable`];
     /// - an established connection, or one whose DREQ waits for its DREP, enters timewait
@@ -1019,10 +1034,24 @@ impl Cm {
             })
             .map(|(&id, _)| id)
             .collect();
+        let mut ended = 0;
         for &id in &ids {
             let Some(mut conn) = self.unput(id) else {
                 continue;
             };
+            if matches!(conn.state, State::ReqSent | State::SidrReqSent)
+                && conn.refusals < REFUSED_RETRIES
+            {
+                if let Some(retx) = conn.retx.as_mut() {
+                    // Sent again soon, on top of the request's own retries.
+                    retx.deadline = after(now, REFUSED_RETRY_MS << conn.refusals);
+                    retx.retries_left = retx.retries_left.saturating_add(1);
+                    conn.refusals += 1;
+                    self.put(id, conn);
+                    continue;
+                }
+            }
+            ended += 1;
             let destroyed = conn.destroyed;
             let ev = match conn.state {
                 State::Established | State::DreqSent => {
@@ -1043,7 +1072,7 @@ impl Cm {
                 self.event(ev);
             }
         }
-        ids.len()
+        ended
     }
 
     /// The peers this CM has a connection with (established, or disconnecting): where a

@@ -96,7 +96,9 @@ mod types;
 #[cfg(test)]
 mod tests;
 
-pub use endpoint::{cm_ack_timeout, Cm, EVENT_QUEUE_LIMIT, TX_QUEUE_LIMIT};
+pub use endpoint::{
+    cm_ack_timeout, Cm, EVENT_QUEUE_LIMIT, REFUSED_RETRIES, REFUSED_RETRY_MS, TX_QUEUE_LIMIT,
+};
 pub use softrdma_wire::ip::ip_to_gid;
 pub use types::{
     AcceptParams, CmConfig, CmError, CmEvent, CmStats, CmTransmit, ConnId, ConnectRequest,

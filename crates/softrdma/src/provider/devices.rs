@@ -67,8 +67,9 @@ pub(crate) fn open_queue(addr: IpAddr, ifindex: u32, queue: u8) -> Result<Arc<dy
     map.insert((addr, queue), e.clone());
     drop(map);
     // In the steering program before the first QP on it exists (see get_or_start); not
-    // announced to the connection manager: QP 1 is queue 0's.
+    // announced to the connection manager: QP 1 is queue 0's (its own CM keeps nothing).
     e.discover_now();
+    e.with_cm(|g, now| g.announced(now));
     Ok(e)
 }
 
@@ -169,7 +170,9 @@ pub(crate) fn wait_receiving(fd: &EventFd, deadline: Option<std::time::Instant>)
             }
             Some(d) => super::fd::ms_until(d)?.min(100),
         };
-        receive_while_waiting(fd.as_raw_fd(), ms);
+        if receive_while_waiting(fd.as_raw_fd(), ms) && super::fd::interruption_ends_wait() {
+            return Err(super::fd::interrupted());
+        }
     }
 }
 
@@ -181,12 +184,14 @@ pub(crate) fn wait_receiving(fd: &EventFd, deadline: Option<std::time::Instant>)
 /// this thread leaves. Returns when `fd` may be readable, or early (a signal, a packet for
 /// another channel): the caller looks and waits again.
 ///
+/// Returns whether a signal interrupted the sleep.
+///
 /// The lanes' rings are armed here as the progress thread arms them before it sleeps (their
 /// producers then ring the bells); records already waiting are taken instead of sleeping.
 /// Either thread may find the flags cleared by the other: the progress thread is then awake
 /// and takes the records itself (within the hand-off period, if an application thread polled
 /// busy a moment ago), and the completion wakes this one through `fd`.
-pub(crate) fn receive_while_waiting(fd: RawFd, timeout_ms: i32) {
+pub(crate) fn receive_while_waiting(fd: RawFd, timeout_ms: i32) -> bool {
     let engines = every_queue_engine();
     // Records waiting (a new lane's first look leaves them for a second one): taken now.
     let mut waiting = false;
@@ -197,10 +202,10 @@ pub(crate) fn receive_while_waiting(fd: RawFd, timeout_ms: i32) {
         }
     }
     if waiting {
-        return;
+        return false;
     }
     // The devices with something to take (the scratch room is let go before they take it).
-    let ready = WAIT_SCRATCH.with(|cell| {
+    let (ready, interrupted) = WAIT_SCRATCH.with(|cell| {
         let mut scratch = cell.borrow_mut();
         let WaitScratch {
             fds,
@@ -236,6 +241,8 @@ pub(crate) fn receive_while_waiting(fd: RawFd, timeout_ms: i32) {
         let mut ready = vec![false; engines.len()];
         // SAFETY: polls valid pollfds, whose descriptors `engines` and `held` keep open.
         let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+        let interrupted =
+            n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR);
         if n > 0 {
             for (f, &(i, bell)) in fds[1..].iter().zip(owners.iter()) {
                 if f.revents & libc::POLLIN != 0 {
@@ -247,13 +254,14 @@ pub(crate) fn receive_while_waiting(fd: RawFd, timeout_ms: i32) {
             }
         }
         held.clear();
-        ready
+        (ready, interrupted)
     });
     for (e, r) in engines.iter().zip(ready) {
         if r {
             e.drain_receive();
         }
     }
+    interrupted
 }
 
 /// The room [`receive_while_waiting`] reuses.
@@ -319,19 +327,16 @@ extern "C" fn release_held_at_exit() {
     // (a device's progress thread) took off the lists and is sending now is waited for, a
     // little: the process ending would kill that send (seen under load: a UD send posted
     // just before `exit` lost).
-    if let Ok(t) = std::thread::Builder::new()
-        .name("softrdma-exit".into())
-        .spawn(|| {
+    if let Ok(t) = super::fd::spawn_quiet("softrdma-exit".into(), || {
+        release_held_acks();
+        let deadline = std::time::Instant::now() + EXIT_RELEASE_WAIT;
+        while every_queue_engine().iter().any(|e| e.holds_back())
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_micros(200));
             release_held_acks();
-            let deadline = std::time::Instant::now() + EXIT_RELEASE_WAIT;
-            while every_queue_engine().iter().any(|e| e.holds_back())
-                && std::time::Instant::now() < deadline
-            {
-                std::thread::sleep(std::time::Duration::from_micros(200));
-                release_held_acks();
-            }
-        })
-    {
+        }
+    }) {
         let _ = t.join();
     }
 }
@@ -442,9 +447,7 @@ impl Engine {
         }
         e.set_me();
         let weak = Arc::downgrade(&e);
-        std::thread::Builder::new()
-            .name(format!("softrdma-{addr}"))
-            .spawn(move || progress::progress(weak))
+        super::fd::spawn_quiet(format!("softrdma-{addr}"), move || progress::progress(weak))
             .map_err(|err| crate::Error::from_io(err, "spawning the progress thread"))?;
         tracing::debug!(%local, "device engine started");
         Ok(e)

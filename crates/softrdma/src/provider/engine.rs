@@ -168,12 +168,14 @@ fn unreliable_batch_on() -> bool {
     *ON.get_or_init(|| std::env::var("SOFTRDMA_UNRELIABLE_BATCH").map_or(true, |v| v.trim() != "0"))
 }
 
-/// Tells the connection-manager layer, if one registered, that `engine` started.
+/// Tells the connection-manager layer, if one registered, that `engine` started; then its
+/// CM takes the connection requests that came before ([`Gsi::announced`]).
 pub(super) fn engine_started(engine: &Arc<Engine>) {
     if let Some(hook) = cm_hook() {
-        let engine: Arc<dyn Provider> = engine.clone();
-        (hook.engine_started)(&engine);
+        let e: Arc<dyn Provider> = engine.clone();
+        (hook.engine_started)(&e);
     }
+    engine.with_cm(|g, now| g.announced(now));
 }
 
 impl Engine {
@@ -284,9 +286,8 @@ impl Engine {
         if steering_off() || self.share.busy() {
             return;
         }
-        let spawned = std::thread::Builder::new()
-            .name("softrdma-discovery".into())
-            .spawn(move || me.discover_now());
+        let spawned =
+            super::fd::spawn_quiet("softrdma-discovery".into(), move || me.discover_now());
         if let Err(err) = spawned {
             tracing::warn!(error = %err, "spawning the discovery thread");
         }
@@ -449,9 +450,10 @@ impl Engine {
                 return false;
             };
             let q = self.wire.txq.clone();
-            let started = std::thread::Builder::new()
-                .name(format!("softrdma-tx-{}", self.local.ip()))
-                .spawn(move || transmit(q, me))
+            let started =
+                super::fd::spawn_quiet(format!("softrdma-tx-{}", self.local.ip()), move || {
+                    transmit(q, me)
+                })
                 .is_ok();
             if started {
                 self.wire.txq.mark_started();

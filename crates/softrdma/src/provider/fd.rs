@@ -28,6 +28,74 @@ pub(crate) fn ms_until(deadline: std::time::Instant) -> Result<i32> {
     Ok(left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32)
 }
 
+/// The error of a wait that a signal interrupted (`EINTR`), as `read(2)` on rdma-core's
+/// channel descriptors fails: a program whose signal handler sets a flag (qperf's test timer,
+/// `SIGALRM` without `SA_RESTART`) sees the call return and looks at the flag.
+pub(crate) fn interrupted() -> Error {
+    Error::new(
+        ErrorKind::Os(libc::EINTR),
+        "the wait was interrupted by a signal",
+    )
+}
+
+/// Whether a wait that `poll(2)` gave up with `EINTR` ends (with [`interrupted`]) rather than
+/// going on: when some signal's handler was installed without `SA_RESTART`. A `read(2)` on
+/// the descriptor, which rdma-core blocks in, is restarted by the kernel after a handler
+/// with `SA_RESTART` and fails after one without; `poll` fails after either, and which signal
+/// came is not known by then, so this looks at every handler (only after an interruption).
+pub(crate) fn interruption_ends_wait() -> bool {
+    let max = libc::SIGRTMAX();
+    // (A fault's signals are left out: they come from an instruction of the thread that
+    // faults, not while it sleeps in a system call; Rust's runtime has handlers for two.)
+    let fault = [
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGFPE,
+        libc::SIGILL,
+        libc::SIGTRAP,
+    ];
+    (1..=max).filter(|s| !fault.contains(s)).any(|sig| {
+        // SAFETY: queries (does not change) the action of `sig` into a local value.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        let ok = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0;
+        ok && old.sa_sigaction != libc::SIG_DFL
+            && old.sa_sigaction != libc::SIG_IGN
+            && old.sa_flags & libc::SA_RESTART == 0
+    })
+}
+
+/// Spawns a thread of the library's own (a progress thread, a helper) with every
+/// asynchronous signal blocked in it: a signal sent to the process then goes to one of the
+/// program's threads, as it would without this library, and interrupts the wait the program
+/// is blocked in. (The synchronous signals of a fault are left as they are.)
+pub(crate) fn spawn_quiet<T: Send + 'static>(
+    name: String,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<T>> {
+    // SAFETY: builds signal sets in local values and changes this thread's mask, restored
+    // below; the new thread starts with the mask in force when it is created.
+    let old = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        for sig in [
+            libc::SIGSEGV,
+            libc::SIGBUS,
+            libc::SIGFPE,
+            libc::SIGILL,
+            libc::SIGTRAP,
+        ] {
+            libc::sigdelset(&mut all, sig);
+        }
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+        old
+    };
+    let r = std::thread::Builder::new().name(name).spawn(f);
+    // SAFETY: restores the mask saved above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    r
+}
+
 impl EventFd {
     /// Creates a blocking descriptor with a zero counter.
     pub(crate) fn new() -> Result<Self> {
@@ -63,34 +131,33 @@ impl EventFd {
     }
 
     /// Takes one event: blocks while the counter is zero, unless the descriptor is
-    /// non-blocking, in which case it fails with `EAGAIN` ([`ErrorKind::WouldBlock`]).
+    /// non-blocking, in which case it fails with `EAGAIN` ([`ErrorKind::WouldBlock`]); a
+    /// signal whose handler lacks `SA_RESTART` ends the wait with `EINTR`.
     pub(crate) fn wait(&self) -> Result<()> {
         let mut val: u64 = 0;
-        loop {
-            // SAFETY: reads 8 bytes into a live local variable from our own descriptor.
-            let n = unsafe {
-                libc::read(
-                    self.fd.as_raw_fd(),
-                    (&mut val as *mut u64).cast(),
-                    std::mem::size_of::<u64>(),
-                )
-            };
-            if n == std::mem::size_of::<u64>() as isize {
-                return Ok(());
-            }
-            let err = std::io::Error::last_os_error();
-            match err.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) => {
-                    return Err(Error::new(ErrorKind::WouldBlock, "no event is waiting"))
-                }
-                _ => return Err(Error::from_io(err, "reading the event descriptor")),
-            }
+        // SAFETY: reads 8 bytes into a live local variable from our own descriptor.
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                (&mut val as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        if n == std::mem::size_of::<u64>() as isize {
+            return Ok(());
+        }
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            // (After a handler with SA_RESTART the kernel restarts the read itself.)
+            Some(libc::EINTR) => Err(interrupted()),
+            Some(libc::EAGAIN) => Err(Error::new(ErrorKind::WouldBlock, "no event is waiting")),
+            _ => Err(Error::from_io(err, "reading the event descriptor")),
         }
     }
 
     /// Takes one event, waiting until `deadline` at most, whatever the descriptor's blocking
-    /// mode; fails with `ETIMEDOUT` when none came by then. An event that arrives later stays
+    /// mode; fails with `ETIMEDOUT` when none came by then, and with `EINTR` when a signal
+    /// interrupts it ([`interruption_ends_wait`]). An event that arrives later stays
     /// counted for the next taker. Several threads may wait at once: the read that takes an
     /// event never blocks (`RWF_NOWAIT`), so a thread that lost the race waits again, and
     /// none sleeps past its deadline.
@@ -113,6 +180,9 @@ impl EventFd {
                 let err = std::io::Error::last_os_error();
                 if err.raw_os_error() != Some(libc::EINTR) {
                     return Err(Error::from_io(err, "polling the event descriptor"));
+                }
+                if interruption_ends_wait() {
+                    return Err(interrupted());
                 }
             }
         }

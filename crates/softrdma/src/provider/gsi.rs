@@ -100,7 +100,17 @@ pub(crate) struct Gsi {
     pub(crate) counters: GsiCounters,
     /// The services this process listens on, claimed on the shared device.
     claims: HashMap<u64, ServiceClaim>,
+    /// Connection requests (REQ, SIDR_REQ) that came before the device was announced to the
+    /// connection-manager layer ([`Gsi::announced`]), kept for then: its wildcard listeners
+    /// listen on the device only from then on, and its CM would refuse them meanwhile (the
+    /// device's socket takes packets from the moment it is bound, milliseconds before).
+    /// `None` once announced.
+    early: Option<Vec<(IpAddr, Vec<u8>)>>,
 }
+
+/// The most connection requests a starting device keeps for its announcement (the rest are
+/// taken at once: refused, or retried by the peer).
+const EARLY_MAX: usize = 64;
 
 impl Gsi {
     /// QP 1 of the device at `local`, for the process in `slot` (the tag of its CM's
@@ -118,6 +128,7 @@ impl Gsi {
             events: VecDeque::new(),
             counters: GsiCounters::default(),
             claims: HashMap::new(),
+            early: Some(Vec::new()),
         }
     }
 
@@ -178,9 +189,24 @@ impl Gsi {
         match device::unframe_mad(pkt) {
             Some(m) => {
                 trace_mad("received", src, m);
+                if let Some(early) = self.early.as_mut().filter(|e| e.len() < EARLY_MAX) {
+                    let attr = mad::Packet::new_checked(m).map(|p| p.attribute_id());
+                    if matches!(attr, Ok(mad::ATTR_CM_REQ | mad::ATTR_CM_SIDR_REQ)) {
+                        early.push((src, m.to_vec()));
+                        return;
+                    }
+                }
                 self.cm.handle_mad(now, src, m)
             }
             None => self.counters.dropped += 1,
+        }
+    }
+
+    /// The device was announced to the connection-manager layer (its wildcard listeners
+    /// listen on it now): the connection requests kept until then go to the CM, in order.
+    pub(crate) fn announced(&mut self, now: Instant) {
+        for (src, m) in self.early.take().unwrap_or_default() {
+            self.cm.handle_mad(now, src, &m);
         }
     }
 
@@ -337,11 +363,13 @@ pub(crate) fn probe_peers(gsi: &Mutex<Gsi>, wire: &Wire) {
 
 #[cfg(test)]
 mod tests {
+    use super::Gsi;
     use crate::provider::engine::Engine;
     use crate::Device;
     use softrdma_proto::cm::{AcceptParams, CmEvent, ConnectRequest};
     use softrdma_wire::cm::{RejectReason, TransportServiceType};
     use softrdma_wire::cma::{service_id, PortSpace};
+    use std::net::IpAddr;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
@@ -533,6 +561,66 @@ mod tests {
         let stats = server.with_cm(|g, _| g.stats());
         assert_eq!(stats.refused_unclaimed, 1);
         assert_eq!(stats.pending_reqs, 0);
+    }
+
+    /// Connection requests that reach a device before it is announced to the connection
+    /// manager (its socket is up; a wildcard listener attaches at the announcement) wait
+    /// for it, in order, instead of being refused: then one for a service listened on by
+    /// then is reported, one for no service is refused (REJ 8). Other MADs are not kept.
+    #[test]
+    fn requests_before_the_announcement_wait_for_it() {
+        let (a_ip, b_ip): (IpAddr, IpAddr) =
+            ("198.18.7.1".parse().unwrap(), "198.18.7.2".parse().unwrap());
+        let now = Instant::now();
+        let mut a = Gsi::new(a_ip, 1, 5);
+        a.announced(now);
+        let mut b = Gsi::new(b_ip, 2, 6);
+        let mut buf = vec![0u8; 512];
+        let mut send = |from: &mut Gsi, src: IpAddr, to: &mut Gsi| {
+            let mut n = 0;
+            while let Some((len, _)) = from.poll_transmit(&mut buf) {
+                to.receive(now, src, &buf[..len]);
+                n += 1;
+            }
+            n
+        };
+        let listened = service_id(PortSpace::Tcp, 7001);
+        let r1 = a.cm.connect(now, request("198.18.7.2", 7001)).unwrap();
+        // (Each from a QP of its own: a second REQ from one QP is a stale one.)
+        let mut q2 = request("198.18.7.2", 7002);
+        q2.local_qpn += 1;
+        let r2 = a.cm.connect(now, q2).unwrap();
+        assert_eq!(send(&mut a, a_ip, &mut b), 2);
+        // Kept: nothing answered, nothing reported.
+        b.collect_events();
+        assert!(b.take_events().is_empty());
+        assert_eq!(send(&mut b, b_ip, &mut a), 0);
+        // Listened on by the announcement (as a wildcard listener attaches then).
+        b.cm.listen(listened).unwrap();
+        b.announced(now);
+        b.collect_events();
+        let evs = b.take_events();
+        assert!(
+            matches!(&evs[..], [CmEvent::ReqReceived { req, .. }] if req.service_id == listened),
+            "{evs:?}"
+        );
+        // The other is refused with reason 8.
+        assert_eq!(send(&mut b, b_ip, &mut a), 1);
+        a.collect_events();
+        let evs = a.take_events();
+        match &evs[..] {
+            [CmEvent::Rejected { id, reason, .. }] => {
+                assert_eq!((id, reason), (&r2, &RejectReason::InvalidServiceId));
+            }
+            other => panic!("{other:?}"),
+        }
+        let _ = r1;
+        // Once announced, nothing is kept: a request is answered at once.
+        let mut q3 = request("198.18.7.2", 7003);
+        q3.local_qpn += 2;
+        a.cm.connect(now, q3).unwrap();
+        assert_eq!(send(&mut a, a_ip, &mut b), 1);
+        assert_eq!(send(&mut b, b_ip, &mut a), 1, "REJ at once");
     }
 
     #[test]

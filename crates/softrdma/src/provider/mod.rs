@@ -95,6 +95,7 @@ pub(crate) use devices::{
     MAX_QUEUES,
 };
 pub use faults::FaultConfig;
+pub(crate) use fd::spawn_quiet;
 pub(crate) use lanes::pair::{PairRx, PairTx};
 pub(crate) use lanes::records as wr_records;
 pub use lanes::same_host_lanes;

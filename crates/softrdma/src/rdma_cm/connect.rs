@@ -124,6 +124,18 @@ impl CmId {
     /// listens on the same address and port, in this process or in another one that shares
     /// the device (a wildcard listener skips a device where another process listens).
     pub fn listen(&self, backlog: i32) -> Result<()> {
+        self.listen_starting(backlog, &[])
+    }
+
+    /// [`CmId::listen`], where a wildcard listener starts the devices of the local addresses
+    /// `first` (those a program was told to use: the drop-in librdmacm passes the
+    /// `SOFTRDMA_DEVICES` addresses) before the host's other devices, each listening as it
+    /// starts. Starting a device takes a few milliseconds; a peer told the port before the
+    /// listen (qperf's server sends it first) connects meanwhile, and the device it names
+    /// should be up by then. (Addresses that are not local are skipped.)
+    ///
+    /// Fails as [`CmId::listen`] does.
+    pub fn listen_starting(&self, backlog: i32, first: &[IpAddr]) -> Result<()> {
         crate::provider::release_held_acks();
         if self.inner.lock().state == IdState::Idle {
             self.bind_addr(SocketAddr::from(([0, 0, 0, 0], 0)))?;
@@ -216,14 +228,15 @@ impl CmId {
             // finds the listener (perftest's rdma_cm mode connects its test QPs right after
             // the server's rdma_listen; refused, its client gives up).
             drop(s);
-            for d in crate::get_device_list().unwrap_or_default() {
-                if crate::provider::if_open(d.addr()).is_some() {
+            let hosts = crate::get_device_list().unwrap_or_default();
+            let addrs = first.iter().copied().chain(hosts.iter().map(|d| d.addr()));
+            for addr in addrs {
+                if crate::provider::if_open(addr).is_some() {
                     continue;
                 }
-                if d.addr().is_ipv4() == src.is_ipv4() || !self.inner.lock().afonly {
-                    if let Err(e) = device_res(d.addr()).and_then(|(c, _)| c.inner.shared.engine())
-                    {
-                        tracing::debug!(addr = %d.addr(), error = %e, "wildcard listen skips a device");
+                if addr.is_ipv4() == src.is_ipv4() || !self.inner.lock().afonly {
+                    if let Err(e) = device_res(addr).and_then(|(c, _)| c.inner.shared.engine()) {
+                        tracing::debug!(%addr, error = %e, "wildcard listen skips a device");
                     }
                 }
             }

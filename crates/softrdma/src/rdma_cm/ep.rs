@@ -106,9 +106,7 @@ impl CmId {
         if self.is_sync() {
             work();
         } else {
-            std::thread::Builder::new()
-                .name("rdma_resolve_addrinfo".into())
-                .spawn(work)
+            crate::provider::spawn_quiet("rdma_resolve_addrinfo".into(), work)
                 .map_err(|e| Error::from_io(e, "starting the lookup"))?;
         }
         self.complete(CmEventType::AddrinfoResolved)

@@ -24,9 +24,7 @@ fn rewake() -> Option<&'static Rewake> {
             calls: Mutex::new(Vec::new()),
             cv: Condvar::new(),
         }));
-        std::thread::Builder::new()
-            .name("softrdma-cm-rewake".into())
-            .spawn(move || run(r))
+        crate::provider::spawn_quiet("softrdma-cm-rewake".into(), move || run(r))
             .ok()
             .map(|_| r)
     })

@@ -377,9 +377,7 @@ impl Pool {
         }));
         let mut started = 0;
         for i in 0..n {
-            let ok = std::thread::Builder::new()
-                .name(format!("softrdma-copy{i}"))
-                .spawn(move || p.helper())
+            let ok = crate::provider::spawn_quiet(format!("softrdma-copy{i}"), move || p.helper())
                 .is_ok();
             started += usize::from(ok);
         }
