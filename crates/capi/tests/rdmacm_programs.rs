@@ -546,3 +546,70 @@ fn calls_on_destroyed_channels_wait_or_fail_with_ebadf() {
     );
     assert!(out.contains("channel_used_after_destroy: ok"), "{out}");
 }
+
+/// qperf (Debian's qperf 0.4.11), unmodified: its RC tests through rdma_cm (`-cm1`, which a
+/// RoCE device needs: without it qperf addresses its peer by LID alone, and its UC and UD
+/// tests never use rdma_cm, so on RoCE, softrdma's or a NIC's, those fail with EINVAL as the
+/// kernel makes them fail). Its server forks a process per test and sends the client the
+/// port before it listens (the client's request may reach the server's device before the
+/// listener does); each side stops a test on SIGALRM, whose handler has no SA_RESTART and
+/// must interrupt the wait in `ibv_get_cq_event`. Checks every test printed its result.
+#[test]
+fn qperf_rc_tests_over_rdma_cm() {
+    if !Path::new("/usr/bin/qperf").exists() {
+        assert!(std::env::var_os("CI").is_none(), "CI must install qperf");
+        eprintln!("skipped: /usr/bin/qperf is missing (qperf)");
+        return;
+    }
+    let (sa, ca) = (unique_addr().to_string(), unique_addr().to_string());
+    let port = free_tcp_port().to_string();
+    let child = drop_in("qperf", &["--listen_port", &port])
+        .env("SOFTRDMA_DEVICES", &sa)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting the qperf server");
+    let server = Server {
+        child,
+        name: format!("qperf --listen_port {port}"),
+    };
+    let t0 = std::time::Instant::now();
+    while !tcp_listening(port.parse().unwrap()) && t0.elapsed() < LIMIT {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let tests = [
+        ("rc_lat", "latency"),
+        ("rc_bw", "bw"),
+        ("rc_bi_bw", "bw"),
+        ("rc_rdma_read_lat", "latency"),
+        ("rc_rdma_read_bw", "bw"),
+        ("rc_rdma_write_lat", "latency"),
+        ("rc_rdma_write_bw", "bw"),
+        ("rc_rdma_write_poll_lat", "latency"),
+        ("rc_compare_swap_mr", "msg_rate"),
+        ("rc_fetch_add_mr", "msg_rate"),
+        ("ver_rc_compare_swap", "msg_rate"),
+        ("ver_rc_fetch_add", "msg_rate"),
+    ];
+    let mut args = vec![sa.as_str(), "--listen_port", &port, "-cm1", "-t", "1"];
+    args.extend(tests.iter().map(|t| t.0));
+    let mut c = drop_in("qperf", &args);
+    c.env("SOFTRDMA_DEVICES", &ca);
+    let (st, out, err) = run_bounded(c, Duration::from_secs(240));
+    let (so, se) = server.kill();
+    let report = format!("{out}\n{err}\n--- server\n{so}\n{se}");
+    assert!(ok(st), "{st:?}\n{report}");
+    // Each test's name on a line of its own, then its result ("    latency  =  30.7 us").
+    let lines: Vec<&str> = out.lines().collect();
+    for (name, what) in tests {
+        let at = lines
+            .iter()
+            .position(|l| l.trim() == format!("{name}:"))
+            .unwrap_or_else(|| panic!("no {name} in\n{report}"));
+        let result = lines.get(at + 1).copied().unwrap_or("");
+        assert!(
+            result.trim_start().starts_with(what) && result.contains('='),
+            "{name}: {result:?}\n{report}"
+        );
+    }
+}
