@@ -9,7 +9,7 @@
 
 use softrdma::rdma_cm::EventChannel;
 use softrdma::testing::unique_loopback_addr;
-use softrdma::Device;
+use softrdma::{CompChannel, Context, Cq, Device};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -73,15 +73,21 @@ fn signalled<T: Send + 'static>(wait: impl FnOnce() -> T + Send + 'static) -> (T
     (t.join().unwrap(), sent)
 }
 
-#[test]
-fn a_signal_without_sa_restart_ends_a_wait_with_eintr() {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+/// A device of the test's own, a completion channel and a CQ that reports to it.
+fn channel_with_cq() -> (Context, CompChannel, Cq) {
     let ctx = Device::from_addr(unique_loopback_addr().into())
         .unwrap()
         .open()
         .unwrap();
     let ch = ctx.create_comp_channel().unwrap();
-    let _cq = ctx.create_cq(4, 0, Some(&ch), 0).unwrap();
+    let cq = ctx.create_cq(4, 0, Some(&ch), 0).unwrap();
+    (ctx, ch, cq)
+}
+
+#[test]
+fn a_signal_without_sa_restart_ends_a_wait_with_eintr() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (_ctx, ch, _cq) = channel_with_cq();
     install(false);
     let before = CAUGHT.load(Ordering::Relaxed);
     // Blocking, no timeout: only the signal can end it.
@@ -99,12 +105,7 @@ fn a_signal_without_sa_restart_ends_a_wait_with_eintr() {
 #[test]
 fn a_signal_with_sa_restart_leaves_a_wait_going() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let ctx = Device::from_addr(unique_loopback_addr().into())
-        .unwrap()
-        .open()
-        .unwrap();
-    let ch = ctx.create_comp_channel().unwrap();
-    let _cq = ctx.create_cq(4, 0, Some(&ch), 0).unwrap();
+    let (_ctx, ch, _cq) = channel_with_cq();
     install(true);
     // Signals all through the wait; it ends only at its timeout.
     let (r, sent) = signalled(move || {
