@@ -1584,9 +1584,9 @@ fn rdma_connect_to_an_address_nobody_answers_ends_unreachable() {
 }
 
 /// No RoCEv2 device at the address at all: the peer's kernel answers the REQ's datagram
-/// with ICMP port unreachable; the REQ is sent again five times, sooner each time than its
-/// timer would (a device may be starting there), and each draws the same answer, so the
-/// connection fails within a third of a second (UNREACHABLE with -ECONNREFUSED; a
+/// with ICMP port unreachable; toward this host the REQ is sent again five times, sooner
+/// each time than its timer would (a device may be starting there), and each draws the same
+/// answer, so the connection fails within a third of a second (UNREACHABLE with -ECONNREFUSED; a
 /// synchronous id's rdma_connect fails with ECONNREFUSED) instead of after 98 seconds of
 /// retries.
 #[test]

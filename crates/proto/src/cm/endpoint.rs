@@ -138,6 +138,9 @@ struct Conn {
     /// ICMP port unreachables answered to this REQ or SIDR_REQ so far (each sends it again
     /// sooner: see [`Cm::handle_port_unreachable`]).
     refusals: u8,
+    /// The request went again since the last refusal (a refusal before that answers a send
+    /// already counted).
+    resent: bool,
     /// Key in `Cm::sidr_in`.
     sidr_key: Option<(IpAddr, u32)>,
 }
@@ -163,6 +166,7 @@ impl Conn {
             pending: false,
             destroyed: false,
             refusals: 0,
+            resent: false,
             sidr_key: None,
         }
     }
@@ -1004,11 +1008,13 @@ impl Cm {
     /// error queue): no device is there any more, or never was, or it is starting. What a
     /// kernel's CM would learn from the DREQ it sends for a dying process, or from its REQ
     /// going unanswered, this CM learns at once:
-    /// - a REQ or SIDR_REQ waiting for its first answer (also after an MRA) is sent again
-    ///   after [`REFUSED_RETRY_MS`], then twice as long after each further refusal, up to
-    ///   [`REFUSED_RETRIES`] times (310 ms in all: a device that a program starts after it
-    ///   told its peer the port, as qperf's server does, is up by then), and then ends with
-    ///   [`CmEvent::Refused`] instead of retrying for the full timeout;
+    /// - a REQ or SIDR_REQ waiting for its first answer (also after an MRA) ends with
+    ///   [`CmEvent::Refused`] instead of retrying for the full timeout; toward this host (a
+    ///   loopback address or the device's own, where the kernel does not rate-limit its ICMP
+    ///   errors) only after it was sent again after [`REFUSED_RETRY_MS`], then twice as long
+    ///   after each further refusal of a resend, [`REFUSED_RETRIES`] times (310 ms in all: a
+    ///   device that a program starts after it told its peer the port, as qperf's server
+    ///   does, is up by then);
     /// - a passive side waiting for the RTU ends with [`CmEvent::Unreachable`];
     /// - an established connection, or one whose DREQ waits for its DREP, enters timewait
     ///   with [`CmEvent::Disconnected`], as if the peer had disconnected.
@@ -1040,13 +1046,29 @@ impl Cm {
                 continue;
             };
             if matches!(conn.state, State::ReqSent | State::SidrReqSent)
+                && conn.refusals > 0
+                && !conn.resent
+            {
+                // (Answers a send that was counted already: another request's, or a copy.)
+                self.put(id, conn);
+                continue;
+            }
+            // Quick resends only toward this host (a peer on a loopback address or this
+            // device's own), whose ICMP errors the kernel does not rate-limit: between hosts
+            // it answers six in a burst, then one a second, and a request whose resend drew
+            // none would wait out its whole timeout.
+            let here = peer.is_loopback() || peer == self.cfg.local_addr;
+            if here
+                && matches!(conn.state, State::ReqSent | State::SidrReqSent)
                 && conn.refusals < REFUSED_RETRIES
+                && !conn.destroyed
             {
                 if let Some(retx) = conn.retx.as_mut() {
                     // Sent again soon, on top of the request's own retries.
                     retx.deadline = after(now, REFUSED_RETRY_MS << conn.refusals);
                     retx.retries_left = retx.retries_left.saturating_add(1);
                     conn.refusals += 1;
+                    conn.resent = false;
                     self.put(id, conn);
                     continue;
                 }
@@ -1210,6 +1232,7 @@ impl Cm {
             if retx.retries_left > 0 {
                 retx.retries_left -= 1;
                 retx.deadline = after(now, retx.timeout_ms);
+                conn.resent = true;
                 let buf = *retx.mad;
                 let attr = u16::from_be_bytes([buf[16], buf[17]]);
                 self.stats.retransmitted.bump(attr);

@@ -45,16 +45,27 @@ pub(crate) fn interrupted() -> Error {
 /// came is not known by then, so this looks at every handler (only after an interruption).
 pub(crate) fn interruption_ends_wait() -> bool {
     let max = libc::SIGRTMAX();
-    // (A fault's signals are left out: they come from an instruction of the thread that
-    // faults, not while it sleeps in a system call; Rust's runtime has handlers for two.)
-    let fault = [
+    // Left out: a fault's signals, and those of an abort or a bad system call, which come
+    // from the thread's own instruction or call, not while it sleeps in one (Rust's runtime,
+    // Open MPI and crash reporters install handlers for them without SA_RESTART); and the
+    // signals this thread blocks, which cannot have interrupted it.
+    let own = [
         libc::SIGSEGV,
         libc::SIGBUS,
         libc::SIGFPE,
         libc::SIGILL,
         libc::SIGTRAP,
+        libc::SIGABRT,
+        libc::SIGSYS,
     ];
-    (1..=max).filter(|s| !fault.contains(s)).any(|sig| {
+    // SAFETY: reads this thread's mask into a local value.
+    let mut blocked: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, std::ptr::null(), &mut blocked) };
+    (1..=max).filter(|s| !own.contains(s)).any(|sig| {
+        // SAFETY: tests a signal in a local set.
+        if unsafe { libc::sigismember(&blocked, sig) } == 1 {
+            return false;
+        }
         // SAFETY: queries (does not change) the action of `sig` into a local value.
         let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
         let ok = unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } == 0;

@@ -128,8 +128,14 @@ impl DirectTx<'_> {
     /// Makes the packets committed so far visible to the receiver now (waking it when it
     /// sleeps), before the writer is dropped; their payloads must be in place.
     #[inline]
-    pub(crate) fn publish(&mut self, awake_only: bool) {
-        self.lane.publish(awake_only);
+    pub(crate) fn publish(&mut self) {
+        self.lane.publish();
+    }
+
+    /// Whether the receiver sleeps (a hint: see [`LaneWriter::receiver_sleeps`]).
+    #[inline]
+    pub(crate) fn receiver_sleeps(&mut self) -> bool {
+        self.lane.receiver_sleeps()
     }
 
     /// Queues the packet built in the reserved room, `len` bytes (at most the `max` of the

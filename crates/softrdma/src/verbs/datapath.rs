@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 const FULL_RING_WAIT: Duration = Duration::from_micros(50);
 
 /// How much of a run into a same-host lane's ring is made visible at a time while the
-/// receiver is awake (at least; a packet is never split): a large message's first segments
+/// receiver is awake (at least; a packet is never split; the copies of the part are made
+/// first, without the copy engines when the part is small): a large message's first segments
 /// reach a polling receiver while the rest are still copied in, instead of all at the end
 /// of the run (up to 64 segments of nearly 64 KiB). Two processes pinned, 2 cores,
 /// `perf OP --lat -s 1048576` one way: SEND 118-147 -> 75-90 µs, WRITE 42-65 -> 22-26, READ
@@ -144,6 +145,7 @@ pub(crate) fn drive(
                     if qp.qp_type == softrdma_proto::QpType::Rc && t.awaiting_ack() {
                         // (Waiting publishes what was committed: its copies first.)
                         env.make_deferred();
+                        unpublished = 0;
                         if lane.wait_for_room(room, FULL_RING_WAIT) {
                             continue;
                         }
@@ -171,10 +173,11 @@ pub(crate) fn drive(
                     }
                     unpublished += out.len;
                     // (A sleeping receiver is woken once, at the end of the run: a wake-up
-                    // is a system call, and a thread woken takes a while to run.)
-                    if unpublished >= PUBLISH_BYTES {
+                    // is a system call, and a thread woken takes a while to run. Its run's
+                    // copies are then made together, shared with the copy engines.)
+                    if unpublished >= PUBLISH_BYTES && !lane.receiver_sleeps() {
                         env.make_deferred();
-                        lane.publish(true);
+                        lane.publish();
                         unpublished = 0;
                     }
                 } else {

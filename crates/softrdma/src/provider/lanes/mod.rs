@@ -256,16 +256,19 @@ impl LaneWriter<'_> {
         l.prod.wait_for_room(max, wait)
     }
 
-    /// Makes what was committed visible now (see [`LaneWriter`]'s drop), if anything was,
-    /// and if the receiver is awake (`awake_only`: a sleeping one is left for the drop,
-    /// which wakes it once).
+    /// Makes what was committed visible now (see [`LaneWriter`]'s drop), if anything was.
     #[inline]
-    pub(crate) fn publish(&mut self, awake_only: bool) {
+    pub(crate) fn publish(&mut self) {
         if let Some(l) = self.lane().filter(|l| l.dirty) {
-            if !(awake_only && l.prod.consumer_sleeps()) {
-                l.publish();
-            }
+            l.publish();
         }
+    }
+
+    /// Whether the receiver said it sleeps at its last look (a hint; see
+    /// [`Producer::consumer_sleeps`]); `true` for a lane that is not up.
+    #[inline]
+    pub(crate) fn receiver_sleeps(&mut self) -> bool {
+        self.lane().is_none_or(|l| l.prod.consumer_sleeps())
     }
 
     /// Queues the first `len` bytes of the reserved room as a packet ([`Producer::commit`]).
