@@ -140,17 +140,7 @@ fn child_of(
 /// lock held). Returns the event when no rdma_cm id is behind it (the CM is driven directly).
 pub(crate) fn dispatch(engine: &Arc<dyn Provider>, ev: ProtoEvent) -> Option<ProtoEvent> {
     let local = engine.local().ip();
-    // A wildcard listener of this process attaches to a device that starts after its listen
-    // once the device's discovery is done (`provider::devices`); a request that comes in
-    // between (the device's socket is up: qperf's client connects as soon as its server has
-    // sent it the port, which that server does before its listen starts the devices)
-    // attaches it now rather than being refused.
-    let listened = |sid: u64| {
-        registry().listeners.contains_key(&(local, sid)) || {
-            super::registry::engine_started(engine);
-            registry().listeners.contains_key(&(local, sid))
-        }
-    };
+    let listened = |sid: u64| registry().listeners.contains_key(&(local, sid));
     let ours = match &ev {
         ProtoEvent::ReqReceived { req, .. } => listened(req.service_id),
         ProtoEvent::SidrReqReceived { service_id, .. } => listened(*service_id),

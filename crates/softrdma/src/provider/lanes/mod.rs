@@ -285,9 +285,7 @@ impl Drop for LaneWriter<'_> {
     fn drop(&mut self) {
         // (Nothing committed since the last publication: nothing to show or wake for, and
         // no fence for a QP that found nothing to send.)
-        if let Some(l) = self.lane().filter(|l| l.dirty) {
-            l.publish();
-        }
+        self.publish();
     }
 }
 
